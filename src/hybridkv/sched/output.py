@@ -1,0 +1,78 @@
+"""The seam between the scheduler and the model runner: plain data only, no tensors.
+
+One engine step is ``SchedulerOutput -> runner -> RunnerOutput``. A test can play either side.
+
+A scheduled request computes ``token_ids`` at positions
+``[start_pos, start_pos + len(token_ids))``::
+
+    | computed (start_pos tokens) | token_ids (this step) |
+      KV already in the pages       KV written by this step, then attended
+
+Per attention group ``block_ids[g]`` is the request's whole block table in that group (entry k
+holds tokens ``[k*B, (k+1)*B)``; entries outside a sliding window are the null block 0). It
+covers at least ``start_pos + len(token_ids)`` tokens. For state groups ``state_slots[i]`` is
+the request's live slot in the i-th state group of the layout (``layout.state_group_ids``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hybridkv.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class StateCopy:
+    """Copy one state slot onto another within a state group (all the group's layers)."""
+
+    group_id: int
+    src_slot: int
+    dst_slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    request_id: str
+    token_ids: list[int]
+    start_pos: int
+    block_ids: tuple[list[int], ...]  # one table per attention group, in layout order
+    state_slots: tuple[int, ...]  # one live slot per state group, in layout order
+    reset_state: bool  # zero the live slots before computing (start_pos == 0, no restore)
+    sample: bool  # sample a token after the last position (prefill done, or decoding)
+    sampling_params: SamplingParams
+    num_output_tokens: int = 0  # tokens generated so far (seeded sampling offsets by this)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What the runner does in one step, in order:
+
+    1. drop per-request runner state of ``finished_request_ids``;
+    2. ``state_restores``: copy checkpoints into live slots (before the forward pass);
+    3. zero the live slots of requests with ``reset_state``;
+    4. the forward pass over ``requests``, writing K/V pages and live states;
+    5. ``state_saves``: copy live slots into checkpoint slots (the state at the step's end);
+    6. sample one token for each request with ``sample``.
+    """
+
+    requests: list[ScheduledRequest] = field(default_factory=list)
+    state_restores: list[StateCopy] = field(default_factory=list)
+    state_saves: list[StateCopy] = field(default_factory=list)
+    finished_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(len(r.token_ids) for r in self.requests)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    """Sampled tokens of the requests that asked to sample, keyed by request id."""
+
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, float] = field(default_factory=dict)  # only where sampling_params.logprobs
+    logits: dict[str, list[float]] = field(default_factory=dict)  # only if the runner keeps logits
