@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from math import prod
+from typing import TypeVar
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -105,6 +106,7 @@ class StateSpec:
 
 AttentionSpec = FullAttentionSpec | SlidingWindowSpec
 LayerSpec = FullAttentionSpec | SlidingWindowSpec | StateSpec
+_S = TypeVar("_S", FullAttentionSpec | SlidingWindowSpec, StateSpec)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +203,11 @@ class KVCacheLayout:
         return "\n".join(lines)
 
 
-def create_layout(specs: Sequence[LayerSpec | None]) -> KVCacheLayout:
+def create_layout(specs: Sequence[LayerSpec | None], block_size: int = 16) -> KVCacheLayout:
     """Group per-layer specs (index = layer id) into a layout.
+
+    ``block_size`` is only used by layouts without attention layers (it sets the boundaries
+    at which state checkpoints are taken); otherwise the attention specs' block size rules.
 
     Attention layers with equal specs form buckets; G is the smallest bucket (the "1" of an
     n:1 pattern), or the largest when the largest is < 1.5 x the smallest (fewer padding layers).
@@ -220,20 +225,20 @@ def create_layout(specs: Sequence[LayerSpec | None]) -> KVCacheLayout:
     for spec, ids in attn:
         for start in range(0, len(ids), group_size):
             groups.append(KVCacheGroup(len(groups), spec, tuple(ids[start : start + group_size])))
-    for spec, ids in state:
-        groups.append(KVCacheGroup(len(groups), spec, tuple(ids)))
+    for state_spec, state_ids in state:
+        groups.append(KVCacheGroup(len(groups), state_spec, tuple(state_ids)))
     layer_page = max((s.page_bytes for s, _ in attn), default=0)
     return KVCacheLayout(
         groups=tuple(groups),
         num_layers=len(specs),
-        block_size=block_sizes.pop() if block_sizes else 16,
+        block_size=block_sizes.pop() if block_sizes else block_size,
         group_size=group_size,
         layer_page_bytes=layer_page,
     )
 
 
-def _buckets(items: Sequence[tuple[int, LayerSpec]]) -> list[tuple[LayerSpec, list[int]]]:
-    order: dict[LayerSpec, list[int]] = {}
+def _buckets(items: Sequence[tuple[int, _S]]) -> list[tuple[_S, list[int]]]:
+    order: dict[_S, list[int]] = {}
     for layer_id, spec in items:
         order.setdefault(spec, []).append(layer_id)
     return list(order.items())

@@ -1,0 +1,288 @@
+"""Hits across groups, allocation, caching and freeing over one layout.
+
+A request's tokens, as one ``allocate`` call sees them::
+
+    | computed | local hit | external | new tokens | lookahead |
+    0          ^ num_computed_tokens  ^ total_computed         ^ end   (+ lookahead = table span)
+
+Nothing is hashed at allocation: the scheduler calls ``cache(req, n)`` once the KV of the
+first n tokens is final (computed by a finished step, or loaded and verified), so a block is
+never registered while its bytes are in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from hybridkv.kv.attention_managers import (
+    BaseAttentionManager,
+    FullAttentionManager,
+    SlidingWindowManager,
+)
+from hybridkv.kv.block_pool import NULL_BLOCK, BlockPool
+from hybridkv.kv.checkpoints import CheckpointPolicy
+from hybridkv.kv.hashing import BlockHash
+from hybridkv.kv.spec import FullAttentionSpec, KVCacheLayout, SlidingWindowSpec, StateSpec
+from hybridkv.kv.state_manager import StateCopy, StateManager
+
+
+class KVRequest(Protocol):
+    """What the KV core reads of a request (the scheduler's Request satisfies it)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_prompt_tokens(self) -> int: ...
+    @property
+    def num_computed_tokens(self) -> int: ...
+    @property
+    def block_hashes(self) -> list[BlockHash]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheConfig:
+    num_blocks: int  # attention blocks, null block included
+    num_state_slots: int = 0  # per state group: live, checkpoint and trailing slots
+    enable_prefix_caching: bool = True
+    state_checkpoint_interval: int = 512  # tokens; 0 = only prompt/junction/finish boundaries
+
+
+@dataclass(frozen=True, slots=True)
+class CacheHit:
+    """A local prefix hit valid in every group: ``num_tokens`` is a restore boundary."""
+
+    num_tokens: int = 0
+    block_ids: tuple[tuple[int, ...], ...] = ()  # per attention group (null outside windows)
+    state_slots: tuple[int | None, ...] = ()  # checkpoint per state group
+    group_hit_tokens: tuple[int, ...] = ()  # each group's own longest hit (stats)
+    num_common_prefix_tokens: int = 0  # full-attention hit (> num_tokens: a junction to save)
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    num_queries: int = 0
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+    group_hit_tokens: list[int] = field(default_factory=list)
+
+
+class KVCacheCoordinator:
+    def __init__(self, layout: KVCacheLayout, config: KVCacheConfig) -> None:
+        self.layout = layout
+        self.config = config
+        self.block_size = layout.block_size
+        self.caching = config.enable_prefix_caching
+        self.pool = BlockPool(max(config.num_blocks, 2), with_null=True, name="blocks")
+        self.attn = [self._create_manager(gid) for gid in layout.attention_group_ids]
+        self.state = [
+            StateManager(g, _state_spec(layout, g), config.num_state_slots, self.block_size)
+            for g in layout.state_group_ids
+        ]
+        self.policy = CheckpointPolicy(self.block_size, config.state_checkpoint_interval)
+        self.stats = PrefixCacheStats(group_hit_tokens=[0] * len(layout.groups))
+        self._extra_due: dict[str, tuple[int, ...]] = {}
+        self._restores: list[StateCopy] = []
+        self._saves: list[StateCopy] = []
+
+    def _create_manager(self, group_id: int) -> BaseAttentionManager:
+        spec = self.layout.groups[group_id].spec
+        if isinstance(spec, SlidingWindowSpec):
+            return SlidingWindowManager(group_id, spec, self.pool)
+        assert isinstance(spec, FullAttentionSpec)
+        return FullAttentionManager(group_id, spec, self.pool)
+
+    # -- hit search ----------------------------------------------------------------------
+
+    def find_cache_hit(self, req: KVRequest) -> CacheHit:
+        """The longest prefix valid in every group, capped at N-1 tokens. No side effects."""
+        if not self.caching:
+            return CacheHit(block_ids=tuple(() for _ in self.attn), state_slots=tuple(None for _ in self.state))
+        hashes = req.block_hashes
+        max_blocks = min((req.num_tokens - 1) // self.block_size, len(hashes))
+        own = [0] * len(self.layout.groups)
+        num_blocks = max_blocks
+        for fa in self.attn:
+            if isinstance(fa, FullAttentionManager):
+                num_blocks = own[fa.group_id] = fa.longest_hit(hashes, num_blocks)
+        common = num_blocks
+        others: list[SlidingWindowManager | StateManager] = [m for m in self.attn if isinstance(m, SlidingWindowManager)]
+        others += self.state
+        for m in others:  # first pass; each group's own answer is kept for stats
+            num_blocks = own[m.group_id] = m.longest_hit(hashes, num_blocks)
+        while others:  # fixed point: every answer can only lower the candidate
+            before = num_blocks
+            for m in others:
+                num_blocks = m.longest_hit(hashes, num_blocks)
+            if num_blocks == before:
+                break
+        return CacheHit(
+            num_tokens=num_blocks * self.block_size,
+            block_ids=tuple(m.hit_block_ids(hashes, num_blocks) for m in self.attn),
+            state_slots=tuple(m.hit_slot(hashes, num_blocks) for m in self.state),
+            group_hit_tokens=tuple(n * self.block_size for n in own),
+            num_common_prefix_tokens=common * self.block_size if self.state else 0,
+        )
+
+    # -- allocation ----------------------------------------------------------------------
+
+    def allocate(
+        self,
+        req: KVRequest,
+        num_new_tokens: int,
+        hit: CacheHit | None = None,
+        num_external_tokens: int = 0,
+        num_lookahead_tokens: int = 0,
+    ) -> bool:
+        """Give ``req`` room for its next step; False (and no change) if it does not fit.
+
+        ``hit`` and ``num_external_tokens`` only apply to a request's first allocation. Every
+        group's hits are touched before any group allocates new blocks.
+        """
+        req_id = req.request_id
+        is_new = req_id not in self._extra_due
+        if hit is None or not is_new:
+            hit = self._empty_hit()
+        total_computed = req.num_computed_tokens + hit.num_tokens + num_external_tokens
+        end = total_computed + num_new_tokens
+        num_tokens = end + num_lookahead_tokens
+        if not is_new:
+            for m in self.attn:
+                m.remove_skipped(req_id, req.num_computed_tokens)
+        if not self._can_allocate(req_id, hit, total_computed, num_tokens):
+            return False
+        if is_new:
+            self._admit(req, hit, total_computed)
+        for m in self.attn:
+            m.allocate_new(req_id, total_computed, num_tokens)
+        self._plan_saves(req, end)
+        return True
+
+    def _empty_hit(self) -> CacheHit:
+        return CacheHit(block_ids=tuple(() for _ in self.attn), state_slots=tuple(None for _ in self.state))
+
+    def _can_allocate(self, req_id: str, hit: CacheHit, total_computed: int, num_tokens: int) -> bool:
+        need = sum(
+            m.num_blocks_to_allocate(req_id, hit.block_ids[i], total_computed, num_tokens)
+            for i, m in enumerate(self.attn)
+        )
+        if need > self.pool.num_free:
+            return False
+        return all(
+            m.num_slots_needed(req_id, hit.state_slots[j]) <= m.pool.num_free
+            for j, m in enumerate(self.state)
+        )
+
+    def _admit(self, req: KVRequest, hit: CacheHit, total_computed: int) -> None:
+        req_id = req.request_id
+        for i, m in enumerate(self.attn):
+            m.add_hits(req_id, hit.block_ids[i], total_computed)
+        for j, sm in enumerate(self.state):
+            restore = sm.add_request(req_id, hit.state_slots[j])
+            if restore is not None:
+                self._restores.append(restore)
+        junction = hit.num_common_prefix_tokens if hit.num_common_prefix_tokens > hit.num_tokens else 0
+        self._extra_due[req_id] = self.policy.request_boundaries(req.num_prompt_tokens, junction)
+        self._record_hit(req, hit)
+
+    def _record_hit(self, req: KVRequest, hit: CacheHit) -> None:
+        if not self.caching:
+            return
+        self.stats.num_queries += 1
+        self.stats.queried_tokens += req.num_tokens
+        self.stats.hit_tokens += hit.num_tokens
+        for g, n in enumerate(hit.group_hit_tokens):
+            self.stats.group_hit_tokens[g] += n
+
+    def _plan_saves(self, req: KVRequest, end: int) -> None:
+        if not (self.caching and self.state) or end == 0 or end % self.block_size:
+            return
+        due = self.policy.is_due(end, self._extra_due[req.request_id])
+        for sm in self.state:
+            copy = sm.save(req.request_id, req.block_hashes, end, due)
+            if copy is not None:
+                self._saves.append(copy)
+
+    def next_step_end(self, req: KVRequest, start: int, end: int) -> int:
+        """Where a step computing [start, end) must stop so a due checkpoint gets taken."""
+        if not (self.caching and self.state):
+            return end
+        return self.policy.clip(start, end, self._extra_due.get(req.request_id, ()))
+
+    # -- after the step ------------------------------------------------------------------
+
+    def cache(self, req: KVRequest, num_tokens: int) -> None:
+        """The KV (and state) of the request's first ``num_tokens`` tokens is final."""
+        if not self.caching:
+            return
+        for m in self.attn:
+            m.cache(req.request_id, req.block_hashes, num_tokens)
+        for sm in self.state:
+            sm.confirm(req.request_id, req.block_hashes, num_tokens)
+
+    def take_state_copies(self) -> tuple[list[StateCopy], list[StateCopy]]:
+        """Drain this step's (restores, saves)."""
+        out = (self._restores, self._saves)
+        self._restores, self._saves = [], []
+        return out
+
+    def end_step(self) -> None:
+        for sm in self.state:
+            sm.end_step()
+
+    def free(self, req: KVRequest) -> None:
+        req_id = req.request_id
+        if req_id not in self._extra_due:
+            return
+        for m in self.attn:
+            m.free(req_id)
+        for sm in self.state:
+            sm.free(req_id, req.block_hashes)
+        del self._extra_due[req_id]
+
+    # -- queries -------------------------------------------------------------------------
+
+    def has_request(self, req_id: str) -> bool:
+        return req_id in self._extra_due
+
+    def get_block_ids(self, req_id: str) -> tuple[list[int], ...]:
+        return tuple(m.tables[req_id] for m in self.attn)
+
+    def get_state_slots(self, req_id: str) -> tuple[int, ...]:
+        return tuple(sm.live[req_id] for sm in self.state)
+
+    def get_unhashed_block_ids(self, req_id: str) -> tuple[list[int], ...]:
+        """Per attention group, the real blocks not yet registered (what a load must fill)."""
+        return tuple(m.get_unhashed_block_ids(req_id) for m in self.attn)
+
+    def usage(self) -> float:
+        return self.pool.usage() if self.attn else 0.0
+
+    def reset_prefix_cache(self) -> bool:
+        if not self.pool.reset():
+            return False
+        return all(sm.pool.reset() for sm in self.state)
+
+    def check_integrity(self) -> None:
+        from hybridkv.kv.integrity import check_coordinator
+
+        check_coordinator(self)
+
+    def is_idle(self) -> bool:
+        """No request holds anything: every block and slot is free."""
+        return (
+            not self._extra_due
+            and self.pool.num_free == self.pool.capacity
+            and all(sm.pool.num_free == sm.pool.capacity for sm in self.state)
+        )
+
+
+def _state_spec(layout: KVCacheLayout, group_id: int) -> StateSpec:
+    spec = layout.groups[group_id].spec
+    assert isinstance(spec, StateSpec)
+    return spec
+
+
+__all__ = ["NULL_BLOCK", "CacheHit", "KVCacheConfig", "KVCacheCoordinator", "KVRequest", "StateCopy"]

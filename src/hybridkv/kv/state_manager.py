@@ -1,0 +1,163 @@
+"""State slots of one state group: live slots and checkpoints at block boundaries.
+
+Slot life cycles (all slots come from the group's own pool)::
+
+    live        one per running request, allocated at admission, freed at finish/preemption
+    checkpoint  state exactly at a boundary T, keyed by (block hash at T, group); unreferenced
+                and evictable LRU once its save step completed
+    pending     a save made this step: keyed (becomes a checkpoint) when the step's KV is final
+    trailing    one per request: the state at the last boundary it passed that was not due a
+                checkpoint; keyed when the request is freed (the next turn of a conversation
+                resumes there), overwritten when it passes the next boundary
+    pinned      a checkpoint being restored this step; released at the end of the step
+
+The manager never touches tensors: it returns ``StateCopy`` records for the runner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridkv.kv.block_pool import BlockPool, CacheKey
+from hybridkv.kv.hashing import BlockHash
+from hybridkv.kv.spec import StateSpec
+
+
+@dataclass(frozen=True, slots=True)
+class StateCopy:
+    """Copy one state slot onto another within a state group (all the group's layers)."""
+
+    group_id: int
+    src_slot: int
+    dst_slot: int
+
+
+@dataclass(slots=True)
+class _Trailing:
+    slot: int
+    boundary: int
+    final: bool
+
+
+class StateManager:
+    def __init__(self, group_id: int, spec: StateSpec, num_slots: int, block_size: int) -> None:
+        self.group_id = group_id
+        self.spec = spec
+        self.block_size = block_size
+        self.pool = BlockPool(num_slots, with_null=False, name=f"state group {group_id}")
+        self.live: dict[str, int] = {}
+        self.pending: dict[str, list[tuple[int, int]]] = {}  # req -> [(slot, boundary)]
+        self.trailing: dict[str, _Trailing] = {}
+        self.pinned: list[int] = []
+
+    def _key(self, hashes: list[BlockHash], boundary: int) -> CacheKey:
+        return (hashes[boundary // self.block_size - 1], self.group_id)
+
+    # -- hit search (pure) ---------------------------------------------------------------
+
+    def longest_hit(self, hashes: list[BlockHash], max_blocks: int) -> int:
+        """The largest k <= max_blocks with a checkpoint exactly at k blocks (0 if none)."""
+        for k in range(max_blocks, 0, -1):
+            if (hashes[k - 1], self.group_id) in self.pool.cached:
+                return k
+        return 0
+
+    def hit_slot(self, hashes: list[BlockHash], num_blocks: int) -> int | None:
+        if num_blocks == 0:
+            return None
+        return self.pool.get_cached((hashes[num_blocks - 1], self.group_id))
+
+    # -- admission -----------------------------------------------------------------------
+
+    def num_slots_needed(self, req_id: str, hit_slot: int | None) -> int:
+        if req_id in self.live:
+            return 0
+        pin_cost = 1 if hit_slot is not None and self.pool.is_free_cached(hit_slot) else 0
+        return 1 + pin_cost
+
+    def add_request(self, req_id: str, hit_slot: int | None) -> StateCopy | None:
+        """Pin the checkpoint (if any), give the request a live slot, return the restore."""
+        if hit_slot is not None:
+            self.pool.touch([hit_slot])
+            self.pinned.append(hit_slot)
+        self.live[req_id] = self.pool.allocate(1, self.group_id)[0]
+        if hit_slot is None:
+            return None
+        return StateCopy(self.group_id, hit_slot, self.live[req_id])
+
+    # -- saves ---------------------------------------------------------------------------
+
+    def save(self, req_id: str, hashes: list[BlockHash], boundary: int, due: bool) -> StateCopy | None:
+        """Plan a copy of the live slot taken at the end of a step that ends at ``boundary``.
+
+        Due boundaries become checkpoints; others overwrite the request's trailing slot.
+        Best effort: with no free slot nothing is saved.
+        """
+        if due:
+            return self._save_checkpoint(req_id, hashes, boundary)
+        trailing = self.trailing.get(req_id)
+        if trailing is None:
+            if self.pool.num_free == 0:
+                return None
+            trailing = _Trailing(self.pool.allocate(1, self.group_id)[0], boundary, False)
+            self.trailing[req_id] = trailing
+        trailing.boundary, trailing.final = boundary, False
+        return StateCopy(self.group_id, self.live[req_id], trailing.slot)
+
+    def _save_checkpoint(self, req_id: str, hashes: list[BlockHash], boundary: int) -> StateCopy | None:
+        if self.pool.get_cached(self._key(hashes, boundary)) is not None:
+            return None
+        self._drop_trailing(req_id)  # superseded by a newer checkpoint
+        if self.pool.num_free == 0:
+            return None
+        slot = self.pool.allocate(1, self.group_id)[0]
+        self.pending.setdefault(req_id, []).append((slot, boundary))
+        return StateCopy(self.group_id, self.live[req_id], slot)
+
+    def confirm(self, req_id: str, hashes: list[BlockHash], num_tokens: int) -> None:
+        """The request's state is final up to ``num_tokens``: publish the saves it covers."""
+        keep = []
+        for slot, boundary in self.pending.pop(req_id, []):
+            if boundary > num_tokens:
+                keep.append((slot, boundary))
+                continue
+            self.pool.cache(slot, self._key(hashes, boundary))
+            self.pool.free([slot])
+        if keep:
+            self.pending[req_id] = keep
+        trailing = self.trailing.get(req_id)
+        if trailing is not None and trailing.boundary <= num_tokens:
+            trailing.final = True
+
+    def end_step(self) -> None:
+        """Release the checkpoints pinned for this step's restores."""
+        self.pool.free(self.pinned)
+        self.pinned.clear()
+
+    # -- freeing -------------------------------------------------------------------------
+
+    def free(self, req_id: str, hashes: list[BlockHash]) -> None:
+        """Free every slot of the request; a final trailing state becomes a checkpoint."""
+        self.pool.free([slot for slot, _ in self.pending.pop(req_id, [])])
+        trailing = self.trailing.pop(req_id, None)
+        if trailing is not None:
+            key = self._key(hashes, trailing.boundary)
+            if trailing.final and self.pool.get_cached(key) is None:
+                self.pool.cache(trailing.slot, key)
+            self.pool.free([trailing.slot])
+        if req_id in self.live:
+            self.pool.free([self.live.pop(req_id)])
+
+    def _drop_trailing(self, req_id: str) -> None:
+        trailing = self.trailing.pop(req_id, None)
+        if trailing is not None:
+            self.pool.free([trailing.slot])
+
+    def held_refs(self) -> dict[int, int]:
+        """References this manager holds on each slot (for integrity checks)."""
+        refs: dict[int, int] = {}
+        slots = list(self.live.values()) + [t.slot for t in self.trailing.values()] + self.pinned
+        slots += [s for saves in self.pending.values() for s, _ in saves]
+        for s in slots:
+            refs[s] = refs.get(s, 0) + 1
+        return refs

@@ -1,0 +1,109 @@
+"""Shared builders for KV core tests: tiny specs, named layouts, a minimal request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
+from hybridkv.kv.hashing import BlockHash, BlockHasher, get_hash_fn
+from hybridkv.kv.spec import (
+    FullAttentionSpec,
+    KVCacheLayout,
+    LayerSpec,
+    SlidingWindowSpec,
+    StateSpec,
+    create_layout,
+)
+
+B = 4  # block size used by the exact-id tests
+
+
+def full(block_size: int = B) -> FullAttentionSpec:
+    return FullAttentionSpec(block_size, 2, 8, "float32")
+
+
+def swa(window: int, block_size: int = B) -> SlidingWindowSpec:
+    return SlidingWindowSpec(block_size, 2, 8, "float32", window)
+
+
+def mamba() -> StateSpec:
+    return StateSpec("mamba2", ((24, 3), (4, 8, 16)), ("float32", "float32"))
+
+
+def gdn() -> StateSpec:
+    return StateSpec("gated_deltanet", ((32, 3), (2, 16, 16)), ("bfloat16", "float32"))
+
+
+def layer_specs(name: str, block_size: int = B, window: int = 8) -> list[LayerSpec | None]:
+    """Named layer patterns: the layouts the tests and the benchmark care about."""
+    f, s = full(block_size), swa(window, block_size)
+    patterns: dict[str, list[LayerSpec | None]] = {
+        "full": [f, f],
+        "sliding": [s, s],
+        "gemma3": ([s] * 5 + [f]) * 2,  # 5:1 -> 1 full + 5 sliding groups of 2
+        "granite": [mamba(), mamba(), mamba(), f, mamba(), mamba(), mamba(), f],
+        "qwen35": [gdn(), gdn(), gdn(), f] * 2,  # 3:1 state:attention
+        "two_windows": [swa(window, block_size), swa(2 * window, block_size), f],
+        "state_only": [mamba(), mamba()],
+        "gptoss": [s, f] * 2,
+        "irregular": [f, f, s, s, s],
+    }
+    return patterns[name]
+
+
+def make_layout(name: str, block_size: int = B, window: int = 8) -> KVCacheLayout:
+    return create_layout(layer_specs(name, block_size, window), block_size=block_size)
+
+
+def make_coordinator(
+    name: str,
+    num_blocks: int = 32,
+    num_state_slots: int = 8,
+    block_size: int = B,
+    window: int = 8,
+    interval: int = 0,
+    caching: bool = True,
+) -> KVCacheCoordinator:
+    layout = make_layout(name, block_size, window)
+    config = KVCacheConfig(num_blocks, num_state_slots, caching, interval)
+    return KVCacheCoordinator(layout, config)
+
+
+@dataclass
+class FakeRequest:
+    """The KVRequest protocol over a token list, hashed incrementally like the real one."""
+
+    request_id: str
+    token_ids: list[int]
+    block_size: int = B
+    num_prompt_tokens: int = 0
+    num_computed_tokens: int = 0
+    cache_salt: str | None = None
+    block_hashes: list[BlockHash] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = self.num_prompt_tokens or len(self.token_ids)
+        self.hasher = BlockHasher(self.block_size, get_hash_fn("sha256"), self.cache_salt)
+        self.hasher.extend(self.block_hashes, self.token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def append(self, token: int) -> None:
+        self.token_ids.append(token)
+        self.hasher.extend(self.block_hashes, self.token_ids)
+
+
+def run_step(coord: KVCacheCoordinator, req: FakeRequest, num_new: int, hit=None) -> bool:  # noqa: ANN001
+    """Allocate, pretend the forward ran, cache: one scheduler step for one request."""
+    if hit is None and not coord.has_request(req.request_id):
+        hit = coord.find_cache_hit(req)
+    if not coord.allocate(req, num_new, hit):
+        return False
+    start = req.num_computed_tokens + (hit.num_tokens if hit is not None else 0)
+    req.num_computed_tokens = start + num_new
+    coord.take_state_copies()
+    coord.cache(req, req.num_computed_tokens)
+    coord.end_step()
+    return True
