@@ -1,0 +1,21 @@
+"""hybridkv: an LLM inference engine for hybrid models, built around its KV cache."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from hybridkv.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from hybridkv.engine.llm import LLM
+
+__all__ = ["LLM", "SamplingParams"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LLM":  # lazy: importing the package must not load torch
+        from hybridkv.engine.llm import LLM
+
+        return LLM
+    raise AttributeError(name)

@@ -1,2 +1,160 @@
-def main() -> int:
+"""The ``hybridkv`` command line: make-model, generate (serve comes with the server)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any
+
+from hybridkv.config import CacheConfig, SchedulerConfig
+
+ARCH_CHOICES = ("qwen3", "gemma3", "granitemoehybrid")
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """vLLM-named engine flags, generated from the config fields (their docs are the help)."""
+    g = p.add_argument_group("engine options")
+    g.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="weights and KV dtype",
+    )
+    g.add_argument(
+        "--seed", type=int, default=0, help="engine seed (and the default sampling seed)"
+    )
+    for sub in (CacheConfig, SchedulerConfig):
+        for f in fields(sub):
+            flag = "--" + f.name.replace("_", "-")
+            default = f.default if f.default is not MISSING else None
+            helptext = f"{f.metadata.get('help', '')} (default: {default})"
+            if f.type in ("bool", bool):
+                g.add_argument(
+                    flag, action=argparse.BooleanOptionalAction, default=None, help=helptext
+                )
+            elif f.name in ("kv_cache_memory", "prefix_caching_hash_algo"):
+                g.add_argument(flag, type=str, default=None, help=helptext)
+            else:
+                g.add_argument(flag, type=int, default=None, help=helptext)
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    names = ["dtype", "seed"] + [
+        f.name for sub in (CacheConfig, SchedulerConfig) for f in fields(sub)
+    ]
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hybridkv", description="An LLM inference engine for hybrid models."
+    )
+    subs = parser.add_subparsers(dest="command", required=True)
+
+    mk = subs.add_parser(
+        "make-model", help="write a random-weight checkpoint in Hugging Face format"
+    )
+    mk.add_argument("--arch", choices=ARCH_CHOICES, required=True)
+    mk.add_argument("--out", type=Path, required=True, help="output directory")
+    mk.add_argument("--size", choices=("tiny", "small"), default="tiny")
+    mk.add_argument("--seed", type=int, default=0)
+
+    gen = subs.add_parser("generate", help="generate completions for prompts offline")
+    gen.add_argument(
+        "--model", default=None, help="checkpoint directory (default: the embedded tiny hybrid)"
+    )
+    src = gen.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="one prompt")
+    src.add_argument(
+        "--prompts-file",
+        type=Path,
+        help='JSONL: {"prompt": ...} or {"prompt_token_ids": [...]} per line',
+    )
+    gen.add_argument("--max-tokens", type=int, default=32)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--json", action="store_true", help="one JSON object per request on stdout")
+    add_engine_flags(gen)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "make-model":
+            return _make_model(args)
+        if args.command == "generate":
+            return _generate(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"hybridkv: error: {exc}", file=sys.stderr)
+        return 2
+    return 1
+
+
+def _make_model(args: argparse.Namespace) -> int:
+    from hybridkv.model.make_model import make_model
+
+    out = make_model(args.arch, args.out, size=args.size, seed=args.seed)
+    print(f"wrote a {args.size} random-weight {args.arch} checkpoint to {out}")
     return 0
+
+
+def read_prompts_file(path: Path) -> list[dict[str, Any]]:
+    """Each line ``{"prompt": str}`` or ``{"prompt_token_ids": [int]}``; errors name the line."""
+    items = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+        ok = isinstance(obj, dict) and (
+            isinstance(obj.get("prompt"), str)
+            or (
+                isinstance(obj.get("prompt_token_ids"), list)
+                and all(isinstance(t, int) for t in obj["prompt_token_ids"])
+            )
+        )
+        if not ok:
+            raise ValueError(
+                f'{path}:{n}: expected {{"prompt": "..."}} or {{"prompt_token_ids": [ints]}}'
+            )
+        items.append(obj)
+    if not items:
+        raise ValueError(f"{path}: no prompts")
+    return items
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from hybridkv import LLM, SamplingParams
+
+    prompts: list[Any] = (
+        [args.prompt] if args.prompt is not None else read_prompts_file(args.prompts_file)
+    )
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
+    )
+    llm = LLM(args.model, **engine_options(args))
+    outputs = llm.generate(prompts, params, use_tqdm=not args.json and len(prompts) > 1)
+    failed = 0
+    for out in outputs:
+        failed += out.finish_reason == "error"
+        if args.json:
+            record = {
+                "text": out.text,
+                "token_ids": out.token_ids,
+                "finish_reason": out.finish_reason,
+                "prompt_tokens": out.num_prompt_tokens,
+                "cached_tokens": out.cached_tokens,
+            }
+            if out.error:
+                record["error"] = out.error
+            print(json.dumps(record))
+        elif out.error:
+            print(f"[error] {out.error}")
+        else:
+            print(f"{out.prompt!r} -> {out.text!r} ({out.finish_reason})")
+    return 1 if failed else 0

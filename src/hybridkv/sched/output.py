@@ -18,16 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hybridkv.kv.state_manager import StateCopy
 from hybridkv.sampling_params import SamplingParams
 
-
-@dataclass(frozen=True, slots=True)
-class StateCopy:
-    """Copy one state slot onto another within a state group (all the group's layers)."""
-
-    group_id: int
-    src_slot: int
-    dst_slot: int
+__all__ = ["RunnerOutput", "ScheduledRequest", "SchedulerOutput", "StateCopy"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,142 @@
+"""One frozen engine config made of typed sub-configs, built and validated at the boundary.
+
+Flat option names follow vLLM's (``max_num_seqs``, ``kv_cache_memory``...); each field's
+``help`` metadata becomes the CLI's ``--help``. Unknown or invalid options are errors that name
+the option.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
+          "tb": 1000**4, "tib": 1024**4}  # fmt: skip
+
+
+def parse_bytes(value: int | str, name: str = "size") -> int:
+    """``4096``, ``"512MiB"``, ``"4GiB"``, ``"1.5GB"`` -> bytes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    else:
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise ValueError(
+                f"invalid {name} {value!r}: expected bytes like 4096, '512MiB' or '4GiB'"
+            )
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise ValueError(f"invalid {name} {value!r}: must be positive")
+    return n
+
+
+def _opt(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    block_size: int = _opt(16, "tokens per KV block (all attention groups)")
+    kv_cache_memory: int = _opt(
+        1024**3, "bytes for KV blocks and state slots (KiB/MiB/GiB suffixes)"
+    )
+    enable_prefix_caching: bool = _opt(True, "reuse KV of shared prefixes")
+    prefix_caching_hash_algo: str = _opt("sha256", "block hash function: sha256 or xxh3_128")
+    state_checkpoint_interval: int = _opt(
+        512, "tokens between recurrent-state checkpoints (0: off)"
+    )
+    num_state_slots: int | None = _opt(
+        None, "state slots per state group (default: from max_num_seqs)"
+    )
+
+    def __post_init__(self) -> None:
+        _require(self.block_size >= 1, "block_size", self.block_size, "a positive integer")
+        _require(self.prefix_caching_hash_algo in ("sha256", "xxh3_128"), "prefix_caching_hash_algo",
+                 self.prefix_caching_hash_algo, "sha256 or xxh3_128")  # fmt: skip
+        ok = (
+            self.state_checkpoint_interval >= 0
+            and self.state_checkpoint_interval % self.block_size == 0
+        )
+        _require(
+            ok,
+            "state_checkpoint_interval",
+            self.state_checkpoint_interval,
+            "0 or a multiple of block_size",
+        )
+        _require(self.num_state_slots is None or self.num_state_slots >= 1, "num_state_slots",
+                 self.num_state_slots, "a positive integer")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = _opt(64, "most requests running at once")
+    max_num_batched_tokens: int = _opt(2048, "token budget of one step (chunked prefill)")
+    max_model_len: int | None = _opt(None, "longest prompt + output (default: the model's)")
+
+    def __post_init__(self) -> None:
+        _require(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "a positive integer")
+        _require(
+            self.max_num_batched_tokens >= 1,
+            "max_num_batched_tokens",
+            self.max_num_batched_tokens,
+            "a positive integer",
+        )
+        _require(
+            self.max_model_len is None or self.max_model_len >= 2,
+            "max_model_len",
+            self.max_model_len,
+            "an integer >= 2",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str
+    dtype: str = "auto"
+    seed: int = 0
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    kv_transfer_config: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        _require(
+            self.dtype in ("auto", "float32", "bfloat16"),
+            "dtype",
+            self.dtype,
+            "auto, float32 or bfloat16",
+        )
+
+    @classmethod
+    def create(cls, model: str, **options: Any) -> EngineConfig:
+        """Build from flat vLLM-style options; unknown names are errors."""
+        sub: dict[type[Any], dict[str, Any]] = {CacheConfig: {}, SchedulerConfig: {}}
+        top: dict[str, Any] = {}
+        for name, value in options.items():
+            if value is None:
+                continue
+            target = _owner_of(name)
+            if name == "kv_cache_memory":
+                value = parse_bytes(value, "kv_cache_memory")
+            (top if target is None else sub[target])[name] = value
+        return cls(model=model, cache=CacheConfig(**sub[CacheConfig]),
+                   scheduler=SchedulerConfig(**sub[SchedulerConfig]), **top)  # fmt: skip
+
+
+def _owner_of(name: str) -> type[Any] | None:
+    for sub in (CacheConfig, SchedulerConfig):
+        if name in {f.name for f in fields(sub)}:
+            return sub
+    if name in {"dtype", "seed", "kv_transfer_config"}:
+        return None
+    known = sorted(
+        {f.name for s in (CacheConfig, SchedulerConfig) for f in fields(s)}
+        | {"dtype", "seed", "kv_transfer_config"}
+    )
+    raise ValueError(f"unknown engine option {name!r}; known options: {', '.join(known)}")
+
+
+def _require(ok: bool, name: str, value: object, want: str) -> None:
+    if not ok:
+        raise ValueError(f"invalid engine option {name}={value!r}: must be {want}")

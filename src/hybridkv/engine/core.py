@@ -1,0 +1,185 @@
+"""EngineCore: one step is schedule -> run -> update, plus the text-side postprocessing.
+
+out = scheduler.schedule()          # plain data: tokens, block tables, state slots/copies
+result = runner.execute(out)        # forward pass + sampling
+updated = scheduler.update_from_output(out, result)
+-> detokenize, stop strings, RequestOutputs
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+from hybridkv.config import EngineConfig
+from hybridkv.engine.output import RequestOutput, TextState, make_output
+from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
+from hybridkv.kv.hashing import BlockHasher, get_hash_fn
+from hybridkv.kv.spec import KVCacheLayout, create_layout
+from hybridkv.request import Request, RequestStatus
+from hybridkv.sampling_params import SamplingParams
+from hybridkv.sched.output import SchedulerOutput
+from hybridkv.sched.scheduler import Scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSizing:
+    num_blocks: int
+    num_state_slots: int
+
+
+def size_cache(config: EngineConfig, layout: KVCacheLayout, max_model_len: int) -> CacheSizing:
+    """Blocks and state slots from the memory budget; a clear error if it cannot hold one
+    request of ``max_model_len`` tokens."""
+    cache, sched = config.cache, config.scheduler
+    slots = cache.num_state_slots or (3 * sched.max_num_seqs + 16 if layout.state_group_ids else 0)
+    if layout.state_group_ids and slots < sched.max_num_seqs + 1:
+        raise ValueError(f"num_state_slots={slots} must exceed max_num_seqs={sched.max_num_seqs}")
+    num_blocks = layout.num_blocks_for(cache.kv_cache_memory, slots)
+    if layout.attention_group_ids:
+        need = -(-max_model_len // layout.block_size) * len(layout.attention_group_ids) + 1
+        if num_blocks < need:
+            raise ValueError(
+                f"kv_cache_memory={cache.kv_cache_memory} bytes holds {num_blocks} blocks of "
+                f"{layout.page_bytes} bytes, but one request of max_model_len={max_model_len} "
+                f"tokens needs {need}: raise kv_cache_memory or lower max_model_len"
+            )
+    elif num_blocks < 1:
+        raise ValueError(
+            f"kv_cache_memory={cache.kv_cache_memory} bytes cannot hold {slots} state slots"
+        )
+    return CacheSizing(max(num_blocks, 2), slots)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, *, keep_logits: bool = False) -> None:
+        from hybridkv.model.loader import load_model
+        from hybridkv.model.tokenizer import load_tokenizer
+
+        self.config = config
+        self.keep_logits = keep_logits
+        self.model, self.model_config = load_model(config.model, config.dtype)
+        self.tokenizer = load_tokenizer(config.model)
+        self.max_model_len = (
+            config.scheduler.max_model_len or self.model_config.max_position_embeddings
+        )
+        self.layout = create_layout(
+            self.model_config.layer_specs(config.cache.block_size, self.kv_dtype),
+            config.cache.block_size,
+        )
+        self.sizing = size_cache(config, self.layout, self.max_model_len)
+        kv_config = KVCacheConfig(
+            self.sizing.num_blocks,
+            self.sizing.num_state_slots,
+            config.cache.enable_prefix_caching,
+            config.cache.state_checkpoint_interval,
+        )
+        self.kv = KVCacheCoordinator(self.layout, kv_config)
+        self.scheduler = Scheduler(config.scheduler, self.max_model_len, self.kv)
+        self.runner = self._create_runner()
+        self._hash_fn = get_hash_fn(config.cache.prefix_caching_hash_algo)
+        self._texts: dict[str, TextState] = {}
+        self._live: dict[str, Request] = {}
+        self._ids = itertools.count()
+
+    @property
+    def kv_dtype(self) -> str:
+        return str(self.model_config_dtype)
+
+    @property
+    def model_config_dtype(self) -> str:
+        param = next(self.model.parameters())
+        return "bfloat16" if str(param.dtype) == "torch.bfloat16" else "float32"
+
+    def _create_runner(self):  # type: ignore[no-untyped-def]
+        from hybridkv.model.runner import ModelRunner
+
+        return ModelRunner(
+            self.model,
+            self.model_config,
+            self.layout,
+            self.sizing.num_blocks,
+            self.sizing.num_state_slots,
+            keep_logits=self.keep_logits,
+        )
+
+    # -- requests ------------------------------------------------------------------------
+
+    def new_request_id(self) -> str:
+        return f"req-{next(self._ids)}"
+
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        prompt: str | None = None,
+        cache_salt: str | None = None,
+    ) -> Request:
+        """Queue a request; raises ValueError naming the problem (nothing is queued then)."""
+        request_id = request_id or self.new_request_id()
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(
+                f"request {request_id}: token ids {bad[:5]} outside the vocabulary [0, {vocab})"
+            )
+        hasher = BlockHasher(self.layout.block_size, self._hash_fn, cache_salt)
+        req = Request(request_id, prompt_token_ids, params, hasher, self.model_config.eos_token_ids)
+        self.scheduler.add_request(req)
+        self._texts[request_id] = TextState(prompt)
+        self._live[request_id] = req
+        return req
+
+    def abort_request(self, request_id: str) -> None:
+        self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # -- one step ------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; return an output for each request that got a token or finished."""
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            self._flush_finished(out)
+            return self._take_aborted()
+        result = self.runner.execute(out)
+        now = time.monotonic()
+        updated = self.scheduler.update_from_output(out, result)
+        outputs = []
+        for req in updated:
+            state = self._texts[req.request_id]
+            if req.first_token_time is None:
+                req.first_token_time = now
+            if req.request_id in result.logprobs:
+                state.logprobs.append(result.logprobs[req.request_id])
+            if req.request_id in result.logits:
+                state.logits.append(result.logits[req.request_id])
+            self._apply_stop_strings(req, state)
+            outputs.append(self._emit(req))
+        return outputs + self._take_aborted()
+
+    def _flush_finished(self, out: SchedulerOutput) -> None:
+        if out.finished_request_ids:
+            self.runner.execute(out)
+
+    def _apply_stop_strings(self, req: Request, state: TextState) -> None:
+        stop = state.update(req, self.tokenizer)
+        if stop is not None and not req.status.is_finished:
+            self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED)
+            req.stop_reason = stop
+
+    def _emit(self, req: Request) -> RequestOutput:
+        output = make_output(req, self._texts[req.request_id], self.keep_logits)
+        if req.status.is_finished:
+            self._texts.pop(req.request_id, None)
+            self._live.pop(req.request_id, None)
+        return output
+
+    def _take_aborted(self) -> list[RequestOutput]:
+        """Outputs for requests finished outside a step (aborts) that nobody reported yet."""
+        gone = [r for r in self._live.values() if r.status.is_finished]
+        return [self._emit(r) for r in gone]

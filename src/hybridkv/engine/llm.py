@@ -1,0 +1,123 @@
+"""The offline API: ``LLM(model=...).generate(prompts, SamplingParams(...))``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from hybridkv.config import EngineConfig
+from hybridkv.engine.core import EngineCore
+from hybridkv.engine.output import RequestOutput, error_output
+from hybridkv.sampling_params import SamplingParams
+
+PromptInput = str | list[int] | dict[str, Any]
+
+
+class LLM:
+    """An engine for offline batches. ``model=None`` uses the embedded default checkpoint.
+
+    Options use vLLM's names: ``dtype``, ``max_model_len``, ``max_num_seqs``,
+    ``max_num_batched_tokens``, ``block_size``, ``enable_prefix_caching``, ``kv_cache_memory``
+    (bytes or "4GiB"), ``seed``...
+    """
+
+    def __init__(
+        self, model: str | None = None, *, keep_logits: bool = False, **options: Any
+    ) -> None:
+        if model is None:
+            from hybridkv.engine.default_model import ensure_default_model
+
+            model = str(ensure_default_model())
+        self.config = EngineConfig.create(str(model), **options)
+        self.engine = EngineCore(self.config, keep_logits=keep_logits)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion as one batch; outputs in prompt order.
+
+        A prompt that cannot run (too long, bad token ids) gets an output with
+        ``finish_reason == "error"`` and ``error`` saying why; the others run normally."""
+        items = _as_list(prompts)
+        params = _params_for(items, sampling_params)
+        results: dict[int, RequestOutput] = {}
+        order: dict[str, int] = {}
+        for i, (item, p) in enumerate(zip(items, params, strict=True)):
+            text, ids = self._tokenize(item)
+            try:
+                req = self.engine.add_request(ids, p, prompt=text)
+                order[req.request_id] = i
+            except ValueError as exc:
+                results[i] = error_output(f"rejected-{i}", text, ids, str(exc))
+        self._run(order, results, use_tqdm)
+        return [results[i] for i in range(len(items))]
+
+    def chat(
+        self,
+        messages: list[dict[str, str]] | list[list[dict[str, str]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to each conversation, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts: list[PromptInput] = [
+            self.tokenizer.apply_chat_template(conv, add_generation_prompt=True)
+            for conv in conversations  # type: ignore[arg-type]
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _tokenize(self, item: PromptInput) -> tuple[str | None, list[int]]:
+        if isinstance(item, str):
+            return item, self.tokenizer.encode(item)
+        if isinstance(item, dict):
+            if "prompt_token_ids" in item:
+                return item.get("prompt"), [int(t) for t in item["prompt_token_ids"]]
+            if "prompt" in item:
+                return str(item["prompt"]), self.tokenizer.encode(str(item["prompt"]))
+            raise ValueError(
+                f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(item)}"
+            )
+        return None, [int(t) for t in item]
+
+    def _run(
+        self, order: dict[str, int], results: dict[int, RequestOutput], use_tqdm: bool
+    ) -> None:
+        bar = tqdm(
+            total=len(order), desc="generating", unit="req", disable=not use_tqdm or not order
+        )
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished and out.request_id in order:
+                    results[order[out.request_id]] = out
+                    bar.update(1)
+        bar.close()
+
+
+def _as_list(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
+    if isinstance(prompts, str | dict):
+        return [prompts]
+    items = list(prompts)
+    if items and all(isinstance(t, int) for t in items):
+        return [items]  # one prompt given as token ids
+    return items  # type: ignore[return-value]
+
+
+def _params_for(
+    items: list[PromptInput], params: SamplingParams | Sequence[SamplingParams] | None
+) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams() for _ in items]
+    if isinstance(params, SamplingParams):
+        return [params for _ in items]
+    params = list(params)
+    if len(params) != len(items):
+        raise ValueError(f"got {len(params)} SamplingParams for {len(items)} prompts")
+    return params

@@ -1,0 +1,187 @@
+"""The scheduler: a token budget shared by running requests first, then waiting ones.
+
+There are no prefill and decode phases: each step every scheduled request computes the tokens
+``[num_computed_tokens, end)``, where ``end`` is bounded by its token count, the budget, and the
+next due state checkpoint. ``schedule()`` reads as its named steps::
+
+    schedule_running   decode / continue prefills; preempt the newest request if blocks run out
+    schedule_waiting   admit new and preempted requests (prefix hit first), FCFS
+    build_output       plain data for the runner: tokens, tables, slots, state copies
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from hybridkv.config import SchedulerConfig
+from hybridkv.kv.coordinator import CacheHit, KVCacheCoordinator
+from hybridkv.request import Request, RequestStatus
+from hybridkv.sched.output import RunnerOutput, ScheduledRequest, SchedulerOutput
+
+
+@dataclass(slots=True)
+class _Slice:
+    request: Request
+    start: int
+    end: int
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    num_preemptions: int
+    kv_usage: float
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, max_model_len: int, kv: KVCacheCoordinator) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.finished_ids: list[str] = []  # since the last step; the runner drops their state
+        self.num_preemptions = 0
+
+    # -- requests in and out -------------------------------------------------------------
+
+    def add_request(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"duplicate request id {req.request_id!r}")
+        if req.num_tokens >= self.max_model_len:
+            raise ValueError(
+                f"request {req.request_id}: prompt of {req.num_tokens} tokens does not fit "
+                f"max_model_len={self.max_model_len} (room is needed for at least one output token)"
+            )
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> None:
+        """Finish (stop, abort, fail) a request wherever it is; frees its blocks."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req)
+        req.status = status
+        self.finished_ids.append(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            len(self.running), len(self.waiting), self.num_preemptions, self.kv.usage()
+        )
+
+    # -- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = [self.config.max_num_batched_tokens]
+        slices: list[_Slice] = []
+        preempted = self._schedule_running(budget, slices)
+        if not preempted:
+            self._schedule_waiting(budget, slices)
+        return self._build_output(slices)
+
+    def _step_end(self, req: Request, start: int, budget: int, hit: CacheHit | None = None) -> int:
+        end = min(req.num_tokens, start + budget)
+        return self.kv.next_step_end(req, start, end, hit)
+
+    def _schedule_running(self, budget: list[int], slices: list[_Slice]) -> bool:
+        """Schedule running requests in order; returns whether anything was preempted."""
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget[0] > 0:
+            req = self.running[i]
+            start = req.num_computed_tokens
+            end = self._step_end(req, start, budget[0])
+            while not self.kv.allocate(req, end - start):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    return True
+            slices.append(_Slice(req, start, end))
+            budget[0] -= end - start
+            i += 1
+        return preempted
+
+    def _schedule_waiting(self, budget: list[int], slices: list[_Slice]) -> None:
+        while self.waiting and len(self.running) < self.config.max_num_seqs and budget[0] > 0:
+            req = self.waiting[0]
+            hit = self.kv.find_cache_hit(req)
+            start = hit.num_tokens
+            end = self._step_end(req, start, budget[0], hit)
+            if not self.kv.allocate(req, end - start, hit):
+                return  # first come, first served: later requests wait too
+            self.waiting.popleft()
+            if req.status is RequestStatus.WAITING:
+                req.cached_tokens["local"] = hit.num_tokens
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = start
+            self.running.append(req)
+            slices.append(_Slice(req, start, end))
+            budget[0] -= end - start
+
+    def _preempt(self, req: Request) -> None:
+        """Free everything; the request recomputes from its (prefix-cached) start later."""
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _build_output(self, slices: list[_Slice]) -> SchedulerOutput:
+        restores, saves = self.kv.take_state_copies()
+        out = SchedulerOutput(
+            state_restores=restores, state_saves=saves, finished_request_ids=self.finished_ids
+        )
+        self.finished_ids = []
+        for s in slices:
+            req = s.request
+            out.requests.append(
+                ScheduledRequest(
+                    request_id=req.request_id,
+                    token_ids=req.all_token_ids[s.start : s.end],
+                    start_pos=s.start,
+                    block_ids=tuple(list(t) for t in self.kv.get_block_ids(req.request_id)),
+                    state_slots=self.kv.get_state_slots(req.request_id),
+                    reset_state=s.start == 0,
+                    sample=s.end == req.num_tokens,
+                    sampling_params=req.sampling_params,
+                    num_output_tokens=req.num_output_tokens,
+                )
+            )
+        return out
+
+    # -- after the step ------------------------------------------------------------------
+
+    def update_from_output(self, out: SchedulerOutput, result: RunnerOutput) -> list[Request]:
+        """Advance computed counts, publish final KV, append sampled tokens, finish stops.
+
+        Returns the requests that got a new token (finished ones included)."""
+        updated: list[Request] = []
+        for s in out.requests:
+            req = self.requests.get(s.request_id)
+            if req is None or req.status is not RequestStatus.RUNNING:
+                continue  # finished (aborted) while the step ran
+            req.num_computed_tokens = s.start_pos + len(s.token_ids)
+            self.kv.cache(req, req.num_computed_tokens)
+            token = result.sampled_token_ids.get(s.request_id) if s.sample else None
+            if token is None:
+                continue
+            req.append_output_token(token)
+            updated.append(req)
+            status = req.check_stop(self.max_model_len)
+            if status is not None:
+                self.finish_request(req.request_id, status)
+        self.kv.end_step()
+        return updated
