@@ -52,22 +52,28 @@ def size_cache(config: EngineConfig, layout: KVCacheLayout, max_model_len: int) 
     return CacheSizing(max(num_blocks, 2), slots)
 
 
+def resolve_dtype(dtype: str, raw_config: dict[str, object]) -> str:
+    """``auto`` takes the checkpoint's dtype: bfloat16 stays bfloat16, anything else float32."""
+    if dtype != "auto":
+        return dtype
+    stored = raw_config.get("dtype") or raw_config.get("torch_dtype")
+    return "bfloat16" if stored == "bfloat16" else "float32"
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig, *, keep_logits: bool = False) -> None:
-        from hybridkv.model.loader import load_model
-        from hybridkv.model.tokenizer import load_tokenizer
+        from hybridkv.model import ModelRunner, Tokenizer, load_model, load_model_config
 
         self.config = config
         self.keep_logits = keep_logits
-        self.model, self.model_config = load_model(config.model, config.dtype)
-        self.tokenizer = load_tokenizer(config.model)
+        self.dtype = resolve_dtype(config.dtype, dict(load_model_config(config.model).raw))
+        self.model, self.model_config = load_model(config.model, self.dtype)
+        self.tokenizer = Tokenizer(config.model, eos_token_ids=self.model_config.eos_token_ids)
         self.max_model_len = (
             config.scheduler.max_model_len or self.model_config.max_position_embeddings
         )
-        self.layout = create_layout(
-            self.model_config.layer_specs(config.cache.block_size, self.kv_dtype),
-            config.cache.block_size,
-        )
+        specs = self.model_config.layer_specs(config.cache.block_size, self.dtype)
+        self.layout = create_layout(specs, config.cache.block_size)
         self.sizing = size_cache(config, self.layout, self.max_model_len)
         kv_config = KVCacheConfig(
             self.sizing.num_blocks,
@@ -77,32 +83,18 @@ class EngineCore:
         )
         self.kv = KVCacheCoordinator(self.layout, kv_config)
         self.scheduler = Scheduler(config.scheduler, self.max_model_len, self.kv)
-        self.runner = self._create_runner()
-        self._hash_fn = get_hash_fn(config.cache.prefix_caching_hash_algo)
-        self._texts: dict[str, TextState] = {}
-        self._live: dict[str, Request] = {}
-        self._ids = itertools.count()
-
-    @property
-    def kv_dtype(self) -> str:
-        return str(self.model_config_dtype)
-
-    @property
-    def model_config_dtype(self) -> str:
-        param = next(self.model.parameters())
-        return "bfloat16" if str(param.dtype) == "torch.bfloat16" else "float32"
-
-    def _create_runner(self):  # type: ignore[no-untyped-def]
-        from hybridkv.model.runner import ModelRunner
-
-        return ModelRunner(
+        self.runner = ModelRunner(
             self.model,
             self.model_config,
             self.layout,
             self.sizing.num_blocks,
             self.sizing.num_state_slots,
-            keep_logits=self.keep_logits,
+            keep_logits=keep_logits,
         )
+        self._hash_fn = get_hash_fn(config.cache.prefix_caching_hash_algo)
+        self._texts: dict[str, TextState] = {}
+        self._live: dict[str, Request] = {}
+        self._ids = itertools.count()
 
     # -- requests ------------------------------------------------------------------------
 

@@ -104,10 +104,10 @@ class LLM:
 def _as_list(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
     if isinstance(prompts, str | dict):
         return [prompts]
-    items = list(prompts)
+    items: list[Any] = list(prompts)
     if items and all(isinstance(t, int) for t in items):
         return [items]  # one prompt given as token ids
-    return items  # type: ignore[return-value]
+    return items
 
 
 def _params_for(

@@ -1,0 +1,31 @@
+# make test: set up .venv if needed, then ruff, mypy and the whole pytest suite.
+# make run:  set up if needed, then run the project's main job.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: setup test lint run bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU build this machine holds; an unpinned torch would pull a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy
+
+test: lint
+	$(PY) -m pytest
+
+run: setup
+	$(VENV)/bin/hybridkv generate --prompt "The key to a fast inference engine is" --max-tokens 24
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

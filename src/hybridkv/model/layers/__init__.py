@@ -1,0 +1,1 @@
+"""Building blocks shared by the architectures: norms, RoPE, paged attention, Mamba2, MLPs."""

@@ -1,0 +1,119 @@
+"""Mamba2 mixer on paged state slots.
+
+State of one layer in one slot: ``conv [conv_dim, d_conv - 1]`` (the last inputs of the
+causal conv) and ``ssm [heads, head_dim, d_state]`` (float32). Decode requests take one
+recurrent step; prefill chunks are padded to ``[R, L]`` and run the chunked scan starting from
+the slot's state, so a chunk that continues a previous one (or a restored checkpoint) gives
+the same result as one long prefill. Padding gets ``dt = 0``: it neither decays nor feeds the
+state.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybridkv.model.config import MambaConfig
+from hybridkv.model.layers.norm import GatedRMSNorm
+from hybridkv.model.layers.ssd import ssd_chunk_scan, ssd_step
+from hybridkv.model.step_context import StateMeta, StepContext
+
+
+class Mamba2Mixer(nn.Module):
+    def __init__(self, layer_id: int, hidden: int, cfg: MambaConfig, eps: float) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.cfg = cfg
+        inner, conv_dim = cfg.intermediate_size, cfg.conv_dim
+        self.in_proj = nn.Linear(hidden, inner + conv_dim + cfg.num_heads, bias=cfg.proj_bias)
+        self.conv1d = nn.Conv1d(conv_dim, conv_dim, cfg.d_conv, groups=conv_dim, bias=cfg.conv_bias)
+        self.dt_bias = nn.Parameter(torch.ones(cfg.num_heads))
+        self.A_log = nn.Parameter(torch.zeros(cfg.num_heads))
+        self.D = nn.Parameter(torch.ones(cfg.num_heads))
+        self.norm = GatedRMSNorm(inner, cfg.n_groups, eps)
+        self.out_proj = nn.Linear(inner, hidden, bias=cfg.proj_bias)
+
+    def forward(self, hidden: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """``[T, hidden]`` -> ``[T, hidden]``; updates this layer's live state slots."""
+        conv_state, ssm_state = ctx.states[self.layer_id]
+        meta = ctx.state_meta[self.layer_id]
+        cfg = self.cfg
+        proj = self.in_proj(hidden)  # [T, inner + conv_dim + heads]
+        gate, xbc, dt = proj.split([cfg.intermediate_size, cfg.conv_dim, cfg.num_heads], dim=-1)
+        y = hidden.new_empty(hidden.shape[0], cfg.intermediate_size)  # [T, inner]
+        if meta.has_decode:
+            y[meta.decode_token_idx] = self._decode(xbc, dt, conv_state, ssm_state, meta)
+        if meta.has_prefill:
+            y[meta.prefill_token_idx] = self._prefill(xbc, dt, conv_state, ssm_state, meta)
+        out: torch.Tensor = self.out_proj(self.norm(y, gate))
+        return out
+
+    def _decode(
+        self,
+        xbc: torch.Tensor,
+        dt: torch.Tensor,
+        conv_state: torch.Tensor,
+        ssm_state: torch.Tensor,
+        meta: StateMeta,
+    ) -> torch.Tensor:
+        slots, idx = meta.decode_slots, meta.decode_token_idx
+        window = torch.cat([conv_state[slots], xbc[idx, :, None].to(conv_state.dtype)], dim=-1)
+        conv_state[slots] = window[..., 1:]  # [Rd, conv_dim, d_conv - 1]
+        weight = self.conv1d.weight[:, 0, :]  # [conv_dim, d_conv]
+        conv = (window.to(weight.dtype) * weight).sum(-1)  # [Rd, conv_dim]
+        if self.conv1d.bias is not None:
+            conv = conv + self.conv1d.bias
+        x, b, c = self._split_heads(F.silu(conv))  # [Rd, h, p], [Rd, h, n], [Rd, h, n]
+        step_dt = self._dt(dt[idx])  # [Rd, h]
+        y, new_state = ssd_step(x, step_dt, self._a(), b, c, ssm_state[slots])
+        ssm_state[slots] = new_state
+        y = y + x * self.D.float()[:, None]  # [Rd, h, p]
+        return y.flatten(1).to(xbc.dtype)
+
+    def _prefill(
+        self,
+        xbc: torch.Tensor,
+        dt: torch.Tensor,
+        conv_state: torch.Tensor,
+        ssm_state: torch.Tensor,
+        meta: StateMeta,
+    ) -> torch.Tensor:
+        slots, valid = meta.prefill_slots, meta.prefill_valid
+        k = self.cfg.d_conv - 1
+        padded = xbc[meta.prefill_gather] * valid[..., None]  # [Rp, L, conv_dim]
+        seq = torch.cat([conv_state[slots].to(xbc.dtype), padded.transpose(1, 2)], dim=-1)
+        conv_state[slots] = _last_inputs(seq, meta.prefill_lens, k).to(conv_state.dtype)
+        conv = F.conv1d(seq, self.conv1d.weight, self.conv1d.bias, groups=self.cfg.conv_dim)
+        x, b, c = self._split_heads(F.silu(conv.transpose(1, 2)))  # [Rp, L, h, ...]
+        scan_dt = self._dt(dt[meta.prefill_gather]) * valid[..., None]  # [Rp, L, h]
+        y, final = ssd_chunk_scan(
+            x, scan_dt, self._a(), b, c, ssm_state[slots], self.cfg.chunk_size
+        )
+        ssm_state[slots] = final
+        y = y + x * self.D.float()[:, None]  # [Rp, L, h, p]
+        return y[valid].flatten(1).to(xbc.dtype)  # [sum(lens), inner]
+
+    def _split_heads(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``[..., conv_dim]`` -> x ``[..., h, p]``, B and C ``[..., h, n]`` (float32)."""
+        cfg = self.cfg
+        group_span = cfg.n_groups * cfg.d_state
+        x, b, c = torch.split(xbc.float(), [cfg.intermediate_size, group_span, group_span], -1)
+        per_group = cfg.num_heads // cfg.n_groups
+        lead = x.shape[:-1]
+        b = b.view(*lead, cfg.n_groups, cfg.d_state).repeat_interleave(per_group, dim=-2)
+        c = c.view(*lead, cfg.n_groups, cfg.d_state).repeat_interleave(per_group, dim=-2)
+        return x.view(*lead, cfg.num_heads, cfg.head_dim), b, c
+
+    def _dt(self, dt: torch.Tensor) -> torch.Tensor:
+        dt = F.softplus(dt.float() + self.dt_bias.float())
+        return dt.clamp(self.cfg.dt_min, self.cfg.dt_max)
+
+    def _a(self) -> torch.Tensor:
+        return -torch.exp(self.A_log.float())  # [h]
+
+
+def _last_inputs(seq: torch.Tensor, lens: torch.Tensor, k: int) -> torch.Tensor:
+    """The last ``k`` real inputs of each row of ``seq`` ``[R, C, k + L]`` -> ``[R, C, k]``."""
+    idx = lens[:, None] + torch.arange(k, device=seq.device)  # [R, k]
+    return seq.gather(2, idx[:, None, :].expand(-1, seq.shape[1], -1))

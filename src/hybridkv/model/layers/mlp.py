@@ -1,0 +1,102 @@
+"""Feed-forward blocks: the gated MLP, Granite's fused shared MLP, and a top-k MoE."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybridkv.model.errors import ModelLoadError
+
+
+def activation(name: str):  # type: ignore[no-untyped-def]
+    if name in ("silu", "swish"):
+        return F.silu
+    if name in ("gelu_pytorch_tanh", "gelu_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "gelu":
+        return F.gelu
+    raise ModelLoadError(
+        f"unsupported activation {name!r}; supported: silu, gelu, gelu_pytorch_tanh"
+    )
+
+
+class GatedMLP(nn.Module):
+    """``down(act(gate(x)) * up(x))`` (Llama, Qwen, Gemma)."""
+
+    def __init__(self, hidden: int, inner: int, act: str) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+        self.act = activation(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return out
+
+
+class FusedGatedMLP(nn.Module):
+    """Granite's shared MLP: one ``input_linear`` holding gate and up, halves in that order."""
+
+    def __init__(self, hidden: int, inner: int, act: str) -> None:
+        super().__init__()
+        self.input_linear = nn.Linear(hidden, 2 * inner, bias=False)
+        self.output_linear = nn.Linear(inner, hidden, bias=False)
+        self.act = activation(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.input_linear(x).chunk(2, dim=-1)  # [T, inner] each
+        out: torch.Tensor = self.output_linear(self.act(gate) * up)
+        return out
+
+
+class Router(nn.Module):
+    def __init__(self, hidden: int, num_experts: int) -> None:
+        super().__init__()
+        self.layer = nn.Linear(hidden, num_experts, bias=False)
+
+
+class TopKMoE(nn.Module):
+    """Softmax over the top-k router logits; tokens grouped by expert, one matmul per expert.
+
+    Weights (Granite MoE layout): ``input_linear.weight [E, 2I, H]`` (gate, up halves) and
+    ``output_linear.weight [E, H, I]``.
+    """
+
+    def __init__(self, hidden: int, inner: int, num_experts: int, top_k: int, act: str) -> None:
+        super().__init__()
+        self.router = Router(hidden, num_experts)
+        self.input_linear = _ExpertWeights(num_experts, 2 * inner, hidden)
+        self.output_linear = _ExpertWeights(num_experts, hidden, inner)
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.act = activation(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.router.layer(x).float()  # [T, E]
+        top_logits, top_idx = logits.topk(self.top_k, dim=-1)  # [T, k]
+        weights = torch.softmax(top_logits, dim=-1).to(x.dtype)  # [T, k]
+        order = top_idx.flatten().argsort(stable=True)  # [T * k] (token, choice) by expert
+        counts = torch.bincount(top_idx.flatten(), minlength=self.num_experts).tolist()
+        tokens = order // self.top_k  # [T * k]
+        routed = x[tokens]  # [T * k, H]
+        out_rows = torch.empty_like(routed)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count:
+                rows = slice(start, start + count)
+                out_rows[rows] = self._expert(expert, routed[rows])
+                start += count
+        out_rows = out_rows * weights.flatten()[order][:, None]
+        return torch.zeros_like(x).index_add_(0, tokens, out_rows)
+
+    def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.input_linear.weight[expert]).chunk(2, dim=-1)
+        return F.linear(self.act(gate) * up, self.output_linear.weight[expert])
+
+
+class _ExpertWeights(nn.Module):
+    def __init__(self, num_experts: int, out_dim: int, in_dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, out_dim, in_dim))

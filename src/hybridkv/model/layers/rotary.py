@@ -1,0 +1,57 @@
+"""Rotary position embedding with a cos/sin table computed once and grown on demand."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hybridkv.model.rope import RopeConfig
+
+
+class RotaryTable(nn.Module):
+    """cos/sin rows for positions ``[0, len)``, float32, in the ``cat(freqs, freqs)`` layout.
+
+    NOTE: the tables are plain float32 attributes, not buffers, so ``model.to(bfloat16)``
+    leaves them exact; they are built on the CPU even under a ``meta`` device context.
+    """
+
+    def __init__(self, cfg: RopeConfig, initial_len: int = 4096) -> None:
+        super().__init__()
+        cpu = torch.device("cpu")
+        exponents = torch.arange(0, cfg.dim, 2, dtype=torch.float32, device=cpu) / cfg.dim
+        self.inv_freq = 1.0 / (cfg.theta**exponents) / cfg.linear_factor  # [dim / 2]
+        self.cos = torch.empty(0, cfg.dim, device=cpu)
+        self.sin = torch.empty(0, cfg.dim, device=cpu)
+        self._grow(initial_len)
+
+    def _grow(self, length: int) -> None:
+        pos = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
+        freqs = pos[:, None] * self.inv_freq[None, :]  # [len, dim / 2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [len, dim]
+        self.cos, self.sin = emb.cos(), emb.sin()
+
+    def lookup(self, positions: torch.Tensor, max_pos: int, dtype: torch.dtype) -> RotaryCosSin:
+        """cos/sin of each token, ``[T, 1, dim]`` (broadcast over heads), cast to ``dtype``."""
+        if max_pos >= self.cos.shape[0]:
+            self._grow(max(2 * self.cos.shape[0], max_pos + 1))
+        if self.cos.device != positions.device:
+            self.inv_freq, self.cos, self.sin = (
+                t.to(positions.device) for t in (self.inv_freq, self.cos, self.sin)
+            )
+        cos = self.cos[positions].to(dtype)[:, None, :]  # [T, 1, dim]
+        sin = self.sin[positions].to(dtype)[:, None, :]  # [T, 1, dim]
+        return RotaryCosSin(cos, sin)
+
+
+class RotaryCosSin:
+    __slots__ = ("cos", "sin")
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        self.cos = cos
+        self.sin = sin
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` ``[T, heads, dim]`` by its tokens' positions."""
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # [T, heads, dim]
+        return x * self.cos + rotated * self.sin

@@ -1,0 +1,121 @@
+"""Load a checkpoint: config.json + safetensors (single file or sharded index) -> our model.
+
+The model is built on the ``meta`` device and each parameter is replaced by the checkpoint's
+tensor (shape-checked, cast to the requested dtype), so nothing is initialised twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from hybridkv.model.config import ModelConfig, load_model_config
+from hybridkv.model.errors import ModelLoadError
+from hybridkv.model.models.common import CausalLM
+from hybridkv.model.registry import get_model_class
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+# our parameter name suffix -> other spellings found in checkpoints (transformers 5.x names)
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "block_sparse_moe.input_linear.weight": ("block_sparse_moe.experts.gate_up_proj",),
+    "block_sparse_moe.output_linear.weight": ("block_sparse_moe.experts.down_proj",),
+    "block_sparse_moe.router.layer.weight": ("block_sparse_moe.router.weight",),
+}
+
+
+def torch_dtype(dtype: str) -> torch.dtype:
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ValueError(
+            f"unsupported model dtype {dtype!r}; expected one of {sorted(DTYPES)}"
+        ) from None
+
+
+def load_model(model_dir: str | Path, dtype: str = "float32") -> tuple[CausalLM, ModelConfig]:
+    """Build the architecture named in config.json and fill it from the safetensors files."""
+    target = torch_dtype(dtype)
+    model_dir = Path(model_dir)
+    cfg = load_model_config(model_dir)
+    with torch.device("meta"):
+        model = get_model_class(cfg.architecture)(cfg)
+    with ExitStack() as stack:
+        index = _tensor_index(model_dir, stack)
+        for name, module, attr in _parameters(model):
+            if cfg.tie_word_embeddings and name == "lm_head.weight":
+                continue
+            tensor = _read(index, name, tuple(getattr(module, attr).shape))
+            module._parameters[attr] = nn.Parameter(tensor.to(target), requires_grad=False)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight  # type: ignore[union-attr,assignment]
+    return model.eval(), cfg
+
+
+def _parameters(model: nn.Module) -> Iterator[tuple[str, nn.Module, str]]:
+    for module_name, module in model.named_modules():
+        for attr, param in list(module._parameters.items()):
+            if param is None:  # e.g. a Linear without bias
+                continue
+            yield (f"{module_name}.{attr}" if module_name else attr), module, attr
+
+
+def _tensor_index(model_dir: Path, stack: ExitStack) -> dict[str, Any]:
+    """Tensor name -> open safetensors handle that holds it."""
+    single = model_dir / "model.safetensors"
+    index_path = model_dir / "model.safetensors.index.json"
+    if single.is_file():
+        files = [single]
+    elif index_path.is_file():
+        files = _shard_files(model_dir, index_path)
+    else:
+        raise ModelLoadError(
+            f"{str(model_dir)!r} has no model.safetensors nor model.safetensors.index.json"
+        )
+    index: dict[str, Any] = {}
+    for path in files:
+        try:
+            handle = stack.enter_context(safe_open(str(path), framework="pt"))
+        except Exception as exc:  # safetensors raises its own error types
+            raise ModelLoadError(f"cannot read weights file {path}: {exc}") from None
+        index.update(dict.fromkeys(handle.keys(), handle))
+    return index
+
+
+def _shard_files(model_dir: Path, index_path: Path) -> list[Path]:
+    try:
+        weight_map = json.loads(index_path.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ModelLoadError(f"{index_path} has no valid 'weight_map'") from None
+    files = [model_dir / name for name in sorted(set(weight_map.values()))]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise ModelLoadError(f"{index_path.name} names shard files that do not exist: {missing}")
+    return files
+
+
+def _read(index: dict[str, Any], name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    for candidate in _spellings(name):
+        if candidate in index:
+            tensor: torch.Tensor = index[candidate].get_tensor(candidate)
+            if tuple(tensor.shape) != shape:
+                raise ModelLoadError(
+                    f"weight {candidate!r} has shape {tuple(tensor.shape)}, expected {shape}"
+                )
+            return tensor
+    raise ModelLoadError(f"weight {name!r} is missing from the checkpoint")
+
+
+def _spellings(name: str) -> list[str]:
+    names = [name]
+    for ours, others in _ALIASES.items():
+        if name.endswith(ours):
+            names += [name[: -len(ours)] + other for other in others]
+    return names

@@ -1,0 +1,1 @@
+"""One module per architecture; ``hybridkv.model.registry`` maps HF names to them."""

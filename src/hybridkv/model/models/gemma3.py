@@ -1,0 +1,79 @@
+"""Gemma 3 (text): sandwich norms with ``(1 + w)`` RMSNorm, q/k norms, scaled embeddings,
+local RoPE base on sliding layers, ``query_pre_attn_scalar`` and final logit soft-capping.
+
+NOTE: transformers 5.23 never passes ``attn_logit_softcapping`` to Gemma 3's attention (the
+released configs set it to null; Gemma 3 replaced it with q/k norms), so neither do we.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hybridkv.model.config import LayerKind, ModelConfig
+from hybridkv.model.layers.mlp import GatedMLP
+from hybridkv.model.layers.norm import OffsetRMSNorm
+from hybridkv.model.layers.rotary import RotaryCosSin, RotaryTable
+from hybridkv.model.models.common import CausalLM, SelfAttention
+from hybridkv.model.step_context import StepContext
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, layer_id: int, cfg: ModelConfig) -> None:
+        super().__init__()
+        hidden, eps = cfg.hidden_size, cfg.rms_norm_eps
+        scale = float(cfg.raw.get("query_pre_attn_scalar", cfg.head_dim)) ** -0.5
+        act = str(cfg.raw.get("hidden_activation", "gelu_pytorch_tanh"))
+        self.is_sliding = cfg.layer_kinds[layer_id] is LayerKind.SLIDING
+        self.self_attn = SelfAttention(layer_id, cfg, scale, qk_norm=OffsetRMSNorm)
+        self.mlp = GatedMLP(hidden, int(cfg.raw["intermediate_size"]), act)
+        self.input_layernorm = OffsetRMSNorm(hidden, eps)
+        self.post_attention_layernorm = OffsetRMSNorm(hidden, eps)
+        self.pre_feedforward_layernorm = OffsetRMSNorm(hidden, eps)
+        self.post_feedforward_layernorm = OffsetRMSNorm(hidden, eps)
+
+    def forward(self, x: torch.Tensor, rope: RotaryCosSin, ctx: StepContext) -> torch.Tensor:
+        attn = self.self_attn(self.input_layernorm(x), rope, ctx)
+        x = x + self.post_attention_layernorm(attn)
+        mlp = self.mlp(self.pre_feedforward_layernorm(x))
+        out: torch.Tensor = x + self.post_feedforward_layernorm(mlp)
+        return out
+
+
+class Gemma3TextModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(
+            Gemma3DecoderLayer(i, cfg) for i in range(cfg.num_hidden_layers)
+        )
+        self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Gemma3ForCausalLM(CausalLM):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Gemma3TextModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary_global = RotaryTable(cfg.rope)
+        self.rotary_local = RotaryTable(cfg.local_rope or cfg.rope)
+        self.embed_scale = cfg.hidden_size**0.5
+        self.final_softcap = cfg.raw.get("final_logit_softcapping")
+
+    def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)  # [T, hidden]
+        x = x * torch.tensor(self.embed_scale, dtype=x.dtype)  # scale rounded to the model dtype
+        rope_global = self.rotary_global.lookup(ctx.positions, ctx.max_position, x.dtype)
+        rope_local = self.rotary_local.lookup(ctx.positions, ctx.max_position, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, rope_local if layer.is_sliding else rope_global, ctx)
+        out: torch.Tensor = self.model.norm(x)
+        return out
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.lm_head(hidden)
+        if self.final_softcap:
+            cap = float(self.final_softcap)
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()

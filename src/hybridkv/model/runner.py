@@ -1,0 +1,111 @@
+"""The model runner: one ``SchedulerOutput`` in, one ``RunnerOutput`` out.
+
+Step order (the contract of ``hybridkv.sched.output.SchedulerOutput``): drop finished
+requests' sampler state; restore state checkpoints into live slots; zero the live slots of
+requests with ``reset_state``; forward pass; save state checkpoints; sample.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridkv.kv.spec import KVCacheLayout
+from hybridkv.model.cache_tensors import CacheTensors
+from hybridkv.model.config import ModelConfig
+from hybridkv.model.models.common import CausalLM
+from hybridkv.model.sampler import Sampler, SampleRequest
+from hybridkv.model.step_builder import build_step
+from hybridkv.sched.output import RunnerOutput, ScheduledRequest, SchedulerOutput, StateCopy
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: CausalLM,
+        model_config: ModelConfig,
+        layout: KVCacheLayout,
+        num_blocks: int,
+        num_state_slots: int,
+        *,
+        keep_logits: bool = False,
+    ) -> None:
+        if layout.num_layers != model_config.num_hidden_layers:
+            raise ValueError(
+                f"layout has {layout.num_layers} layers, model has {model_config.num_hidden_layers}"
+            )
+        self.model = model
+        self.model_config = model_config
+        self.layout = layout
+        self.keep_logits = keep_logits
+        self.cache = CacheTensors(layout, num_blocks, num_state_slots)
+        self.sampler = Sampler()
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        return self._execute(out)[0]
+
+    @torch.inference_mode()
+    def execute_with_all_logits(
+        self, out: SchedulerOutput
+    ) -> tuple[RunnerOutput, dict[str, torch.Tensor]]:
+        """Like ``execute``, plus float32 logits ``[n, vocab]`` of every scheduled token of
+        every request (for tests and debugging; costs a full lm_head pass)."""
+        return self._execute(out, all_logits=True)
+
+    def _execute(
+        self, out: SchedulerOutput, all_logits: bool = False
+    ) -> tuple[RunnerOutput, dict[str, torch.Tensor]]:
+        self.sampler.drop(out.finished_request_ids)
+        self._copy_states(out.state_restores)
+        self._reset_states(out.requests)
+        result = RunnerOutput()
+        every: dict[str, torch.Tensor] = {}
+        if out.requests:
+            logits, every = self._forward(out.requests, all_logits)
+            self._copy_states(out.state_saves)
+            self._sample(out.requests, logits, result)
+        else:
+            self._copy_states(out.state_saves)
+        return result, every
+
+    def _forward(
+        self, requests: list[ScheduledRequest], all_logits: bool
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        step = build_step(requests, self.layout, self.cache.kv_pages, self.cache.states)
+        hidden = self.model(step.input_ids, step.ctx)  # [T, hidden]
+        logits = self.model.compute_logits(hidden[step.sample_token_idx])  # [S, vocab]
+        every: dict[str, torch.Tensor] = {}
+        if all_logits:
+            full = self.model.compute_logits(hidden)  # [T, vocab]
+            for req, rows in zip(
+                requests, torch.split(full, [len(r.token_ids) for r in requests]), strict=True
+            ):
+                every[req.request_id] = rows
+        return logits, every
+
+    def _copy_states(self, copies: list[StateCopy]) -> None:
+        for copy in copies:
+            self.cache.copy_slot(copy.group_id, copy.src_slot, copy.dst_slot)
+
+    def _reset_states(self, requests: list[ScheduledRequest]) -> None:
+        to_reset = [r for r in requests if r.reset_state]
+        for index, group_id in enumerate(self.layout.state_group_ids):
+            self.cache.zero_slots(group_id, [r.state_slots[index] for r in to_reset])
+
+    def _sample(
+        self, requests: list[ScheduledRequest], logits: torch.Tensor, result: RunnerOutput
+    ) -> None:
+        sampling = [r for r in requests if r.sample]
+        if not sampling:
+            return
+        reqs = [
+            SampleRequest(r.request_id, r.sampling_params, r.num_output_tokens) for r in sampling
+        ]
+        sampled = self.sampler.sample(logits, reqs)
+        for i, req in enumerate(sampling):
+            result.sampled_token_ids[req.request_id] = sampled.token_ids[i]
+            logprob = sampled.logprobs[i]
+            if logprob is not None:
+                result.logprobs[req.request_id] = logprob
+            if self.keep_logits:
+                result.logits[req.request_id] = logits[i].tolist()

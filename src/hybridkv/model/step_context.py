@@ -1,0 +1,67 @@
+"""Per-step tensors the layers read: positions, per-group attention and state metadata.
+
+Tokens of all scheduled requests are flattened in request order (``T`` tokens)::
+
+    | req 0: n0 tokens | req 1: n1 tokens | ... |      token t -> (request, offset)
+
+The runner builds every tensor here once per step; each layer only looks up its own group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class AttnSubBatch:
+    """Requests attended together: queries padded to ``[R, Q]``, keys gathered by block."""
+
+    token_idx: torch.Tensor  # [Tb] flat token index of each query
+    rows: torch.Tensor  # [Tb] request row in the sub-batch
+    cols: torch.Tensor  # [Tb] query offset within the row
+    block_table: torch.Tensor  # [R, nb] blocks to read, first one holds key position first_pos
+    mask: torch.Tensor  # [R, 1, Q, nb * B] bool, True = attend
+    num_queries: int  # Q
+
+
+@dataclass(frozen=True, slots=True)
+class AttnMeta:
+    """One attention group in one step: where K/V are written, how they are read."""
+
+    write_blocks: torch.Tensor  # [T] block id of each token's K/V
+    write_offsets: torch.Tensor  # [T] offset inside that block
+    sub_batches: tuple[AttnSubBatch, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StateMeta:
+    """One state group in one step. Decode requests (1 token) take the recurrent step; the
+    others are padded to ``[R, L]`` (left-aligned) for the chunked scan."""
+
+    decode_token_idx: torch.Tensor  # [Rd] flat token index
+    decode_slots: torch.Tensor  # [Rd] live slot
+    prefill_gather: torch.Tensor  # [Rp, L] flat token index (0 where padding)
+    prefill_valid: torch.Tensor  # [Rp, L] bool
+    prefill_lens: torch.Tensor  # [Rp]
+    prefill_slots: torch.Tensor  # [Rp] live slot
+    prefill_token_idx: torch.Tensor  # [sum(lens)] = prefill_gather[prefill_valid]
+
+    @property
+    def has_decode(self) -> bool:
+        return self.decode_token_idx.numel() > 0
+
+    @property
+    def has_prefill(self) -> bool:
+        return self.prefill_lens.numel() > 0
+
+
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    positions: torch.Tensor  # [T]
+    max_position: int
+    kv_pages: dict[int, torch.Tensor]  # layer id -> [num_blocks, 2, B, kv_heads, head_dim]
+    attn_meta: dict[int, AttnMeta]  # layer id -> its group's metadata
+    states: dict[int, tuple[torch.Tensor, ...]]  # layer id -> state tensors [num_slots, ...]
+    state_meta: dict[int, StateMeta]  # layer id -> its group's metadata

@@ -1,0 +1,30 @@
+"""Shared fixtures: tiny transformers-built checkpoints (built once per session) and runners."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hybridkv.kv.spec import create_layout
+from hybridkv.model.loader import load_model
+from hybridkv.model.runner import ModelRunner
+from tests.support.checkpoints import HF_ARCHS, make_hf_checkpoint
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hf_ckpts")
+    return {arch: make_hf_checkpoint(arch, root / arch) for arch in HF_ARCHS}
+
+
+def make_runner(
+    model_dir: Path,
+    dtype: str = "float32",
+    block_size: int = 16,
+    num_blocks: int = 256,
+    num_state_slots: int = 16,
+) -> ModelRunner:
+    model, cfg = load_model(model_dir, dtype)
+    layout = create_layout(cfg.layer_specs(block_size, dtype))
+    return ModelRunner(model, cfg, layout, num_blocks, num_state_slots, keep_logits=True)
