@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--json", action="store_true", help="one JSON object per request on stdout")
     add_engine_flags(gen)
+
+    from hybridkv.server.command import add_serve_parser
+
+    add_serve_parser(subs, add_engine_flags)
     return parser
 
 
@@ -87,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             return _make_model(args)
         if args.command == "generate":
             return _generate(args)
+        if args.command == "serve":
+            from hybridkv.server.command import run_serve
+
+            return run_serve(args, engine_options(args))
     except (ValueError, FileNotFoundError) as exc:
         print(f"hybridkv: error: {exc}", file=sys.stderr)
         return 2

@@ -32,12 +32,29 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "an integer >= 1")
+        _check(
+            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+            "max_tokens",
+            self.max_tokens,
+            "an integer >= 1",
+        )
         _check(self.temperature >= 0.0, "temperature", self.temperature, ">= 0")
-        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", self.top_k, "0 / -1 (off) or a positive integer")
+        _check(
+            isinstance(self.top_k, int) and self.top_k >= 0,
+            "top_k",
+            self.top_k,
+            "0 / -1 (off) or a positive integer",
+        )
         _check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "in (0, 1]")
-        _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings")
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", self.stop_token_ids, "token ids >= 0")
+        _check(
+            all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings"
+        )
+        _check(
+            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids",
+            self.stop_token_ids,
+            "token ids >= 0",
+        )
 
     @property
     def greedy(self) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hybridkv.kv.block_pool import BlockPool
 from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHash, BlockHasher, get_hash_fn
 from hybridkv.kv.spec import (
@@ -107,3 +108,28 @@ def run_step(coord: KVCacheCoordinator, req: FakeRequest, num_new: int, hit=None
     coord.cache(req, req.num_computed_tokens)
     coord.end_step()
     return True
+
+
+def prefill(coord: KVCacheCoordinator, req: FakeRequest, budget: int = 1 << 30) -> list[int]:
+    """Compute ``req`` up to its last token in steps that end where checkpoints are due.
+
+    Returns the step ends, so tests can check where chunks stopped."""
+    ends = []
+    while req.num_computed_tokens < req.num_tokens:
+        hit = None if coord.has_request(req.request_id) else coord.find_cache_hit(req)
+        start = req.num_computed_tokens + (hit.num_tokens if hit is not None else 0)
+        end = coord.next_step_end(req, start, min(req.num_tokens, start + budget), hit)
+        assert run_step(coord, req, end - start, hit), f"{req.request_id} did not fit"
+        ends.append(end)
+    return ends
+
+
+def decode(coord: KVCacheCoordinator, req: FakeRequest, token: int) -> bool:
+    """Append one sampled token and compute it (one decode step)."""
+    req.append(token)
+    return run_step(coord, req, req.num_tokens - req.num_computed_tokens)
+
+
+def queue(pool: BlockPool) -> list[int]:
+    """The free queue, front (allocated next) to back (evicted last)."""
+    return list(pool.free_queue)

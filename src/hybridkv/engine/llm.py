@@ -67,10 +67,11 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation, then generate."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        single = bool(messages) and isinstance(messages[0], dict)
+        conversations: list[Any] = [messages] if single else list(messages)
         prompts: list[PromptInput] = [
             self.tokenizer.apply_chat_template(conv, add_generation_prompt=True)
-            for conv in conversations  # type: ignore[arg-type]
+            for conv in conversations
         ]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 

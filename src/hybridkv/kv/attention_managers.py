@@ -56,14 +56,18 @@ class BaseAttentionManager:
 
     # -- allocation ----------------------------------------------------------------------
 
-    def num_blocks_to_allocate(self, req_id: str, hit_ids: tuple[int, ...], total_computed: int, num_tokens: int) -> int:
+    def num_blocks_to_allocate(
+        self, req_id: str, hit_ids: tuple[int, ...], total_computed: int, num_tokens: int
+    ) -> int:
         """Free-pool blocks needed to hold ``num_tokens`` (hits that sit free count too)."""
         want = cdiv(num_tokens, self.block_size)
         table = self.tables.get(req_id)
         if table is not None:
             return max(0, want - len(table))
         skipped = self.num_skipped_blocks(total_computed)
-        evictable = sum(1 for b in hit_ids[skipped:] if b != NULL_BLOCK and self.pool.is_free_cached(b))
+        evictable = sum(
+            1 for b in hit_ids[skipped:] if b != NULL_BLOCK and self.pool.is_free_cached(b)
+        )
         return max(0, want - max(skipped, len(hit_ids))) + evictable
 
     def add_hits(self, req_id: str, hit_ids: tuple[int, ...], total_computed: int) -> None:

@@ -55,6 +55,8 @@ class BlockPool:
         self.free_queue = FreeQueue(list(range(first, num_items)), num_items)
         self.cached: dict[CacheKey, dict[int, None]] = {}
         self.events: list[PoolEvent] = []
+        # Without a consumer (take_events) the list would grow without bound: turn it off.
+        self.record_events = True
 
     # -- queries -------------------------------------------------------------------------
 
@@ -124,7 +126,8 @@ class BlockPool:
             raise RuntimeError(f"{self.name}: caching unreferenced id {item_id}")
         self.key[item_id] = key
         self.cached.setdefault(key, {})[item_id] = None
-        self.events.append(PoolEvent(EventKind.STORED, item_id, key))
+        if self.record_events:
+            self.events.append(PoolEvent(EventKind.STORED, item_id, key))
 
     def evict(self, item_id: int) -> None:
         """Drop an id's key (its bytes are no longer trusted); ref counts are untouched."""
@@ -143,7 +146,8 @@ class BlockPool:
         for i in range(self.num_items):
             self.key[i] = None
         self.cached.clear()
-        self.events.append(PoolEvent(EventKind.CLEARED, -1, None))
+        if self.record_events:
+            self.events.append(PoolEvent(EventKind.CLEARED, -1, None))
         return True
 
     def take_events(self) -> list[PoolEvent]:
@@ -159,7 +163,8 @@ class BlockPool:
         del ids[i]
         if not ids:
             del self.cached[key]
-        self.events.append(PoolEvent(EventKind.REMOVED, i, key))
+        if self.record_events:
+            self.events.append(PoolEvent(EventKind.REMOVED, i, key))
 
     # -- integrity -----------------------------------------------------------------------
 
@@ -170,11 +175,15 @@ class BlockPool:
         assert len(in_queue) == len(set(in_queue)) == self.num_free, f"{self.name}: queue corrupt"
         for i in range(first, self.num_items):
             assert self.ref_cnt[i] >= 0, f"{self.name}: negative ref count on {i}"
-            assert (self.ref_cnt[i] == 0) == (i in self.free_queue), f"{self.name}: id {i} ref/queue mismatch"
+            assert (self.ref_cnt[i] == 0) == (i in self.free_queue), (
+                f"{self.name}: id {i} ref/queue mismatch"
+            )
             key = self.key[i]
             if key is not None:
                 assert i in self.cached.get(key, {}), f"{self.name}: id {i} keyed but not mapped"
-                assert self.owner[i] == key[1], f"{self.name}: id {i} owned by {self.owner[i]}, key of group {key[1]}"
+                assert self.owner[i] == key[1], (
+                    f"{self.name}: id {i} owned by {self.owner[i]}, key of group {key[1]}"
+                )
         for key, ids in self.cached.items():
             for i in ids:
                 assert self.key[i] == key, f"{self.name}: map entry {key!r} -> {i} is stale"

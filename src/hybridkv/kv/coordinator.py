@@ -99,7 +99,9 @@ class KVCacheCoordinator:
     def find_cache_hit(self, req: KVRequest) -> CacheHit:
         """The longest prefix valid in every group, capped at N-1 tokens. No side effects."""
         if not self.caching:
-            return CacheHit(block_ids=tuple(() for _ in self.attn), state_slots=tuple(None for _ in self.state))
+            return CacheHit(
+                block_ids=tuple(() for _ in self.attn), state_slots=tuple(None for _ in self.state)
+            )
         hashes = req.block_hashes
         max_blocks = min((req.num_tokens - 1) // self.block_size, len(hashes))
         own = [0] * len(self.layout.groups)
@@ -108,7 +110,9 @@ class KVCacheCoordinator:
             if isinstance(fa, FullAttentionManager):
                 num_blocks = own[fa.group_id] = fa.longest_hit(hashes, num_blocks)
         common = num_blocks
-        others: list[SlidingWindowManager | StateManager] = [m for m in self.attn if isinstance(m, SlidingWindowManager)]
+        others: list[SlidingWindowManager | StateManager] = [
+            m for m in self.attn if isinstance(m, SlidingWindowManager)
+        ]
         others += self.state
         for m in others:  # first pass; each group's own answer is kept for stats
             num_blocks = own[m.group_id] = m.longest_hit(hashes, num_blocks)
@@ -161,9 +165,13 @@ class KVCacheCoordinator:
         return True
 
     def _empty_hit(self) -> CacheHit:
-        return CacheHit(block_ids=tuple(() for _ in self.attn), state_slots=tuple(None for _ in self.state))
+        return CacheHit(
+            block_ids=tuple(() for _ in self.attn), state_slots=tuple(None for _ in self.state)
+        )
 
-    def _can_allocate(self, req_id: str, hit: CacheHit, total_computed: int, num_tokens: int) -> bool:
+    def _can_allocate(
+        self, req_id: str, hit: CacheHit, total_computed: int, num_tokens: int
+    ) -> bool:
         need = sum(
             m.num_blocks_to_allocate(req_id, hit.block_ids[i], total_computed, num_tokens)
             for i, m in enumerate(self.attn)
@@ -183,8 +191,9 @@ class KVCacheCoordinator:
             restore = sm.add_request(req_id, hit.state_slots[j])
             if restore is not None:
                 self._restores.append(restore)
-        junction = hit.num_common_prefix_tokens if hit.num_common_prefix_tokens > hit.num_tokens else 0
-        self._extra_due[req_id] = self.policy.request_boundaries(req.num_prompt_tokens, junction)
+        self._extra_due[req_id] = self.policy.request_boundaries(
+            req.num_prompt_tokens, _junction(hit)
+        )
         self._record_hit(req, hit)
 
     def _record_hit(self, req: KVRequest, hit: CacheHit) -> None:
@@ -205,11 +214,18 @@ class KVCacheCoordinator:
             if copy is not None:
                 self._saves.append(copy)
 
-    def next_step_end(self, req: KVRequest, start: int, end: int) -> int:
-        """Where a step computing [start, end) must stop so a due checkpoint gets taken."""
+    def next_step_end(
+        self, req: KVRequest, start: int, end: int, hit: CacheHit | None = None
+    ) -> int:
+        """Where a step computing [start, end) must stop so a due checkpoint gets taken.
+
+        For a request not admitted yet, pass the hit it will be admitted with."""
         if not (self.caching and self.state):
             return end
-        return self.policy.clip(start, end, self._extra_due.get(req.request_id, ()))
+        extra = self._extra_due.get(req.request_id)
+        if extra is None:
+            extra = self.policy.request_boundaries(req.num_prompt_tokens, _junction(hit))
+        return self.policy.clip(start, end, extra)
 
     # -- after the step ------------------------------------------------------------------
 
@@ -279,10 +295,24 @@ class KVCacheCoordinator:
         )
 
 
+def _junction(hit: CacheHit | None) -> int:
+    """A full-attention prefix longer than the joint hit: worth a state checkpoint."""
+    if hit is None or hit.num_common_prefix_tokens <= hit.num_tokens:
+        return 0
+    return hit.num_common_prefix_tokens
+
+
 def _state_spec(layout: KVCacheLayout, group_id: int) -> StateSpec:
     spec = layout.groups[group_id].spec
     assert isinstance(spec, StateSpec)
     return spec
 
 
-__all__ = ["NULL_BLOCK", "CacheHit", "KVCacheConfig", "KVCacheCoordinator", "KVRequest", "StateCopy"]
+__all__ = [
+    "NULL_BLOCK",
+    "CacheHit",
+    "KVCacheConfig",
+    "KVCacheCoordinator",
+    "KVRequest",
+    "StateCopy",
+]

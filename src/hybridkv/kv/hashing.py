@@ -42,7 +42,9 @@ def get_hash_fn(algo: HashAlgo | str) -> HashFn:
         algo = HashAlgo(algo)
     except ValueError:
         names = [a.value for a in HashAlgo]
-        raise ValueError(f"unknown prefix hash algorithm {algo!r}; expected one of {names}") from None
+        raise ValueError(
+            f"unknown prefix hash algorithm {algo!r}; expected one of {names}"
+        ) from None
     return _sha256 if algo is HashAlgo.SHA256 else _xxh3_128
 
 
@@ -74,4 +76,6 @@ class BlockHasher:
         for k in range(len(hashes), len(token_ids) // size):
             parent = hashes[-1] if hashes else None
             extra = self.extra if k == 0 else b""
-            hashes.append(hash_block(self.hash_fn, parent, token_ids[k * size : (k + 1) * size], extra))
+            hashes.append(
+                hash_block(self.hash_fn, parent, token_ids[k * size : (k + 1) * size], extra)
+            )

@@ -28,14 +28,20 @@ def check_coordinator(coord: KVCacheCoordinator) -> None:
                 if b == NULL_BLOCK:
                     continue
                 refs[b] += 1
-                assert pool.owner[b] == m.group_id, f"block {b} in group {m.group_id}'s table of {req_id} is owned by group {pool.owner[b]}"
+                assert pool.owner[b] == m.group_id, (
+                    f"block {b} in group {m.group_id}'s table of {req_id} is owned by group {pool.owner[b]}"
+                )
     for b in range(1, pool.num_items):
-        assert refs[b] == pool.ref_cnt[b], f"block {b}: ref count {pool.ref_cnt[b]}, tables hold {refs[b]}"
+        assert refs[b] == pool.ref_cnt[b], (
+            f"block {b}: ref count {pool.ref_cnt[b]}, tables hold {refs[b]}"
+        )
     for sm in coord.state:
         sm.pool.check_integrity()
         held = sm.held_refs()
         for s in range(sm.pool.num_items):
-            assert held.get(s, 0) == sm.pool.ref_cnt[s], f"state group {sm.group_id} slot {s}: ref count {sm.pool.ref_cnt[s]}, held {held.get(s, 0)}"
+            assert held.get(s, 0) == sm.pool.ref_cnt[s], (
+                f"state group {sm.group_id} slot {s}: ref count {sm.pool.ref_cnt[s]}, held {held.get(s, 0)}"
+            )
     for req_id in coord._extra_due:
         assert all(req_id in m.tables for m in coord.attn), f"{req_id} lacks a table"
         assert all(req_id in sm.live for sm in coord.state), f"{req_id} lacks a live slot"

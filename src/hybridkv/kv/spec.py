@@ -35,7 +35,9 @@ def dtype_bytes(dtype: str) -> int:
     try:
         return DTYPE_BYTES[dtype]
     except KeyError:
-        raise ValueError(f"unsupported KV dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}") from None
+        raise ValueError(
+            f"unsupported KV dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}"
+        ) from None
 
 
 class SpecKind(str, Enum):
@@ -214,7 +216,13 @@ def create_layout(specs: Sequence[LayerSpec | None], block_size: int = 16) -> KV
     Each bucket is split into groups of G consecutive layers; full attention groups come
     first, then sliding-window groups, then one state group per distinct state spec.
     """
-    attn = _buckets([(i, s) for i, s in enumerate(specs) if isinstance(s, FullAttentionSpec | SlidingWindowSpec)])
+    attn = _buckets(
+        [
+            (i, s)
+            for i, s in enumerate(specs)
+            if isinstance(s, FullAttentionSpec | SlidingWindowSpec)
+        ]
+    )
     state = _buckets([(i, s) for i, s in enumerate(specs) if isinstance(s, StateSpec)])
     block_sizes = {s.block_size for s, _ in attn}
     if len(block_sizes) > 1:

@@ -87,7 +87,9 @@ class StateManager:
 
     # -- saves ---------------------------------------------------------------------------
 
-    def save(self, req_id: str, hashes: list[BlockHash], boundary: int, due: bool) -> StateCopy | None:
+    def save(
+        self, req_id: str, hashes: list[BlockHash], boundary: int, due: bool
+    ) -> StateCopy | None:
         """Plan a copy of the live slot taken at the end of a step that ends at ``boundary``.
 
         Due boundaries become checkpoints; others overwrite the request's trailing slot.
@@ -104,7 +106,9 @@ class StateManager:
         trailing.boundary, trailing.final = boundary, False
         return StateCopy(self.group_id, self.live[req_id], trailing.slot)
 
-    def _save_checkpoint(self, req_id: str, hashes: list[BlockHash], boundary: int) -> StateCopy | None:
+    def _save_checkpoint(
+        self, req_id: str, hashes: list[BlockHash], boundary: int
+    ) -> StateCopy | None:
         if self.pool.get_cached(self._key(hashes, boundary)) is not None:
             return None
         self._drop_trailing(req_id)  # superseded by a newer checkpoint
