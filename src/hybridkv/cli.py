@@ -26,6 +26,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--seed", type=int, default=0, help="engine seed (and the default sampling seed)"
     )
+    g.add_argument(
+        "--kv-transfer-config",
+        default=None,
+        help="KV connector config as JSON, e.g. "
+        '\'{"kv_connector": "FileConnector", "kv_connector_extra_config": {"path": "./kv"}}\'',
+    )
     for sub in (CacheConfig, SchedulerConfig):
         for f in fields(sub):
             flag = "--" + f.name.replace("_", "-")
@@ -42,7 +48,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
-    names = ["dtype", "seed"] + [
+    names = ["dtype", "seed", "kv_transfer_config"] + [
         f.name for sub in (CacheConfig, SchedulerConfig) for f in fields(sub)
     ]
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}

@@ -98,7 +98,7 @@ class EngineConfig:
     seed: int = 0
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    kv_transfer_config: dict[str, Any] | None = None
+    kv_transfer_config: dict[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
         _require(
@@ -107,6 +107,17 @@ class EngineConfig:
             self.dtype,
             "auto, float32 or bfloat16",
         )
+        if self.kv_transfer_config is not None:
+            from hybridkv.connectors.config import KVTransferConfig
+
+            parsed = KVTransferConfig.parse(self.kv_transfer_config)  # errors name the bad key
+            normal = {
+                "kv_connector": parsed.kv_connector,
+                "kv_role": parsed.kv_role,
+                "kv_connector_extra_config": parsed.kv_connector_extra_config,
+                "kv_load_failure_policy": parsed.kv_load_failure_policy,
+            }
+            object.__setattr__(self, "kv_transfer_config", normal)
 
     @classmethod
     def create(cls, model: str, **options: Any) -> EngineConfig:

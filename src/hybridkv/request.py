@@ -58,6 +58,7 @@ class Request:
         self.error: str | None = None
         self.num_preemptions = 0
         self.cached_tokens: dict[str, int] = {}  # prompt tokens not computed, by source
+        self.kv_transfer_params: dict[str, object] | None = None  # from the connector at finish
         self.arrival_time = time.monotonic()
         self.first_token_time: float | None = None
         self._hasher = hasher

@@ -6,13 +6,16 @@ import random
 from dataclasses import dataclass, field
 
 from hybridkv.config import SchedulerConfig
+from hybridkv.engine.step import run_step
 from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHasher, get_hash_fn
 from hybridkv.request import Request
 from hybridkv.sampling_params import SamplingParams
+from hybridkv.sched.kv_transfer import KVTransfer
 from hybridkv.sched.scheduler import Scheduler
 from tests.kv.builders import make_layout
 from tests.sched.page_runner import PageRunner
+from tests.sched.scripted_connector import Script, ScriptedScheduler, ScriptedWorker
 
 
 @dataclass
@@ -22,6 +25,8 @@ class Harness:
     runner: PageRunner
     outputs: dict[str, list[int]] = field(default_factory=dict)
     finish: dict[str, str] = field(default_factory=dict)
+    connector: ScriptedScheduler | None = None
+    worker: ScriptedWorker | None = None
 
     def add(self, req_id: str, prompt: list[int], max_tokens: int = 8) -> Request:
         hasher = BlockHasher(self.kv.block_size, get_hash_fn("sha256"))
@@ -32,9 +37,8 @@ class Harness:
         return req
 
     def step(self) -> None:
-        out = self.scheduler.schedule()
-        result = self.runner.execute(out)
-        for req in self.scheduler.update_from_output(out, result):
+        _, _, updated = run_step(self.scheduler, self.runner, self.worker)
+        for req in updated:
             self.outputs[req.request_id] = req.output_token_ids
             if req.status.is_finished:
                 self.finish[req.request_id] = req.status.value
@@ -63,11 +67,22 @@ def make_harness(
     budget: int = 64,
     max_model_len: int = 4096,
     caching: bool = True,
+    scripts: dict[str, Script] | None = None,
+    policy: str = "recompute",
 ) -> Harness:
+    """A scheduler over a named layout; with ``scripts``, a scripted connector too."""
     lay = make_layout(layout, block_size, window)
     kv = KVCacheCoordinator(lay, KVCacheConfig(num_blocks, num_state_slots, caching, interval))
     config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
-    return Harness(Scheduler(config, max_model_len, kv), kv, PageRunner(lay))
+    runner = PageRunner(lay)
+    if scripts is None:
+        return Harness(Scheduler(config, max_model_len, kv), kv, runner)
+    connector = ScriptedScheduler(scripts)
+    transfer = KVTransfer(connector, policy, kv)
+    scheduler = Scheduler(config, max_model_len, kv, transfer)
+    return Harness(
+        scheduler, kv, runner, connector=connector, worker=ScriptedWorker(runner, scripts)
+    )
 
 
 def random_prompt(seed: int, length: int, prefix: list[int] | None = None) -> list[int]:

@@ -40,6 +40,7 @@ class PageRunner:
         self.pages: dict[int, list[tuple[int, int] | None]] = {}
         self.states: dict[tuple[int, int], tuple[int, ...]] = {}
         self.steps: list[SchedulerOutput] = []
+        self.disagreements: list[str] = []  # requests that computed on inconsistent KV
         self.windows = {
             g.group_id: g.spec.sliding_window
             for g in layout.groups
@@ -80,11 +81,12 @@ class PageRunner:
         return self._visible(r.request_id, views)
 
     def _visible(self, req_id: str, views: list[list[int]]) -> list[int]:
+        """The context the model sees. Groups that disagree (a failed load's garbage in one
+        of them) poison it, so the sampled token is wrong unless the step is discarded."""
         longest = max(views, key=len)
-        for v in views:
-            assert longest[len(longest) - len(v) :] == v, (
-                f"{req_id}: groups disagree on the context"
-            )
+        if any(longest[len(longest) - len(v) :] != v for v in views):
+            self.disagreements.append(req_id)
+            return [*longest, -1]
         return longest
 
     def _write(self, g: int, table: list[int], pos: int, tok: int) -> None:

@@ -13,13 +13,18 @@ import time
 from dataclasses import dataclass
 
 from hybridkv.config import EngineConfig
+from hybridkv.connectors.base import KVConnectorPair
+from hybridkv.connectors.config import KVTransferConfig
+from hybridkv.connectors.registry import ConnectorContext, create_connector
+from hybridkv.engine.cache_access import DeviceCacheAccess
 from hybridkv.engine.output import RequestOutput, TextState, make_output
+from hybridkv.engine.step import run_step
 from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHasher, get_hash_fn
 from hybridkv.kv.spec import KVCacheLayout, create_layout
 from hybridkv.request import Request, RequestStatus
 from hybridkv.sampling_params import SamplingParams
-from hybridkv.sched.output import SchedulerOutput
+from hybridkv.sched.kv_transfer import KVTransfer
 from hybridkv.sched.scheduler import Scheduler
 
 
@@ -82,7 +87,6 @@ class EngineCore:
             config.cache.state_checkpoint_interval,
         )
         self.kv = KVCacheCoordinator(self.layout, kv_config)
-        self.scheduler = Scheduler(config.scheduler, self.max_model_len, self.kv)
         self.runner = ModelRunner(
             self.model,
             self.model_config,
@@ -91,10 +95,51 @@ class EngineCore:
             self.sizing.num_state_slots,
             keep_logits=keep_logits,
         )
+        self.connector = self._create_connector()
+        transfer = None
+        if self.connector is not None:
+            policy = KVTransferConfig.parse(config.kv_transfer_config or {}).kv_load_failure_policy
+            transfer = KVTransfer(self.connector.scheduler, policy, self.kv)
+        self.scheduler = Scheduler(config.scheduler, self.max_model_len, self.kv, transfer)
         self._hash_fn = get_hash_fn(config.cache.prefix_caching_hash_algo)
         self._texts: dict[str, TextState] = {}
         self._live: dict[str, Request] = {}
         self._ids = itertools.count()
+
+    def _create_connector(self) -> KVConnectorPair | None:
+        if self.config.kv_transfer_config is None:
+            return None
+        transfer_config = KVTransferConfig.parse(self.config.kv_transfer_config)
+        context = ConnectorContext(
+            layout=self.layout,
+            fingerprint=self.layout.fingerprint(
+                f"{self.model_config.architecture}:{self._weights_id()}:{self.dtype}"
+            ),
+            num_blocks=self.sizing.num_blocks,
+            num_state_slots=self.sizing.num_state_slots,
+        )
+        pair = create_connector(transfer_config, context)
+        cache = self.runner.cache
+        pair.worker.register_kv_caches(DeviceCacheAccess(self.layout, cache.backing, cache.states))
+        return pair
+
+    def _weights_id(self) -> str:
+        """Identity of the weights: KV from other weights must never be loaded."""
+        import hashlib
+        from pathlib import Path
+
+        root = Path(self.config.model)
+        h = hashlib.sha256()
+        for f in sorted(root.glob("*.safetensors")) + [root / "config.json"]:
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}".encode())
+            with f.open("rb") as fh:
+                h.update(fh.read(1 << 16))  # header + first tensors: cheap and distinctive
+        return h.hexdigest()[:16]
+
+    def shutdown(self) -> None:
+        if self.connector is not None:
+            self.connector.worker.shutdown()
 
     # -- requests ------------------------------------------------------------------------
 
@@ -134,13 +179,10 @@ class EngineCore:
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; return an output for each request that got a token or finished."""
-        out = self.scheduler.schedule()
-        if out.is_empty:
-            self._flush_finished(out)
-            return self._take_aborted()
-        result = self.runner.execute(out)
+        out, result, updated = run_step(
+            self.scheduler, self.runner, self.connector.worker if self.connector else None
+        )
         now = time.monotonic()
-        updated = self.scheduler.update_from_output(out, result)
         outputs = []
         for req in updated:
             state = self._texts[req.request_id]
@@ -153,10 +195,6 @@ class EngineCore:
             self._apply_stop_strings(req, state)
             outputs.append(self._emit(req))
         return outputs + self._take_aborted()
-
-    def _flush_finished(self, out: SchedulerOutput) -> None:
-        if out.finished_request_ids:
-            self.runner.execute(out)
 
     def _apply_stop_strings(self, req: Request, state: TextState) -> None:
         stop = state.update(req, self.tokenizer)

@@ -12,7 +12,7 @@ never registered while its bytes are in flight.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from hybridkv.kv.attention_managers import (
@@ -149,6 +149,10 @@ class KVCacheCoordinator:
         is_new = req_id not in self._extra_due
         if hit is None or not is_new:
             hit = self._empty_hit()
+        elif num_external_tokens and any(s is not None for s in hit.state_slots):
+            # The load writes the live state at the end of the external range: restoring the
+            # local checkpoint too would race it.
+            hit = replace(hit, state_slots=tuple(None for _ in self.state))
         total_computed = req.num_computed_tokens + hit.num_tokens + num_external_tokens
         end = total_computed + num_new_tokens
         num_tokens = end + num_lookahead_tokens
@@ -161,7 +165,8 @@ class KVCacheCoordinator:
             self._admit(req, hit, total_computed)
         for m in self.attn:
             m.allocate_new(req_id, total_computed, num_tokens)
-        self._plan_saves(req, end)
+        if num_new_tokens > 0:  # a step that computes nothing (an async load) saves no state
+            self._plan_saves(req, end)
         return True
 
     def _empty_hit(self) -> CacheHit:
@@ -257,6 +262,36 @@ class KVCacheCoordinator:
         for sm in self.state:
             sm.free(req_id, req.block_hashes)
         del self._extra_due[req_id]
+
+    # -- failure recovery ----------------------------------------------------------------
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """Drop the prefix-map keys of blocks whose bytes are bad (ref counts untouched)."""
+        for b in block_ids:
+            if b != NULL_BLOCK:
+                self.pool.evict(b)
+
+    def rollback(self, req: KVRequest, num_tokens: int) -> None:
+        """The request's KV is only trusted below ``num_tokens`` (a full-attention-only
+        resume point): forget later registrations so recomputed blocks get cached again."""
+        for m in self.attn:
+            m.uncache_from(req.request_id, num_tokens)
+
+    def first_block_index_in(self, req_id: str, block_ids: set[int], num_tokens: int) -> int | None:
+        """The smallest table index below ``cdiv(num_tokens, B)`` holding one of ``block_ids``."""
+        limit = -(-num_tokens // self.block_size)
+        found = [
+            k
+            for m in self.attn
+            for k, b in enumerate(m.tables.get(req_id, [])[:limit])
+            if b in block_ids and b != NULL_BLOCK
+        ]
+        return min(found) if found else None
+
+    @property
+    def is_full_attention_only(self) -> bool:
+        """Any prefix is a valid resume point only when every group is full attention."""
+        return not self.state and all(isinstance(m, FullAttentionManager) for m in self.attn)
 
     # -- queries -------------------------------------------------------------------------
 

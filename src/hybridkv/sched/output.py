@@ -17,7 +17,9 @@ the request's live slot in the i-th state group of the layout (``layout.state_gr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from hybridkv.connectors.base import KVConnectorOutput
 from hybridkv.kv.state_manager import StateCopy
 from hybridkv.sampling_params import SamplingParams
 
@@ -53,6 +55,7 @@ class SchedulerOutput:
     state_restores: list[StateCopy] = field(default_factory=list)
     state_saves: list[StateCopy] = field(default_factory=list)
     finished_request_ids: list[str] = field(default_factory=list)
+    kv_connector_metadata: Any = None  # the connector's ConnectorMetadata, for its worker half
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -70,3 +73,4 @@ class RunnerOutput:
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, float] = field(default_factory=dict)  # only where sampling_params.logprobs
     logits: dict[str, list[float]] = field(default_factory=dict)  # only if the runner keeps logits
+    kv_connector_output: KVConnectorOutput | None = None  # filled by the engine after the step

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from hybridkv.config import SchedulerConfig
 from hybridkv.kv.coordinator import CacheHit, KVCacheCoordinator
 from hybridkv.request import Request, RequestStatus
+from hybridkv.sched.kv_transfer import KVTransfer
 from hybridkv.sched.output import RunnerOutput, ScheduledRequest, SchedulerOutput
+from hybridkv.sched.recovery import Recovery
 
 
 @dataclass(slots=True)
@@ -36,10 +38,18 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, max_model_len: int, kv: KVCacheCoordinator) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        max_model_len: int,
+        kv: KVCacheCoordinator,
+        transfer: KVTransfer | None = None,
+    ) -> None:
         self.config = config
         self.max_model_len = max_model_len
         self.kv = kv
+        self.transfer = transfer
+        self.recovery = Recovery(self, transfer) if transfer is not None else None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -60,20 +70,23 @@ class Scheduler:
         self.waiting.append(req)
 
     def finish_request(self, request_id: str, status: RequestStatus) -> None:
-        """Finish (stop, abort, fail) a request wherever it is; frees its blocks."""
+        """Finish (stop, abort, fail) a request wherever it is; frees its blocks (or hands
+        them to the connector until its transfer completes)."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return
-        if req in self.running:
-            self.running.remove(req)
-        elif req in self.waiting:
-            self.waiting.remove(req)
-        self.kv.free(req)
+        for queue in (self.running, self.waiting, self.transfer.ready if self.transfer else []):
+            if req in queue:
+                queue.remove(req)
         req.status = status
         self.finished_ids.append(request_id)
+        if self.transfer is None:
+            self.kv.free(req)
+        else:
+            self.transfer.release(req)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests) or (self.transfer is not None and self.transfer.has_pending())
 
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
@@ -87,8 +100,18 @@ class Scheduler:
         slices: list[_Slice] = []
         preempted = self._schedule_running(budget, slices)
         if not preempted:
+            self._schedule_loaded(budget, slices)
             self._schedule_waiting(budget, slices)
-        return self._build_output(slices)
+        out = self._build_output(slices)
+        if self.transfer is not None:
+            out.kv_connector_metadata = self.transfer.build_meta(
+                [(x.request, x.start, x.end) for x in slices]
+            )
+        return out
+
+    def _num_seated(self) -> int:
+        holding = len(self.transfer.holding) + len(self.transfer.ready) if self.transfer else 0
+        return len(self.running) + holding
 
     def _step_end(self, req: Request, start: int, budget: int, hit: CacheHit | None = None) -> int:
         end = min(req.num_tokens, start + budget)
@@ -113,22 +136,71 @@ class Scheduler:
             i += 1
         return preempted
 
+    def _schedule_loaded(self, budget: list[int], slices: list[_Slice]) -> None:
+        """Requests whose external KV landed hold blocks: they go before new requests."""
+        ready = self.transfer.ready if self.transfer else None
+        while ready and budget[0] > 0:
+            req = ready[0]
+            start = req.num_computed_tokens
+            end = self._step_end(req, start, budget[0])
+            if not self.kv.allocate(req, end - start):
+                return
+            ready.popleft()
+            self._start_running(req, start, end, budget, slices)
+
     def _schedule_waiting(self, budget: list[int], slices: list[_Slice]) -> None:
-        while self.waiting and len(self.running) < self.config.max_num_seqs and budget[0] > 0:
-            req = self.waiting[0]
-            hit = self.kv.find_cache_hit(req)
-            start = hit.num_tokens
-            end = self._step_end(req, start, budget[0], hit)
-            if not self.kv.allocate(req, end - start, hit):
-                return  # first come, first served: later requests wait too
-            self.waiting.popleft()
-            if req.status is RequestStatus.WAITING:
-                req.cached_tokens["local"] = hit.num_tokens
-            req.status = RequestStatus.RUNNING
-            req.num_computed_tokens = start
-            self.running.append(req)
-            slices.append(_Slice(req, start, end))
-            budget[0] -= end - start
+        later: list[Request] = []  # the connector asked to be asked again next step
+        while self.waiting and self._num_seated() < self.config.max_num_seqs and budget[0] > 0:
+            req = self.waiting.popleft()
+            admitted = self._admit(req, budget, slices)
+            if admitted is None:
+                later.append(req)
+            elif not admitted:
+                self.waiting.appendleft(req)
+                break  # first come, first served: later requests wait too
+        self.waiting.extendleft(reversed(later))
+
+    def _admit(self, req: Request, budget: list[int], slices: list[_Slice]) -> bool | None:
+        """Local hit, then the connector's external tokens, then allocation.
+
+        Returns False if the request does not fit, None if the connector is not ready."""
+        hit = self.kv.find_cache_hit(req)
+        num_external, is_async = 0, False
+        if self.transfer is not None:
+            found = self.transfer.lookup(req, hit.num_tokens)
+            if found is None:
+                return None
+            num_external, is_async = found
+        start = hit.num_tokens + num_external
+        end = start if is_async else self._step_end(req, start, budget[0], hit)
+        if not self.kv.allocate(req, end - start, hit, num_external):
+            return False
+        if req.status is RequestStatus.WAITING:
+            req.cached_tokens["local"] = hit.num_tokens
+        req.num_computed_tokens = start
+        if self.transfer is not None:
+            self.transfer.after_alloc(req, hit.num_tokens, num_external, is_async)
+        if not is_async:
+            self._start_running(req, start, end, budget, slices)
+        return True
+
+    def _start_running(
+        self, req: Request, start: int, end: int, budget: list[int], slices: list[_Slice]
+    ) -> None:
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        slices.append(_Slice(req, start, end))
+        budget[0] -= end - start
+
+    def restart(self, req: Request) -> None:
+        """Drop everything the request computed or loaded; it starts over from a fresh lookup."""
+        for queue in (self.running, self.transfer.ready if self.transfer else []):
+            if req in queue:
+                queue.remove(req)
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(req)
 
     def _preempt(self, req: Request) -> None:
         """Free everything; the request recomputes from its (prefix-cached) start later."""
@@ -168,11 +240,12 @@ class Scheduler:
         """Advance computed counts, publish final KV, append sampled tokens, finish stops.
 
         Returns the requests that got a new token (finished ones included)."""
+        discarded = self.recovery.apply(result.kv_connector_output) if self.recovery else set()
         updated: list[Request] = []
         for s in out.requests:
             req = self.requests.get(s.request_id)
-            if req is None or req.status is not RequestStatus.RUNNING:
-                continue  # finished (aborted) while the step ran
+            if req is None or req.status is not RequestStatus.RUNNING or s.request_id in discarded:
+                continue  # finished (aborted) while the step ran, or its KV failed to load
             req.num_computed_tokens = s.start_pos + len(s.token_ids)
             self.kv.cache(req, req.num_computed_tokens)
             token = result.sampled_token_ids.get(s.request_id) if s.sample else None

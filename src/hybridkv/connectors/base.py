@@ -1,0 +1,223 @@
+"""The KV connector contract, split by role.
+
+A connector moves KV between this engine's cache and somewhere else (CPU memory, disk, a remote
+store, a peer engine). The **scheduler half** decides what to load and save and writes plain
+metadata; the **worker half** moves bytes. Only plain data crosses between them::
+
+    scheduler half                                  worker half
+    get_num_new_matched_tokens(req, local)  ->
+    update_state_after_alloc(req, blocks, n)
+    build_connector_meta(sched_out) -> meta  ---->  start_load(meta)   (before the forward)
+                                                    [forward pass]
+                                                    save(meta)         (after the forward)
+    update_connector_output(out)            <----  get_finished(...) -> KVConnectorOutput
+    request_finished(req, blocks)
+
+Block ids live in one pool, so each id belongs to exactly one attention group; state slots are
+named per state group. A load is finished only when the worker reports it in
+``finished_recving``; failures are reported as ``failed_recving`` (whole request) or
+``invalid_block_ids`` (some blocks), always together with ``finished_recving`` for async loads
+(the request leaves the wait state either way). Bytes a load wrote are never trusted until then.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hybridkv.kv.hashing import BlockHash
+
+
+class KVConnectorRequest(Protocol):
+    """What a connector reads of a request."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_prompt_tokens(self) -> int: ...
+    @property
+    def num_computed_tokens(self) -> int: ...
+    @property
+    def block_hashes(self) -> list[BlockHash]: ...
+    @property
+    def all_token_ids(self) -> list[int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RequestBlocks:
+    """A request's cache placement: its table per attention group (null = 0) and its live
+    state slot per state group, in layout order."""
+
+    block_ids: tuple[list[int], ...]
+    state_slots: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSpec:
+    """One request's load: tokens [start, end) into the blocks and live slots named.
+
+    ``block_ids[g]`` lists, per attention group, the table entries covering [start, end) that
+    must be filled (null entries, outside a window, are left out); ``block_indices[g]`` gives
+    their positions in the table (entry k holds tokens [k*B, (k+1)*B)). ``state_slots`` are the
+    live slots that must receive the state at ``end``."""
+
+    request_id: str
+    start: int
+    end: int
+    block_ids: tuple[list[int], ...]
+    block_indices: tuple[list[int], ...]
+    state_slots: tuple[int, ...]
+    is_async: bool
+    keys: Any = None  # connector-specific addressing (hashes, file names...)
+
+
+@dataclass(slots=True)
+class ConnectorMetadata:
+    """The per-step metadata every connector emits; ``saves`` is connector-specific."""
+
+    loads: list[LoadSpec] = field(default_factory=list)
+    saves: list[Any] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ConnectorStats:
+    """Counters a connector accumulates; the engine merges them into its metrics."""
+
+    counters: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, value: float = 1.0) -> None:
+        self.counters[name] = self.counters.get(name, 0.0) + value
+
+
+@dataclass(slots=True)
+class KVConnectorOutput:
+    """What the worker half reports after a step (all sets of request ids unless noted)."""
+
+    finished_sending: set[str] = field(default_factory=set)
+    finished_recving: set[str] = field(default_factory=set)
+    failed_recving: dict[str, str] = field(default_factory=dict)  # req id -> reason
+    invalid_block_ids: dict[int, str] = field(default_factory=dict)  # block id -> reason
+    invalid_state: dict[str, str] = field(default_factory=dict)  # req id -> reason (state part)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (
+            self.finished_sending
+            or self.finished_recving
+            or self.failed_recving
+            or self.invalid_block_ids
+            or self.invalid_state
+        )
+
+
+class KVCacheAccess(Protocol):
+    """The worker half's window on the device cache (implemented over the runner's tensors).
+
+    Block data is ``[n, group_size, layer_page_bytes]`` uint8: the block's page in every backing
+    tensor. State data is one flat uint8 tensor per slot (every layer's state of the group)."""
+
+    def read_blocks(self, block_ids: list[int]) -> Any: ...
+    def write_blocks(self, block_ids: list[int], data: Any) -> None: ...
+    def read_state(self, group_id: int, slot: int) -> Any: ...
+    def write_state(self, group_id: int, slot: int, data: Any) -> None: ...
+
+
+class BaseConnectorScheduler(ABC):
+    """The scheduler half. Lives in the scheduler; never touches tensors."""
+
+    @abstractmethod
+    def get_num_new_matched_tokens(
+        self, request: KVConnectorRequest, num_local_computed: int
+    ) -> tuple[int, bool] | None:
+        """Tokens beyond ``num_local_computed`` this connector can supply now, and whether the
+        load is asynchronous. ``None`` means "not known yet, ask again in a later step".
+
+        Side-effect free (may be called several times per request). The count must end at a
+        restore boundary valid in every group (for state groups: a stored state at exactly that
+        token) and at most at N-1 when the layout has state groups; ``load_async`` is False
+        when the count is 0."""
+
+    @abstractmethod
+    def update_state_after_alloc(
+        self, request: KVConnectorRequest, blocks: RequestBlocks, num_external_tokens: int
+    ) -> None:
+        """Called after every successful first allocation of a request that was looked up,
+        also with 0 external tokens. Decide to load from ``num_external_tokens`` only; the
+        tokens to load are ``[num_computed_tokens - num_external_tokens, num_computed_tokens)``
+        as the request reports after allocation."""
+
+    @abstractmethod
+    def build_connector_meta(
+        self, scheduled: list[tuple[KVConnectorRequest, int, int, RequestBlocks]]
+    ) -> ConnectorMetadata:
+        """Once per step, after all scheduling decisions: the plain-data metadata for the
+        worker half (loads to start, saves to make). ``scheduled`` lists each scheduled
+        request with the token span [start, end) it computes this step and its placement.
+        Resets the per-step state."""
+
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        """Digest the worker's report of a step (optional)."""
+        return None
+
+    @abstractmethod
+    def request_finished(
+        self, request: KVConnectorRequest, blocks: RequestBlocks
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Called exactly once per finished request, before its blocks are freed. Returns
+        (delay_free_blocks, kv_transfer_params). With True the blocks stay allocated until the
+        request id comes back in ``finished_sending``."""
+
+    def get_hit_sources(
+        self, request: KVConnectorRequest, num_external_tokens: int
+    ) -> dict[str, int]:
+        """External prompt tokens by source (``cpu``, ``disk``, ``remote``, ``peer``) for the
+        request's stats; by default all from ``external``."""
+        return {"external": num_external_tokens} if num_external_tokens else {}
+
+    def take_stats(self) -> ConnectorStats:
+        return ConnectorStats()
+
+
+class BaseConnectorWorker(ABC):
+    """The worker half. Lives beside the model runner; moves bytes, decides nothing."""
+
+    def register_kv_caches(self, cache: KVCacheAccess) -> None:
+        self.cache = cache
+
+    @abstractmethod
+    def start_load(self, metadata: ConnectorMetadata) -> None:
+        """Before the forward pass: synchronous loads complete here (bytes written, verified);
+        asynchronous ones are started and report through ``get_finished``."""
+
+    @abstractmethod
+    def save(self, metadata: ConnectorMetadata) -> None:
+        """After the forward pass: store what the metadata asks for. Any bytes read from the
+        cache must be read before this returns (the blocks may be reused next step)."""
+
+    @abstractmethod
+    def get_finished(self, finished_request_ids: list[str]) -> KVConnectorOutput:
+        """Loads and delayed sends that completed since the last call, and failures."""
+
+    def has_pending(self) -> bool:
+        """True while asynchronous loads are in flight."""
+        return False
+
+    def wait_for_progress(self, timeout: float) -> None:
+        """Block up to ``timeout`` seconds until some in-flight transfer completes."""
+        return None
+
+    def take_stats(self) -> ConnectorStats:
+        return ConnectorStats()
+
+    def shutdown(self) -> None:
+        """Stop background threads."""
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class KVConnectorPair:
+    scheduler: BaseConnectorScheduler
+    worker: BaseConnectorWorker

@@ -1,0 +1,188 @@
+"""The scheduler's side of a KV connector: lookups, asynchronous-load waits, delayed frees.
+
+A request's tokens at admission::
+
+    | local hit (L) | external (n) | new tokens ... |
+    0               L              L+n = num_computed_tokens at allocation
+
+A synchronous load is written before this step's forward pass; an asynchronous one parks the
+request in ``holding`` (WAITING_FOR_REMOTE_KVS) with its blocks allocated and unhashed until
+the worker reports it in ``finished_recving``; only then are its blocks cached (after the
+failure report of the same output has been applied).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from hybridkv.connectors.base import (
+    BaseConnectorScheduler,
+    ConnectorMetadata,
+    KVConnectorOutput,
+    RequestBlocks,
+)
+from hybridkv.kv.coordinator import KVCacheCoordinator
+from hybridkv.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class TransferStats:
+    load_failures: dict[str, int] = field(default_factory=dict)  # by reason
+    recomputed_tokens: int = 0
+    failed_requests: int = 0
+    external_tokens: int = 0  # tokens admitted as external hits
+
+
+@dataclass(slots=True)
+class Failure:
+    reason: str
+    first_bad_token: int | None  # None: the whole external range is suspect
+
+
+class KVTransfer:
+    def __init__(
+        self, connector: BaseConnectorScheduler, policy: str, kv: KVCacheCoordinator
+    ) -> None:
+        self.connector = connector
+        self.policy = policy
+        self.kv = kv
+        self.holding: dict[str, Request] = {}
+        self.ready: deque[Request] = deque()
+        self.failed: dict[str, Failure] = {}  # async loads that failed, awaiting completion
+        self.aborted: dict[str, Request] = {}  # aborted while loading: free on completion
+        self.delayed_free: dict[str, Request] = {}
+        self.load_start: dict[str, int] = {}  # request id -> first external token
+        self.no_external: set[str] = set()  # requests that must not load again
+        self.stats = TransferStats()
+
+    def blocks_of(self, req: Request) -> RequestBlocks:
+        return RequestBlocks(
+            self.kv.get_block_ids(req.request_id), self.kv.get_state_slots(req.request_id)
+        )
+
+    # -- admission -----------------------------------------------------------------------
+
+    def lookup(self, req: Request, num_local: int) -> tuple[int, bool] | None:
+        """External tokens beyond the local hit and whether the load is async; None = later."""
+        if req.request_id in self.no_external:
+            return 0, False
+        found = self.connector.get_num_new_matched_tokens(req, num_local)
+        if found is None:
+            return None
+        num_external = self._clamp(req, num_local, found[0])
+        return num_external, found[1] and num_external > 0
+
+    def _clamp(self, req: Request, num_local: int, num_external: int) -> int:
+        """At most N-1 tokens come from outside (the last one is computed for its logits).
+        A state cannot be rewound, so a state layout rejects a longer hit."""
+        limit = max(0, req.num_tokens - 1 - num_local)
+        if num_external <= limit:
+            return num_external
+        if self.kv.state:
+            self._count("rejected_past_last_token")
+            return 0
+        return limit
+
+    def after_alloc(self, req: Request, num_local: int, num_external: int, is_async: bool) -> None:
+        self.connector.update_state_after_alloc(req, self.blocks_of(req), num_external)
+        if num_external == 0:
+            return
+        self.stats.external_tokens += num_external
+        self.load_start[req.request_id] = num_local
+        if req.status is RequestStatus.WAITING:  # first admission: count by source once
+            for source, n in self.connector.get_hit_sources(req, num_external).items():
+                req.cached_tokens[source] = req.cached_tokens.get(source, 0) + n
+        if is_async:
+            req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+            self.holding[req.request_id] = req
+
+    def build_meta(self, scheduled: list[tuple[Request, int, int]]) -> ConnectorMetadata:
+        items = [(req, start, end, self.blocks_of(req)) for req, start, end in scheduled]
+        return self.connector.build_connector_meta(items)  # type: ignore[arg-type]
+
+    # -- after the step ------------------------------------------------------------------
+
+    def find_failures(
+        self, out: KVConnectorOutput, candidates: list[Request]
+    ) -> dict[str, Failure]:
+        """Every request whose trusted KV touches a failed load: the loads' owners and any
+        other request holding an invalid block as computed. Invalid blocks leave the prefix
+        map at once."""
+        for reason in (
+            list(out.failed_recving.values())
+            + list(out.invalid_state.values())
+            + list(out.invalid_block_ids.values())
+        ):
+            self._count(reason)
+        failures = {rid: Failure(reason, None) for rid, reason in out.failed_recving.items()}
+        for rid, reason in out.invalid_state.items():
+            failures.setdefault(rid, Failure(reason, None))
+        bad = set(out.invalid_block_ids)
+        if not bad:
+            return failures
+        self.kv.evict_blocks(bad)
+        for req in candidates:
+            k = self.kv.first_block_index_in(req.request_id, bad, req.num_computed_tokens)
+            if k is not None and req.request_id not in failures:
+                table_block = next(
+                    b
+                    for t in self.kv.get_block_ids(req.request_id)
+                    for b in t[k : k + 1]
+                    if b in bad
+                )
+                failures[req.request_id] = Failure(
+                    out.invalid_block_ids[table_block], k * self.kv.block_size
+                )
+        return failures
+
+    def resume_point(self, req: Request, failure: Failure, computed: int) -> int | None:
+        """Where a full-attention-only request resumes in place; None: start over (hybrids)."""
+        if not self.kv.is_full_attention_only:
+            return None
+        start = self.load_start.get(req.request_id, 0)
+        bad = failure.first_bad_token if failure.first_bad_token is not None else start
+        return min(bad, computed)
+
+    def take_finished_loads(self, out: KVConnectorOutput) -> list[Request]:
+        """Requests whose async load completed (successfully or not) this step."""
+        done = []
+        for rid in out.finished_recving:
+            req = self.holding.pop(rid, None) or self.aborted.pop(rid, None)
+            if req is not None:
+                done.append(req)
+        return done
+
+    def take_finished_sends(self, out: KVConnectorOutput) -> list[Request]:
+        return [
+            self.delayed_free.pop(rid) for rid in out.finished_sending if rid in self.delayed_free
+        ]
+
+    def release(self, req: Request) -> None:
+        """A request finished: tell the connector (exactly once), then free its blocks now,
+        when its in-flight load completes, or when the connector reports the send done."""
+        rid = req.request_id
+        if not self.kv.has_request(rid):
+            self.forget(rid)
+            return
+        delay, params = self.connector.request_finished(req, self.blocks_of(req))
+        req.kv_transfer_params = params
+        if rid in self.holding:
+            self.aborted[rid] = self.holding.pop(rid)
+            return
+        if delay:
+            self.delayed_free[rid] = req
+        else:
+            self.kv.free(req)
+        self.forget(rid)
+
+    def forget(self, request_id: str) -> None:
+        self.load_start.pop(request_id, None)
+        self.no_external.discard(request_id)
+        self.failed.pop(request_id, None)
+
+    def has_pending(self) -> bool:
+        return bool(self.holding or self.aborted or self.delayed_free or self.ready)
+
+    def _count(self, reason: str) -> None:
+        self.stats.load_failures[reason] = self.stats.load_failures.get(reason, 0) + 1
