@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU build this machine holds; an unpinned torch would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,eval]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -24,8 +24,9 @@ lint: setup
 test: lint
 	$(PY) -m pytest
 
+# Serves the embedded default model at http://127.0.0.1:8000 and prints a curl example.
 run: setup
-	$(VENV)/bin/hybridkv generate --prompt "The key to a fast inference engine is" --max-tokens 24
+	$(VENV)/bin/hybridkv serve
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -101,6 +101,7 @@ class EngineCore:
             policy = KVTransferConfig.parse(config.kv_transfer_config or {}).kv_load_failure_policy
             transfer = KVTransfer(self.connector.scheduler, policy, self.kv)
         self.scheduler = Scheduler(config.scheduler, self.max_model_len, self.kv, transfer)
+        self.connector_counters: dict[str, float] = {}
         self._hash_fn = get_hash_fn(config.cache.prefix_caching_hash_algo)
         self._texts: dict[str, TextState] = {}
         self._live: dict[str, Request] = {}
@@ -136,6 +137,15 @@ class EngineCore:
             with f.open("rb") as fh:
                 h.update(fh.read(1 << 16))  # header + first tensors: cheap and distinctive
         return h.hexdigest()[:16]
+
+    def _collect_connector_stats(self) -> None:
+        """Running totals of the connector's counters (``offload_bytes.<tier>.<direction>``,
+        ``offload_seconds.<tier>.<direction>``, ``load_failures.<reason>``...) for metrics."""
+        if self.connector is None:
+            return
+        for half in (self.connector.scheduler, self.connector.worker):
+            for name, value in half.take_stats().counters.items():
+                self.connector_counters[name] = self.connector_counters.get(name, 0.0) + value
 
     def shutdown(self) -> None:
         if self.connector is not None:
@@ -182,6 +192,7 @@ class EngineCore:
         out, result, updated = run_step(
             self.scheduler, self.runner, self.connector.worker if self.connector else None
         )
+        self._collect_connector_stats()
         now = time.monotonic()
         outputs = []
         for req in updated:

@@ -1,0 +1,76 @@
+"""The FastAPI app of one server: OpenAI routes, /health, /metrics, API-key check, errors."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from hybridkv.server.errors import APIError, install_error_handlers
+from hybridkv.server.routes import router
+from hybridkv.server.state import ServerState
+
+
+def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
+    """The app; its lifespan starts and stops the engine thread."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.engine.start()
+        try:
+            yield
+        finally:
+            state.engine.stop()
+
+    app = FastAPI(title="hybridkv", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.hybridkv = state
+    install_error_handlers(app)
+    app.include_router(router)
+    app.add_api_route("/health", _health, methods=["GET"])
+    app.add_api_route("/metrics", _metrics, methods=["GET"])
+    if api_key:
+        app.add_middleware(BearerAuth, api_key=api_key)
+    return app
+
+
+async def _health(request: Request) -> Response:
+    engine = ServerState.of(request).engine
+    if not engine.is_healthy:
+        reason = engine.error or "the engine thread is not running"
+        raise APIError(503, reason, type="service_unavailable", code="engine_unavailable")
+    return Response(status_code=200)
+
+
+async def _metrics(request: Request) -> Response:
+    metrics = ServerState.of(request).metrics
+    return Response(metrics.render(), media_type=metrics.content_type)
+
+
+class BearerAuth:
+    """Requires ``Authorization: Bearer <key>`` on /v1/*; /health and /metrics stay open
+    (probes and scrapers), as in vLLM."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1") or self._ok(scope):
+            await self.app(scope, receive, send)
+            return
+        error = APIError(
+            401,
+            "invalid or missing API key: send 'Authorization: Bearer <key>'",
+            type="authentication_error",
+            code="invalid_api_key",
+        )
+        await error.response()(scope, receive, send)
+
+    def _ok(self, scope: Scope) -> bool:
+        headers: dict[bytes, Any] = dict(scope["headers"])
+        return hmac.compare_digest(headers.get(b"authorization", b""), self._expected)

@@ -1,0 +1,93 @@
+"""``hybridkv serve``: build the engine, serve the app with uvicorn, say how to call it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridkv.metrics import ServerMetrics
+from hybridkv.server.async_engine import AsyncEngine
+from hybridkv.server.state import ServerState
+
+EXAMPLE_PROMPT = "The key to a fast inference engine is"
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    model: str | None = None  # None: the embedded default model
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    served_model_name: str | None = None
+    log_level: str = "info"
+    engine_options: dict[str, Any] = field(default_factory=dict)  # incl. kv_transfer_config
+
+
+def build_state(options: ServeOptions) -> ServerState:
+    """Load the model and create the (not yet started) engine thread."""
+    from hybridkv.config import EngineConfig
+    from hybridkv.engine.core import EngineCore
+    from hybridkv.engine.default_model import DEFAULT_NAME, ensure_default_model
+
+    model_dir = options.model or str(ensure_default_model())
+    engine = EngineCore(EngineConfig.create(model_dir, **options.engine_options))
+    metrics = ServerMetrics()
+    return ServerState(
+        engine=AsyncEngine(engine, metrics),
+        metrics=metrics,
+        tokenizer=engine.tokenizer,
+        model_name=options.served_model_name or options.model or DEFAULT_NAME,
+        max_model_len=engine.max_model_len,
+    )
+
+
+def run_server(options: ServeOptions) -> int:
+    import prometheus_client
+    import uvicorn
+
+    from hybridkv.server.app import create_app
+
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # process-wide
+    sock = bind_socket(options.host, options.port)  # fail fast, before loading the model
+    state = build_state(options)
+    app = create_app(state, options.api_key)
+    config = uvicorn.Config(app, log_level=options.log_level, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    banner = ready_message(options, state.model_name)
+    asyncio.run(_serve_and_announce(server, sock, banner))
+    return 0 if state.engine.error in (None, "the server is shutting down") else 1
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+async def _serve_and_announce(server: Any, sock: socket.socket, banner: str) -> None:
+    """Serve; print the banner once the socket accepts connections."""
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.05)  # start-up only
+    if server.started:
+        print(banner, flush=True)
+    await task
+
+
+def ready_message(options: ServeOptions, model_name: str) -> str:
+    host = "127.0.0.1" if options.host in ("0.0.0.0", "::", "") else options.host
+    base = f"http://{host}:{options.port}"
+    body = json.dumps({"model": model_name, "prompt": EXAMPLE_PROMPT, "max_tokens": 24})
+    auth = " -H 'Authorization: Bearer <your --api-key>'" if options.api_key else ""
+    return (
+        f"hybridkv: serving {model_name!r} at {base} "
+        f"(OpenAI API under /v1, Prometheus metrics at /metrics)\n"
+        f"try:\n  curl {base}/v1/completions -H 'Content-Type: application/json'{auth} "
+        f"-d {shlex.quote(body)}"
+    )

@@ -1,0 +1,143 @@
+"""A stand-in for EngineCore with the same surface the server uses, and no model.
+
+Each request's next token is the letter after its last one (``a``..``z`` cycling); tokens are
+characters (id = code point). It runs in any thread, so server tests that are about HTTP,
+threads and disconnects need no checkpoint.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from hybridkv.engine.output import CompletionOutput, RequestOutput
+from hybridkv.sampling_params import SamplingParams
+from hybridkv.sched.scheduler import SchedulerStats
+
+BLOCK = 4
+NUM_BLOCKS = 64
+
+
+class CharTokenizer:
+    def encode(self, text: str) -> list[int]:
+        if "BUG" in text:
+            raise KeyError("a bug in the tokenizer")
+        return [min(ord(c), 255) for c in text]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i) for i in ids)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
+        text = "".join(f"<{m['role']}>{m.get('content', '')}" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+
+def next_letter(token: int) -> int:
+    return ord("a") + (token - ord("a") + 1) % 26 if ord("a") <= token <= ord("z") else ord("a")
+
+
+def expected_text(prompt: str, n: int) -> str:
+    out, last = [], ord(prompt[-1])
+    for _ in range(n):
+        last = next_letter(last)
+        out.append(chr(last))
+    return "".join(out)
+
+
+@dataclass
+class _Req:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    out_ids: list[int] = field(default_factory=list)
+    status: str | None = None
+    error: str | None = None
+
+
+class FakeEngine:
+    def __init__(self, max_model_len: int = 64, step_delay: float = 0.0) -> None:
+        self.tokenizer = CharTokenizer()
+        self.max_model_len = max_model_len
+        self.step_delay = step_delay
+        self.model_config = SimpleNamespace(vocab_size=256)
+        self.layout = SimpleNamespace(
+            groups=[SimpleNamespace(group_id=0, kind=SimpleNamespace(value="full_attention"))]
+        )
+        self.kv = SimpleNamespace(
+            stats=SimpleNamespace(
+                num_queries=0, queried_tokens=0, hit_tokens=0, group_hit_tokens=[0]
+            )
+        )
+        self.scheduler = SimpleNamespace(stats=self._stats)
+        self.reqs: dict[str, _Req] = {}
+        self.done: list[_Req] = []
+        self.threads: set[str] = set()  # names of the threads that called in
+
+    def _note(self) -> None:
+        self.threads.add(threading.current_thread().name)
+
+    def add_request(self, prompt_token_ids, params, request_id=None, prompt=None, cache_salt=None):  # noqa: ANN001
+        self._note()
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(f"request {request_id}: prompt of {len(prompt_token_ids)} tokens does not fit max_model_len={self.max_model_len}")  # fmt: skip
+        self.reqs[request_id] = _Req(request_id, list(prompt_token_ids), params)
+        self.kv.stats.num_queries += 1
+        self.kv.stats.queried_tokens += len(prompt_token_ids)
+
+    def abort_request(self, request_id: str) -> None:
+        self._note()
+        req = self.reqs.pop(request_id, None)
+        if req is not None:
+            req.status = "abort"
+            self.done.append(req)
+
+    def shutdown(self) -> None:
+        self._note()
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.reqs)
+
+    def step(self) -> list[RequestOutput]:
+        self._note()
+        time.sleep(self.step_delay)
+        outs = [self._emit(r) for r in self.done]
+        self.done.clear()
+        for req in list(self.reqs.values()):
+            prompt = self.tokenizer.decode(req.prompt_ids)
+            if "CRASH" in prompt:
+                raise RuntimeError("the fake engine crashed")
+            if "FAIL" in prompt and req.out_ids:
+                req.status, req.error = "error", "KV load failed (fake)"
+                del self.reqs[req.request_id]
+                outs.append(self._emit(req))
+                continue
+            last = (req.out_ids or req.prompt_ids)[-1]
+            req.out_ids.append(next_letter(last))
+            text = self.tokenizer.decode(req.out_ids)
+            if any(s in text for s in req.params.stop):
+                req.status = "stop"
+            elif len(req.out_ids) >= req.params.max_tokens:
+                req.status = "length"
+            if req.status:
+                del self.reqs[req.request_id]
+            outs.append(self._emit(req))
+        return outs
+
+    def _emit(self, req: _Req) -> RequestOutput:
+        text = self.tokenizer.decode(req.out_ids)
+        for s in req.params.stop:
+            if s in text:
+                text = text[: text.find(s)]
+        lps = [-0.5] * len(req.out_ids) if req.params.logprobs else None
+        out = CompletionOutput(0, text, list(req.out_ids), req.status, logprobs=lps)
+        return RequestOutput(req.request_id, None, req.prompt_ids, [out], req.status is not None,
+                             len(req.prompt_ids), cached_tokens={"local": 0}, error=req.error)  # fmt: skip
+
+    def _stats(self) -> SchedulerStats:
+        used = sum(-(-(len(r.prompt_ids) + len(r.out_ids)) // BLOCK) for r in self.reqs.values())
+        return SchedulerStats(len(self.reqs), 0, 0, used / NUM_BLOCKS)
