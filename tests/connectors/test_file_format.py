@@ -1,0 +1,76 @@
+"""The part file format: what a reader accepts and how it names what it rejects."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from hybridkv.connectors.file_format import PartError, read_part, write_part
+
+PAYLOAD = bytes(range(256)) * 4
+
+
+def written(tmp_path: Path) -> Path:
+    path = tmp_path / "part.kv"
+    assert write_part(str(path), "fp", "g0/ab.kv", (4, 8), PAYLOAD) == len(PAYLOAD)
+    return path
+
+
+def reason(
+    path: Path,
+    fp: str = "fp",
+    key: str = "g0/ab.kv",
+    span: tuple[int, int] = (4, 8),
+    size: int = len(PAYLOAD),
+) -> str:
+    with pytest.raises(PartError) as info:
+        read_part(str(path), fp, key, span, size)
+    return info.value.reason
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    path = written(tmp_path)
+    assert bytes(read_part(str(path), "fp", "g0/ab.kv", (4, 8), len(PAYLOAD))) == PAYLOAD
+    assert [p.name for p in tmp_path.iterdir()] == ["part.kv"]  # no temporary left
+
+
+def test_every_check_has_a_reason(tmp_path: Path) -> None:
+    path = written(tmp_path)
+    data = path.read_bytes()
+    assert reason(tmp_path / "nope.kv") == "missing"
+    assert reason(path, fp="other") == "mismatch"
+    assert reason(path, key="g1/ab.kv") == "mismatch"
+    assert reason(path, span=(0, 4)) == "mismatch"
+    assert reason(path, size=len(PAYLOAD) - 1) == "mismatch"
+    path.write_bytes(data + b"x")
+    assert reason(path) == "corrupt"
+    path.write_bytes(data[:40])
+    assert reason(path) == "truncated"
+    path.write_bytes(data[:-1])
+    assert reason(path) == "truncated"
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    assert reason(path) == "corrupt"
+    path.write_bytes(data[:4] + struct.pack("<H", 99) + data[6:])
+    assert reason(path) == "mismatch"  # a future format version
+
+
+def test_failed_write_keeps_the_previous_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = written(tmp_path)
+
+    def failing_replace(src: str, dst: str) -> None:
+        assert Path(src).parent == tmp_path and Path(src).name.endswith(".tmp")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        write_part(str(path), "fp", "g0/ab.kv", (4, 8), b"new bytes")
+    with pytest.raises(OSError, match="disk full"):
+        write_part(str(tmp_path / "fresh.kv"), "fp", "g0/cd.kv", (4, 8), b"new bytes")
+    monkeypatch.undo()
+    assert bytes(read_part(str(path), "fp", "g0/ab.kv", (4, 8), len(PAYLOAD))) == PAYLOAD
+    assert [p.name for p in tmp_path.iterdir()] == ["part.kv"]  # no temporary, no fresh.kv
