@@ -48,8 +48,9 @@ class KVConnectorRequest(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class RequestBlocks:
-    """A request's cache placement: its table per attention group (null = 0) and its live
-    state slot per state group, in layout order."""
+    """A request's cache placement: ``block_ids[i]`` is its table in group
+    ``layout.attention_group_ids[i]`` (null = 0) and ``state_slots[j]`` its live slot in
+    ``layout.state_group_ids[j]``."""
 
     block_ids: tuple[list[int], ...]
     state_slots: tuple[int, ...]
@@ -117,7 +118,8 @@ class KVCacheAccess(Protocol):
     """The worker half's window on the device cache (implemented over the runner's tensors).
 
     Block data is ``[n, group_size, layer_page_bytes]`` uint8: the block's page in every backing
-    tensor. State data is one flat uint8 tensor per slot (every layer's state of the group)."""
+    tensor. State data is one flat uint8 tensor per slot (every layer's state of the group).
+    ``read_*`` return copies that later cache writes do not change."""
 
     def read_blocks(self, block_ids: list[int]) -> Any: ...
     def write_blocks(self, block_ids: list[int], data: Any) -> None: ...
@@ -170,6 +172,12 @@ class BaseConnectorScheduler(ABC):
         (delay_free_blocks, kv_transfer_params). With True the blocks stay allocated until the
         request id comes back in ``finished_sending``."""
 
+    def get_step_interval(self, request: KVConnectorRequest) -> int:
+        """Token interval at which this request's steps must end (0: no constraint), so the
+        live state at each multiple can be saved (e.g. a restore unit's state checkpoint).
+        Only applies within the prompt."""
+        return 0
+
     def get_hit_sources(
         self, request: KVConnectorRequest, num_external_tokens: int
     ) -> dict[str, int]:
@@ -204,6 +212,10 @@ class BaseConnectorWorker(ABC):
     def has_pending(self) -> bool:
         """True while asynchronous loads are in flight."""
         return False
+
+    def wait_for_saves(self, timeout: float | None = None) -> bool:
+        """Block until every save handed over so far is durable or failed; False on timeout."""
+        return True
 
     def wait_for_progress(self, timeout: float) -> None:
         """Block up to ``timeout`` seconds until some in-flight transfer completes."""

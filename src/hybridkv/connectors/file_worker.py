@@ -84,7 +84,7 @@ class FileConnectorWorker(BaseConnectorWorker):
         except Exception as exc:  # a device or programming error: fail the whole request
             result.request_reason = f"error: {type(exc).__name__}"
             self._count("load_failures:error")
-        self._count("load_seconds", time.perf_counter() - began)
+        self._count("offload_seconds.disk.load", time.perf_counter() - began)
         return result
 
     def _load_blocks(self, spec: LoadSpec, result: _LoadResult) -> None:
@@ -109,7 +109,7 @@ class FileConnectorWorker(BaseConnectorWorker):
             data = data.view(len(good_ids), self.layout.group_size, self.layout.layer_page_bytes)
             self.cache.write_blocks(good_ids, data)
         self._count("load_blocks", len(good_ids))
-        self._count("load_bytes", len(payloads))
+        self._count("offload_bytes.disk.load", len(payloads))
 
     def _load_states(self, spec: LoadSpec, result: _LoadResult) -> None:
         keys = _load_keys(spec)
@@ -122,7 +122,7 @@ class FileConnectorWorker(BaseConnectorWorker):
             data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)  # [slot_bytes]
             self.cache.write_state(gid, slot, data)
             self._count("load_states")
-            self._count("load_bytes", len(payload))
+            self._count("offload_bytes.disk.load", len(payload))
 
     def _read(self, key: str, span: tuple[int, int], payload_len: int) -> memoryview | str:
         """The verified payload of ``key``, or the failure reason (a bad file is removed)."""
@@ -228,6 +228,7 @@ class FileConnectorWorker(BaseConnectorWorker):
             self._cond.notify_all()
 
     def _write_part(self, kind: str, key: str, span: tuple[int, int], data: Any) -> None:
+        began = time.perf_counter()
         try:
             self.store.prepare_dir(key)
             payload = memoryview(data.contiguous().numpy())
@@ -236,8 +237,9 @@ class FileConnectorWorker(BaseConnectorWorker):
             self._count("store_failures")
         else:
             self.store.mark_present(key)
+            self._count("offload_seconds.disk.store", time.perf_counter() - began)
             self._count(kind)
-            self._count("store_bytes", size)
+            self._count("offload_bytes.disk.store", size)
         finally:
             with self._cond:
                 self._saving.discard(key)

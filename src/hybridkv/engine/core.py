@@ -149,6 +149,7 @@ class EngineCore:
 
     def shutdown(self) -> None:
         if self.connector is not None:
+            self.connector.worker.wait_for_saves(timeout=30.0)
             self.connector.worker.shutdown()
 
     # -- requests ------------------------------------------------------------------------

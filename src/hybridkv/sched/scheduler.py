@@ -114,8 +114,13 @@ class Scheduler:
         return len(self.running) + holding
 
     def _step_end(self, req: Request, start: int, budget: int, hit: CacheHit | None = None) -> int:
-        end = min(req.num_tokens, start + budget)
-        return self.kv.next_step_end(req, start, end, hit)
+        """End of the next step: bounded by the tokens, the budget, the next due state
+        checkpoint, and within the prompt the connector's save interval."""
+        end = self.kv.next_step_end(req, start, min(req.num_tokens, start + budget), hit)
+        interval = self.transfer.connector.get_step_interval(req) if self.transfer else 0
+        if interval and start < req.num_prompt_tokens:
+            end = min(end, (start // interval + 1) * interval)
+        return end
 
     def _schedule_running(self, budget: list[int], slices: list[_Slice]) -> bool:
         """Schedule running requests in order; returns whether anything was preempted."""
