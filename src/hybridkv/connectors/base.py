@@ -26,22 +26,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hybridkv.kv.hashing import BlockHash
+from hybridkv.kv.coordinator import KVRequest
 
 
-class KVConnectorRequest(Protocol):
-    """What a connector reads of a request."""
+class KVConnectorRequest(KVRequest, Protocol):
+    """What a connector reads of a request: the KV core's view plus its token ids."""
 
-    @property
-    def request_id(self) -> str: ...
-    @property
-    def num_tokens(self) -> int: ...
-    @property
-    def num_prompt_tokens(self) -> int: ...
-    @property
-    def num_computed_tokens(self) -> int: ...
-    @property
-    def block_hashes(self) -> list[BlockHash]: ...
     @property
     def all_token_ids(self) -> list[int]: ...
 
