@@ -47,12 +47,10 @@ class BaseAttentionManager:
     def hit_block_ids(self, hashes: list[BlockHash], num_blocks: int) -> tuple[int, ...]:
         """Table entries of a hit of ``num_blocks`` blocks (null where not needed)."""
         first = self.num_skipped_blocks(num_blocks * self.block_size)
-        out = [NULL_BLOCK] * first
-        for k in range(first, num_blocks):
-            block = self.pool.get_cached((hashes[k], self.group_id))
-            assert block is not None, "hit_block_ids called beyond the hit"
-            out.append(block)
-        return tuple(out)
+        cached, g = self.pool.cached, self.group_id
+        # any one of the blocks cached under each key (KeyError: called beyond the hit)
+        hits = [next(iter(cached[(hashes[k], g)])) for k in range(first, num_blocks)]
+        return (NULL_BLOCK,) * first + tuple(hits)
 
     # -- allocation ----------------------------------------------------------------------
 
@@ -65,9 +63,8 @@ class BaseAttentionManager:
         if table is not None:
             return max(0, want - len(table))
         skipped = self.num_skipped_blocks(total_computed)
-        evictable = sum(
-            1 for b in hit_ids[skipped:] if b != NULL_BLOCK and self.pool.is_free_cached(b)
-        )
+        ref_cnt = self.pool.ref_cnt  # an unreferenced hit block sits in the free queue
+        evictable = sum(1 for b in hit_ids[skipped:] if b != NULL_BLOCK and ref_cnt[b] == 0)
         return max(0, want - max(skipped, len(hit_ids))) + evictable
 
     def add_hits(self, req_id: str, hit_ids: tuple[int, ...], total_computed: int) -> None:

@@ -77,8 +77,9 @@ class BlockPool:
         return next(iter(ids)) if ids else None
 
     def is_free_cached(self, item_id: int) -> bool:
-        """True for a cached id that nobody references (touching it consumes a free id)."""
-        return self.ref_cnt[item_id] == 0 and item_id in self.free_queue
+        """True for a cached id that nobody references (touching it consumes a free id):
+        by the pool's invariant an unreferenced id is in the free queue."""
+        return self.ref_cnt[item_id] == 0
 
     # -- mutations -----------------------------------------------------------------------
 
@@ -86,37 +87,42 @@ class BlockPool:
         """Pop ``n`` ids from the front (evicting their keys), each with ref count 1."""
         if n > self.num_free:
             raise RuntimeError(f"{self.name}: asked for {n} ids, {self.num_free} free")
-        out = []
-        for _ in range(n):
-            i = self.free_queue.popleft()
-            self._drop_key(i)
-            self.ref_cnt[i] = 1
-            self.owner[i] = group_id
-            out.append(i)
+        out = self.free_queue.popleft_n(n)
+        key, ref_cnt, owner = self.key, self.ref_cnt, self.owner
+        for i in out:
+            if key[i] is not None:
+                self._drop_key(i)
+            ref_cnt[i] = 1
+            owner[i] = group_id
         return out
 
     def touch(self, ids: Iterable[int]) -> None:
         """Take a reference on cached ids (a hit); unreferenced ones leave the free queue."""
+        null = NULL_BLOCK if self.with_null else -1
+        ref_cnt, queue = self.ref_cnt, self.free_queue
         for i in ids:
-            if self.with_null and i == NULL_BLOCK:
+            if i == null:
                 continue
-            if self.ref_cnt[i] == 0:
-                self.free_queue.remove(i)
-            self.ref_cnt[i] += 1
+            if ref_cnt[i] == 0:
+                queue.remove(i)
+            ref_cnt[i] += 1
 
     def free(self, ids: Iterable[int]) -> None:
         """Drop one reference on each id, in the order given (callers pass tails first)."""
+        null = NULL_BLOCK if self.with_null else -1
+        ref_cnt, key, queue = self.ref_cnt, self.key, self.free_queue
         for i in ids:
-            if self.with_null and i == NULL_BLOCK:
+            if i == null:
                 continue
-            if self.ref_cnt[i] <= 0:
+            count = ref_cnt[i]
+            if count <= 0:
                 raise RuntimeError(f"{self.name}: double free of id {i}")
-            self.ref_cnt[i] -= 1
-            if self.ref_cnt[i] == 0:
-                if self.key[i] is None:
-                    self.free_queue.prepend(i)
+            ref_cnt[i] = count - 1
+            if count == 1:
+                if key[i] is None:
+                    queue.prepend(i)
                 else:
-                    self.free_queue.append(i)
+                    queue.append(i)
 
     def cache(self, item_id: int, key: CacheKey) -> None:
         """Register a referenced id whose bytes are final under ``key``."""

@@ -1,63 +1,49 @@
-"""An O(1) doubly linked free queue over integer ids, threaded through two arrays."""
+"""An O(1) free queue over integer ids.
+
+An ``OrderedDict`` keyed by id is a doubly linked list implemented in C: append, prepend
+(``move_to_end(last=False)``), remove from the middle and pop from the front are all O(1),
+and several times faster than a linked list threaded through Python arrays.
+"""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 
 
 class FreeQueue:
-    """Holds ids ``0..capacity-1``; every operation is O(1) except iteration.
-
-    Two sentinels live at indices ``capacity`` (head) and ``capacity + 1`` (tail).
-    ``_next[i] == -1`` marks an id that is not in the queue.
-    """
-
-    __slots__ = ("_next", "_prev", "_head", "_tail", "num_free")
+    __slots__ = ("_ids",)
 
     def __init__(self, ids: list[int], capacity: int) -> None:
-        self._head = capacity
-        self._tail = capacity + 1
-        self._next = [-1] * (capacity + 2)
-        self._prev = [-1] * (capacity + 2)
-        self._next[self._head] = self._tail
-        self._prev[self._tail] = self._head
-        self.num_free = 0
-        for i in ids:
-            self.append(i)
+        self._ids: OrderedDict[int, None] = OrderedDict.fromkeys(ids)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._ids)
 
     def __contains__(self, i: int) -> bool:
-        return self._next[i] != -1
+        return i in self._ids
 
     def __iter__(self) -> Iterator[int]:
-        i = self._next[self._head]
-        while i != self._tail:
-            yield i
-            i = self._next[i]
-
-    def _link(self, i: int, before: int) -> None:
-        after = self._prev[before]
-        self._next[after] = i
-        self._prev[i] = after
-        self._next[i] = before
-        self._prev[before] = i
-        self.num_free += 1
+        return iter(self._ids)
 
     def append(self, i: int) -> None:
-        self._link(i, self._tail)
+        self._ids[i] = None
 
     def prepend(self, i: int) -> None:
-        self._link(i, self._next[self._head])
+        self._ids[i] = None
+        self._ids.move_to_end(i, last=False)
 
     def remove(self, i: int) -> None:
-        p, n = self._prev[i], self._next[i]
-        self._next[p] = n
-        self._prev[n] = p
-        self._next[i] = self._prev[i] = -1
-        self.num_free -= 1
+        del self._ids[i]
 
     def popleft(self) -> int:
-        i = self._next[self._head]
-        if i == self._tail:
+        if not self._ids:
             raise IndexError("pop from an empty free queue")
-        self.remove(i)
-        return i
+        return self._ids.popitem(last=False)[0]
+
+    def popleft_n(self, n: int) -> list[int]:
+        if n > len(self._ids):
+            raise IndexError(f"asked for {n} ids, {len(self._ids)} free")
+        pop = self._ids.popitem
+        return [pop(last=False)[0] for _ in range(n)]
