@@ -56,7 +56,9 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="hybridkv", description="An LLM inference engine for hybrid models."
+        prog="hybridkv",
+        description="An LLM inference engine for hybrid models.",
+        allow_abbrev=False,
     )
     subs = parser.add_subparsers(dest="command", required=True)
 
@@ -87,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     from hybridkv.server.command import add_serve_parser
 
     add_serve_parser(subs, add_engine_flags)
+    for sub in subs.choices.values():
+        sub.allow_abbrev = False  # a misspelled option must not pass as a prefix of a real one
     return parser
 
 
@@ -156,6 +160,8 @@ def _generate(args: argparse.Namespace) -> int:
     failed = 0
     for out in outputs:
         failed += out.finish_reason == "error"
+        if out.error:  # the other prompts still run; the exit status says one failed
+            print(f"hybridkv: error: {out.error}", file=sys.stderr)
         if args.json:
             record = {
                 "text": out.text,
@@ -167,8 +173,6 @@ def _generate(args: argparse.Namespace) -> int:
             if out.error:
                 record["error"] = out.error
             print(json.dumps(record))
-        elif out.error:
-            print(f"[error] {out.error}")
-        else:
+        elif not out.error:
             print(f"{out.prompt!r} -> {out.text!r} ({out.finish_reason})")
     return 1 if failed else 0

@@ -12,6 +12,8 @@ import itertools
 import time
 from dataclasses import dataclass
 
+import torch
+
 from hybridkv.config import EngineConfig
 from hybridkv.connectors.base import KVConnectorPair
 from hybridkv.connectors.config import KVTransferConfig
@@ -71,6 +73,9 @@ class EngineCore:
 
         self.config = config
         self.keep_logits = keep_logits
+        # NOTE: requests without their own seed sample from torch's default generator; seeding
+        # it here makes an engine's unseeded sampling reproducible, as vLLM's ``seed`` does.
+        torch.manual_seed(config.seed)
         self.dtype = resolve_dtype(config.dtype, dict(load_model_config(config.model).raw))
         self.model, self.model_config = load_model(config.model, self.dtype)
         self.tokenizer = Tokenizer(config.model, eos_token_ids=self.model_config.eos_token_ids)

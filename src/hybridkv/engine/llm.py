@@ -50,11 +50,13 @@ class LLM:
         results: dict[int, RequestOutput] = {}
         order: dict[str, int] = {}
         for i, (item, p) in enumerate(zip(items, params, strict=True)):
-            text, ids = self._tokenize(item)
-            try:
+            text: str | None = None
+            ids: list[int] = []
+            try:  # a malformed prompt fails alone, like one that is too long
+                text, ids = self._tokenize(item)
                 req = self.engine.add_request(ids, p, prompt=text)
                 order[req.request_id] = i
-            except ValueError as exc:
+            except (ValueError, TypeError) as exc:
                 results[i] = error_output(f"rejected-{i}", text, ids, str(exc))
         self._run(order, results, use_tqdm)
         return [results[i] for i in range(len(items))]

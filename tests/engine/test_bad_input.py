@@ -1,0 +1,129 @@
+"""Bad input gets a clear error naming the problem; in a batch, one bad request fails alone."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hybridkv import LLM, SamplingParams
+from tests.engine.helpers import (
+    assert_matches_hf,
+    assert_no_leaks,
+    copy_checkpoint,
+    edit_config,
+    edit_weights,
+    greedy,
+    make_llm,
+    random_ids,
+)
+
+# -- the model directory ---------------------------------------------------------------
+
+
+def test_missing_model_directory(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"model directory .*nope.* does not exist"):
+        LLM(model=str(tmp_path / "nope"))
+
+
+def test_unsupported_architecture(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    model_dir = copy_checkpoint(checkpoints["qwen3"], tmp_path / "m")
+    edit_config(model_dir, architectures=["LlamaForCausalLM"])
+    with pytest.raises(ValueError, match="unsupported architecture.*LlamaForCausalLM"):
+        make_llm(model_dir)
+
+
+def test_missing_weight_is_named(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    model_dir = copy_checkpoint(checkpoints["granitemoehybrid"], tmp_path / "m")
+    edit_weights(model_dir, "model.layers.0.mamba.in_proj.weight", None)
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.mamba\.in_proj\.weight.*missing"):
+        make_llm(model_dir)
+
+
+def test_mis_shaped_weight_is_named(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    model_dir = copy_checkpoint(checkpoints["qwen3"], tmp_path / "m")
+    edit_weights(model_dir, "model.layers.1.self_attn.q_proj.weight", (32, 64))
+    with pytest.raises(ValueError, match=r"q_proj\.weight.*shape \(32, 64\), expected \(64, 64\)"):
+        make_llm(model_dir)
+
+
+def test_missing_weights_file(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    model_dir = copy_checkpoint(checkpoints["gemma3"], tmp_path / "m")
+    (model_dir / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="no model.safetensors"):
+        make_llm(model_dir)
+
+
+# -- engine options ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"max_num_seq": 4}, "unknown engine option 'max_num_seq'"),
+        ({"block_size": 0}, "block_size=0"),
+        ({"dtype": "float16"}, "dtype='float16'"),
+        ({"kv_cache_memory": "lots"}, "kv_cache_memory 'lots'"),
+        ({"state_checkpoint_interval": 20}, "state_checkpoint_interval=20"),
+    ],
+)
+def test_bad_engine_option_is_named(
+    options: dict[str, Any], named: str, checkpoints: dict[str, Path]
+) -> None:
+    with pytest.raises(ValueError, match=named):
+        make_llm(checkpoints["qwen3"], **options)
+
+
+# -- sampling parameters -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"temperature": -1},
+        {"top_p": 0},
+        {"top_p": 1.5},
+        {"max_tokens": 0},
+        {"top_k": -2},
+        {"stop": [""]},
+        {"stop_token_ids": [-1]},
+    ],
+)
+def test_invalid_sampling_parameter_is_named(params: dict[str, Any]) -> None:
+    (name,) = params
+    with pytest.raises(ValueError, match=f"invalid sampling parameter {name}="):
+        SamplingParams(**params)
+
+
+# -- one bad request in a batch ----------------------------------------------------------
+
+
+def test_bad_requests_fail_alone_in_a_batch(checkpoints: dict[str, Path]) -> None:
+    model_dir = checkpoints["granitemoehybrid"]
+    llm = make_llm(model_dir, max_model_len=64)
+    good = [random_ids(10, 30), random_ids(40, 31), random_ids(25, 32)]
+    bad: dict[int, tuple[Any, str]] = {
+        1: (random_ids(64, 33), "64 tokens does not fit max_model_len=64"),
+        3: ([5, 6, 1024, 7], r"token ids \[1024\] outside the vocabulary \[0, 1024\)"),
+        4: ([5, -1], r"token ids \[-1\] outside the vocabulary"),
+        6: ([], "the prompt is empty"),
+        7: ({"text": "hi"}, "a prompt dict needs 'prompt' or 'prompt_token_ids'"),
+    }
+    batch: list[Any] = []
+    good_at = []
+    for i in range(len(good) + len(bad)):
+        if i in bad:
+            batch.append(bad[i][0])
+        else:
+            good_at.append(i)
+            batch.append(good[len(good_at) - 1])
+    outs = llm.generate(batch, greedy(), use_tqdm=False)
+    for i, (_, message) in bad.items():
+        assert outs[i].finish_reason == "error"
+        assert outs[i].token_ids == []
+        assert outs[i].error is not None
+        assert re.search(message, outs[i].error), (i, outs[i].error)
+    assert_matches_hf(model_dir, good, [outs[i] for i in good_at], "batch with bad requests")
+    assert_no_leaks(llm.engine)
