@@ -57,6 +57,8 @@ class KVTransferStats:
         other: dict[str, float] = {}
         recomputed = 0
         for name, value in counters.items():
+            if name.startswith("load_failures:"):  # connectors write load_failures:<reason>
+                name = "load_failures." + name.removeprefix("load_failures:")
             head, _, rest = name.partition(".")
             tier, _, direction = rest.partition(".")
             if head == "load_failures" and rest:

@@ -225,7 +225,13 @@ def create_file_connector(config: KVTransferConfig, context: ConnectorContext) -
     from hybridkv.connectors.file_worker import FileConnectorWorker
 
     options = FileConnectorConfig.parse(config.kv_connector_extra_config)
-    store = FileStore(options.path, context.fingerprint)
+    try:
+        store = FileStore(options.path, context.fingerprint)
+    except OSError as exc:  # not a directory, no permission...: a config error, said at start-up
+        raise ValueError(
+            f"FileConnector: cannot use 'path'={options.path!r} as a KV directory: "
+            f"{exc.strerror or exc}"
+        ) from None
     scheduler = FileConnectorScheduler(
         context.layout,
         store,

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hybridkv.kv.spec import KVCacheLayout
+
+
+def contiguous_runs(block_ids: list[int]) -> list[tuple[int, int, int]]:
+    """``(position in block_ids, first block id, length)`` of each run of consecutive ids."""
+    runs: list[tuple[int, int, int]] = []
+    for pos, b in enumerate(block_ids):
+        if runs and runs[-1][1] + runs[-1][2] == b:
+            start, first, n = runs[-1]
+            runs[-1] = (start, first, n + 1)
+        else:
+            runs.append((pos, b, 1))
+    return runs
 
 
 class DeviceCacheAccess:
@@ -12,6 +25,8 @@ class DeviceCacheAccess:
 
     A block id has one owner group at a time, so a block's bytes are the same rows of every
     backing tensor whatever its group; short groups carry padding rows that are copied too.
+    Copies go run by run through numpy (memcpy speed; torch's uint8 row copies are several
+    times slower on CPU).
     """
 
     def __init__(
@@ -22,19 +37,25 @@ class DeviceCacheAccess:
     ) -> None:
         self.layout = layout
         self.backing = backing
+        self._backing_np = [b.numpy() for b in backing]  # views sharing the tensors' memory
         self.group_states = {
             g: [t for layer in layout.groups[g].layer_ids for t in states[layer]]
             for g in layout.state_group_ids
         }
 
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
-        index = torch.tensor(block_ids, dtype=torch.long)
-        return torch.stack([b.index_select(0, index) for b in self.backing], dim=1)  # [n, G, page]
+        page = self.backing[0].shape[1] if self.backing else 0
+        out = np.empty((len(block_ids), len(self.backing), page), dtype=np.uint8)  # [n, G, page]
+        for pos, first, n in contiguous_runs(block_ids):
+            for i, b in enumerate(self._backing_np):
+                np.copyto(out[pos : pos + n, i], b[first : first + n])
+        return torch.from_numpy(out)
 
     def write_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
-        index = torch.tensor(block_ids, dtype=torch.long)
-        for i, b in enumerate(self.backing):
-            b.index_copy_(0, index, data[:, i])
+        src = data.numpy()  # [n, G, page]
+        for pos, first, n in contiguous_runs(block_ids):
+            for i, b in enumerate(self._backing_np):
+                np.copyto(b[first : first + n], src[pos : pos + n, i])
 
     def read_state(self, group_id: int, slot: int) -> torch.Tensor:
         parts = [t[slot].reshape(-1).view(torch.uint8) for t in self.group_states[group_id]]

@@ -50,7 +50,7 @@ def build_step(
     reqs = _request_tensors(requests)
     attn_meta: dict[int, AttnMeta] = {}
     state_meta: dict[int, StateMeta] = {}
-    mask_cache: dict[int | None, dict[str, tuple[torch.Tensor, ...]]] = {}
+    mask_cache: dict[int | None, dict[str, _SubBatchShape]] = {}
     state_index = 0
     for group in layout.groups:
         if isinstance(group.spec, StateSpec):
@@ -109,12 +109,26 @@ def _block_table(tables: list[list[int]]) -> torch.Tensor:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _SubBatchShape:
+    """What does not depend on the block table (shared by groups with the same window)."""
+
+    first_block: torch.Tensor  # [R] first table entry to read
+    num_blocks: int  # nb
+    mask: torch.Tensor | None  # [R, 1, Q, nb * B]; None when causal
+    token_idx: torch.Tensor  # [Tb]
+    token_rows: torch.Tensor  # [Tb]
+    num_queries: int  # Q
+    dense: bool
+    causal: bool
+
+
 def _attn_meta(
     reqs: _Requests,
     table: torch.Tensor,
     block_size: int,
     window: int | None,
-    masks: dict[str, tuple[torch.Tensor, ...]],
+    masks: dict[str, _SubBatchShape],
 ) -> AttnMeta:
     pos_block = reqs.positions // block_size
     write_blocks = table[reqs.tok_req, pos_block]  # [T]
@@ -129,8 +143,7 @@ def _attn_meta(
 
 def _sub_batch_shape(
     reqs: _Requests, rows: torch.Tensor, block_size: int, window: int | None
-) -> tuple[torch.Tensor, ...]:
-    """What does not depend on the block table: first block, block count, mask, token rows."""
+) -> _SubBatchShape:
     starts, lens = reqs.starts[rows], reqs.lens[rows]
     ctx_lens = starts + lens
     first_block = torch.zeros_like(starts)
@@ -138,32 +151,55 @@ def _sub_batch_shape(
         first_block = (starts - window + 1).clamp(min=0) // block_size
     num_blocks = int(((ctx_lens + block_size - 1) // block_size - first_block).max())
     num_queries = int(lens.max())
-    key_pos = first_block[:, None] * block_size + torch.arange(num_blocks * block_size)  # [R, K]
-    q_pos = torch.minimum(starts[:, None] + torch.arange(num_queries), ctx_lens[:, None] - 1)
-    mask = key_pos[:, None, :] <= q_pos[:, :, None]  # [R, Q, K]
-    if window is not None:
-        mask &= key_pos[:, None, :] > q_pos[:, :, None] - window
+    # every token of the step, in order, as [R, Q]: no scatter into a padded batch
+    dense = rows.shape[0] == reqs.lens.shape[0] and int(lens.min()) == num_queries
+    no_window = window is None or window >= num_queries
+    causal = dense and no_window and not bool(starts.any())
+    mask = None
+    if not causal:
+        num_keys = num_blocks * block_size
+        mask = _mask(starts, ctx_lens, first_block * block_size, num_keys, num_queries, window)
     in_rows = torch.isin(reqs.tok_req, rows)
     row_of_req = torch.full((reqs.lens.shape[0],), -1, dtype=torch.long)
     row_of_req[rows] = torch.arange(rows.shape[0])
     token_idx = torch.nonzero(in_rows).flatten()  # [Tb]
     token_rows = row_of_req[reqs.tok_req[token_idx]]
-    return first_block, torch.tensor(num_blocks), mask[:, None], token_idx, token_rows
+    return _SubBatchShape(
+        first_block, num_blocks, mask, token_idx, token_rows, num_queries, dense, causal
+    )
+
+
+def _mask(
+    starts: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    first_key: torch.Tensor,
+    num_keys: int,
+    num_queries: int,
+    window: int | None,
+) -> torch.Tensor:
+    """``[R, 1, Q, K]``: query i of row r sees key positions in its (windowed) causal past."""
+    key_pos = first_key[:, None] + torch.arange(num_keys)  # [R, K]
+    q_pos = torch.minimum(starts[:, None] + torch.arange(num_queries), ctx_lens[:, None] - 1)
+    mask = key_pos[:, None, :] <= q_pos[:, :, None]  # [R, Q, K]
+    if window is not None:
+        mask &= key_pos[:, None, :] > q_pos[:, :, None] - window
+    return mask[:, None]
 
 
 def _sub_batch(
-    reqs: _Requests, rows: torch.Tensor, table: torch.Tensor, shape: tuple[torch.Tensor, ...]
+    reqs: _Requests, rows: torch.Tensor, table: torch.Tensor, shape: _SubBatchShape
 ) -> AttnSubBatch:
-    first_block, num_blocks, mask, token_idx, token_rows = shape
-    cols = first_block[:, None] + torch.arange(int(num_blocks))  # [R, nb]
+    cols = shape.first_block[:, None] + torch.arange(shape.num_blocks)  # [R, nb]
     cols = cols.clamp(max=table.shape[1] - 1)  # past the table: masked out anyway
     return AttnSubBatch(
-        token_idx=token_idx,
-        rows=token_rows,
-        cols=reqs.tok_off[token_idx],
+        token_idx=shape.token_idx,
+        rows=shape.token_rows,
+        cols=reqs.tok_off[shape.token_idx],
         block_table=table[rows[:, None], cols],
-        mask=mask,
-        num_queries=int(mask.shape[2]),
+        mask=shape.mask,
+        num_queries=shape.num_queries,
+        dense=shape.dense,
+        causal=shape.causal,
     )
 
 
@@ -174,12 +210,24 @@ def _state_meta(reqs: _Requests, slots: torch.Tensor) -> StateMeta:
     steps = torch.arange(width)
     valid = steps[None, :] < lens[:, None]  # [Rp, L]
     gather = torch.where(valid, reqs.cu_starts[rows][:, None] + steps, 0)  # [Rp, L]
+    decode_slots = slots[reqs.decode_rows]
     return StateMeta(
         decode_token_idx=reqs.cu_starts[reqs.decode_rows],
-        decode_slots=slots[reqs.decode_rows],
+        decode_slots=decode_slots,
+        decode_slot_run=_as_run(decode_slots),
         prefill_gather=gather,
         prefill_valid=valid,
         prefill_lens=lens,
         prefill_slots=slots[rows],
         prefill_token_idx=gather[valid],
     )
+
+
+def _as_run(slots: torch.Tensor) -> slice | None:
+    """``slice(a, a + n)`` when ``slots`` is exactly ``a, a + 1, ..., a + n - 1``."""
+    if slots.numel() == 0:
+        return None
+    first = int(slots[0])
+    if not torch.equal(slots, torch.arange(first, first + slots.numel())):
+        return None
+    return slice(first, first + slots.numel())

@@ -22,8 +22,10 @@ class AttnSubBatch:
     rows: torch.Tensor  # [Tb] request row in the sub-batch
     cols: torch.Tensor  # [Tb] query offset within the row
     block_table: torch.Tensor  # [R, nb] blocks to read, first one holds key position first_pos
-    mask: torch.Tensor  # [R, 1, Q, nb * B] bool, True = attend
+    mask: torch.Tensor | None  # [R, 1, Q, nb * B] bool, True = attend; None when causal
     num_queries: int  # Q
+    dense: bool  # the step's tokens are exactly [R, Q] in order: no padding, no scatter
+    causal: bool  # dense, every row starts at 0 and no window cuts in: plain causal mask
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,7 @@ class StateMeta:
 
     decode_token_idx: torch.Tensor  # [Rd] flat token index
     decode_slots: torch.Tensor  # [Rd] live slot
+    decode_slot_run: slice | None  # the same slots when they are one ascending run
     prefill_gather: torch.Tensor  # [Rp, L] flat token index (0 where padding)
     prefill_valid: torch.Tensor  # [Rp, L] bool
     prefill_lens: torch.Tensor  # [Rp]

@@ -34,30 +34,56 @@ class PagedAttention(nn.Module):
         """q ``[T, heads, d]``, k/v ``[T, kv_heads, d]`` -> ``[T, heads * d]``."""
         pages = ctx.kv_pages[self.layer_id]  # [N, 2, B, kv_heads, d]
         meta = ctx.attn_meta[self.layer_id]
-        pages[meta.write_blocks, 0, meta.write_offsets] = k.to(pages.dtype)
-        pages[meta.write_blocks, 1, meta.write_offsets] = v.to(pages.dtype)
+        # NOTE: write through the K and V views: ``pages[blocks, 0, offsets] = k`` (an integer
+        # between two index tensors) takes a slow index_put path, milliseconds per call.
+        pages[:, 0][meta.write_blocks, meta.write_offsets] = k.to(pages.dtype)
+        pages[:, 1][meta.write_blocks, meta.write_offsets] = v.to(pages.dtype)
+        subs = meta.sub_batches
+        if len(subs) == 1 and subs[0].dense:  # all prefill or all decode: no scatter
+            return self._attend(q, pages, subs[0]).flatten(1)
         out = q.new_empty(q.shape)  # [T, heads, d]
-        for sub in meta.sub_batches:
+        for sub in subs:
             out[sub.token_idx] = self._attend(q, pages, sub)
         return out.flatten(1)
 
     def _attend(self, q: torch.Tensor, pages: torch.Tensor, sub: AttnSubBatch) -> torch.Tensor:
-        num_rows = sub.block_table.shape[0]
-        if sub.num_queries == 1:
-            q_pad = q[sub.token_idx][:, :, None, :]  # [R, heads, 1, d] (rows == token order)
-        else:
-            q_pad = q.new_zeros(num_rows, sub.num_queries, self.num_heads, self.head_dim)
-            q_pad[sub.rows, sub.cols] = q[sub.token_idx]
-            q_pad = q_pad.transpose(1, 2)  # [R, heads, Q, d]
+        """Queries of one sub-batch -> their outputs ``[Tb, heads, d]``, in ``token_idx`` order."""
+        q_pad = self._pad_queries(q, sub)  # [R, heads, Q, d]
         k_ctx = _gather(pages[:, 0], sub.block_table).to(q.dtype)  # [R, kv_heads, K, d]
         v_ctx = _gather(pages[:, 1], sub.block_table).to(q.dtype)  # [R, kv_heads, K, d]
+        # NOTE: key slots no query may attend still come from whole blocks; a reused block can
+        # hold anything there (a failed load's bytes: NaN, inf). Masking alone lets NaN through
+        # (NaN + -inf, 0 * NaN), so those slots are zeroed.
+        hidden = ~_attendable_keys(sub, k_ctx.shape[2])  # [R or 1, 1, K, 1]
+        k_ctx.masked_fill_(hidden, 0.0)
+        v_ctx.masked_fill_(hidden, 0.0)
         if self.softcap is None:
             out = F.scaled_dot_product_attention(
-                q_pad, k_ctx, v_ctx, attn_mask=sub.mask, scale=self.scale, enable_gqa=True
+                q_pad,
+                k_ctx,
+                v_ctx,
+                attn_mask=sub.mask,
+                is_causal=sub.causal,
+                scale=self.scale,
+                enable_gqa=True,
             )  # [R, heads, Q, d]
         else:
-            out = self._softcapped(q_pad, k_ctx, v_ctx, sub.mask)
-        return out.transpose(1, 2)[sub.rows, sub.cols]  # [Tb, heads, d]
+            out = self._softcapped(q_pad, k_ctx, v_ctx, _mask_of(sub, k_ctx.shape[2]))
+        out = out.transpose(1, 2)  # [R, Q, heads, d]
+        if sub.dense:
+            return out.reshape(-1, self.num_heads, self.head_dim)
+        return out[sub.rows, sub.cols]
+
+    def _pad_queries(self, q: torch.Tensor, sub: AttnSubBatch) -> torch.Tensor:
+        """``[T, heads, d]`` -> the sub-batch's queries ``[R, heads, Q, d]`` (zero padded)."""
+        num_rows = sub.block_table.shape[0]
+        if sub.dense:
+            return q.view(num_rows, sub.num_queries, self.num_heads, self.head_dim).transpose(1, 2)
+        if sub.num_queries == 1:
+            return q[sub.token_idx][:, :, None, :]  # rows == token order
+        q_pad = q.new_zeros(num_rows, sub.num_queries, self.num_heads, self.head_dim)
+        q_pad[sub.rows, sub.cols] = q[sub.token_idx]
+        return q_pad.transpose(1, 2)
 
     def _softcapped(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
@@ -71,6 +97,20 @@ class PagedAttention(nn.Module):
         scores = scores.masked_fill(~mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         return torch.matmul(probs, v)  # [R, heads, Q, d]
+
+
+def _mask_of(sub: AttnSubBatch, num_keys: int) -> torch.Tensor:
+    if sub.mask is not None:
+        return sub.mask
+    causal = torch.ones(sub.num_queries, num_keys, dtype=torch.bool).tril()  # [Q, K]
+    return causal[None, None]
+
+
+def _attendable_keys(sub: AttnSubBatch, num_keys: int) -> torch.Tensor:
+    """``[R, 1, K, 1]`` (or ``[1, 1, K, 1]`` when causal): keys some query of the row may see."""
+    if sub.mask is not None:
+        return sub.mask.any(dim=2)[..., None]
+    return (torch.arange(num_keys) < sub.num_queries)[None, None, :, None]
 
 
 def _gather(half_pages: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:

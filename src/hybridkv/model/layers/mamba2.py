@@ -16,7 +16,7 @@ from torch import nn
 
 from hybridkv.model.config import MambaConfig
 from hybridkv.model.layers.norm import GatedRMSNorm
-from hybridkv.model.layers.ssd import ssd_chunk_scan, ssd_step
+from hybridkv.model.layers.ssd import ssd_chunk_scan, ssd_step_
 from hybridkv.model.step_context import StateMeta, StepContext
 
 
@@ -57,17 +57,21 @@ class Mamba2Mixer(nn.Module):
         ssm_state: torch.Tensor,
         meta: StateMeta,
     ) -> torch.Tensor:
-        slots, idx = meta.decode_slots, meta.decode_token_idx
-        window = torch.cat([conv_state[slots], xbc[idx, :, None].to(conv_state.dtype)], dim=-1)
-        conv_state[slots] = window[..., 1:]  # [Rd, conv_dim, d_conv - 1]
+        idx = meta.decode_token_idx
+        # a contiguous run of slots is updated in place through a view; else gather/scatter
+        live = meta.decode_slot_run or meta.decode_slots
+        window = torch.cat([conv_state[live], xbc[idx, :, None].to(conv_state.dtype)], dim=-1)
+        conv_state[live] = window[..., 1:]  # [Rd, conv_dim, d_conv - 1]
         weight = self.conv1d.weight[:, 0, :]  # [conv_dim, d_conv]
         conv = (window.to(weight.dtype) * weight).sum(-1)  # [Rd, conv_dim]
         if self.conv1d.bias is not None:
             conv = conv + self.conv1d.bias
         x, b, c = self._split_heads(F.silu(conv))  # [Rd, h, p], [Rd, h, n], [Rd, h, n]
         step_dt = self._dt(dt[idx])  # [Rd, h]
-        y, new_state = ssd_step(x, step_dt, self._a(), b, c, ssm_state[slots])
-        ssm_state[slots] = new_state
+        state = ssm_state[live]  # [Rd, h, p, n]: a view for a run of slots
+        y = ssd_step_(x, step_dt, self._a(), b, c, state)
+        if meta.decode_slot_run is None:
+            ssm_state[live] = state
         y = y + x * self.D.float()[:, None]  # [Rd, h, p]
         return y.flatten(1).to(xbc.dtype)
 
@@ -81,12 +85,15 @@ class Mamba2Mixer(nn.Module):
     ) -> torch.Tensor:
         slots, valid = meta.prefill_slots, meta.prefill_valid
         k = self.cfg.d_conv - 1
-        padded = xbc[meta.prefill_gather] * valid[..., None]  # [Rp, L, conv_dim]
+        # NOTE: padding gathers some other request's token; masked_fill (not `* valid`) so a
+        # NaN there (a request computing on a failed load) cannot leak into this row.
+        pad = ~valid[..., None]
+        padded = xbc[meta.prefill_gather].masked_fill(pad, 0.0)  # [Rp, L, conv_dim]
         seq = torch.cat([conv_state[slots].to(xbc.dtype), padded.transpose(1, 2)], dim=-1)
         conv_state[slots] = _last_inputs(seq, meta.prefill_lens, k).to(conv_state.dtype)
         conv = F.conv1d(seq, self.conv1d.weight, self.conv1d.bias, groups=self.cfg.conv_dim)
         x, b, c = self._split_heads(F.silu(conv.transpose(1, 2)))  # [Rp, L, h, ...]
-        scan_dt = self._dt(dt[meta.prefill_gather]) * valid[..., None]  # [Rp, L, h]
+        scan_dt = self._dt(dt[meta.prefill_gather]).masked_fill(pad, 0.0)  # [Rp, L, h]
         y, final = ssd_chunk_scan(
             x, scan_dt, self._a(), b, c, ssm_state[slots], self.cfg.chunk_size
         )

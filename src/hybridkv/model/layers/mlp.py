@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridkv.model.errors import ModelLoadError
+from hybridkv.model.layers.fused import FusedLinear
 
 
 def activation(name: str):  # type: ignore[no-untyped-def]
@@ -30,9 +31,11 @@ class GatedMLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
         self.act = activation(act)
+        self.gate_up = FusedLinear([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x).chunk(2, dim=-1)  # [T, inner] each
+        out: torch.Tensor = self.down_proj(self.act(gate) * up)
         return out
 
 

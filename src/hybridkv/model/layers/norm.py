@@ -16,9 +16,16 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        normed = F.rms_norm(x.float(), x.shape[-1:], eps=self.eps)  # float32
+        return self.apply_scale(normed, self.weight, x.dtype)
+
+    def scale(self) -> torch.Tensor:
+        """What ``apply_scale`` multiplies by, ``[dim]``."""
+        return self.weight
+
+    @staticmethod
+    def apply_scale(normed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return scale * normed.to(dtype)
 
 
 class OffsetRMSNorm(nn.Module):
@@ -30,9 +37,15 @@ class OffsetRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+        normed = F.rms_norm(x.float(), x.shape[-1:], eps=self.eps)  # float32
+        return self.apply_scale(normed, self.scale(), x.dtype)
+
+    def scale(self) -> torch.Tensor:
+        return 1.0 + self.weight.float()
+
+    @staticmethod
+    def apply_scale(normed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return (normed * scale).to(dtype)
 
 
 class GatedRMSNorm(nn.Module):
@@ -47,6 +60,6 @@ class GatedRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         x32 = x.float() * F.silu(gate.float())
         grouped = x32.view(*x32.shape[:-1], self.num_groups, -1)  # [..., groups, dim / groups]
-        grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)
+        grouped = F.rms_norm(grouped, grouped.shape[-1:], eps=self.eps)
         out: torch.Tensor = self.weight * grouped.flatten(-2).to(x.dtype)
         return out

@@ -9,7 +9,8 @@ from hybridkv.model.rope import RopeConfig
 
 
 class RotaryTable(nn.Module):
-    """cos/sin rows for positions ``[0, len)``, float32, in the ``cat(freqs, freqs)`` layout.
+    """cos/sin rows for positions ``[0, len)``, float32, in the ``cat(freqs, freqs)`` layout;
+    the first half of each sin row is negated (see ``RotaryCosSin``).
 
     NOTE: the tables are plain float32 attributes, not buffers, so ``model.to(bfloat16)``
     leaves them exact; they are built on the CPU even under a ``meta`` device context.
@@ -29,6 +30,7 @@ class RotaryTable(nn.Module):
         freqs = pos[:, None] * self.inv_freq[None, :]  # [len, dim / 2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [len, dim]
         self.cos, self.sin = emb.cos(), emb.sin()
+        self.sin[:, : freqs.shape[1]].neg_()  # rotate_half's negation, folded into the table
 
     def lookup(self, positions: torch.Tensor, max_pos: int, dtype: torch.dtype) -> RotaryCosSin:
         """cos/sin of each token, ``[T, 1, dim]`` (broadcast over heads), cast to ``dtype``."""
@@ -39,19 +41,22 @@ class RotaryTable(nn.Module):
                 t.to(positions.device) for t in (self.inv_freq, self.cos, self.sin)
             )
         cos = self.cos[positions].to(dtype)[:, None, :]  # [T, 1, dim]
-        sin = self.sin[positions].to(dtype)[:, None, :]  # [T, 1, dim]
+        sin = self.sin[positions].to(dtype)[:, None, :]  # [T, 1, dim], first half negated
         return RotaryCosSin(cos, sin)
 
 
 class RotaryCosSin:
-    __slots__ = ("cos", "sin")
+    """``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``, computed as
+    ``x * cos + cat(x2, x1) * signed_sin`` (the same products, one op fewer)."""
 
-    def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    __slots__ = ("cos", "signed_sin")
+
+    def __init__(self, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
         self.cos = cos
-        self.sin = sin
+        self.signed_sin = signed_sin
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """Rotate ``x`` ``[T, heads, dim]`` by its tokens' positions."""
         half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # [T, heads, dim]
-        return x * self.cos + rotated * self.sin
+        swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # [T, heads, dim]
+        return x * self.cos + swapped * self.signed_sin

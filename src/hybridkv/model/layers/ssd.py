@@ -48,20 +48,19 @@ def ssd_chunk_scan(
     return y.flatten(1, 2)[:, :length], state
 
 
-def ssd_step(
+def ssd_step_(
     x: torch.Tensor,
     dt: torch.Tensor,
     a: torch.Tensor,
     b: torch.Tensor,
     c: torch.Tensor,
     state: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token: x ``[R, h, p]``, dt ``[R, h]``, b/c ``[R, h, n]``, state ``[R, h, p, n]``."""
-    decay = torch.exp(dt * a)[..., None, None]  # [R, h, 1, 1]
-    update = (dt[..., None] * x)[..., None] * b[:, :, None, :]  # [R, h, p, n]
-    state = state * decay + update
-    y = torch.einsum("rhpn,rhn->rhp", state, c)  # [R, h, p]
-    return y, state
+) -> torch.Tensor:
+    """One token: x ``[R, h, p]``, dt ``[R, h]``, b/c ``[R, h, n]``; updates ``state``
+    ``[R, h, p, n]`` in place (two passes over it, no temporary of its size), returns y."""
+    state.mul_(torch.exp(dt * a)[..., None, None])
+    state.addcmul_((dt[..., None] * x)[..., None], b[:, :, None, :])
+    return torch.einsum("rhpn,rhn->rhp", state, c)  # [R, h, p]
 
 
 def _segment_sum(incr: torch.Tensor) -> torch.Tensor:

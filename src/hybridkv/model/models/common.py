@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from hybridkv.model.config import ModelConfig
 from hybridkv.model.layers.attention import PagedAttention
+from hybridkv.model.layers.fused import FusedLinear
+from hybridkv.model.layers.norm import OffsetRMSNorm, RMSNorm
 from hybridkv.model.layers.rotary import RotaryCosSin
 from hybridkv.model.step_context import StepContext
 
 
 class SelfAttention(nn.Module):
-    """q/k/v projections, optional per-head q/k norms, RoPE, paged attention, output proj."""
+    """q/k/v projections, optional per-head q/k norms, RoPE, paged attention, output proj.
+
+    q, k and v come out of one matmul (``FusedLinear``); q and k stay side by side
+    (``[T, heads + kv_heads, d]``) through the norms and RoPE, which then run once.
+    """
 
     def __init__(
         self,
         layer_id: int,
         cfg: ModelConfig,
         scale: float,
-        qk_norm: type[nn.Module] | None = None,
+        qk_norm: type[RMSNorm | OffsetRMSNorm] | None = None,
         softcap: float | None = None,
     ) -> None:
         super().__init__()
@@ -29,23 +36,56 @@ class SelfAttention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, kv_heads * d, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv_heads * d, bias=bias)
         self.o_proj = nn.Linear(heads * d, cfg.hidden_size, bias=bias)
+        self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
+        self.qk_norm: _JointQKNorm | None = None
         if qk_norm is not None:
             self.q_norm = qk_norm(d, cfg.rms_norm_eps)
             self.k_norm = qk_norm(d, cfg.rms_norm_eps)
-        self.has_qk_norm = qk_norm is not None
+            self.qk_norm = _JointQKNorm(self.q_norm, self.k_norm, heads, kv_heads)
+        self.num_heads = heads
         self.head_dim = d
         self.attn = PagedAttention(layer_id, heads, kv_heads, d, scale, softcap)
 
     def forward(self, x: torch.Tensor, rope: RotaryCosSin | None, ctx: StepContext) -> torch.Tensor:
-        q = self.q_proj(x).unflatten(-1, (-1, self.head_dim))  # [T, heads, d]
-        k = self.k_proj(x).unflatten(-1, (-1, self.head_dim))  # [T, kv_heads, d]
-        v = self.v_proj(x).unflatten(-1, (-1, self.head_dim))  # [T, kv_heads, d]
-        if self.has_qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+        qkv = self.qkv(x).view(x.shape[0], -1, self.head_dim)  # [T, heads + 2 * kv_heads, d]
+        num_qk = qkv.shape[1] - self.attn.num_kv_heads
+        qk, v = qkv[:, :num_qk], qkv[:, num_qk:]  # [T, heads + kv_heads, d], [T, kv_heads, d]
+        if self.qk_norm is not None:
+            qk = self.qk_norm(qk)
         if rope is not None:
-            q, k = rope.apply(q), rope.apply(k)
+            qk = rope.apply(qk)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         out: torch.Tensor = self.o_proj(self.attn(q, k, v, ctx))  # [T, hidden]
         return out
+
+
+class _JointQKNorm:
+    """The q and k norms of one layer over ``[T, heads + kv_heads, d]`` in one pass: each
+    head row normalised, then scaled by its own norm's weight (``[heads + kv_heads, d]``,
+    rebuilt when a weight tensor changes)."""
+
+    def __init__(
+        self, q_norm: RMSNorm | OffsetRMSNorm, k_norm: RMSNorm | OffsetRMSNorm, heads: int, kv: int
+    ) -> None:
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.heads, self.kv_heads = heads, kv
+        self._key: tuple[object, ...] = ()
+        self._scale = torch.empty(0)
+
+    def __call__(self, qk: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(qk.float(), qk.shape[-1:], eps=self.q_norm.eps)  # float32
+        return self.q_norm.apply_scale(normed, self._rows(), qk.dtype)
+
+    def _rows(self) -> torch.Tensor:
+        wq, wk = self.q_norm.weight, self.k_norm.weight
+        key = (wq.data_ptr(), wk.data_ptr(), wq.dtype)
+        if key != self._key:
+            with torch.inference_mode(False), torch.no_grad():
+                q_rows = self.q_norm.scale().expand(self.heads, -1)
+                k_rows = self.k_norm.scale().expand(self.kv_heads, -1)
+                self._scale = torch.cat([q_rows, k_rows])  # [heads + kv_heads, d]
+            self._key = key
+        return self._scale
 
 
 class CausalLM(nn.Module):

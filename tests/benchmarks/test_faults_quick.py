@@ -1,0 +1,43 @@
+"""B5's --quick mode runs: every configuration measured, zero wrong tokens (not how fast)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_faults_quick(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "faults.py"),
+            "--quick",
+            "--cache-dir",
+            str(tmp_path / "ckpts"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    assert out["benchmark"] == "faults" and out["quick"] is True
+    assert {"cores", "python", "torch", "threads"} <= out["machine"].keys()
+    assert out["wrong_tokens"] == 0 and out["errored_requests"] == 0
+    (ckpt,) = out["results"].values()
+    configs = ckpt["configs"]
+    assert {"0%", "failed 10%", "corrupt 10%", "request 10%", "timeout"} <= configs.keys()
+    for name, c in configs.items():
+        assert c["runs"] >= 1 and c["wrong_tokens"] == 0, name
+        assert c["output_tok_s"]["median"] > 0 and c["ttft_ms"]["median"] > 0, name
+    base = configs["0%"]
+    assert base["failures_per_run"] == 0 and base["recomputed_tokens_per_run"] == 0
+    assert base["disk_tokens_per_run"] > 0, "the measured runs load from the files"
+    # every load times out: all of it is recomputed
+    assert configs["timeout"]["failed_requests_per_run"] == ckpt["workload"]["num_prompts"]
+    assert configs["timeout"]["recomputed_tokens_per_run"] > 0

@@ -1,0 +1,37 @@
+"""benchmarks/throughput.py --quick runs and prints its JSON (it checks that the script works,
+not how fast anything is)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_throughput_quick(tmp_path: Path) -> None:
+    script = ROOT / "benchmarks" / "throughput.py"
+    res = subprocess.run(
+        [sys.executable, str(script), "--quick", "--cache-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    assert out["benchmark"] == "throughput"
+    assert {"cores", "torch", "threads"} <= out["machine"].keys()
+    assert set(out["results"]) == {
+        f"{arch}-tiny-{dtype}"
+        for arch in ("qwen3", "gemma3", "granitemoehybrid")
+        for dtype in ("float32", "bfloat16")
+    }
+    for case in out["results"].values():
+        for engine in ("hybridkv", "transformers", "ratio"):
+            for phase in ("prefill", "decode"):
+                stats = case[engine][phase]
+                assert 0 < stats["min"] <= stats["median"] <= stats["max"]
+        assert 0.0 <= case["greedy_agreement"] <= 1.0
