@@ -61,7 +61,9 @@ def test_round_trip_restores_identical_bytes_elsewhere(tmp_path: Path, mode: str
     assert not torch.equal(dst.blocks_bytes([15]), src.blocks_bytes([5]))  # not loaded
     stats = dst.worker.take_stats().counters
     assert stats["load_blocks"] == 6 and stats["load_states"] == 1
-    assert stats["offload_bytes.disk.load"] == 6 * src.layout.page_bytes + src.layout.state_slot_bytes(2)
+    assert stats[
+        "offload_bytes.disk.load"
+    ] == 6 * src.layout.page_bytes + src.layout.state_slot_bytes(2)
     assert not dst.worker.has_pending()
     dst.worker.shutdown()
 

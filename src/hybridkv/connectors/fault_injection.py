@@ -75,6 +75,9 @@ class FaultInjectionScheduler(BaseConnectorScheduler):
     ) -> dict[str, int]:
         return self.inner.get_hit_sources(request, num_external_tokens)
 
+    def get_step_interval(self, request: KVConnectorRequest) -> int:
+        return self.inner.get_step_interval(request)
+
     def take_stats(self) -> ConnectorStats:
         return self.inner.take_stats()
 
@@ -189,6 +192,9 @@ class FaultInjectionWorker(BaseConnectorWorker):
         for gid in state_groups:
             size = self.layout.state_slot_bytes(gid)
             self.cache.write_state(gid, slot_of[gid], _random_bytes((size,), generator))
+
+    def wait_for_saves(self, timeout: float | None = None) -> bool:
+        return self.inner.wait_for_saves(timeout)
 
     def has_pending(self) -> bool:
         return bool(self._held) or not self._ready.is_empty or self.inner.has_pending()

@@ -10,8 +10,11 @@
     10      8     token span start (u64)
     18      8     token span end (u64)
     26      8     payload length (u64)
-    34      32    SHA-256 of the payload
+    34      32    checksum of the payload: SHA-256 (version 1) or xxh3-128, zero padded (version 2)
     66      ...   fingerprint (utf-8), key (utf-8), then the payload
+
+Version 2 differs from version 1 only in the checksum: xxh3-128 runs at memory speed, so bulk
+tiers (the offloading connector's disk tier) can verify every load; readers accept both.
 
 A file is written under a temporary name in its final directory and renamed into place, so a
 reader sees either nothing or a whole file. A reader checks everything it can: a file that fails
@@ -25,9 +28,14 @@ import hashlib
 import os
 import struct
 import tempfile
+from dataclasses import dataclass
+
+import xxhash
 
 MAGIC = b"HKVF"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # SHA-256 checksum
+FORMAT_VERSION_XXH3 = 2  # xxh3-128 checksum
+CHECKSUM_VERSIONS = {"sha256": FORMAT_VERSION, "xxh3": FORMAT_VERSION_XXH3}
 _HEAD = struct.Struct("<4sHHHQQQ32s")
 
 # Load failure reasons (also the suffix of the ``load_failures:<reason>`` counters).
@@ -46,24 +54,49 @@ class PartError(Exception):
         self.reason = reason
 
 
+def _digest(version: int, payload: memoryview) -> bytes:
+    if version == FORMAT_VERSION_XXH3:
+        return xxhash.xxh3_128_digest(payload).ljust(32, b"\0")
+    return hashlib.sha256(payload).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class PartHeader:
+    """What a part's header says (``read_header``); the payload starts at ``payload_offset``."""
+
+    version: int
+    fingerprint: str
+    key: str
+    span: tuple[int, int]
+    payload_len: int
+    payload_offset: int
+
+
 def write_part(
-    path: str, fingerprint: str, key: str, span: tuple[int, int], payload: bytes | memoryview
+    path: str,
+    fingerprint: str,
+    key: str,
+    span: tuple[int, int],
+    payload: bytes | memoryview,
+    checksum: str = "sha256",
 ) -> int:
-    """Atomically write one part at ``path``; returns the payload length.
+    """Atomically write one part at ``path``; returns the payload length. ``checksum`` is
+    ``"sha256"`` (format version 1) or ``"xxh3"`` (version 2).
 
     On any failure the temporary file is removed and the exception propagates; ``path`` is
     then either absent or still holds what it held before."""
     view = memoryview(payload).cast("B")  # flat bytes whatever the source shape
+    version = CHECKSUM_VERSIONS[checksum]
     fp_bytes, key_bytes = fingerprint.encode(), key.encode()
     head = _HEAD.pack(
         MAGIC,
-        FORMAT_VERSION,
+        version,
         len(fp_bytes),
         len(key_bytes),
         span[0],
         span[1],
         view.nbytes,
-        hashlib.sha256(view).digest(),
+        _digest(version, view),
     )
     directory, name = os.path.split(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
@@ -83,25 +116,57 @@ def read_part(
 ) -> memoryview:
     """Read and verify the whole part at ``path``; returns its payload or raises ``PartError``."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        with open(path, "rb", buffering=0) as f:
+            data = bytearray(os.fstat(f.fileno()).st_size)  # writable: tensors can share it
+            size = f.readinto(data)
     except FileNotFoundError:
         raise PartError(MISSING, path) from None
     except OSError as exc:
         raise PartError(IO_ERROR, str(exc)) from None
-    return _parse(memoryview(data), fingerprint, key, span, payload_len)
+    return _parse(memoryview(data)[:size], fingerprint, key, span, payload_len)
+
+
+def read_header(path: str) -> PartHeader:
+    """Read and check only the header at ``path`` (start-up indexing); the file's size must be
+    the one the header announces. Raises ``PartError``."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEAD.size)
+            magic, version, fp_len, key_len, start, end, length, _ = _unpack(head)
+            names = f.read(fp_len + key_len)
+            size = os.fstat(f.fileno()).st_size
+    except FileNotFoundError:
+        raise PartError(MISSING, path) from None
+    except OSError as exc:
+        raise PartError(IO_ERROR, str(exc)) from None
+    if len(names) < fp_len + key_len:
+        raise PartError(TRUNCATED, "header names cut short")
+    offset = _HEAD.size + fp_len + key_len
+    if size != offset + length:
+        reason = TRUNCATED if size < offset + length else CORRUPT
+        raise PartError(reason, f"{size} bytes, header says {offset + length}")
+    try:
+        fp, key = names[:fp_len].decode(), names[fp_len:].decode()
+    except UnicodeDecodeError:
+        raise PartError(CORRUPT, "undecodable header") from None
+    return PartHeader(version, fp, key, (start, end), length, offset)
+
+
+def _unpack(head: bytes) -> tuple[bytes, int, int, int, int, int, int, bytes]:
+    if len(head) < _HEAD.size:
+        raise PartError(TRUNCATED, f"{len(head)} bytes, header needs {_HEAD.size}")
+    fields: tuple[bytes, int, int, int, int, int, int, bytes] = _HEAD.unpack_from(head)
+    if fields[0] != MAGIC:
+        raise PartError(CORRUPT, "bad magic")
+    if fields[1] not in CHECKSUM_VERSIONS.values():
+        raise PartError(MISMATCH, f"format version {fields[1]}, expected one of (1, 2)")
+    return fields
 
 
 def _parse(
     data: memoryview, fingerprint: str, key: str, span: tuple[int, int], payload_len: int
 ) -> memoryview:
-    if data.nbytes < _HEAD.size:
-        raise PartError(TRUNCATED, f"{data.nbytes} bytes, header needs {_HEAD.size}")
-    magic, version, fp_len, key_len, start, end, length, digest = _HEAD.unpack_from(data)
-    if magic != MAGIC:
-        raise PartError(CORRUPT, "bad magic")
-    if version != FORMAT_VERSION:
-        raise PartError(MISMATCH, f"format version {version}, expected {FORMAT_VERSION}")
+    _, version, fp_len, key_len, start, end, length, digest = _unpack(bytes(data[: _HEAD.size]))
     names_end = _HEAD.size + fp_len + key_len
     if data.nbytes < names_end + length:
         raise PartError(TRUNCATED, f"{data.nbytes} bytes, header says {names_end + length}")
@@ -115,7 +180,7 @@ def _parse(
     if (file_fp, file_key, (start, end)) != (fingerprint, key, span):
         raise PartError(MISMATCH, f"holds {file_fp}/{file_key} [{start}, {end})")
     payload = data[names_end:]
-    if hashlib.sha256(payload).digest() != digest:
+    if _digest(version, payload) != digest:
         raise PartError(CORRUPT, "checksum mismatch")
     if length != payload_len:
         raise PartError(MISMATCH, f"payload of {length} bytes, layout needs {payload_len}")

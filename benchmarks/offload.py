@@ -1,0 +1,306 @@
+"""B4: offload tiers. Bandwidth of the OffloadingConnector's CPU and disk tiers against a plain
+tensor copy / plain file reads of the same bytes, and time-to-first-token with a prefix loaded
+from each tier vs recomputed.
+
+    .venv/bin/python benchmarks/offload.py            # full run (a few minutes, 2 cores)
+    .venv/bin/python benchmarks/offload.py --quick    # seconds: checks the script runs
+
+Prints one JSON document. Bandwidth: medians (min, max) over --repeats runs after a warm-up,
+connector and baseline alternating in the same run. Disk "cold" drops each file from the page
+cache with posix_fadvise(DONTNEED) before reading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from hybridkv.connectors.config import KVTransferConfig  # noqa: E402
+from hybridkv.connectors.registry import ConnectorContext, create_connector  # noqa: E402
+from hybridkv.engine.cache_access import DeviceCacheAccess  # noqa: E402
+from hybridkv.kv.hashing import BlockHasher, get_hash_fn  # noqa: E402
+from hybridkv.kv.spec import FullAttentionSpec, SlidingWindowSpec, create_layout  # noqa: E402
+from hybridkv.model.cache_tensors import CacheTensors  # noqa: E402
+
+
+class _Req:
+    def __init__(self, rid: str, tokens: list[int]) -> None:
+        self.request_id, self.all_token_ids = rid, tokens
+        self.num_prompt_tokens = len(tokens)
+        self.num_computed_tokens = 0
+        self.block_hashes: list[Any] = []
+        BlockHasher(16, get_hash_fn("sha256")).extend(self.block_hashes, tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def stats(xs: list[float]) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(xs), 3),
+        "min": round(min(xs), 3),
+        "max": round(max(xs), 3),
+    }
+
+
+def make_layout(layers: int, heads: int, head_dim: int, window: int) -> Any:
+    specs: list[Any] = []
+    for i in range(layers):
+        if i % 2 == 0:
+            specs.append(FullAttentionSpec(16, heads, head_dim, "float32"))
+        else:
+            specs.append(SlidingWindowSpec(16, heads, head_dim, "float32", window))
+    return create_layout(specs, 16)
+
+
+class Rig:
+    """One connector over real cache tensors; a prompt of ``tokens`` in blocks 1.. (source) and
+    loads into other blocks (destination)."""
+
+    def __init__(self, layout: Any, extra: dict[str, Any], tokens: int) -> None:
+        self.layout, self.tokens = layout, tokens
+        n = tokens // 16
+        self.num_blocks = 4 * n + 2
+        self.tensors = CacheTensors(layout, self.num_blocks, 0)
+        for t in self.tensors.backing:
+            t.copy_(torch.randint(0, 256, t.shape, dtype=torch.uint8))
+        cfg = KVTransferConfig.parse(
+            {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": extra}
+        )
+        pair = create_connector(cfg, ConnectorContext(layout, "bench", self.num_blocks, 0))
+        self.sched, self.worker = pair.scheduler, pair.worker
+        self.worker.register_kv_caches(DeviceCacheAccess(layout, self.tensors.backing, {}))
+        groups = len(layout.attention_group_ids)
+        self.src = tuple([1 + g * n + k for k in range(n)] for g in range(groups))
+        self.dst = tuple([1 + (groups + g) * n + k for k in range(n)] for g in range(groups))
+        self.seq = 0
+
+    def store(self) -> float:
+        from hybridkv.connectors.base import RequestBlocks
+
+        self.seq += 1
+        req = _Req(f"s{self.seq}", [self.seq * 7 + i % 5 + 3 for i in range(self.tokens)])
+        req.all_token_ids = [(self.seq * 100003 + i) % 50000 for i in range(self.tokens)]
+        req.block_hashes = []
+        BlockHasher(16, get_hash_fn("sha256")).extend(req.block_hashes, req.all_token_ids)
+        blocks = RequestBlocks(self.src, ())
+        began = time.perf_counter()
+        meta = self.sched.build_connector_meta([(req, 0, self.tokens, blocks)])
+        self.worker.save(meta)
+        assert self.worker.wait_for_saves(60)
+        self.last = req
+        return time.perf_counter() - began
+
+    def load(self) -> float:
+        from hybridkv.connectors.base import RequestBlocks
+
+        req = _Req("l", self.last.all_token_ids + [1])
+        req.block_hashes = list(self.last.block_hashes)
+        began = time.perf_counter()
+        found = self.sched.get_num_new_matched_tokens(req, 0)
+        assert found is not None and found[0] > 0, found
+        req.num_computed_tokens = found[0]
+        dst = tuple(t + [0] for t in self.dst)
+        self.sched.update_state_after_alloc(req, RequestBlocks(dst, ()), found[0])
+        self.worker.start_load(self.sched.build_connector_meta([]))
+        out = self.worker.get_finished([])
+        assert not (out.failed_recving or out.invalid_block_ids), out
+        return time.perf_counter() - began
+
+    def unit_files(self) -> list[str]:
+        return [str(p) for p in Path(self.root).rglob("*.kvu")]
+
+
+def load_bytes(rig: Rig) -> int:
+    c = rig.sched.take_stats()  # noqa: F841 - drain
+    w = rig.worker.take_stats().counters
+    return int(
+        sum(v for k, v in w.items() if k.startswith("offload_bytes.") and k.endswith(".load"))
+    )
+
+
+def bench_cpu(layout: Any, tokens: int, repeats: int) -> dict[str, Any]:
+    rig = Rig(layout, {"cpu_bytes": 1 << 34, "chunk_tokens": 256, "load_mode": "sync"}, tokens)
+    rig.store()
+    rig.load()
+    nbytes = load_bytes(rig)
+    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    copy_t, store_t, load_t = [], [], []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        dst.copy_(src)
+        copy_t.append(time.perf_counter() - began)
+        store_t.append(rig.store())
+        load_t.append(rig.load())
+    gb = nbytes / 1e9
+    out = {
+        "bytes": nbytes,
+        "copy_gbps": stats([gb / t for t in copy_t]),
+        "store_gbps": stats([gb / t for t in store_t]),
+        "load_gbps": stats([gb / t for t in load_t]),
+    }
+    out["load_vs_copy"] = round(out["load_gbps"]["median"] / out["copy_gbps"]["median"], 3)
+    out["store_vs_copy"] = round(out["store_gbps"]["median"] / out["copy_gbps"]["median"], 3)
+    rig.worker.shutdown()
+    return out
+
+
+def drop_cache(paths: list[str]) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def plain_read(paths: list[str]) -> int:
+    total = 0
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            buf = bytearray(os.fstat(f.fileno()).st_size)
+            total += f.readinto(buf)
+    return total
+
+
+def bench_disk(layout: Any, tokens: int, repeats: int, root: Path) -> dict[str, Any]:
+    extra = {
+        "disk_path": str(root),
+        "disk_bytes": 1 << 36,
+        "chunk_tokens": 256,
+        "load_mode": "sync",
+    }
+    rig = Rig(layout, extra, tokens)
+    rig.root = str(root)  # type: ignore[attr-defined]
+    rig.store()
+    rig.load()
+    nbytes = load_bytes(rig)
+    files = rig.unit_files()
+    results: dict[str, Any] = {"bytes": nbytes, "files": len(files)}
+    store_t = []
+    for cache in ("warm", "cold"):
+        plain_t, load_t = [], []
+        for _ in range(repeats):
+            if cache == "cold":
+                drop_cache(files)
+            began = time.perf_counter()
+            plain_read(files)
+            plain_t.append(time.perf_counter() - began)
+            if cache == "cold":
+                drop_cache(files)
+            load_t.append(rig.load())
+        gb = nbytes / 1e9
+        results[cache] = {
+            "plain_read_gbps": stats([gb / t for t in plain_t]),
+            "load_gbps": stats([gb / t for t in load_t]),
+        }
+        results[cache]["load_vs_read"] = round(
+            results[cache]["load_gbps"]["median"] / results[cache]["plain_read_gbps"]["median"], 3
+        )
+    for _ in range(max(1, repeats // 2)):
+        store_t.append(rig.store())
+    results["store_gbps"] = stats([nbytes / 1e9 / t for t in store_t])
+    rig.worker.shutdown()
+    return results
+
+
+def bench_ttft(size: str, prefixes: list[int], repeats: int, root: Path) -> dict[str, Any]:
+    from hybridkv import LLM, SamplingParams
+    from hybridkv.model.make_model import make_model
+
+    model = make_model("qwen3", root / f"qwen3-{size}", size)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    out: dict[str, Any] = {"model": f"qwen3-{size}"}
+    gen = torch.Generator().manual_seed(0)
+    for n in prefixes:
+        prefix = torch.randint(3, 1000, (n,), generator=gen).tolist()
+        row: dict[str, Any] = {}
+        for source in ("recompute", "cpu", "disk"):
+            extra: dict[str, Any] = {"chunk_tokens": 256 if n >= 1024 else 32}
+            if source == "cpu":
+                extra["cpu_bytes"] = "8GiB"
+            if source == "disk":
+                extra.update(disk_path=str(root / f"disk-{n}"), disk_bytes="16GiB")
+            config = (
+                None
+                if source == "recompute"
+                else {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": extra}
+            )
+            llm = LLM(
+                model=str(model),
+                dtype="float32",
+                kv_cache_memory="2GiB",
+                max_model_len=n + 64,
+                kv_transfer_config=config,
+            )
+            llm.generate([prefix + [5, 6]], params, use_tqdm=False)  # warm-up, and stores
+            if llm.engine.connector is not None:
+                llm.engine.connector.worker.wait_for_saves(120)
+            times = []
+            for r in range(repeats):
+                assert llm.engine.kv.reset_prefix_cache()
+                began = time.perf_counter()
+                o = llm.generate([prefix + [7, 8 + r]], params, use_tqdm=False)[0]
+                times.append(time.perf_counter() - began)
+                if source != "recompute":
+                    assert o.cached_tokens.get(source, 0) > 0, o.cached_tokens
+            row[source] = stats([t * 1000 for t in times])
+            if llm.engine.connector is not None:
+                llm.engine.shutdown()
+        out[str(n)] = row
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    quick = args.quick
+    repeats = 1 if quick else args.repeats
+    root = Path(tempfile.mkdtemp(prefix="hkv-offload-bench-", dir=os.environ.get("BENCH_TMP")))
+    try:
+        if quick:
+            layout, tokens = make_layout(4, 2, 16, 32), 512
+        else:
+            layout, tokens = make_layout(12, 4, 64, 512), 4096  # qwen3-small-like, 4k tokens
+        report: dict[str, Any] = {"benchmark": "offload", "machine": machine(), "quick": quick}
+        report["cpu_tier"] = bench_cpu(layout, tokens, repeats)
+        report["disk_tier"] = bench_disk(layout, tokens, repeats, root / "disk")
+        prefixes = [128, 256] if quick else [1024, 4096, 8192]
+        report["ttft_ms"] = bench_ttft(
+            "tiny" if quick else "small", prefixes, 1 if quick else 3, root
+        )
+        print(json.dumps(report, indent=1))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""``kv_connector_extra_config`` of the ``OffloadingConnector``, validated at start-up.
+
+::
+
+    {"cpu_bytes": "4GiB", "disk_path": "./kv-cache", "disk_bytes": "50GiB",
+     "chunk_tokens": 256, "eviction": "lru", "load_timeout_seconds": 30,
+     "offload_prompt_only": true, "max_inflight_io_bytes": "512MiB", "load_mode": "async"}
+
+Either tier may be left out (not both). Sizes take plain bytes or KiB/MiB/GiB suffixes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from hybridkv.config import parse_bytes
+from hybridkv.connectors.offloading.policies import policy_names
+
+LOAD_MODES = ("async", "sync")
+_KEYS = (
+    "cpu_bytes",
+    "disk_path",
+    "disk_bytes",
+    "chunk_tokens",
+    "eviction",
+    "load_timeout_seconds",
+    "offload_prompt_only",
+    "max_inflight_io_bytes",
+    "load_mode",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadingConfig:
+    cpu_bytes: int | None = None  # None: no CPU tier
+    disk_path: str | None = None  # None: no disk tier
+    disk_bytes: int | None = None
+    chunk_tokens: int = 256  # tokens per restore unit, a multiple of the block size
+    eviction: str = "lru"
+    load_timeout_seconds: float = 30.0
+    offload_prompt_only: bool = True
+    max_inflight_io_bytes: int = 512 * 1024**2
+    load_mode: str = "async"
+
+    @classmethod
+    def parse(cls, extra: dict[str, Any], block_size: int) -> OffloadingConfig:
+        for name in extra:
+            if name not in _KEYS:
+                raise ValueError(_err(name, f"unknown key; known: {sorted(_KEYS)}"))
+        values: dict[str, Any] = {}
+        for name in ("cpu_bytes", "disk_bytes", "max_inflight_io_bytes"):
+            if name in extra:
+                values[name] = _size(extra, name)
+        if "disk_path" in extra:
+            path = extra["disk_path"]
+            if not isinstance(path, str | os.PathLike) or not os.fspath(path):
+                raise ValueError(_err("disk_path", "must be a directory path"))
+            values["disk_path"] = str(os.fspath(path))
+            if "disk_bytes" not in values:
+                raise ValueError(_err("disk_bytes", "is required with disk_path"))
+        elif "disk_bytes" in values:
+            raise ValueError(_err("disk_path", "is required with disk_bytes"))
+        if "cpu_bytes" not in values and "disk_path" not in values:
+            raise ValueError(_err("cpu_bytes", "give cpu_bytes, disk_path or both"))
+        values["chunk_tokens"] = _chunk_tokens(extra.get("chunk_tokens", 256), block_size)
+        values.update(_choices(extra))
+        return cls(**values)
+
+
+def _chunk_tokens(value: Any, block_size: int) -> int:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    if not ok or value % block_size:
+        raise ValueError(
+            _err("chunk_tokens", f"{value!r} must be a positive multiple of {block_size}")
+        )
+    return int(value)
+
+
+def _choices(extra: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    eviction = extra.get("eviction", "lru")
+    if eviction not in policy_names():
+        raise ValueError(_err("eviction", f"{eviction!r} must be one of {policy_names()}"))
+    out["eviction"] = eviction
+    mode = extra.get("load_mode", "async")
+    if mode not in LOAD_MODES:
+        raise ValueError(_err("load_mode", f"{mode!r} must be one of {LOAD_MODES}"))
+    out["load_mode"] = mode
+    timeout = extra.get("load_timeout_seconds", 30.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        raise ValueError(_err("load_timeout_seconds", f"{timeout!r} must be a number > 0"))
+    out["load_timeout_seconds"] = float(timeout)
+    prompt_only = extra.get("offload_prompt_only", True)
+    if not isinstance(prompt_only, bool):
+        raise ValueError(_err("offload_prompt_only", f"{prompt_only!r} must be true or false"))
+    out["offload_prompt_only"] = prompt_only
+    return out
+
+
+def _size(extra: dict[str, Any], name: str) -> int:
+    try:
+        return parse_bytes(extra[name], name)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(_err(name, str(exc))) from None
+
+
+def _err(name: str, message: str) -> str:
+    return f"OffloadingConnector: {name!r}: {message}"

@@ -1,0 +1,39 @@
+"""``create_offloading_connector``: the tiers, shared by the two halves of one process."""
+
+from __future__ import annotations
+
+from hybridkv.connectors.base import KVConnectorPair
+from hybridkv.connectors.config import KVTransferConfig
+from hybridkv.connectors.offloading.config import OffloadingConfig
+from hybridkv.connectors.offloading.cpu_tier import CpuTier
+from hybridkv.connectors.offloading.disk_tier import DiskTier
+from hybridkv.connectors.offloading.scheduler import OffloadingScheduler
+from hybridkv.connectors.offloading.units import UnitGeometry
+from hybridkv.connectors.offloading.worker import OffloadingWorker
+from hybridkv.connectors.registry import ConnectorContext
+
+
+def create_offloading_connector(
+    config: KVTransferConfig, context: ConnectorContext
+) -> KVConnectorPair:
+    layout = context.layout
+    options = OffloadingConfig.parse(config.kv_connector_extra_config, layout.block_size)
+    geometry = UnitGeometry(layout, options.chunk_tokens)
+    unit_bytes = max(1, geometry.unit_nbytes(options.chunk_tokens * 2))
+    cpu = None
+    if options.cpu_bytes is not None:
+        cpu = CpuTier(options.cpu_bytes, options.eviction, unit_bytes)
+    disk = None
+    if options.disk_path is not None and options.disk_bytes is not None:
+        disk = DiskTier(
+            options.disk_path, context.fingerprint, options.disk_bytes, options.eviction, geometry
+        )
+    scheduler = OffloadingScheduler(
+        options,
+        geometry,
+        cpu,
+        disk,
+        load=config.kv_role != "kv_producer",
+        save=config.kv_role != "kv_consumer",
+    )
+    return KVConnectorPair(scheduler, OffloadingWorker(options, geometry, cpu, disk))

@@ -1,0 +1,199 @@
+"""The disk tier: one file per unit part, in ``file_format`` (version 2, xxh3-128 checksum).
+
+::
+
+    <disk_path>/<fingerprint>/c<chunk_tokens>/<hash[:2]>/<unit hash hex>.g<group>.kvu
+
+The header carries the fingerprint, the part key, the token span (its end is the unit's end T)
+and the payload length; files are written under a temporary name and renamed. At start-up the
+index is rebuilt from headers: a unit is present when every group's part is, with the spans and
+sizes this layout expects. Files of other fingerprints live in other directories and are never
+touched; a file of ours that is truncated or corrupt is removed. One I/O thread writes and
+deletes, in order (a unit evicted and stored again is deleted before it is rewritten).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from hybridkv.connectors.file_format import (
+    CORRUPT,
+    TRUNCATED,
+    PartError,
+    read_header,
+    read_part,
+    write_part,
+)
+from hybridkv.connectors.offloading.policies import create_policy
+from hybridkv.connectors.offloading.tier import TierEntry, TierIndex
+from hybridkv.connectors.offloading.units import UnitGeometry, part_key
+from hybridkv.kv.hashing import BlockHash
+
+SUFFIX = ".kvu"
+STALE_SECONDS = 3600.0  # temporary files and incomplete units older than this are debris
+
+
+class DiskTier:
+    name = "disk"
+
+    def __init__(
+        self, root: str, fingerprint: str, capacity: int, eviction: str, geometry: UnitGeometry
+    ) -> None:
+        self.fingerprint = fingerprint
+        self.geometry = geometry
+        self.directory = os.path.join(root, fingerprint, f"c{geometry.chunk_tokens}")
+        os.makedirs(self.directory, exist_ok=True)
+        unit_bytes = geometry.unit_nbytes(geometry.chunk_tokens * 2)
+        self.index = TierIndex("disk", capacity, create_policy(eviction, capacity // unit_bytes))
+        self.io = ThreadPoolExecutor(1, thread_name_prefix="offload-disk")
+        self.num_removed_at_startup = 0
+        self.rebuild_index()
+
+    def path(self, unit_hash: BlockHash, group_id: int) -> str:
+        name = part_key(unit_hash, group_id) + SUFFIX
+        return os.path.join(self.directory, name[:2], name)
+
+    # -- bytes ---------------------------------------------------------------------------
+
+    def write(self, unit_hash: BlockHash, end: int, parts: dict[int, torch.Tensor]) -> int:
+        """Write every part of a reserved unit (on the I/O thread) and commit it; returns the
+        bytes written. On any failure the unit's files are removed and the error propagates."""
+        written: list[str] = []
+        total = 0
+        try:
+            for gid, data in parts.items():
+                path = self.path(unit_hash, gid)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                array: Any = data.contiguous().numpy()
+                payload = memoryview(array)
+                span = self.geometry.part_span(gid, end)
+                key = part_key(unit_hash, gid)
+                total += write_part(path, self.fingerprint, key, span, payload, checksum="xxh3")
+                written.append(path)
+        except BaseException:
+            for path in written:
+                _unlink(path)
+            raise
+        if not self.index.commit(unit_hash, {gid: self.path(unit_hash, gid) for gid in parts}):
+            for path in written:  # the reservation was dropped meanwhile
+                _unlink(path)
+        return total
+
+    def read(self, unit_hash: BlockHash, end: int, group_id: int) -> torch.Tensor:
+        """Read and verify one part; ``PartError`` with the reason otherwise."""
+        key = part_key(unit_hash, group_id)
+        span = self.geometry.part_span(group_id, end)
+        nbytes = self.geometry.part_nbytes(group_id, end)
+        payload = read_part(self.path(unit_hash, group_id), self.fingerprint, key, span, nbytes)
+        return torch.frombuffer(payload, dtype=torch.uint8)  # [nbytes], shares the read buffer
+
+    def remove_files(self, unit_hash: BlockHash) -> int:
+        """Delete a unit's files now; returns how many existed."""
+        removed = 0
+        for group in self.geometry.layout.groups:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path(unit_hash, group.group_id))
+                removed += 1
+        return removed
+
+    def discard(self, entries: list[TierEntry]) -> None:
+        """Delete evicted units' files on the I/O thread (after any earlier write)."""
+        for entry in entries:
+            self.submit(functools.partial(self.remove_files, entry.unit_hash))
+
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        return self.io.submit(fn)
+
+    # -- start-up ------------------------------------------------------------------------
+
+    def rebuild_index(self) -> None:
+        """Index every complete unit under this directory, least valuable first: longer
+        prefixes (tails) before shorter ones, then older before newer."""
+        found: dict[BlockHash, dict[int, tuple[int, float]]] = {}  # unit -> gid -> (end, mtime)
+        now = time.time()
+        for entry in _scan(self.directory):
+            parsed = self._check_file(entry, now)
+            if parsed is not None:
+                unit_hash, gid, end = parsed
+                found.setdefault(unit_hash, {})[gid] = (end, entry.stat().st_mtime)
+        complete = []
+        groups = {g.group_id for g in self.geometry.layout.groups}
+        for unit_hash, parts in found.items():
+            ends = {end for end, _ in parts.values()}
+            mtime = max(m for _, m in parts.values())
+            if set(parts) == groups and len(ends) == 1:
+                complete.append((-ends.pop(), mtime, unit_hash))
+            elif now - mtime > STALE_SECONDS:
+                self.num_removed_at_startup += self.remove_files(unit_hash)
+        for neg_end, _, unit_hash in sorted(complete):
+            self._adopt(unit_hash, -neg_end)
+
+    def _adopt(self, unit_hash: BlockHash, end: int) -> None:
+        nbytes = self.geometry.unit_nbytes(end)
+        evicted = self.index.reserve(unit_hash, end, nbytes)
+        if evicted is None:  # over capacity (disk_bytes shrank): drop it
+            self.num_removed_at_startup += self.remove_files(unit_hash)
+            return
+        for victim in evicted:
+            self.num_removed_at_startup += self.remove_files(victim.unit_hash)
+        parts = {g.group_id: self.path(unit_hash, g.group_id) for g in self.geometry.layout.groups}
+        self.index.commit(unit_hash, parts)
+
+    def _check_file(self, entry: os.DirEntry[str], now: float) -> tuple[BlockHash, int, int] | None:
+        """(unit hash, group, end) of a valid part file of ours; removes our broken files."""
+        if entry.name.endswith(".tmp"):
+            if now - entry.stat().st_mtime > STALE_SECONDS:
+                _unlink(entry.path)
+            return None
+        if not entry.name.endswith(SUFFIX):
+            return None
+        try:
+            head = read_header(entry.path)
+        except PartError as err:
+            if err.reason in (TRUNCATED, CORRUPT):
+                _unlink(entry.path)
+                self.num_removed_at_startup += 1
+            return None
+        stem = entry.name[: -len(SUFFIX)]
+        if head.fingerprint != self.fingerprint or head.key != stem:
+            return None  # not ours: never touched
+        hash_hex, _, group = stem.partition(".g")
+        try:
+            unit_hash, gid = BlockHash(bytes.fromhex(hash_hex)), int(group)
+        except ValueError:
+            return None
+        end = head.span[1]
+        ok = (
+            0 <= gid < len(self.geometry.layout.groups)
+            and end > 0
+            and end % self.geometry.chunk_tokens == 0
+            and head.span == self.geometry.part_span(gid, end)
+            and head.payload_len == self.geometry.part_nbytes(gid, end)
+        )
+        return (unit_hash, gid, end) if ok else None
+
+    def shutdown(self) -> None:
+        self.io.shutdown(wait=True)
+
+
+def _scan(directory: str) -> list[os.DirEntry[str]]:
+    out: list[os.DirEntry[str]] = []
+    with contextlib.suppress(OSError):
+        for sub in os.scandir(directory):
+            if sub.is_dir():
+                with contextlib.suppress(OSError):
+                    out.extend(e for e in os.scandir(sub.path) if e.is_file())
+    return out
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)

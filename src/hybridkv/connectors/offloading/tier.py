@@ -1,0 +1,193 @@
+"""Residency of restore units in one tier: states, pins, byte accounting, eviction.
+
+The tier owns the fact "unit U is here" (architecture principle 7). Both connector halves
+share it under one lock, with a split of duties that keeps lookups honest::
+
+    scheduler thread   lookups, pin/unpin (loads), reserve (stores; the only place that evicts)
+    worker threads     commit / abort reservations, remove units found bad
+
+Eviction only happens in ``reserve``, which the scheduler half calls while planning saves in
+``build_connector_meta`` — never between a lookup and the pin its load takes in
+``update_state_after_alloc`` — so a unit a lookup reported can still be served. A reserved
+unit is PENDING (lookups answer "ask later") until the worker commits it; a failed store is
+aborted and never becomes visible.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hybridkv.connectors.offloading.policies import BaseEvictionPolicy
+from hybridkv.kv.hashing import BlockHash
+
+
+class UnitState(str, Enum):
+    PENDING = "pending"  # reserved, being stored
+    READY = "ready"
+
+
+@dataclass(slots=True)
+class TierEntry:
+    unit_hash: BlockHash
+    end: int
+    nbytes: int
+    parent: BlockHash | None = None  # the unit ending C tokens earlier (None: first or unknown)
+    state: UnitState = UnitState.PENDING
+    pins: int = 0
+    parts: dict[int, Any] = field(default_factory=dict)  # group id -> tier-specific part
+
+
+class TierIndex:
+    def __init__(self, name: str, capacity: int, policy: BaseEvictionPolicy) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.policy = policy
+        self.lock = threading.RLock()
+        self.entries: dict[BlockHash, TierEntry] = {}
+        self.used = 0  # bytes of every entry, pending ones included
+        self.children: dict[BlockHash, set[BlockHash]] = {}  # parent -> resident children
+
+    # -- queries -------------------------------------------------------------------------
+
+    def state_of(self, unit_hash: BlockHash) -> UnitState | None:
+        with self.lock:
+            entry = self.entries.get(unit_hash)
+            return None if entry is None else entry.state
+
+    def get(self, unit_hash: BlockHash) -> TierEntry | None:
+        with self.lock:
+            return self.entries.get(unit_hash)
+
+    def num_pinned(self) -> int:
+        with self.lock:
+            return sum(1 for e in self.entries.values() if e.pins)
+
+    def num_pending(self) -> int:
+        with self.lock:
+            return sum(1 for e in self.entries.values() if e.state is UnitState.PENDING)
+
+    def check_accounting(self) -> None:
+        with self.lock:
+            total = sum(e.nbytes for e in self.entries.values())
+            assert total == self.used, f"{self.name}: used={self.used}, entries hold {total}"
+            assert self.used <= self.capacity, f"{self.name}: {self.used} > {self.capacity}"
+            assert set(self.policy.candidates()) == set(self.entries), f"{self.name}: policy"
+
+    # -- scheduler thread ----------------------------------------------------------------
+
+    def reserve(
+        self, unit_hash: BlockHash, end: int, nbytes: int, parent: BlockHash | None = None
+    ) -> list[TierEntry] | None:
+        """Make room and add a PENDING entry; returns the evicted entries, or None (nothing
+        changed) if the unit is known already or pinned/pending units leave too little room."""
+        with self.lock:
+            if unit_hash in self.entries or nbytes > self.capacity:
+                return None
+            victims = self._pick_victims(nbytes - (self.capacity - self.used))
+            if victims is None:
+                return None
+            for entry in victims:
+                self._drop(entry.unit_hash, evicted=True)
+            self.entries[unit_hash] = TierEntry(unit_hash, end, nbytes, parent)
+            self.used += nbytes
+            if parent is not None:
+                self.children.setdefault(parent, set()).add(unit_hash)
+            self.policy.insert(unit_hash)
+            return victims
+
+    def _pick_victims(self, need: int) -> list[TierEntry] | None:
+        """Evictable units freeing ``need`` bytes: only leaves (no resident child unit), so a
+        prefix loses its tail before its head; orphans (parent gone) first, then policy
+        order. A parent becomes a leaf once its children are picked."""
+        if need <= 0:
+            return []
+        picked: dict[BlockHash, TierEntry] = {}
+        order = self.policy.candidates()
+        while need > 0:
+            leaves = [
+                self.entries[k]  # type: ignore[index]
+                for k in order
+                if k not in picked and self._evictable(self.entries[k], picked)  # type: ignore[index]
+            ]
+            if not leaves:
+                return None
+            orphans = [e for e in leaves if e.parent is not None and e.parent not in self.entries]
+            for entry in orphans or leaves:
+                picked[entry.unit_hash] = entry
+                need -= entry.nbytes
+                if need <= 0:
+                    break
+        return list(picked.values())
+
+    def _evictable(self, entry: TierEntry, picked: dict[BlockHash, TierEntry]) -> bool:
+        if entry.pins or entry.state is not UnitState.READY:
+            return False
+        return all(c in picked for c in self.children.get(entry.unit_hash, ()))
+
+    def pin(self, unit_hash: BlockHash) -> bool:
+        with self.lock:
+            entry = self.entries.get(unit_hash)
+            if entry is None or entry.state is not UnitState.READY:
+                return False
+            entry.pins += 1
+            return True
+
+    def unpin(self, unit_hash: BlockHash) -> None:
+        with self.lock:
+            entry = self.entries.get(unit_hash)
+            if entry is not None and entry.pins > 0:
+                entry.pins -= 1
+
+    def touch(self, unit_hash: BlockHash, reuse: bool = False) -> None:
+        with self.lock:
+            if unit_hash in self.entries:
+                self.policy.touch(unit_hash, reuse)
+
+    # -- worker threads ------------------------------------------------------------------
+
+    def commit(self, unit_hash: BlockHash, parts: dict[int, Any]) -> bool:
+        """A reserved unit's bytes are stored: it becomes READY. False if it was dropped."""
+        with self.lock:
+            entry = self.entries.get(unit_hash)
+            if entry is None or entry.state is not UnitState.PENDING:
+                return False
+            entry.parts = parts
+            entry.state = UnitState.READY
+            return True
+
+    def abort(self, unit_hash: BlockHash) -> None:
+        """A reserved unit's store failed or was skipped: it never becomes visible."""
+        with self.lock:
+            entry = self.entries.get(unit_hash)
+            if entry is not None and entry.state is UnitState.PENDING:
+                self._drop(unit_hash, evicted=False)
+
+    def remove(self, unit_hash: BlockHash) -> TierEntry | None:
+        """Forget a unit whose bytes are bad or gone (pins do not protect it: its loads fail)."""
+        with self.lock:
+            if unit_hash not in self.entries:
+                return None
+            return self._drop(unit_hash, evicted=False)
+
+    def clear(self) -> list[TierEntry]:
+        """Forget every unit that is neither pinned nor pending (a reset)."""
+        with self.lock:
+            gone = [e for e in self.entries.values() if not e.pins and e.state is UnitState.READY]
+            for entry in gone:
+                self._drop(entry.unit_hash, evicted=False)
+            return gone
+
+    def _drop(self, unit_hash: BlockHash, evicted: bool) -> TierEntry:
+        entry = self.entries.pop(unit_hash)
+        self.used -= entry.nbytes
+        if entry.parent is not None:
+            siblings = self.children.get(entry.parent)
+            if siblings is not None:
+                siblings.discard(unit_hash)
+                if not siblings:
+                    del self.children[entry.parent]
+        self.policy.remove(unit_hash, evicted)
+        return entry

@@ -1,0 +1,388 @@
+"""The worker half: loads from the tiers into the device cache, stores snapshots into them.
+
+Loads run on a small thread pool (a synchronous load is waited for in ``start_load``). A load
+first reads and verifies every part it needs (the slow part), then, under its own lock and only
+if it has not been given up on, writes the device: one ``write_blocks`` per part (a contiguous
+run of one group's blocks) and one ``write_state`` per state group. A load still reading after
+``load_timeout_seconds`` is reported failed (``timeout``); its late bytes are dropped, never
+written. A bad part is reported per block (``invalid_block_ids``) or per request
+(``invalid_state``), counted, and its unit removed from the tier (files deleted).
+
+Stores: ``save`` snapshots the unit's blocks and states (one copy, before the blocks can be
+reused), then a CPU-stage thread checksums and commits the unit to the CPU tier and hands it
+to the disk tier's I/O thread (write-through). Snapshots held by unfinished stores are bounded
+by ``max_inflight_io_bytes``: past it a store is skipped (its reservations aborted, counted).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from hybridkv.connectors.base import (
+    BaseConnectorWorker,
+    ConnectorMetadata,
+    ConnectorStats,
+    KVConnectorOutput,
+    LoadSpec,
+)
+from hybridkv.connectors.file_format import IO_ERROR, MISSING, PartError
+from hybridkv.connectors.offloading.config import OffloadingConfig
+from hybridkv.connectors.offloading.cpu_tier import CpuTier
+from hybridkv.connectors.offloading.disk_tier import DiskTier
+from hybridkv.connectors.offloading.units import (
+    CPU,
+    DISK,
+    OffloadLoadKeys,
+    UnitGeometry,
+    UnitSave,
+    UnitSource,
+)
+from hybridkv.kv.spec import SpecKind
+
+TIMEOUT = "timeout"
+
+
+@dataclass(slots=True)
+class _Load:
+    spec: LoadSpec
+    started: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    cancelled: bool = False
+    done: bool = False
+
+
+@dataclass(slots=True)
+class _Result:
+    request_id: str
+    is_async: bool
+    invalid_blocks: dict[int, str] = field(default_factory=dict)
+    state_reason: str | None = None
+    request_reason: str | None = None
+
+
+@dataclass(slots=True)
+class _Part:
+    """One part a load needs: rows of the part payload -> block ids (attention) or a slot."""
+
+    source: UnitSource
+    group_id: int
+    rows: list[int] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    slot: int | None = None
+
+
+class OffloadingWorker(BaseConnectorWorker):
+    def __init__(
+        self,
+        config: OffloadingConfig,
+        geometry: UnitGeometry,
+        cpu: CpuTier | None,
+        disk: DiskTier | None,
+        num_load_threads: int = 2,
+    ) -> None:
+        self.config = config
+        self.geometry = geometry
+        self.layout = geometry.layout
+        self.cpu = cpu
+        self.disk = disk
+        self._cond = threading.Condition()
+        self._loads: dict[str, _Load] = {}  # in flight
+        self._results: list[_Result] = []  # finished, not reported yet
+        self._num_stores = 0
+        self._inflight_bytes = 0
+        self._stats = ConnectorStats()
+        self._loader = ThreadPoolExecutor(num_load_threads, thread_name_prefix="offload-load")
+        self._stager = ThreadPoolExecutor(1, thread_name_prefix="offload-store")
+
+    # -- loads ---------------------------------------------------------------------------
+
+    def start_load(self, metadata: ConnectorMetadata) -> None:
+        for spec in metadata.loads:
+            load = _Load(spec, time.monotonic())
+            with self._cond:
+                self._loads[spec.request_id] = load
+            self._loader.submit(self._run_load, load)
+            if not spec.is_async:
+                self._wait_sync(load)
+
+    def _wait_sync(self, load: _Load) -> None:
+        deadline = load.started + self.config.load_timeout_seconds
+        with self._cond:
+            while not load.done and time.monotonic() < deadline:
+                self._cond.wait(max(0.0, deadline - time.monotonic()))
+        self._maybe_time_out(load, time.monotonic(), force=True)
+
+    def _run_load(self, load: _Load) -> None:
+        spec, began = load.spec, time.perf_counter()
+        result = _Result(spec.request_id, spec.is_async)
+        parts = self._plan_parts(spec)
+        try:
+            payloads: list[torch.Tensor | None] = []
+            for part in parts:
+                if load.cancelled:  # timed out: stop reading, the result is reported already
+                    return
+                payloads.append(self._read(part, result))
+            with load.lock:
+                if load.cancelled:
+                    return
+                self._write_device(parts, payloads, result)
+                load.done = True
+        except Exception as exc:  # a device or programming error: fail the whole request
+            result.request_reason = f"error: {type(exc).__name__}"
+            self._count("load_failures:error")
+            with load.lock:
+                if load.cancelled:
+                    return
+                load.done = True
+        finally:
+            self._unpin(spec)
+        with self._cond:
+            self._loads.pop(spec.request_id, None)
+            self._results.append(result)
+            self._cond.notify_all()
+        self._count_load_time(parts, time.perf_counter() - began)
+
+    def _plan_parts(self, spec: LoadSpec) -> list[_Part]:
+        """The parts the load reads and which payload row fills which block."""
+        keys = spec.keys
+        if not isinstance(keys, OffloadLoadKeys):
+            raise TypeError(f"load of {spec.request_id} carries no offload keys")
+        by_end = {s.end: s for s in keys.units}
+        last = keys.units[-1]
+        parts: dict[tuple[int, int], _Part] = {}
+        for gid, ids, indices in zip(
+            self.layout.attention_group_ids, spec.block_ids, spec.block_indices, strict=True
+        ):
+            sliding = self.layout.groups[gid].kind is SpecKind.SLIDING
+            for block_id, k in zip(ids, indices, strict=True):
+                source = last if sliding else by_end[self.geometry.unit_end_of_block(k)]
+                part = parts.setdefault((source.end, gid), _Part(source, gid))
+                part.rows.append(k - self.geometry.first_block(gid, source.end))
+                part.block_ids.append(block_id)
+        out = list(parts.values())
+        for gid, slot in zip(self.layout.state_group_ids, spec.state_slots, strict=True):
+            out.append(_Part(last, gid, slot=slot))
+        return out
+
+    def _read(self, part: _Part, result: _Result) -> torch.Tensor | None:
+        """The part's verified payload, or None after recording the failure."""
+        source = part.source
+        try:
+            if source.tier == CPU and self.cpu is not None:
+                return self.cpu.read(source.unit_hash, part.group_id)
+            if source.tier == DISK and self.disk is not None:
+                return self.disk.read(source.unit_hash, source.end, part.group_id)
+            raise PartError(MISSING, f"unit {source.unit_hash.hex()} in no tier")
+        except PartError as err:
+            self._record_bad_part(part, err.reason, result)
+            return None
+
+    def _record_bad_part(self, part: _Part, reason: str, result: _Result) -> None:
+        self._count(f"load_failures:{reason}")
+        if part.slot is None:
+            result.invalid_blocks.update(dict.fromkeys(part.block_ids, reason))
+        else:
+            result.state_reason = result.state_reason or reason
+        source = part.source
+        tier = self.cpu if source.tier == CPU else self.disk
+        if tier is not None and tier.index.remove(source.unit_hash) is not None:
+            self._count(f"removed.{source.tier}")
+        if source.tier == DISK and self.disk is not None and reason not in (MISSING, IO_ERROR):
+            self._count("files_removed", self.disk.remove_files(source.unit_hash))
+
+    def _write_device(
+        self, parts: list[_Part], payloads: list[torch.Tensor | None], result: _Result
+    ) -> None:
+        shape = (self.layout.group_size, self.layout.layer_page_bytes)
+        for part, payload in zip(parts, payloads, strict=True):
+            if payload is None:
+                continue
+            if part.slot is not None:
+                self.cache.write_state(part.group_id, part.slot, payload.view(-1))
+                continue
+            data = payload.view(-1, *shape)  # [rows in part, G, layer_page_bytes]
+            rows = part.rows
+            if rows == list(range(rows[0], rows[0] + len(rows))):
+                data = data[rows[0] : rows[0] + len(rows)]  # a contiguous run: no gather
+            else:
+                data = data[torch.tensor(rows, dtype=torch.long)]
+            self.cache.write_blocks(part.block_ids, data)
+
+    def _unpin(self, spec: LoadSpec) -> None:
+        keys = spec.keys
+        if not isinstance(keys, OffloadLoadKeys):
+            return
+        for source in keys.units:
+            tier = self.cpu if source.tier == CPU else self.disk if source.tier == DISK else None
+            if tier is not None:
+                tier.index.unpin(source.unit_hash)
+
+    def _count_load_time(self, parts: list[_Part], seconds: float) -> None:
+        nbytes: dict[str, int] = {}
+        for part in parts:
+            if part.slot is not None:
+                size = self.layout.state_slot_bytes(part.group_id)
+            else:
+                size = len(part.block_ids) * self.layout.page_bytes
+            nbytes[part.source.tier] = nbytes.get(part.source.tier, 0) + size
+        total = sum(nbytes.values()) or 1
+        for tier, size in nbytes.items():
+            self._count(f"offload_bytes.{tier}.load", size)
+            self._count(f"offload_seconds.{tier}.load", seconds * size / total)
+
+    def _maybe_time_out(self, load: _Load, now: float, force: bool = False) -> bool:
+        """Give up on a load past its deadline (or now, if ``force``) unless its device
+        writes already happened; its late bytes are then never written."""
+        if not force and now - load.started < self.config.load_timeout_seconds:
+            return False
+        with load.lock:
+            if load.done or load.cancelled:
+                return False
+            load.cancelled = True
+        spec = load.spec
+        result = _Result(spec.request_id, spec.is_async, request_reason=TIMEOUT)
+        self._count(f"load_failures:{TIMEOUT}")
+        self._count("timeouts")
+        with self._cond:
+            self._loads.pop(spec.request_id, None)
+            self._results.append(result)
+        return True
+
+    def get_finished(self, finished_request_ids: list[str]) -> KVConnectorOutput:
+        now = time.monotonic()
+        with self._cond:
+            in_flight = list(self._loads.values())
+        for load in in_flight:
+            self._maybe_time_out(load, now)
+        with self._cond:
+            results, self._results = self._results, []
+        output = KVConnectorOutput()
+        for result in results:
+            if result.is_async:
+                output.finished_recving.add(result.request_id)
+            output.invalid_block_ids.update(result.invalid_blocks)
+            if result.state_reason is not None:
+                output.invalid_state[result.request_id] = result.state_reason
+            if result.request_reason is not None:
+                output.failed_recving[result.request_id] = result.request_reason
+        return output
+
+    def has_pending(self) -> bool:
+        with self._cond:
+            return bool(self._loads or self._results or self._num_stores)
+
+    def wait_for_progress(self, timeout: float) -> None:
+        with self._cond:
+            if (self._loads or self._num_stores) and not self._results:
+                self._cond.wait(timeout)
+
+    # -- stores --------------------------------------------------------------------------
+
+    def save(self, metadata: ConnectorMetadata) -> None:
+        for save in metadata.saves:
+            if not isinstance(save, UnitSave):
+                raise TypeError(f"OffloadingConnector cannot save {type(save).__name__}")
+            nbytes = self.geometry.unit_nbytes(save.end)
+            with self._cond:
+                admitted = self._inflight_bytes + nbytes <= self.config.max_inflight_io_bytes
+                if admitted:
+                    self._inflight_bytes += nbytes
+                    self._num_stores += 1
+            if not admitted:
+                self._abort(save, "stores_skipped:backpressure")
+                continue
+            began = time.perf_counter()
+            parts = self._snapshot(save)
+            self._stager.submit(self._store, save, parts, nbytes, time.perf_counter() - began)
+
+    def _snapshot(self, save: UnitSave) -> dict[int, torch.Tensor]:
+        """Copy the unit's bytes out of the device cache now (one read for all its blocks)."""
+        ids = [b for group_ids in save.block_ids for b in group_ids]
+        parts: dict[int, torch.Tensor] = {}
+        if ids:
+            data = self.cache.read_blocks(ids)  # [n, G, layer_page_bytes], a copy
+            offset = 0
+            for gid, group_ids in zip(self.layout.attention_group_ids, save.block_ids, strict=True):
+                parts[gid] = data[offset : offset + len(group_ids)]
+                offset += len(group_ids)
+        for gid, slot in zip(self.layout.state_group_ids, save.state_slots, strict=True):
+            parts[gid] = self.cache.read_state(gid, slot)  # [slot_bytes], a copy
+        return parts
+
+    def _store(
+        self, save: UnitSave, parts: dict[int, torch.Tensor], nbytes: int, snapshot_s: float
+    ) -> None:
+        disk = self.disk if DISK in save.tiers else None
+        try:
+            if CPU in save.tiers and self.cpu is not None:
+                began = time.perf_counter()
+                if self.cpu.store(save.unit_hash, parts):
+                    self._count("offload_bytes.cpu.store", nbytes)
+                    self._count("stores.cpu")
+                    self._count(
+                        "offload_seconds.cpu.store", snapshot_s + time.perf_counter() - began
+                    )
+        finally:
+            if disk is None:
+                self._store_done(nbytes)
+        if disk is not None:
+            disk.submit(lambda: self._write_disk(disk, save, parts, nbytes))
+
+    def _write_disk(
+        self, disk: DiskTier, save: UnitSave, parts: dict[int, torch.Tensor], nbytes: int
+    ) -> None:
+        began = time.perf_counter()
+        try:
+            written = disk.write(save.unit_hash, save.end, parts)
+        except Exception:
+            disk.index.abort(save.unit_hash)
+            self._count("store_failures.disk")
+        else:
+            self._count("offload_bytes.disk.store", written)
+            self._count("offload_seconds.disk.store", time.perf_counter() - began)
+            self._count("stores.disk")
+        finally:
+            self._store_done(nbytes)
+
+    def _store_done(self, nbytes: int) -> None:
+        with self._cond:
+            self._inflight_bytes -= nbytes
+            self._num_stores -= 1
+            self._cond.notify_all()
+
+    def _abort(self, save: UnitSave, reason: str) -> None:
+        for tier in (self.cpu, self.disk):
+            if tier is not None and tier.name in save.tiers:
+                tier.index.abort(save.unit_hash)
+        self._count("stores_skipped")
+        self._count(reason)
+
+    def wait_for_saves(self, timeout: float | None = None) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._num_stores == 0, timeout)
+
+    def inflight_bytes(self) -> int:
+        with self._cond:
+            return self._inflight_bytes
+
+    # -- misc ----------------------------------------------------------------------------
+
+    def _count(self, name: str, value: float = 1.0) -> None:
+        with self._cond:
+            self._stats.add(name, value)
+
+    def take_stats(self) -> ConnectorStats:
+        with self._cond:
+            stats, self._stats = self._stats, ConnectorStats()
+        return stats
+
+    def shutdown(self) -> None:
+        self._loader.shutdown(wait=True)
+        self._stager.shutdown(wait=True)
+        if self.disk is not None:
+            self.disk.shutdown()

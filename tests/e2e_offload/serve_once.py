@@ -1,0 +1,29 @@
+"""Run by the restart test in a fresh process: serve the prompts, print outputs as JSON, exit.
+
+python -m tests.e2e_offload.serve_once MODEL_DIR DISK_PATH
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tests.e2e_offload.helpers import PROMPTS, generate, make_llm, offload
+
+
+def main() -> None:
+    model, disk = Path(sys.argv[1]), Path(sys.argv[2])
+    llm = make_llm(model, offload(disk=disk))
+    outs = generate(llm, PROMPTS[:2])
+    result = {
+        "token_ids": [o.token_ids for o in outs],
+        "cached": [o.cached_tokens for o in outs],
+        "counters": llm.engine.connector_counters,
+    }
+    llm.engine.shutdown()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
