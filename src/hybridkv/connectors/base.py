@@ -104,6 +104,32 @@ class KVConnectorOutput:
         )
 
 
+@dataclass(slots=True)
+class LoadResult:
+    """How one request's load ended, as a worker half records it."""
+
+    request_id: str
+    is_async: bool
+    invalid_blocks: dict[int, str] = field(default_factory=dict)  # block id -> reason
+    state_reason: str | None = None
+    request_reason: str | None = None
+
+
+def output_from_results(results: list[LoadResult]) -> KVConnectorOutput:
+    """The step report for finished loads: async ones are finished receiving whatever their
+    outcome (so the request leaves the wait state), failures by block, state and request."""
+    output = KVConnectorOutput()
+    for result in results:
+        if result.is_async:
+            output.finished_recving.add(result.request_id)
+        output.invalid_block_ids.update(result.invalid_blocks)
+        if result.state_reason is not None:
+            output.invalid_state[result.request_id] = result.state_reason
+        if result.request_reason is not None:
+            output.failed_recving[result.request_id] = result.request_reason
+    return output
+
+
 class KVCacheAccess(Protocol):
     """The worker half's window on the device cache (implemented over the runner's tensors).
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,22 +23,15 @@ from hybridkv.connectors.base import (
     ConnectorMetadata,
     ConnectorStats,
     KVConnectorOutput,
+    LoadResult,
     LoadSpec,
+    output_from_results,
 )
 from hybridkv.connectors.file_format import IO_ERROR, MISSING, PartError, read_part, write_part
 from hybridkv.connectors.file_store import FileLoadKeys, FileSave, FileStore
 from hybridkv.kv.spec import KVCacheLayout
 
 _Part = tuple[str, tuple[int, int], Any]  # (key, token span, CPU uint8 tensor snapshot)
-
-
-@dataclass(slots=True)
-class _LoadResult:
-    request_id: str
-    is_async: bool
-    invalid_blocks: dict[int, str] = field(default_factory=dict)
-    state_reason: str | None = None
-    request_reason: str | None = None
 
 
 class FileConnectorWorker(BaseConnectorWorker):
@@ -50,7 +42,7 @@ class FileConnectorWorker(BaseConnectorWorker):
         self._loading: set[str] = set()  # async loads in flight
         self._saving: set[str] = set()  # keys being written
         self._num_saves = 0  # save jobs in flight
-        self._results: list[_LoadResult] = []  # finished, not yet reported
+        self._results: list[LoadResult] = []  # finished, not yet reported
         self._stats = ConnectorStats()
         self._loader = ThreadPoolExecutor(num_load_threads, thread_name_prefix="file-load")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="file-save")
@@ -69,14 +61,14 @@ class FileConnectorWorker(BaseConnectorWorker):
     def _load_async(self, spec: LoadSpec) -> None:
         self._finish_load(self._load(spec))
 
-    def _finish_load(self, result: _LoadResult) -> None:
+    def _finish_load(self, result: LoadResult) -> None:
         with self._cond:
             self._loading.discard(result.request_id)
             self._results.append(result)
             self._cond.notify_all()
 
-    def _load(self, spec: LoadSpec) -> _LoadResult:
-        result = _LoadResult(spec.request_id, spec.is_async)
+    def _load(self, spec: LoadSpec) -> LoadResult:
+        result = LoadResult(spec.request_id, spec.is_async)
         began = time.perf_counter()
         try:
             self._load_blocks(spec, result)
@@ -87,7 +79,7 @@ class FileConnectorWorker(BaseConnectorWorker):
         self._count("offload_seconds.disk.load", time.perf_counter() - began)
         return result
 
-    def _load_blocks(self, spec: LoadSpec, result: _LoadResult) -> None:
+    def _load_blocks(self, spec: LoadSpec, result: LoadResult) -> None:
         keys = _load_keys(spec)
         size, span_len = self.layout.page_bytes, self.layout.block_size
         good_ids: list[int] = []
@@ -111,7 +103,7 @@ class FileConnectorWorker(BaseConnectorWorker):
         self._count("load_blocks", len(good_ids))
         self._count("offload_bytes.disk.load", len(payloads))
 
-    def _load_states(self, spec: LoadSpec, result: _LoadResult) -> None:
+    def _load_states(self, spec: LoadSpec, result: LoadResult) -> None:
         keys = _load_keys(spec)
         groups = self.layout.state_group_ids
         for gid, slot, key in zip(groups, spec.state_slots, keys.state_keys, strict=True):
@@ -139,16 +131,7 @@ class FileConnectorWorker(BaseConnectorWorker):
     def get_finished(self, finished_request_ids: list[str]) -> KVConnectorOutput:
         with self._cond:
             results, self._results = self._results, []
-        output = KVConnectorOutput()
-        for result in results:
-            if result.is_async:
-                output.finished_recving.add(result.request_id)
-            output.invalid_block_ids.update(result.invalid_blocks)
-            if result.state_reason is not None:
-                output.invalid_state[result.request_id] = result.state_reason
-            if result.request_reason is not None:
-                output.failed_recving[result.request_id] = result.request_reason
-        return output
+        return output_from_results(results)
 
     def has_pending(self) -> bool:
         with self._cond:

@@ -28,7 +28,9 @@ from hybridkv.connectors.base import (
     ConnectorMetadata,
     ConnectorStats,
     KVConnectorOutput,
+    LoadResult,
     LoadSpec,
+    output_from_results,
 )
 from hybridkv.connectors.file_format import IO_ERROR, MISSING, PartError
 from hybridkv.connectors.offloading.config import OffloadingConfig
@@ -54,15 +56,6 @@ class _Load:
     lock: threading.Lock = field(default_factory=threading.Lock)
     cancelled: bool = False
     done: bool = False
-
-
-@dataclass(slots=True)
-class _Result:
-    request_id: str
-    is_async: bool
-    invalid_blocks: dict[int, str] = field(default_factory=dict)
-    state_reason: str | None = None
-    request_reason: str | None = None
 
 
 @dataclass(slots=True)
@@ -92,7 +85,7 @@ class OffloadingWorker(BaseConnectorWorker):
         self.disk = disk
         self._cond = threading.Condition()
         self._loads: dict[str, _Load] = {}  # in flight
-        self._results: list[_Result] = []  # finished, not reported yet
+        self._results: list[LoadResult] = []  # finished, not reported yet
         self._num_stores = 0
         self._inflight_bytes = 0
         self._stats = ConnectorStats()
@@ -119,7 +112,7 @@ class OffloadingWorker(BaseConnectorWorker):
 
     def _run_load(self, load: _Load) -> None:
         spec, began = load.spec, time.perf_counter()
-        result = _Result(spec.request_id, spec.is_async)
+        result = LoadResult(spec.request_id, spec.is_async)
         parts = self._plan_parts(spec)
         try:
             payloads: list[torch.Tensor | None] = []
@@ -169,7 +162,7 @@ class OffloadingWorker(BaseConnectorWorker):
             out.append(_Part(last, gid, slot=slot))
         return out
 
-    def _read(self, part: _Part, result: _Result) -> torch.Tensor | None:
+    def _read(self, part: _Part, result: LoadResult) -> torch.Tensor | None:
         """The part's verified payload, or None after recording the failure."""
         source = part.source
         try:
@@ -182,7 +175,7 @@ class OffloadingWorker(BaseConnectorWorker):
             self._record_bad_part(part, err.reason, result)
             return None
 
-    def _record_bad_part(self, part: _Part, reason: str, result: _Result) -> None:
+    def _record_bad_part(self, part: _Part, reason: str, result: LoadResult) -> None:
         self._count(f"load_failures:{reason}")
         if part.slot is None:
             result.invalid_blocks.update(dict.fromkeys(part.block_ids, reason))
@@ -196,7 +189,7 @@ class OffloadingWorker(BaseConnectorWorker):
             self._count("files_removed", self.disk.remove_files(source.unit_hash))
 
     def _write_device(
-        self, parts: list[_Part], payloads: list[torch.Tensor | None], result: _Result
+        self, parts: list[_Part], payloads: list[torch.Tensor | None], result: LoadResult
     ) -> None:
         shape = (self.layout.group_size, self.layout.layer_page_bytes)
         for part, payload in zip(parts, payloads, strict=True):
@@ -245,7 +238,7 @@ class OffloadingWorker(BaseConnectorWorker):
                 return False
             load.cancelled = True
         spec = load.spec
-        result = _Result(spec.request_id, spec.is_async, request_reason=TIMEOUT)
+        result = LoadResult(spec.request_id, spec.is_async, request_reason=TIMEOUT)
         self._count(f"load_failures:{TIMEOUT}")
         self._count("timeouts")
         with self._cond:
@@ -261,16 +254,7 @@ class OffloadingWorker(BaseConnectorWorker):
             self._maybe_time_out(load, now)
         with self._cond:
             results, self._results = self._results, []
-        output = KVConnectorOutput()
-        for result in results:
-            if result.is_async:
-                output.finished_recving.add(result.request_id)
-            output.invalid_block_ids.update(result.invalid_blocks)
-            if result.state_reason is not None:
-                output.invalid_state[result.request_id] = result.state_reason
-            if result.request_reason is not None:
-                output.failed_recving[result.request_id] = result.request_reason
-        return output
+        return output_from_results(results)
 
     def has_pending(self) -> bool:
         with self._cond:
