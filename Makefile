@@ -24,9 +24,11 @@ lint: setup
 test: lint
 	$(PY) -m pytest
 
-# Serves the embedded default model at http://127.0.0.1:8000 and prints a curl example.
+# Serves the embedded default model at http://127.0.0.1:8000 with the CPU and disk offload
+# tiers on (disk tier in ./kv-cache, kept across restarts), and prints a curl example.
+OFFLOAD := {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {"cpu_bytes": "1GiB", "disk_path": "./kv-cache", "disk_bytes": "4GiB", "chunk_tokens": 64}}
 run: setup
-	$(VENV)/bin/hybridkv serve
+	$(VENV)/bin/hybridkv serve --kv-transfer-config '$(OFFLOAD)'
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
