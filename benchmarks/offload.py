@@ -281,6 +281,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--no-ttft", action="store_true", help="bandwidth only (minutes, not 25)")
     args = ap.parse_args()
     quick = args.quick
     repeats = 1 if quick else args.repeats
@@ -294,9 +295,10 @@ def main() -> None:
         report["cpu_tier"] = bench_cpu(layout, tokens, repeats)
         report["disk_tier"] = bench_disk(layout, tokens, repeats, root / "disk")
         prefixes = [128, 256] if quick else [1024, 4096, 8192]
-        report["ttft_ms"] = bench_ttft(
-            "tiny" if quick else "small", prefixes, 1 if quick else 3, root
-        )
+        if not args.no_ttft:
+            report["ttft_ms"] = bench_ttft(
+                "tiny" if quick else "small", prefixes, 1 if quick else 3, root
+            )
         print(json.dumps(report, indent=1))
     finally:
         shutil.rmtree(root, ignore_errors=True)

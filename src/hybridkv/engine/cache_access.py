@@ -45,11 +45,13 @@ class DeviceCacheAccess:
 
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
         page = self.backing[0].shape[1] if self.backing else 0
-        out = np.empty((len(block_ids), len(self.backing), page), dtype=np.uint8)  # [n, G, page]
+        # torch's allocator: fresh large numpy buffers page-fault several times slower here
+        out = torch.empty((len(block_ids), len(self.backing), page), dtype=torch.uint8)
+        dst = out.numpy()  # [n, G, page]
         for pos, first, n in contiguous_runs(block_ids):
             for i, b in enumerate(self._backing_np):
-                np.copyto(out[pos : pos + n, i], b[first : first + n])
-        return torch.from_numpy(out)
+                np.copyto(dst[pos : pos + n, i], b[first : first + n])
+        return out
 
     def write_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
         src = data.numpy()  # [n, G, page]
