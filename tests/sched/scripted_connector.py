@@ -35,6 +35,7 @@ class Script:
     fail_state: bool = False
     steps: int = 1  # get_finished calls until an async load completes
     report_early: bool = False  # report block failures before the load finishes
+    send_steps: int = 0  # producer side: keep the blocks until a send finishes after N polls
 
 
 class ScriptedScheduler(BaseConnectorScheduler):
@@ -43,6 +44,7 @@ class ScriptedScheduler(BaseConnectorScheduler):
         self.lookups: dict[str, int] = {}
         self.pending: list[LoadSpec] = []
         self.finished_calls: list[str] = []
+        self.finished_blocks: dict[str, RequestBlocks] = {}
         self.allocs: list[tuple[str, int]] = []
 
     def get_num_new_matched_tokens(
@@ -91,7 +93,11 @@ class ScriptedScheduler(BaseConnectorScheduler):
         self, request: KVConnectorRequest, blocks: RequestBlocks
     ) -> tuple[bool, dict[str, object] | None]:
         self.finished_calls.append(request.request_id)
-        return False, None
+        self.finished_blocks[request.request_id] = blocks
+        script = self.scripts.get(request.request_id)
+        if script is None or script.send_steps == 0:
+            return False, None
+        return True, {"remote_block_ids": [list(t) for t in blocks.block_ids]}
 
 
 class ScriptedWorker(BaseConnectorWorker):
@@ -101,6 +107,7 @@ class ScriptedWorker(BaseConnectorWorker):
         self.runner = runner
         self.scripts = scripts
         self.inflight: dict[str, tuple[LoadSpec, int]] = {}
+        self.sending: dict[str, int] = {}  # request id -> polls until its send completes
         self.report = KVConnectorOutput()
 
     def start_load(self, metadata: ConnectorMetadata) -> None:
@@ -118,6 +125,16 @@ class ScriptedWorker(BaseConnectorWorker):
         pass
 
     def get_finished(self, finished_request_ids: list[str]) -> KVConnectorOutput:
+        for rid in finished_request_ids:
+            script = self.scripts.get(rid)
+            if script is not None and script.send_steps:
+                self.sending[rid] = script.send_steps
+        for rid, left in list(self.sending.items()):
+            if left <= 1:
+                del self.sending[rid]
+                self.report.finished_sending.add(rid)
+            else:
+                self.sending[rid] = left - 1
         for rid, (spec, left) in list(self.inflight.items()):
             if left <= 1:
                 del self.inflight[rid]
@@ -130,7 +147,7 @@ class ScriptedWorker(BaseConnectorWorker):
         return out
 
     def has_pending(self) -> bool:
-        return bool(self.inflight)
+        return bool(self.inflight or self.sending)
 
     def _write(self, spec: LoadSpec) -> None:
         tokens: list[int] = spec.keys

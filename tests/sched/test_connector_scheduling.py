@@ -232,3 +232,47 @@ def test_loading_requests_count_toward_max_num_seqs() -> None:
     assert len(h.scheduler.transfer.holding) == 2
     h.run()
     h.assert_no_leaks()
+
+
+def test_producer_keeps_blocks_until_the_send_finishes() -> None:
+    """P/D item 19: a prefill-side request finishes after one token, hands its blocks to the
+    connector (kv_transfer_params in the request), and they are freed only on finished_sending."""
+    p = random_prompt(80, 22)
+    h = make_harness("granite", scripts={"a": Script(external=0, send_steps=3)})
+    req = h.add("a", p, max_tokens=1)
+    while not req.status.is_finished:
+        h.step()  # the prefill ends at the prompt's checkpoint boundary, then samples
+    assert req.status is RequestStatus.FINISHED_LENGTH
+    handed = h.connector.finished_blocks["a"].block_ids
+    assert req.kv_transfer_params == {"remote_block_ids": [list(t) for t in handed]}
+    assert len(handed[0]) == 6  # cdiv(22, 4): every prompt block, the partial last one included
+    assert not h.kv.is_idle()  # the connector owns the blocks until the send completes
+    assert h.scheduler.has_unfinished_requests()
+    h.run()
+    assert h.connector.finished_calls == ["a"]
+    h.assert_no_leaks()
+
+
+def test_producer_short_prompt_hands_over_its_partial_block() -> None:
+    """P/D item 20: a prompt shorter than one block still hands over that (partial) block."""
+    h = make_harness("full", scripts={"a": Script(external=0, send_steps=1)})
+    h.add("a", random_prompt(81, 3), max_tokens=1)
+    h.run()
+    (table,) = h.connector.finished_blocks["a"].block_ids
+    assert len(table) == 1 and table[0] != 0
+    h.assert_no_leaks()
+
+
+def test_request_received_then_preempted_still_completes() -> None:
+    """P/D item 18: after its KV arrives, a request is preempted for lack of blocks, then
+    recomputes (its load is never repeated) and completes with the exact output."""
+    prompts = {f"r{i}": random_prompt(90 + i, 14) for i in range(3)}
+    scripts = {"r0": Script(external=12, steps=2)}
+    h = make_harness("full", scripts=scripts, num_blocks=14, max_num_seqs=3, budget=64)
+    for rid, p in prompts.items():
+        h.add(rid, p, max_tokens=16)
+    h.run()
+    assert h.scheduler.num_preemptions > 0
+    for rid, p in prompts.items():
+        assert h.outputs[rid] == reference_generation(p, 16), rid
+    h.assert_no_leaks()
