@@ -12,7 +12,7 @@ next due state checkpoint. ``schedule()`` reads as its named steps::
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hybridkv.config import SchedulerConfig
 from hybridkv.kv.coordinator import CacheHit, KVCacheCoordinator
@@ -27,6 +27,18 @@ class _Slice:
     request: Request
     start: int
     end: int
+
+
+@dataclass(slots=True)
+class _StepPlan:
+    """What one ``schedule()`` call has decided so far, and the tokens it may still spend."""
+
+    tokens_left: int
+    slices: list[_Slice] = field(default_factory=list)
+
+    def add(self, req: Request, start: int, end: int) -> None:
+        self.slices.append(_Slice(req, start, end))
+        self.tokens_left -= end - start
 
 
 @dataclass(slots=True)
@@ -96,16 +108,15 @@ class Scheduler:
     # -- one step ------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        budget = [self.config.max_num_batched_tokens]
-        slices: list[_Slice] = []
-        preempted = self._schedule_running(budget, slices)
+        plan = _StepPlan(self.config.max_num_batched_tokens)
+        preempted = self._schedule_running(plan)
         if not preempted:
-            self._schedule_loaded(budget, slices)
-            self._schedule_waiting(budget, slices)
-        out = self._build_output(slices)
+            self._schedule_loaded(plan)
+            self._schedule_waiting(plan)
+        out = self._build_output(plan.slices)
         if self.transfer is not None:
             out.kv_connector_metadata = self.transfer.build_meta(
-                [(x.request, x.start, x.end) for x in slices]
+                [(x.request, x.start, x.end) for x in plan.slices]
             )
         return out
 
@@ -122,42 +133,43 @@ class Scheduler:
             end = min(end, (start // interval + 1) * interval)
         return end
 
-    def _schedule_running(self, budget: list[int], slices: list[_Slice]) -> bool:
+    def _schedule_running(self, plan: _StepPlan) -> bool:
         """Schedule running requests in order; returns whether anything was preempted."""
         preempted = False
         i = 0
-        while i < len(self.running) and budget[0] > 0:
+        while i < len(self.running) and plan.tokens_left > 0:
             req = self.running[i]
             start = req.num_computed_tokens
-            end = self._step_end(req, start, budget[0])
+            end = self._step_end(req, start, plan.tokens_left)
             while not self.kv.allocate(req, end - start):
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted = True
                 if victim is req:
                     return True
-            slices.append(_Slice(req, start, end))
-            budget[0] -= end - start
+            plan.add(req, start, end)
             i += 1
         return preempted
 
-    def _schedule_loaded(self, budget: list[int], slices: list[_Slice]) -> None:
+    def _schedule_loaded(self, plan: _StepPlan) -> None:
         """Requests whose external KV landed hold blocks: they go before new requests."""
         ready = self.transfer.ready if self.transfer else None
-        while ready and budget[0] > 0:
+        while ready and plan.tokens_left > 0:
             req = ready[0]
             start = req.num_computed_tokens
-            end = self._step_end(req, start, budget[0])
+            end = self._step_end(req, start, plan.tokens_left)
             if not self.kv.allocate(req, end - start):
                 return
             ready.popleft()
-            self._start_running(req, start, end, budget, slices)
+            self._start_running(req, start, end, plan)
 
-    def _schedule_waiting(self, budget: list[int], slices: list[_Slice]) -> None:
+    def _schedule_waiting(self, plan: _StepPlan) -> None:
         later: list[Request] = []  # the connector asked to be asked again next step
-        while self.waiting and self._num_seated() < self.config.max_num_seqs and budget[0] > 0:
+        while (
+            self.waiting and self._num_seated() < self.config.max_num_seqs and plan.tokens_left > 0
+        ):
             req = self.waiting.popleft()
-            admitted = self._admit(req, budget, slices)
+            admitted = self._admit(req, plan)
             if admitted is None:
                 later.append(req)
             elif not admitted:
@@ -165,7 +177,7 @@ class Scheduler:
                 break  # first come, first served: later requests wait too
         self.waiting.extendleft(reversed(later))
 
-    def _admit(self, req: Request, budget: list[int], slices: list[_Slice]) -> bool | None:
+    def _admit(self, req: Request, plan: _StepPlan) -> bool | None:
         """Local hit, then the connector's external tokens, then allocation.
 
         Returns False if the request does not fit, None if the connector is not ready."""
@@ -177,7 +189,7 @@ class Scheduler:
                 return None
             num_external, is_async = found
         start = hit.num_tokens + num_external
-        end = start if is_async else self._step_end(req, start, budget[0], hit)
+        end = start if is_async else self._step_end(req, start, plan.tokens_left, hit)
         if not self.kv.allocate(req, end - start, hit, num_external):
             return False
         if req.status is RequestStatus.WAITING:
@@ -186,16 +198,13 @@ class Scheduler:
         if self.transfer is not None:
             self.transfer.after_alloc(req, hit.num_tokens, num_external, is_async)
         if not is_async:
-            self._start_running(req, start, end, budget, slices)
+            self._start_running(req, start, end, plan)
         return True
 
-    def _start_running(
-        self, req: Request, start: int, end: int, budget: list[int], slices: list[_Slice]
-    ) -> None:
+    def _start_running(self, req: Request, start: int, end: int, plan: _StepPlan) -> None:
         req.status = RequestStatus.RUNNING
         self.running.append(req)
-        slices.append(_Slice(req, start, end))
-        budget[0] -= end - start
+        plan.add(req, start, end)
 
     def restart(self, req: Request) -> None:
         """Drop everything the request computed or loaded; it starts over from a fresh lookup."""
