@@ -304,3 +304,10 @@ def test_sizes_accept_suffixes() -> None:
     engine = full_engine(cpu="2KiB", max_inflight_io_bytes="1MiB")
     assert engine.cpu.index.capacity == 2048
     assert engine.sched.config.max_inflight_io_bytes == 1 << 20
+
+
+def test_unusable_disk_path_is_a_clear_start_up_error(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_text("x")
+    with pytest.raises(ValueError, match="cannot use 'disk_path'"):
+        OffloadEngine(offload_config(cpu=None, disk=not_a_dir / "kv"), make_layout())

@@ -25,9 +25,19 @@ def create_offloading_connector(
         cpu = CpuTier(options.cpu_bytes, options.eviction, unit_bytes)
     disk = None
     if options.disk_path is not None and options.disk_bytes is not None:
-        disk = DiskTier(
-            options.disk_path, context.fingerprint, options.disk_bytes, options.eviction, geometry
-        )
+        try:
+            disk = DiskTier(
+                options.disk_path,
+                context.fingerprint,
+                options.disk_bytes,
+                options.eviction,
+                geometry,
+            )
+        except OSError as exc:  # a file, no permission...: a config error, said at start-up
+            raise ValueError(
+                f"OffloadingConnector: cannot use 'disk_path'={options.disk_path!r} as a KV "
+                f"directory: {exc.strerror or exc}"
+            ) from None
     scheduler = OffloadingScheduler(
         options,
         geometry,
