@@ -127,3 +127,18 @@ def test_bad_requests_fail_alone_in_a_batch(checkpoints: dict[str, Path]) -> Non
         assert re.search(message, outs[i].error), (i, outs[i].error)
     assert_matches_hf(model_dir, good, [outs[i] for i in good_at], "batch with bad requests")
     assert_no_leaks(llm.engine)
+
+
+def test_a_long_running_engine_does_not_accumulate_kv_events(
+    checkpoints: dict[str, Path],
+) -> None:
+    """Nothing drains pool events in the engine yet, so none may be recorded."""
+    from hybridkv import LLM, SamplingParams
+
+    llm = LLM(model=str(checkpoints["granitemoehybrid"]), dtype="float32", kv_cache_memory="16MiB")
+    llm.generate(
+        [" ".join(f"word{i}" for i in range(60))] * 3, SamplingParams(max_tokens=4), use_tqdm=False
+    )
+    pools = [llm.engine.kv.pool, *(sm.pool for sm in llm.engine.kv.state)]
+    assert all(not p.events for p in pools)
+    assert llm.engine.kv.pool.cached  # prefix caching itself still works

@@ -90,6 +90,7 @@ class EngineCore:
             self.sizing.num_state_slots,
             config.cache.enable_prefix_caching,
             config.cache.state_checkpoint_interval,
+            enable_kv_cache_events=False,  # nothing consumes them yet: do not let them pile up
         )
         self.kv = KVCacheCoordinator(self.layout, kv_config)
         self.runner = ModelRunner(

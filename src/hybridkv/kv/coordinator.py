@@ -48,6 +48,7 @@ class KVCacheConfig:
     num_state_slots: int = 0  # per state group: live, checkpoint and trailing slots
     enable_prefix_caching: bool = True
     state_checkpoint_interval: int = 512  # tokens; 0 = only prompt/junction/finish boundaries
+    enable_kv_cache_events: bool = True  # record stored/removed events (someone must drain them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,8 @@ class KVCacheCoordinator:
             StateManager(g, _state_spec(layout, g), config.num_state_slots, self.block_size)
             for g in layout.state_group_ids
         ]
+        for pool in [self.pool, *(sm.pool for sm in self.state)]:
+            pool.record_events = config.enable_kv_cache_events
         self.policy = CheckpointPolicy(self.block_size, config.state_checkpoint_interval)
         self.stats = PrefixCacheStats(group_hit_tokens=[0] * len(layout.groups))
         self._extra_due: dict[str, tuple[int, ...]] = {}
