@@ -28,7 +28,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -39,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+from bench_common import machine_info
 
 FIRST_TOKEN_ID = 3  # 0..2 are the tiny tokenizer's special tokens
 RATES = (0.01, 0.10)
@@ -73,31 +72,12 @@ def fault_configs(quick: bool) -> dict[str, dict[str, float]]:
     return configs
 
 
-def machine_info() -> dict[str, Any]:
-    return {
-        "cores": os.cpu_count(),
-        "cpu": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-    }
-
-
 def ensure_checkpoint(cache_dir: Path, arch: str, size: str) -> Path:
     """The checkpoint ``cache_dir/arch-size``, built (atomically) by ``make_model`` if missing."""
-    from hybridkv.model.make_model import make_model
+    from hybridkv.model.make_model import ensure_model
 
-    target = cache_dir / f"{arch}-{size}"
-    if (target / "model.safetensors").exists():
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=cache_dir))
-    try:
-        make_model(arch, tmp, size=size, seed=0)
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    ensure_model(arch, cache_dir / f"{arch}-{size}", size=size, seed=0)
+    return cache_dir / f"{arch}-{size}"
 
 
 def make_prompts(vocab_size: int, work: Workload, seed: int = 0) -> list[list[int]]:

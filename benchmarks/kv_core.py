@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -35,6 +33,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench_common import machine_info
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -189,29 +189,6 @@ def summarize(name: str, algo: str, runs: list[dict[str, Any]], n: int) -> dict[
         ),
         "allocation_failures": last["failures"],
     }
-
-
-def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "cores": os.cpu_count(),
-        "affinity_cores": len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else None,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-    }
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-        info["torch_threads"] = torch.get_num_threads()
-    except ImportError:  # pragma: no cover
-        info["torch"] = None
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        if var in os.environ:
-            info[var] = os.environ[var]
-    return info
 
 
 def baseline_available() -> tuple[bool, str]:

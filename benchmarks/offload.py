@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from bench_common import machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -48,16 +49,6 @@ class _Req:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "cores": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-    }
 
 
 def stats(xs: list[float]) -> dict[str, float]:
@@ -291,7 +282,7 @@ def main() -> None:
             layout, tokens = make_layout(4, 2, 16, 32), 512
         else:
             layout, tokens = make_layout(12, 4, 64, 512), 4096  # qwen3-small-like, 4k tokens
-        report: dict[str, Any] = {"benchmark": "offload", "machine": machine(), "quick": quick}
+        report: dict[str, Any] = {"benchmark": "offload", "machine": machine_info(), "quick": quick}
         report["cpu_tier"] = bench_cpu(layout, tokens, repeats)
         report["disk_tier"] = bench_disk(layout, tokens, repeats, root / "disk")
         prefixes = [128, 256] if quick else [1024, 4096, 8192]

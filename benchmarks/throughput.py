@@ -19,20 +19,20 @@ Prints one JSON document on stdout and a table on stderr.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
-import platform
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from bench_common import machine_info
 
 ARCHS = ("qwen3", "gemma3", "granitemoehybrid")
 FIRST_TOKEN_ID = 3  # 0..2 are the tiny tokenizer's special tokens
@@ -106,34 +106,12 @@ class TransformersEngine:
 Engine = HybridKVEngine | TransformersEngine
 
 
-def machine_info() -> dict[str, Any]:
-    import transformers
-
-    return {
-        "cores": os.cpu_count(),
-        "cpu": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "threads": torch.get_num_threads(),
-    }
-
-
 def ensure_checkpoint(cache_dir: Path, arch: str, size: str) -> Path:
     """The checkpoint ``cache_dir/arch-size``, built (atomically) by ``make_model`` if missing."""
-    from hybridkv.model.make_model import make_model
+    from hybridkv.model.make_model import ensure_model
 
-    target = cache_dir / f"{arch}-{size}"
-    if (target / "model.safetensors").exists():
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=cache_dir))
-    try:
-        make_model(arch, tmp, size=size, seed=0)
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    ensure_model(arch, cache_dir / f"{arch}-{size}", size=size, seed=0)
+    return cache_dir / f"{arch}-{size}"
 
 
 def make_prompts(vocab_size: int, work: Workload, seed: int = 0) -> list[list[int]]:
@@ -251,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[case] = bench_case(path, dtype, work)
     doc = {
         "benchmark": "throughput",
-        "machine": machine_info(),
+        "machine": machine_info(transformers=importlib.metadata.version("transformers")),
         "workload": asdict(work) | {"greedy": True, "ignore_eos": True},
         "baseline": "transformers generate (same checkpoint, prompts, threads)",
         "vllm": "skipped: vLLM CPU is not benchmarked by this script (optional third column)",

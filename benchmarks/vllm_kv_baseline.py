@@ -46,7 +46,6 @@ import json
 import logging
 import math
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -57,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # keep stdout pure JSON
 
+import bench_common
 import kv_workload as wl  # noqa: E402
 
 HASH_ALGOS = ("sha256", "xxhash")
@@ -441,19 +441,9 @@ def bench(layout: str, hash_algo: str, prompts, repeats: int, warmup: bool, work
 
 
 def machine_info() -> dict:
-    import torch
     import vllm
 
-    return {
-        "cores": os.cpu_count(),
-        "affinity_cores": len(os.sched_getaffinity(0)),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "vllm": vllm.__version__,
-    }
+    return bench_common.machine_info(vllm=vllm.__version__)
 
 
 def main(argv: list[str] | None = None) -> int:

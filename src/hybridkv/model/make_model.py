@@ -9,6 +9,8 @@ meta device), values from a seeded generator.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,28 @@ def make_model(arch: str, out_dir: Path, size: str = "tiny", seed: int = 0) -> P
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2))
     save_file(random_weights(config, seed), str(out_dir / "model.safetensors"), {"format": "pt"})
     return out_dir
+
+
+def ensure_model(arch: str, target: Path, size: str = "tiny", seed: int = 0) -> bool:
+    """Make sure ``target`` holds a ``make_model`` checkpoint; returns True if this call built
+    it. Built in a temporary sibling directory and renamed, so a reader (or a racing builder)
+    never sees half a checkpoint."""
+    target = Path(target)
+    if (target / "model.safetensors").exists():
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+    try:
+        make_model(arch, tmp, size=size, seed=seed)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process won the race
+            if not (target / "model.safetensors").exists():
+                raise
+            return False
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return True
 
 
 def model_config_json(arch: str, size: str) -> dict[str, Any]:

@@ -1,0 +1,31 @@
+"""What every benchmark prints beside its results: the machine it ran on."""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+
+def machine_info(**extra: Any) -> dict[str, Any]:
+    """Cores, Python, platform, torch version and threads (when torch imports), thread env."""
+    info: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "affinity_cores": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["threads"] = torch.get_num_threads()
+    except ImportError:  # pragma: no cover - the vLLM baseline venv has its own torch
+        info["torch"] = None
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if var in os.environ:
+            info[var] = os.environ[var]
+    return {**info, **extra}
