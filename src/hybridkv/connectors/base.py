@@ -22,6 +22,7 @@ named per state group. A load is finished only when the worker reports it in
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -81,6 +82,23 @@ class ConnectorStats:
 
     def add(self, name: str, value: float = 1.0) -> None:
         self.counters[name] = self.counters.get(name, 0.0) + value
+
+
+class StatsCounter:
+    """Thread-safe counters for a connector half whose threads all count (``take`` drains)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stats = ConnectorStats()
+
+    def add(self, name: str, value: float = 1.0) -> None:
+        with self._lock:
+            self._stats.add(name, value)
+
+    def take(self) -> ConnectorStats:
+        with self._lock:
+            stats, self._stats = self._stats, ConnectorStats()
+        return stats
 
 
 @dataclass(slots=True)

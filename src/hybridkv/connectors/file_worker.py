@@ -25,6 +25,7 @@ from hybridkv.connectors.base import (
     KVConnectorOutput,
     LoadResult,
     LoadSpec,
+    StatsCounter,
     output_from_results,
 )
 from hybridkv.connectors.file_format import IO_ERROR, MISSING, PartError, read_part, write_part
@@ -43,7 +44,7 @@ class FileConnectorWorker(BaseConnectorWorker):
         self._saving: set[str] = set()  # keys being written
         self._num_saves = 0  # save jobs in flight
         self._results: list[LoadResult] = []  # finished, not yet reported
-        self._stats = ConnectorStats()
+        self._stats = StatsCounter()
         self._loader = ThreadPoolExecutor(num_load_threads, thread_name_prefix="file-load")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="file-save")
 
@@ -75,8 +76,8 @@ class FileConnectorWorker(BaseConnectorWorker):
             self._load_states(spec, result)
         except Exception as exc:  # a device or programming error: fail the whole request
             result.request_reason = f"error: {type(exc).__name__}"
-            self._count("load_failures:error")
-        self._count("offload_seconds.disk.load", time.perf_counter() - began)
+            self._stats.add("load_failures:error")
+        self._stats.add("offload_seconds.disk.load", time.perf_counter() - began)
         return result
 
     def _load_blocks(self, spec: LoadSpec, result: LoadResult) -> None:
@@ -100,8 +101,8 @@ class FileConnectorWorker(BaseConnectorWorker):
             # [n, G, layer_page_bytes], one device write for the whole request
             data = data.view(len(good_ids), self.layout.group_size, self.layout.layer_page_bytes)
             self.cache.write_blocks(good_ids, data)
-        self._count("load_blocks", len(good_ids))
-        self._count("offload_bytes.disk.load", len(payloads))
+        self._stats.add("load_blocks", len(good_ids))
+        self._stats.add("offload_bytes.disk.load", len(payloads))
 
     def _load_states(self, spec: LoadSpec, result: LoadResult) -> None:
         keys = _load_keys(spec)
@@ -113,8 +114,8 @@ class FileConnectorWorker(BaseConnectorWorker):
                 continue
             data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)  # [slot_bytes]
             self.cache.write_state(gid, slot, data)
-            self._count("load_states")
-            self._count("offload_bytes.disk.load", len(payload))
+            self._stats.add("load_states")
+            self._stats.add("offload_bytes.disk.load", len(payload))
 
     def _read(self, key: str, span: tuple[int, int], payload_len: int) -> memoryview | str:
         """The verified payload of ``key``, or the failure reason (a bad file is removed)."""
@@ -124,8 +125,8 @@ class FileConnectorWorker(BaseConnectorWorker):
             if err.reason in (MISSING, IO_ERROR):  # nothing to remove, or not ours to judge
                 self.store.forget(key)
             elif self.store.remove(key):
-                self._count("files_removed")
-            self._count(f"load_failures:{err.reason}")
+                self._stats.add("files_removed")
+            self._stats.add(f"load_failures:{err.reason}")
             return err.reason
 
     def get_finished(self, finished_request_ids: list[str]) -> KVConnectorOutput:
@@ -217,12 +218,12 @@ class FileConnectorWorker(BaseConnectorWorker):
             payload = memoryview(data.contiguous().numpy())
             size = write_part(self.store.path(key), self.store.fingerprint, key, span, payload)
         except Exception:
-            self._count("store_failures")
+            self._stats.add("store_failures")
         else:
             self.store.mark_present(key)
-            self._count("offload_seconds.disk.store", time.perf_counter() - began)
-            self._count(kind)
-            self._count("offload_bytes.disk.store", size)
+            self._stats.add("offload_seconds.disk.store", time.perf_counter() - began)
+            self._stats.add(kind)
+            self._stats.add("offload_bytes.disk.store", size)
         finally:
             with self._cond:
                 self._saving.discard(key)
@@ -234,14 +235,8 @@ class FileConnectorWorker(BaseConnectorWorker):
 
     # -- misc --------------------------------------------------------------------------------
 
-    def _count(self, name: str, value: float = 1.0) -> None:
-        with self._cond:
-            self._stats.add(name, value)
-
     def take_stats(self) -> ConnectorStats:
-        with self._cond:
-            stats, self._stats = self._stats, ConnectorStats()
-        return stats
+        return self._stats.take()
 
     def shutdown(self) -> None:
         self._loader.shutdown(wait=True)

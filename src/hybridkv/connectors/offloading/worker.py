@@ -30,6 +30,7 @@ from hybridkv.connectors.base import (
     KVConnectorOutput,
     LoadResult,
     LoadSpec,
+    StatsCounter,
     output_from_results,
 )
 from hybridkv.connectors.file_format import IO_ERROR, MISSING, PartError
@@ -88,7 +89,7 @@ class OffloadingWorker(BaseConnectorWorker):
         self._results: list[LoadResult] = []  # finished, not reported yet
         self._num_stores = 0
         self._inflight_bytes = 0
-        self._stats = ConnectorStats()
+        self._stats = StatsCounter()
         self._loader = ThreadPoolExecutor(num_load_threads, thread_name_prefix="offload-load")
         self._stager = ThreadPoolExecutor(1, thread_name_prefix="offload-store")
 
@@ -127,7 +128,7 @@ class OffloadingWorker(BaseConnectorWorker):
                 load.done = True
         except Exception as exc:  # a device or programming error: fail the whole request
             result.request_reason = f"error: {type(exc).__name__}"
-            self._count("load_failures:error")
+            self._stats.add("load_failures:error")
             with load.lock:
                 if load.cancelled:
                     return
@@ -176,7 +177,7 @@ class OffloadingWorker(BaseConnectorWorker):
             return None
 
     def _record_bad_part(self, part: _Part, reason: str, result: LoadResult) -> None:
-        self._count(f"load_failures:{reason}")
+        self._stats.add(f"load_failures:{reason}")
         if part.slot is None:
             result.invalid_blocks.update(dict.fromkeys(part.block_ids, reason))
         else:
@@ -184,9 +185,9 @@ class OffloadingWorker(BaseConnectorWorker):
         source = part.source
         tier = self.cpu if source.tier == CPU else self.disk
         if tier is not None and tier.index.remove(source.unit_hash) is not None:
-            self._count(f"removed.{source.tier}")
+            self._stats.add(f"removed.{source.tier}")
         if source.tier == DISK and self.disk is not None and reason not in (MISSING, IO_ERROR):
-            self._count("files_removed", self.disk.remove_files(source.unit_hash))
+            self._stats.add("files_removed", self.disk.remove_files(source.unit_hash))
 
     def _write_device(
         self, parts: list[_Part], payloads: list[torch.Tensor | None], result: LoadResult
@@ -225,8 +226,8 @@ class OffloadingWorker(BaseConnectorWorker):
             nbytes[part.source.tier] = nbytes.get(part.source.tier, 0) + size
         total = sum(nbytes.values()) or 1
         for tier, size in nbytes.items():
-            self._count(f"offload_bytes.{tier}.load", size)
-            self._count(f"offload_seconds.{tier}.load", seconds * size / total)
+            self._stats.add(f"offload_bytes.{tier}.load", size)
+            self._stats.add(f"offload_seconds.{tier}.load", seconds * size / total)
 
     def _maybe_time_out(self, load: _Load, now: float, force: bool = False) -> bool:
         """Give up on a load past its deadline (or now, if ``force``) unless its device
@@ -239,8 +240,8 @@ class OffloadingWorker(BaseConnectorWorker):
             load.cancelled = True
         spec = load.spec
         result = LoadResult(spec.request_id, spec.is_async, request_reason=TIMEOUT)
-        self._count(f"load_failures:{TIMEOUT}")
-        self._count("timeouts")
+        self._stats.add(f"load_failures:{TIMEOUT}")
+        self._stats.add("timeouts")
         with self._cond:
             self._loads.pop(spec.request_id, None)
             self._results.append(result)
@@ -306,9 +307,9 @@ class OffloadingWorker(BaseConnectorWorker):
             if CPU in save.tiers and self.cpu is not None:
                 began = time.perf_counter()
                 if self.cpu.store(save.unit_hash, parts):
-                    self._count("offload_bytes.cpu.store", nbytes)
-                    self._count("stores.cpu")
-                    self._count(
+                    self._stats.add("offload_bytes.cpu.store", nbytes)
+                    self._stats.add("stores.cpu")
+                    self._stats.add(
                         "offload_seconds.cpu.store", snapshot_s + time.perf_counter() - began
                     )
         finally:
@@ -325,11 +326,11 @@ class OffloadingWorker(BaseConnectorWorker):
             written = disk.write(save.unit_hash, save.end, parts)
         except Exception:
             disk.index.abort(save.unit_hash)
-            self._count("store_failures.disk")
+            self._stats.add("store_failures.disk")
         else:
-            self._count("offload_bytes.disk.store", written)
-            self._count("offload_seconds.disk.store", time.perf_counter() - began)
-            self._count("stores.disk")
+            self._stats.add("offload_bytes.disk.store", written)
+            self._stats.add("offload_seconds.disk.store", time.perf_counter() - began)
+            self._stats.add("stores.disk")
         finally:
             self._store_done(nbytes)
 
@@ -343,8 +344,8 @@ class OffloadingWorker(BaseConnectorWorker):
         for tier in (self.cpu, self.disk):
             if tier is not None and tier.name in save.tiers:
                 tier.index.abort(save.unit_hash)
-        self._count("stores_skipped")
-        self._count(reason)
+        self._stats.add("stores_skipped")
+        self._stats.add(reason)
 
     def wait_for_saves(self, timeout: float | None = None) -> bool:
         with self._cond:
@@ -356,14 +357,8 @@ class OffloadingWorker(BaseConnectorWorker):
 
     # -- misc ----------------------------------------------------------------------------
 
-    def _count(self, name: str, value: float = 1.0) -> None:
-        with self._cond:
-            self._stats.add(name, value)
-
     def take_stats(self) -> ConnectorStats:
-        with self._cond:
-            stats, self._stats = self._stats, ConnectorStats()
-        return stats
+        return self._stats.take()
 
     def shutdown(self) -> None:
         self._loader.shutdown(wait=True)
