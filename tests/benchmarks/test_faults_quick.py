@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.quick import run_quick
 
 
 def test_faults_quick(tmp_path: Path) -> None:
-    res = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "faults.py"),
-            "--quick",
-            "--cache-dir",
-            str(tmp_path / "ckpts"),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout)
+    out = run_quick("faults.py", "--cache-dir", str(tmp_path / "ckpts"))
     assert out["benchmark"] == "faults" and out["quick"] is True
     assert {"cores", "python", "torch", "threads"} <= out["machine"].keys()
     assert out["wrong_tokens"] == 0 and out["errored_requests"] == 0

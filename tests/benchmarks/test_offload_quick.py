@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.quick import run_quick
 
 
 def test_offload_quick() -> None:
-    res = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "offload.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout)
+    out = run_quick("offload.py")
     assert out["benchmark"] == "offload" and {"cores", "torch"} <= out["machine"].keys()
     assert out["cpu_tier"]["load_gbps"]["median"] > 0 and out["cpu_tier"]["copy_gbps"]["median"] > 0
     for cache in ("warm", "cold"):

@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.quick import run_quick
 
 
 def test_kv_core_quick() -> None:
-    res = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "kv_core.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout)
+    out = run_quick("kv_core.py")
     assert out["benchmark"] == "kv_core"
     assert {"cores", "python", "torch"} <= out["machine"].keys()
     assert "skipped" in out["baseline"]

@@ -3,25 +3,13 @@ not how fast anything is)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.quick import run_quick
 
 
 def test_throughput_quick(tmp_path: Path) -> None:
-    script = ROOT / "benchmarks" / "throughput.py"
-    res = subprocess.run(
-        [sys.executable, str(script), "--quick", "--cache-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout)
+    out = run_quick("throughput.py", "--cache-dir", str(tmp_path), timeout=600)
     assert out["benchmark"] == "throughput"
     assert {"cores", "torch", "threads"} <= out["machine"].keys()
     assert set(out["results"]) == {
