@@ -156,15 +156,6 @@ def run_once(name: str, algo: str, prompts: list[list[int]], tag: str) -> dict[s
     }
 
 
-def _stats(values_s: list[float], n: int) -> dict[str, float]:
-    us = [v / n * 1e6 for v in values_s]
-    return {
-        "median": round(statistics.median(us), 3),
-        "min": round(min(us), 3),
-        "max": round(max(us), 3),
-    }
-
-
 def summarize(name: str, algo: str, runs: list[dict[str, Any]], n: int) -> dict[str, Any]:
     layout = build_layout(name)
     last = runs[-1]
@@ -176,12 +167,7 @@ def summarize(name: str, algo: str, runs: list[dict[str, Any]], n: int) -> dict[
         "hash_algo": algo,
         "num_requests": n,
         "repeats": len(runs),
-        "us_per_request": {
-            "hit_search": _stats([r["hit"] for r in runs], n),
-            "alloc_cache_free": _stats([r["alloc"] for r in runs], n),
-            "hit_search_plus_alloc_cache_free": _stats([r["hit"] + r["alloc"] for r in runs], n),
-            "hash": _stats([r["hash"] for r in runs], n),
-        },
+        "us_per_request": wl.us_per_request(runs, n),
         "hit_token_rate": round(last["hit_tokens"] / last["prompt_tokens"], 6),
         "hit_tokens": last["hit_tokens"],
         "ideal_hit_token_rate": round(

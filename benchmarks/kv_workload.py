@@ -56,6 +56,7 @@ Layouts (``LAYOUTS``)
 from __future__ import annotations
 
 import random
+import statistics
 
 PROMPT_LEN = 2000
 NUM_PREFIXES = 10
@@ -212,3 +213,26 @@ def ideal_hit_tokens(n: int, block_size: int, num_prefixes: int = NUM_PREFIXES) 
     block-aligned part of its prefix (assumes nothing useful is evicted)."""
     per_hit = (PREFIX_LEN // block_size) * block_size
     return max(0, n - num_prefixes) * per_hit
+
+
+def us_per_request(runs: list[dict[str, float]], n: int) -> dict[str, dict[str, float]]:
+    """Median, min and max microseconds per request of each measured operation over ``runs``
+    (each run: total seconds under "hit", "alloc", "hash", and optionally "build")."""
+
+    def stats(values_s: list[float]) -> dict[str, float]:
+        us = [v / n * 1e6 for v in values_s]
+        return {
+            "median": round(statistics.median(us), 3),
+            "min": round(min(us), 3),
+            "max": round(max(us), 3),
+        }
+
+    out = {
+        "hit_search": stats([r["hit"] for r in runs]),
+        "alloc_cache_free": stats([r["alloc"] for r in runs]),
+        "hit_search_plus_alloc_cache_free": stats([r["hit"] + r["alloc"] for r in runs]),
+        "hash": stats([r["hash"] for r in runs]),
+    }
+    if all("build" in r for r in runs):
+        out["request_build_excl_hash"] = stats([r["build"] for r in runs])
+    return out

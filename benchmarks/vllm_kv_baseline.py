@@ -46,7 +46,6 @@ import json
 import logging
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -385,15 +384,6 @@ def run_once(mgr, prompts, hasher, sampling_params, tag: str) -> dict:
     }
 
 
-def _stats(values_s: list[float], n: int) -> dict:
-    us = [v / n * 1e6 for v in values_s]
-    return {
-        "median": round(statistics.median(us), 3),
-        "min": round(min(us), 3),
-        "max": round(max(us), 3),
-    }
-
-
 def bench(layout: str, hash_algo: str, prompts, repeats: int, warmup: bool, workdir: str):
     from vllm import SamplingParams
     from vllm.utils.hashing import get_hash_fn_by_name
@@ -420,13 +410,7 @@ def bench(layout: str, hash_algo: str, prompts, repeats: int, warmup: bool, work
         "hash_algo": hash_algo,
         "num_requests": n,
         "repeats": len(runs),
-        "us_per_request": {
-            "hit_search": _stats([x["hit"] for x in runs], n),
-            "alloc_cache_free": _stats([x["alloc"] for x in runs], n),
-            "hit_search_plus_alloc_cache_free": _stats([x["hit"] + x["alloc"] for x in runs], n),
-            "hash": _stats([x["hash"] for x in runs], n),
-            "request_build_excl_hash": _stats([x["build"] for x in runs], n),
-        },
+        "us_per_request": wl.us_per_request(runs, n),
         "hit_token_rate": round(last["hit_tokens"] / last["prompt_tokens"], 6),
         "hit_tokens": last["hit_tokens"],
         "prompt_tokens": last["prompt_tokens"],
