@@ -53,8 +53,9 @@ class DeviceCacheAccess:
                 np.copyto(dst[pos : pos + n, i], b[first : first + n])
         return out
 
-    def write_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
-        src = data.numpy()  # [n, G, page]
+    def write_blocks(self, block_ids: list[int], data: torch.Tensor | np.ndarray) -> None:
+        """``data``: ``[n, G, page]`` uint8, a CPU tensor or a numpy array (no conversion)."""
+        src = data if isinstance(data, np.ndarray) else data.numpy()  # [n, G, page]
         for pos, first, n in contiguous_runs(block_ids):
             for i, b in enumerate(self._backing_np):
                 np.copyto(b[first : first + n], src[pos : pos + n, i])
