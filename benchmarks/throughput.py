@@ -26,6 +26,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 
 from bench_common import machine_info
+from hybridkv.model.matmul import cpu_has_native_bf16
 
 ARCHS = ("qwen3", "gemma3", "granitemoehybrid")
 FIRST_TOKEN_ID = 3  # 0..2 are the tiny tokenizer's special tokens
@@ -56,17 +58,13 @@ class HybridKVEngine:
     name = "hybridkv"
 
     def __init__(self, path: Path, dtype: str, work: Workload) -> None:
-        from hybridkv import LLM
-
         batch_tokens = work.num_prompts * work.prompt_len
-        self.llm = LLM(
-            str(path),
-            dtype=dtype,
+        self.llm = make_llm(
+            path,
+            dtype,
             max_num_seqs=work.num_prompts,
             max_num_batched_tokens=max(2048, batch_tokens),
             max_model_len=work.prompt_len + work.output_len + 16,
-            enable_prefix_caching=False,
-            kv_cache_memory="768MiB",
         )
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -81,13 +79,7 @@ class TransformersEngine:
     name = "transformers"
 
     def __init__(self, path: Path, dtype: str, work: Workload) -> None:
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging
-
-        logging.set_verbosity_error()
-        logging.disable_progress_bar()
-        torch_dtype = getattr(torch, dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype).eval()
+        self.model = load_transformers(path, dtype)
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         ids = torch.tensor(prompts, dtype=torch.long)  # [N, P], equal lengths: no padding
@@ -104,6 +96,25 @@ class TransformersEngine:
 
 
 Engine = HybridKVEngine | TransformersEngine
+
+
+def make_llm(path: Path, dtype: str, **limits: int) -> Any:
+    """hybridkv's ``LLM`` as both B1 scripts run it: prefix caching off, 768 MiB of KV."""
+    from hybridkv import LLM
+
+    return LLM(
+        str(path), dtype=dtype, enable_prefix_caching=False, kv_cache_memory="768MiB", **limits
+    )
+
+
+def load_transformers(path: Path, dtype: str) -> Any:
+    """The same checkpoint in transformers, quietly, in eval mode."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).eval()
 
 
 def ensure_checkpoint(cache_dir: Path, arch: str, size: str) -> Path:
@@ -174,18 +185,23 @@ def bench_case(path: Path, dtype: str, work: Workload) -> dict[str, Any]:
     return result
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="tiny models, 4x32 tokens, 1 repeat")
+def add_case_args(p: argparse.ArgumentParser, dtypes: list[str]) -> None:
+    """Which checkpoints and dtypes to run, how often, on how many threads (both B1 scripts)."""
     p.add_argument("--archs", nargs="+", default=list(ARCHS), choices=ARCHS)
     p.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
-    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    p.add_argument("--num-prompts", type=int, default=16)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--dtypes", nargs="+", default=dtypes)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--cache-dir", type=Path, default=None, help="checkpoints (built if missing)")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny models, 4x32 tokens, 1 repeat")
+    add_case_args(p, dtypes=["float32", "bfloat16"])
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.num_prompts, args.prompt_len = ["tiny"], 4, 32
@@ -214,10 +230,10 @@ def _cell(s: dict[str, float]) -> str:
     return f"{s['median']:.4g} [{s['min']:.4g}, {s['max']:.4g}]".rjust(26)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    work = Workload(args.num_prompts, args.prompt_len, args.output_len, args.repeats)
+def run_cases(
+    args: argparse.Namespace, bench: Callable[[Path, str], dict[str, Any]]
+) -> dict[str, Any]:
+    """``bench(checkpoint, dtype)`` for every size, architecture and dtype asked for."""
     cache_dir = args.cache_dir or default_cache_dir()
     results: dict[str, Any] = {}
     for size in args.sizes:
@@ -226,10 +242,27 @@ def main(argv: list[str] | None = None) -> int:
             for dtype in args.dtypes:
                 case = f"{arch}-{size}-{dtype}"
                 print(f"running {case}", file=sys.stderr)
-                results[case] = bench_case(path, dtype, work)
+                results[case] = bench(path, dtype)
+    return results
+
+
+def b1_machine() -> dict[str, Any]:
+    """The machine, transformers' version and whether the CPU multiplies bfloat16 natively
+    (if not, hybridkv's default ``bf16_matmul=auto`` multiplies bfloat16 models in float32)."""
+    return machine_info(
+        transformers=importlib.metadata.version("transformers"),
+        cpu_native_bf16=cpu_has_native_bf16(),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    work = Workload(args.num_prompts, args.prompt_len, args.output_len, args.repeats)
+    results = run_cases(args, lambda path, dtype: bench_case(path, dtype, work))
     doc = {
         "benchmark": "throughput",
-        "machine": machine_info(transformers=importlib.metadata.version("transformers")),
+        "machine": b1_machine(),
         "workload": asdict(work) | {"greedy": True, "ignore_eos": True},
         "baseline": "transformers generate (same checkpoint, prompts, threads)",
         "vllm": "skipped: vLLM CPU is not benchmarked by this script (optional third column)",

@@ -9,7 +9,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
-from hybridkv.config import CacheConfig, SchedulerConfig
+from hybridkv.config import BF16_MATMUL_CHOICES, CacheConfig, SchedulerConfig
 
 ARCH_CHOICES = ("qwen3", "gemma3", "granitemoehybrid")
 
@@ -22,6 +22,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         choices=("auto", "float32", "bfloat16"),
         default="auto",
         help="weights and KV dtype",
+    )
+    g.add_argument(
+        "--bf16-matmul",
+        choices=BF16_MATMUL_CHOICES,
+        default="auto",
+        help="where a bfloat16 model multiplies: natively, or in float32 (fast on CPUs without "
+        "native bfloat16; weights take float32 memory); auto picks by CPU (default: auto)",
     )
     g.add_argument(
         "--seed", type=int, default=0, help="engine seed (and the default sampling seed)"
@@ -48,7 +55,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
-    names = ["dtype", "seed", "kv_transfer_config"] + [
+    names = ["dtype", "bf16_matmul", "seed", "kv_transfer_config"] + [
         f.name for sub in (CacheConfig, SchedulerConfig) for f in fields(sub)
     ]
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}

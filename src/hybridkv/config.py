@@ -32,6 +32,10 @@ def parse_bytes(value: int | str, name: str = "size") -> int:
     return n
 
 
+# where a bfloat16 model's products run (``hybridkv.model.matmul``)
+BF16_MATMUL_CHOICES = ("auto", "native", "float32")
+
+
 def _opt(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
@@ -95,6 +99,7 @@ class SchedulerConfig:
 class EngineConfig:
     model: str
     dtype: str = "auto"
+    bf16_matmul: str = "auto"  # where a bfloat16 model multiplies: auto, native, float32
     seed: int = 0
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -106,6 +111,12 @@ class EngineConfig:
             "dtype",
             self.dtype,
             "auto, float32 or bfloat16",
+        )
+        _require(
+            self.bf16_matmul in BF16_MATMUL_CHOICES,
+            "bf16_matmul",
+            self.bf16_matmul,
+            ", ".join(BF16_MATMUL_CHOICES),
         )
         if self.kv_transfer_config is not None:
             from hybridkv.connectors.config import KVTransferConfig
@@ -135,16 +146,16 @@ class EngineConfig:
                    scheduler=SchedulerConfig(**sub[SchedulerConfig]), **top)  # fmt: skip
 
 
+_TOP_LEVEL = {"dtype", "bf16_matmul", "seed", "kv_transfer_config"}
+
+
 def _owner_of(name: str) -> type[Any] | None:
     for sub in (CacheConfig, SchedulerConfig):
         if name in {f.name for f in fields(sub)}:
             return sub
-    if name in {"dtype", "seed", "kv_transfer_config"}:
+    if name in _TOP_LEVEL:
         return None
-    known = sorted(
-        {f.name for s in (CacheConfig, SchedulerConfig) for f in fields(s)}
-        | {"dtype", "seed", "kv_transfer_config"}
-    )
+    known = sorted({f.name for s in (CacheConfig, SchedulerConfig) for f in fields(s)} | _TOP_LEVEL)
     raise ValueError(f"unknown engine option {name!r}; known options: {', '.join(known)}")
 
 

@@ -1,4 +1,5 @@
-"""bfloat16 weights and KV: sane outputs close to float32 (no exact match expected)."""
+"""bfloat16 weights and KV: sane outputs close to float32 (no exact match expected), whether
+products run natively in bfloat16 or in float32 (``hybridkv.model.matmul``)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,17 @@ from tests.support.checkpoints import hf_logits
 from tests.support.driver import RunnerDriver
 
 
+@pytest.mark.parametrize("bf16_matmul", ["native", "float32"])
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3", "granitemoehybrid_moe"])
-def test_bfloat16_is_close_to_float32(arch: str, hf_checkpoints: dict[str, Path]) -> None:
+def test_bfloat16_is_close_to_float32(
+    arch: str, bf16_matmul: str, hf_checkpoints: dict[str, Path]
+) -> None:
     model_dir = hf_checkpoints[arch]
-    runner = make_runner(model_dir, dtype="bfloat16")
-    assert runner.model.lm_head.weight.dtype == torch.bfloat16
+    runner = make_runner(model_dir, dtype="bfloat16", bf16_matmul=bf16_matmul)
+    matmul = torch.bfloat16 if bf16_matmul == "native" else torch.float32
+    assert runner.model.lm_head.weight.dtype == matmul
+    assert runner.model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert all(t.dtype == torch.bfloat16 for t in runner.cache.kv_pages.values())
     driver = RunnerDriver(runner)
     for rid, prompt in make_prompts().items():
         driver.add(rid, prompt)

@@ -77,7 +77,7 @@ class EngineCore:
         # it here makes an engine's unseeded sampling reproducible, as vLLM's ``seed`` does.
         torch.manual_seed(config.seed)
         self.dtype = resolve_dtype(config.dtype, dict(load_model_config(config.model).raw))
-        self.model, self.model_config = load_model(config.model, self.dtype)
+        self.model, self.model_config = load_model(config.model, self.dtype, config.bf16_matmul)
         self.tokenizer = Tokenizer(config.model, eos_token_ids=self.model_config.eos_token_ids)
         self.max_model_len = (
             config.scheduler.max_model_len or self.model_config.max_position_embeddings

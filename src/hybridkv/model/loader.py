@@ -18,6 +18,7 @@ from torch import nn
 
 from hybridkv.model.config import ModelConfig, load_model_config
 from hybridkv.model.errors import ModelLoadError
+from hybridkv.model.matmul import matmul_dtype, upcast_matmuls
 from hybridkv.model.models.common import CausalLM
 from hybridkv.model.registry import get_model_class
 
@@ -40,9 +41,13 @@ def torch_dtype(dtype: str) -> torch.dtype:
         ) from None
 
 
-def load_model(model_dir: str | Path, dtype: str = "float32") -> tuple[CausalLM, ModelConfig]:
-    """Build the architecture named in config.json and fill it from the safetensors files."""
+def load_model(
+    model_dir: str | Path, dtype: str = "float32", bf16_matmul: str = "auto"
+) -> tuple[CausalLM, ModelConfig]:
+    """Build the architecture named in config.json and fill it from the safetensors files;
+    ``bf16_matmul`` says where a bfloat16 model multiplies (``hybridkv.model.matmul``)."""
     target = torch_dtype(dtype)
+    compute = matmul_dtype(target, bf16_matmul)  # checks the option before the slow part
     model_dir = Path(model_dir)
     cfg = load_model_config(model_dir)
     with torch.device("meta"):
@@ -56,6 +61,8 @@ def load_model(model_dir: str | Path, dtype: str = "float32") -> tuple[CausalLM,
             module._parameters[attr] = nn.Parameter(tensor.to(target), requires_grad=False)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight  # type: ignore[union-attr,assignment]
+    if compute != target:
+        upcast_matmuls(model, compute)
     return model.eval(), cfg
 
 

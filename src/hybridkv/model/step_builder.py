@@ -116,6 +116,7 @@ class _SubBatchShape:
     first_block: torch.Tensor  # [R] first table entry to read
     num_blocks: int  # nb
     mask: torch.Tensor | None  # [R, 1, Q, nb * B]; None when causal
+    hidden_keys: torch.Tensor  # [R or 1, 1, nb * B, 1]
     token_idx: torch.Tensor  # [Tb]
     token_rows: torch.Tensor  # [Tb]
     num_queries: int  # Q
@@ -155,17 +156,28 @@ def _sub_batch_shape(
     dense = rows.shape[0] == reqs.lens.shape[0] and int(lens.min()) == num_queries
     no_window = window is None or window >= num_queries
     causal = dense and no_window and not bool(starts.any())
+    num_keys = num_blocks * block_size
     mask = None
-    if not causal:
-        num_keys = num_blocks * block_size
+    if causal:  # every row sees keys [0, Q)
+        hidden_keys = (torch.arange(num_keys) >= num_queries)[None, None, :, None]
+    else:
         mask = _mask(starts, ctx_lens, first_block * block_size, num_keys, num_queries, window)
+        hidden_keys = ~mask.any(dim=2)[..., None]
     in_rows = torch.isin(reqs.tok_req, rows)
     row_of_req = torch.full((reqs.lens.shape[0],), -1, dtype=torch.long)
     row_of_req[rows] = torch.arange(rows.shape[0])
     token_idx = torch.nonzero(in_rows).flatten()  # [Tb]
     token_rows = row_of_req[reqs.tok_req[token_idx]]
     return _SubBatchShape(
-        first_block, num_blocks, mask, token_idx, token_rows, num_queries, dense, causal
+        first_block,
+        num_blocks,
+        mask,
+        hidden_keys,
+        token_idx,
+        token_rows,
+        num_queries,
+        dense,
+        causal,
     )
 
 
@@ -197,6 +209,7 @@ def _sub_batch(
         cols=reqs.tok_off[shape.token_idx],
         block_table=table[rows[:, None], cols],
         mask=shape.mask,
+        hidden_keys=shape.hidden_keys,
         num_queries=shape.num_queries,
         dense=shape.dense,
         causal=shape.causal,

@@ -23,6 +23,7 @@ class AttnSubBatch:
     cols: torch.Tensor  # [Tb] query offset within the row
     block_table: torch.Tensor  # [R, nb] blocks to read, first one holds key position first_pos
     mask: torch.Tensor | None  # [R, 1, Q, nb * B] bool, True = attend; None when causal
+    hidden_keys: torch.Tensor  # [R or 1, 1, nb * B, 1] bool: key slots no query of the row sees
     num_queries: int  # Q
     dense: bool  # the step's tokens are exactly [R, Q] in order: no padding, no scatter
     causal: bool  # dense, every row starts at 0 and no window cuts in: plain causal mask

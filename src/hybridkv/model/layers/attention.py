@@ -27,6 +27,7 @@ class PagedAttention(nn.Module):
         self.head_dim = head_dim
         self.scale = scale
         self.softcap = softcap
+        self.compute_dtype: torch.dtype | None = None  # None: the queries' dtype (see matmul.py)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: StepContext
@@ -48,15 +49,15 @@ class PagedAttention(nn.Module):
 
     def _attend(self, q: torch.Tensor, pages: torch.Tensor, sub: AttnSubBatch) -> torch.Tensor:
         """Queries of one sub-batch -> their outputs ``[Tb, heads, d]``, in ``token_idx`` order."""
-        q_pad = self._pad_queries(q, sub)  # [R, heads, Q, d]
-        k_ctx = _gather(pages[:, 0], sub.block_table).to(q.dtype)  # [R, kv_heads, K, d]
-        v_ctx = _gather(pages[:, 1], sub.block_table).to(q.dtype)  # [R, kv_heads, K, d]
+        dtype = self.compute_dtype or q.dtype
+        q_pad = self._pad_queries(q, sub).to(dtype)  # [R, heads, Q, d]
+        k_ctx = _gather(pages[:, 0], sub.block_table).to(dtype)  # [R, kv_heads, K, d]
+        v_ctx = _gather(pages[:, 1], sub.block_table).to(dtype)  # [R, kv_heads, K, d]
         # NOTE: key slots no query may attend still come from whole blocks; a reused block can
         # hold anything there (a failed load's bytes: NaN, inf). Masking alone lets NaN through
         # (NaN + -inf, 0 * NaN), so those slots are zeroed.
-        hidden = ~_attendable_keys(sub, k_ctx.shape[2])  # [R or 1, 1, K, 1]
-        k_ctx.masked_fill_(hidden, 0.0)
-        v_ctx.masked_fill_(hidden, 0.0)
+        k_ctx.masked_fill_(sub.hidden_keys, 0.0)
+        v_ctx.masked_fill_(sub.hidden_keys, 0.0)
         if self.softcap is None:
             out = F.scaled_dot_product_attention(
                 q_pad,
@@ -69,7 +70,7 @@ class PagedAttention(nn.Module):
             )  # [R, heads, Q, d]
         else:
             out = self._softcapped(q_pad, k_ctx, v_ctx, _mask_of(sub, k_ctx.shape[2]))
-        out = out.transpose(1, 2)  # [R, Q, heads, d]
+        out = out.transpose(1, 2).to(q.dtype)  # [R, Q, heads, d]
         if sub.dense:
             return out.reshape(-1, self.num_heads, self.head_dim)
         return out[sub.rows, sub.cols]
@@ -104,13 +105,6 @@ def _mask_of(sub: AttnSubBatch, num_keys: int) -> torch.Tensor:
         return sub.mask
     causal = torch.ones(sub.num_queries, num_keys, dtype=torch.bool).tril()  # [Q, K]
     return causal[None, None]
-
-
-def _attendable_keys(sub: AttnSubBatch, num_keys: int) -> torch.Tensor:
-    """``[R, 1, K, 1]`` (or ``[1, 1, K, 1]`` when causal): keys some query of the row may see."""
-    if sub.mask is not None:
-        return sub.mask.any(dim=2)[..., None]
-    return (torch.arange(num_keys) < sub.num_queries)[None, None, :, None]
 
 
 def _gather(half_pages: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from hybridkv.model.layers.linear import linear
 
 _Key = tuple[int, ...]
 
@@ -33,7 +34,7 @@ class FusedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self._cache.get()
-        return F.linear(x, weight, bias)
+        return linear(x, weight, bias)
 
 
 class _Concat:

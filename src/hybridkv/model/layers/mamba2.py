@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridkv.model.config import MambaConfig
+from hybridkv.model.layers.linear import Linear
 from hybridkv.model.layers.norm import GatedRMSNorm
 from hybridkv.model.layers.ssd import ssd_chunk_scan, ssd_step_
 from hybridkv.model.step_context import StateMeta, StepContext
@@ -26,13 +27,13 @@ class Mamba2Mixer(nn.Module):
         self.layer_id = layer_id
         self.cfg = cfg
         inner, conv_dim = cfg.intermediate_size, cfg.conv_dim
-        self.in_proj = nn.Linear(hidden, inner + conv_dim + cfg.num_heads, bias=cfg.proj_bias)
+        self.in_proj = Linear(hidden, inner + conv_dim + cfg.num_heads, bias=cfg.proj_bias)
         self.conv1d = nn.Conv1d(conv_dim, conv_dim, cfg.d_conv, groups=conv_dim, bias=cfg.conv_bias)
         self.dt_bias = nn.Parameter(torch.ones(cfg.num_heads))
         self.A_log = nn.Parameter(torch.zeros(cfg.num_heads))
         self.D = nn.Parameter(torch.ones(cfg.num_heads))
         self.norm = GatedRMSNorm(inner, cfg.n_groups, eps)
-        self.out_proj = nn.Linear(inner, hidden, bias=cfg.proj_bias)
+        self.out_proj = Linear(inner, hidden, bias=cfg.proj_bias)
 
     def forward(self, hidden: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """``[T, hidden]`` -> ``[T, hidden]``; updates this layer's live state slots."""

@@ -8,6 +8,7 @@ from torch import nn
 
 from hybridkv.model.errors import ModelLoadError
 from hybridkv.model.layers.fused import FusedLinear
+from hybridkv.model.layers.linear import Linear, linear
 
 
 def activation(name: str):  # type: ignore[no-untyped-def]
@@ -27,9 +28,9 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden: int, inner: int, act: str) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, inner, bias=False)
-        self.up_proj = nn.Linear(hidden, inner, bias=False)
-        self.down_proj = nn.Linear(inner, hidden, bias=False)
+        self.gate_proj = Linear(hidden, inner, bias=False)
+        self.up_proj = Linear(hidden, inner, bias=False)
+        self.down_proj = Linear(inner, hidden, bias=False)
         self.act = activation(act)
         self.gate_up = FusedLinear([self.gate_proj, self.up_proj])
 
@@ -44,8 +45,8 @@ class FusedGatedMLP(nn.Module):
 
     def __init__(self, hidden: int, inner: int, act: str) -> None:
         super().__init__()
-        self.input_linear = nn.Linear(hidden, 2 * inner, bias=False)
-        self.output_linear = nn.Linear(inner, hidden, bias=False)
+        self.input_linear = Linear(hidden, 2 * inner, bias=False)
+        self.output_linear = Linear(inner, hidden, bias=False)
         self.act = activation(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -57,7 +58,7 @@ class FusedGatedMLP(nn.Module):
 class Router(nn.Module):
     def __init__(self, hidden: int, num_experts: int) -> None:
         super().__init__()
-        self.layer = nn.Linear(hidden, num_experts, bias=False)
+        self.layer = Linear(hidden, num_experts, bias=False)
 
 
 class TopKMoE(nn.Module):
@@ -95,8 +96,8 @@ class TopKMoE(nn.Module):
         return torch.zeros_like(x).index_add_(0, tokens, out_rows)
 
     def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.input_linear.weight[expert]).chunk(2, dim=-1)
-        return F.linear(self.act(gate) * up, self.output_linear.weight[expert])
+        gate, up = linear(x, self.input_linear.weight[expert]).chunk(2, dim=-1)
+        return linear(self.act(gate) * up, self.output_linear.weight[expert])
 
 
 class _ExpertWeights(nn.Module):

@@ -9,6 +9,7 @@ from torch import nn
 from hybridkv.model.config import ModelConfig
 from hybridkv.model.layers.attention import PagedAttention
 from hybridkv.model.layers.fused import FusedLinear
+from hybridkv.model.layers.linear import Linear
 from hybridkv.model.layers.norm import OffsetRMSNorm, RMSNorm
 from hybridkv.model.layers.rotary import RotaryCosSin
 from hybridkv.model.step_context import StepContext
@@ -32,10 +33,10 @@ class SelfAttention(nn.Module):
         super().__init__()
         heads, kv_heads, d = cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim
         bias = bool(cfg.raw.get("attention_bias", False))
-        self.q_proj = nn.Linear(cfg.hidden_size, heads * d, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, kv_heads * d, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, kv_heads * d, bias=bias)
-        self.o_proj = nn.Linear(heads * d, cfg.hidden_size, bias=bias)
+        self.q_proj = Linear(cfg.hidden_size, heads * d, bias=bias)
+        self.k_proj = Linear(cfg.hidden_size, kv_heads * d, bias=bias)
+        self.v_proj = Linear(cfg.hidden_size, kv_heads * d, bias=bias)
+        self.o_proj = Linear(heads * d, cfg.hidden_size, bias=bias)
         self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
         self.qk_norm: _JointQKNorm | None = None
         if qk_norm is not None:
@@ -92,7 +93,7 @@ class CausalLM(nn.Module):
     """The runner's view of a model: hidden states for the flat tokens, then logits."""
 
     config: ModelConfig
-    lm_head: nn.Linear
+    lm_head: Linear
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """``[T]`` token ids -> final hidden states ``[T, hidden]``."""

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from hybridkv.model.config import LayerKind, ModelConfig
+from hybridkv.model.layers.linear import Linear
 from hybridkv.model.layers.mlp import GatedMLP
 from hybridkv.model.layers.norm import OffsetRMSNorm
 from hybridkv.model.layers.rotary import RotaryCosSin, RotaryTable
@@ -55,7 +56,7 @@ class Gemma3ForCausalLM(CausalLM):
         super().__init__()
         self.config = cfg
         self.model = Gemma3TextModel(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary_global = RotaryTable(cfg.rope)
         self.rotary_local = RotaryTable(cfg.local_rope or cfg.rope)
         self.embed_scale = cfg.hidden_size**0.5

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from hybridkv.model.config import LayerKind, ModelConfig
+from hybridkv.model.layers.linear import Linear
 from hybridkv.model.layers.mamba2 import Mamba2Mixer
 from hybridkv.model.layers.mlp import FusedGatedMLP, TopKMoE
 from hybridkv.model.layers.norm import RMSNorm
@@ -65,7 +66,7 @@ class GraniteMoeHybridForCausalLM(CausalLM):
         super().__init__()
         self.config = cfg
         self.model = GraniteMoeHybridModel(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         use_rope = cfg.raw.get("position_embedding_type") == "rope"
         self.rotary = RotaryTable(cfg.rope) if use_rope else None
         self.embedding_multiplier = float(cfg.raw.get("embedding_multiplier", 1.0))

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from hybridkv.model.config import ModelConfig
+from hybridkv.model.layers.linear import Linear
 from hybridkv.model.layers.mlp import GatedMLP
 from hybridkv.model.layers.norm import RMSNorm
 from hybridkv.model.layers.rotary import RotaryCosSin, RotaryTable
@@ -41,7 +42,7 @@ class Qwen3ForCausalLM(CausalLM):
         super().__init__()
         self.config = cfg
         self.model = Qwen3Model(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = RotaryTable(cfg.rope)
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:

@@ -1,0 +1,212 @@
+"""B1, mixed lengths — offline throughput on a workload whose requests differ in length.
+
+``throughput.py`` gives every request the same prompt and output length, the one case where a
+static batch wastes nothing. Real offline jobs are mixed: prompt lengths vary, and requests end
+(at EOS or their own ``max_tokens``) at different steps. This script measures that case:
+
+- N requests (seeded): prompt lengths uniform in [--min-prompt, --max-prompt], output lengths
+  uniform in [--min-output, --max-output]; greedy, ``ignore_eos``, each request stops at its own
+  output length.
+- hybridkv: one ``LLM.generate`` call with per-request ``SamplingParams``; continuous batching
+  with at most ``--concurrency`` requests running at once.
+- transformers: ``generate`` over batches of ``--concurrency`` requests, the prompts sorted by
+  length first (the best a caller can do knowing only the prompts) and left-padded; a batch runs
+  until its longest requested output (``max_new_tokens`` = ``min_new_tokens`` = the batch's
+  largest output length), then each request's output is cut to its own length.
+
+Both engines are timed over the whole workload, alternating A, B after one warm-up of each;
+throughput counts only the tokens asked for (prompt + requested output).
+
+    .venv/bin/python benchmarks/throughput_mixed.py                 # tiny + small, float32
+    .venv/bin/python benchmarks/throughput_mixed.py --quick         # seconds; run by the tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from throughput import (
+    FIRST_TOKEN_ID,
+    add_case_args,
+    b1_machine,
+    greedy_agreement,
+    load_transformers,
+    make_llm,
+    run_cases,
+    summary,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MixedWorkload:
+    num_requests: int
+    prompt_range: tuple[int, int]
+    output_range: tuple[int, int]
+    concurrency: int
+    repeats: int
+
+
+@dataclass(frozen=True, slots=True)
+class Requests:
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts) + sum(self.output_lens)
+
+
+def make_requests(vocab_size: int, work: MixedWorkload, seed: int = 0) -> Requests:
+    rng = random.Random(seed)
+    prompts, outputs = [], []
+    for _ in range(work.num_requests):
+        n = rng.randint(*work.prompt_range)
+        prompts.append([rng.randrange(FIRST_TOKEN_ID, vocab_size) for _ in range(n)])
+        outputs.append(rng.randint(*work.output_range))
+    return Requests(prompts, outputs)
+
+
+class HybridKV:
+    name = "hybridkv"
+
+    def __init__(self, path: Path, dtype: str, work: MixedWorkload) -> None:
+        self.llm = make_llm(
+            path,
+            dtype,
+            max_num_seqs=work.concurrency,
+            max_num_batched_tokens=2048,
+            max_model_len=work.prompt_range[1] + work.output_range[1] + 16,
+        )
+
+    def generate(self, reqs: Requests) -> list[list[int]]:
+        from hybridkv import SamplingParams
+
+        params = [
+            SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in reqs.output_lens
+        ]
+        outs = self.llm.generate(reqs.prompts, params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+
+class Transformers:
+    name = "transformers"
+
+    def __init__(self, path: Path, dtype: str, work: MixedWorkload) -> None:
+        self.model = load_transformers(path, dtype)
+        self.batch_size = work.concurrency
+
+    def generate(self, reqs: Requests) -> list[list[int]]:
+        order = sorted(range(len(reqs.prompts)), key=lambda i: len(reqs.prompts[i]))
+        outputs: dict[int, list[int]] = {}
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start : start + self.batch_size]
+            rows = self._generate_batch([reqs.prompts[i] for i in batch], reqs, batch)
+            outputs.update(zip(batch, rows, strict=True))
+        return [outputs[i] for i in range(len(reqs.prompts))]
+
+    def _generate_batch(
+        self, prompts: list[list[int]], reqs: Requests, batch: list[int]
+    ) -> list[list[int]]:
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)  # left-padded with 0
+        mask = torch.zeros_like(ids)
+        for row, p in enumerate(prompts):
+            ids[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
+        longest = max(reqs.output_lens[i] for i in batch)
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=longest,
+                min_new_tokens=longest,  # ignore_eos
+                do_sample=False,
+                pad_token_id=0,
+            )
+        new = out[:, width:].tolist()
+        return [row[: reqs.output_lens[i]] for row, i in zip(new, batch, strict=True)]
+
+
+def bench_case(path: Path, dtype: str, work: MixedWorkload) -> dict[str, Any]:
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    reqs = make_requests(vocab, work)
+    engines: list[HybridKV | Transformers] = [
+        HybridKV(path, dtype, work),
+        Transformers(path, dtype, work),
+    ]
+    tokens = [e.generate(reqs) for e in engines]  # warm-up
+    seconds: dict[str, list[float]] = {e.name: [] for e in engines}
+    for _ in range(work.repeats):
+        for engine in engines:
+            began = time.perf_counter()
+            engine.generate(reqs)
+            seconds[engine.name].append(time.perf_counter() - began)
+    result: dict[str, Any] = {"greedy_agreement": greedy_agreement(tokens[0], tokens[1])}
+    output_tokens = sum(reqs.output_lens)
+    for name, times in seconds.items():
+        result[name] = {
+            "tokens_per_s": summary([reqs.num_tokens / t for t in times]),
+            "output_tokens_per_s": summary([output_tokens / t for t in times]),
+        }
+    result["ratio"] = r = summary(  # paired runs: hybridkv / transformers throughput
+        [b / a for a, b in zip(seconds["hybridkv"], seconds["transformers"], strict=True)]
+    )
+    print(
+        f"  hybridkv/transformers {r['median']:.3g} [{r['min']:.3g}, {r['max']:.3g}]",
+        file=sys.stderr,
+    )
+    return result
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny models, 8 short requests, 1 repeat")
+    add_case_args(p, dtypes=["float32"])
+    p.add_argument("--num-requests", type=int, default=48)
+    p.add_argument("--min-prompt", type=int, default=16)
+    p.add_argument("--max-prompt", type=int, default=384)
+    p.add_argument("--min-output", type=int, default=8)
+    p.add_argument("--max-output", type=int, default=128)
+    p.add_argument("--concurrency", type=int, default=16)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.sizes, args.num_requests, args.repeats = ["tiny"], 8, 1
+        args.max_prompt, args.max_output, args.concurrency = 48, 12, 4
+    if not (1 <= args.min_prompt <= args.max_prompt and 1 <= args.min_output <= args.max_output):
+        p.error("length ranges must satisfy 1 <= min <= max")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    work = MixedWorkload(
+        args.num_requests,
+        (args.min_prompt, args.max_prompt),
+        (args.min_output, args.max_output),
+        args.concurrency,
+        args.repeats,
+    )
+    results = run_cases(args, lambda path, dtype: bench_case(path, dtype, work))
+    doc = {
+        "benchmark": "throughput_mixed",
+        "machine": b1_machine(),
+        "workload": asdict(work) | {"greedy": True, "ignore_eos": True},
+        "baseline": "transformers generate, batches of `concurrency` sorted by prompt length",
+        "results": results,
+    }
+    print(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
