@@ -64,6 +64,14 @@ def test_engine_seed_makes_unseeded_sampling_reproducible(model_dir: Path) -> No
     assert run(1, before=100) != run(2, before=100)
 
 
+def test_the_engine_leaves_the_process_random_state_alone(model_dir: Path) -> None:
+    torch.manual_seed(7)
+    state = torch.random.get_rng_state()
+    llm = make_llm(model_dir, seed=3)
+    llm.generate([random_ids(20, 45)], sampled(None), use_tqdm=False)
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
 def test_stop_string_cuts_the_text(model_dir: Path) -> None:
     llm = make_llm(model_dir)
     prompt = random_ids(25, 46)

@@ -12,8 +12,6 @@ import itertools
 import time
 from dataclasses import dataclass
 
-import torch
-
 from hybridkv.config import EngineConfig
 from hybridkv.connectors.base import KVConnectorPair
 from hybridkv.connectors.config import KVTransferConfig
@@ -73,9 +71,6 @@ class EngineCore:
 
         self.config = config
         self.keep_logits = keep_logits
-        # NOTE: requests without their own seed sample from torch's default generator; seeding
-        # it here makes an engine's unseeded sampling reproducible, as vLLM's ``seed`` does.
-        torch.manual_seed(config.seed)
         self.dtype = resolve_dtype(config.dtype, dict(load_model_config(config.model).raw))
         self.model, self.model_config = load_model(config.model, self.dtype, config.bf16_matmul)
         self.tokenizer = Tokenizer(config.model, eos_token_ids=self.model_config.eos_token_ids)
@@ -100,6 +95,7 @@ class EngineCore:
             self.sizing.num_blocks,
             self.sizing.num_state_slots,
             keep_logits=keep_logits,
+            seed=config.seed,  # unseeded requests sample from the runner's own generator
         )
         self.connector = self._create_connector()
         transfer = None

@@ -28,6 +28,7 @@ class ModelRunner:
         num_state_slots: int,
         *,
         keep_logits: bool = False,
+        seed: int = 0,
     ) -> None:
         if layout.num_layers != model_config.num_hidden_layers:
             raise ValueError(
@@ -38,7 +39,7 @@ class ModelRunner:
         self.layout = layout
         self.keep_logits = keep_logits
         self.cache = CacheTensors(layout, num_blocks, num_state_slots)
-        self.sampler = Sampler()
+        self.sampler = Sampler(seed)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> RunnerOutput:

@@ -31,8 +31,12 @@ class SampleResult:
 
 
 class Sampler:
-    def __init__(self) -> None:
+    """Unseeded requests draw from the sampler's own generator (seeded with the engine seed),
+    never from torch's process-wide one."""
+
+    def __init__(self, seed: int = 0) -> None:
         self._generators: dict[str, torch.Generator] = {}
+        self._default = torch.Generator().manual_seed(seed)
 
     def drop(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
@@ -63,7 +67,7 @@ class Sampler:
         scaled = _apply_top_k(scaled, [r.params.top_k for r in reqs])
         scaled = _apply_top_p(scaled, [r.params.top_p for r in reqs])
         probs = torch.softmax(scaled, dim=-1)  # [S, V]
-        noise = torch.empty_like(probs).exponential_()  # [S, V]
+        noise = torch.empty_like(probs).exponential_(generator=self._default)  # [S, V]
         for row, req in enumerate(reqs):
             if req.params.seed is not None:
                 noise[row].exponential_(generator=self._generator(req))
