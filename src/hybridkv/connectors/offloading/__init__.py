@@ -3,6 +3,7 @@
 Files: ``config`` (options), ``units`` (what a restore unit holds and where its parts go),
 ``policies`` (LRU / ARC eviction order), ``tier`` (residency, pins and byte accounting shared by
 both tiers), ``cpu_tier`` and ``disk_tier`` (the bytes), ``scheduler`` (lookups, load and store
-planning), ``worker`` (moving bytes, timeouts, backpressure), ``connector`` (the factory).
+planning), ``loads`` (verified copies of a load's parts into the device cache), ``worker``
+(load threads, timeouts, stores, backpressure), ``connector`` (the factory).
 See ``docs/offloading.md``.
 """

@@ -1,0 +1,278 @@
+"""The load path: which payload rows fill which blocks, and moving verified bytes to the device.
+
+A CPU part is copied segment by segment (``cpu_tier.CpuPart``), each segment verified right
+after its copy while its bytes are still in cache; the load's thread and the copy helpers each
+take the next segment left. A disk part (and a CPU state part) is read and verified whole,
+then written. A part may reach the device before the rest of the load is verified, never
+before it is reported: a bad part's blocks were fresh to the request and are reported invalid
+(then recomputed). Every device write happens inside ``InflightLoad``'s write gate, so none
+starts after a timeout gave the load up and the timeout waits for those in progress.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from queue import Empty, SimpleQueue
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridkv.connectors.base import KVCacheAccess, LoadSpec
+from hybridkv.connectors.file_format import CORRUPT, MISSING, PartError
+from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier
+from hybridkv.connectors.offloading.disk_tier import DiskTier
+from hybridkv.connectors.offloading.units import (
+    CPU,
+    DISK,
+    OffloadLoadKeys,
+    UnitGeometry,
+    UnitSource,
+)
+from hybridkv.kv.spec import SpecKind
+
+
+@dataclass(slots=True)
+class InflightLoad:
+    """A load in flight. Device writes happen only between ``try_begin_write`` and
+    ``end_write``; ``try_cancel`` (a timeout) lets no write start after it and waits for those
+    in progress, so nothing is written once the timeout is reported."""
+
+    spec: LoadSpec
+    started: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    idle: threading.Condition = field(init=False)  # on ``lock``: no write in progress
+    num_writers: int = 0
+    cancelled: bool = False
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        self.idle = threading.Condition(self.lock)
+
+    def try_begin_write(self) -> bool:
+        with self.lock:
+            if self.cancelled:
+                return False
+            self.num_writers += 1
+            return True
+
+    def end_write(self) -> None:
+        with self.lock:
+            self.num_writers -= 1
+            if not self.num_writers:
+                self.idle.notify_all()
+
+    def try_cancel(self) -> bool:
+        """Give up on the load unless it finished; True if this call gave it up."""
+        with self.lock:
+            if self.done or self.cancelled:
+                return False
+            self.cancelled = True
+            self.idle.wait_for(lambda: not self.num_writers)
+            return True
+
+    def try_finish(self) -> bool:
+        """Mark every write done; False if the load was given up on (a timeout reported it)."""
+        with self.lock:
+            if self.cancelled:
+                return False
+            self.done = True
+            return True
+
+
+@dataclass(slots=True, eq=False)  # compared and hashed by identity
+class LoadPart:
+    """One part a load needs: rows of the part payload -> block ids (attention) or a slot."""
+
+    source: UnitSource
+    group_id: int
+    rows: list[int] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    slot: int | None = None
+
+
+@dataclass(slots=True)
+class CpuSegment:
+    """The rows of one checksummed segment of a stored CPU part that a load needs."""
+
+    part: LoadPart
+    stored: CpuPart
+    index: int
+    rows: list[int] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+
+
+def plan_parts(geometry: UnitGeometry, spec: LoadSpec) -> list[LoadPart]:
+    """The parts ``spec`` reads and which payload row fills which block."""
+    keys = spec.keys
+    if not isinstance(keys, OffloadLoadKeys):
+        raise TypeError(f"load of {spec.request_id} carries no offload keys")
+    layout = geometry.layout
+    by_end = {s.end: s for s in keys.units}
+    last = keys.units[-1]
+    parts: dict[tuple[int, int], LoadPart] = {}
+    for gid, ids, indices in zip(
+        layout.attention_group_ids, spec.block_ids, spec.block_indices, strict=True
+    ):
+        sliding = layout.groups[gid].kind is SpecKind.SLIDING
+        part, first = None, 0
+        for block_id, k in zip(ids, indices, strict=True):
+            end = last.end if sliding else geometry.unit_end_of_block(k)
+            if part is None or part.source.end != end:  # the next unit's part
+                part = parts.get((end, gid)) or parts.setdefault(
+                    (end, gid), LoadPart(by_end[end], gid)
+                )
+                first = geometry.first_block(gid, end)
+            part.rows.append(k - first)
+            part.block_ids.append(block_id)
+    out = list(parts.values())
+    for gid, slot in zip(layout.state_group_ids, spec.state_slots, strict=True):
+        out.append(LoadPart(last, gid, slot=slot))
+    return out
+
+
+class PartWriter:
+    """Writes a load's parts from the tiers into the device cache, verifying every byte."""
+
+    cache: KVCacheAccess  # set when the worker's caches are registered
+
+    def __init__(
+        self,
+        geometry: UnitGeometry,
+        cpu: CpuTier | None,
+        disk: DiskTier | None,
+        num_copy_helpers: int,
+    ) -> None:
+        self.layout = geometry.layout
+        self.cpu = cpu
+        self.disk = disk
+        self._num_helpers = num_copy_helpers
+        self._helpers = ThreadPoolExecutor(max(1, num_copy_helpers), "offload-copy")
+
+    def write(self, load: InflightLoad, parts: list[LoadPart]) -> list[tuple[LoadPart, str]]:
+        """Write every good part (stopping early once ``load`` is given up); the bad parts,
+        in plan order, with their ``PartError`` reasons. Returns after every write ended."""
+        failed: dict[LoadPart, str] = {}
+        segments, whole = self._split(parts, failed)
+        failed.update(dict.fromkeys(self._copy_segments(load, segments), CORRUPT))
+        for part in whole:
+            if load.cancelled:  # timed out: stop reading, the result is reported already
+                break
+            try:
+                payload = self._read(part)
+            except PartError as err:
+                failed[part] = err.reason
+                continue
+            if not self._write_part(load, part, payload):
+                break
+        return [(p, failed[p]) for p in parts if p in failed]
+
+    def shutdown(self) -> None:
+        self._helpers.shutdown(wait=True)
+
+    def _split(
+        self, parts: list[LoadPart], failed: dict[LoadPart, str]
+    ) -> tuple[list[CpuSegment], list[LoadPart]]:
+        """CPU attention parts as the segments the load needs; the other parts, read whole."""
+        segments: list[CpuSegment] = []
+        whole: list[LoadPart] = []
+        for part in parts:
+            source = part.source
+            if source.tier != CPU or self.cpu is None or part.slot is not None:
+                whole.append(part)
+                continue
+            try:
+                stored = self.cpu.get(source.unit_hash, part.group_id)
+            except PartError as err:
+                failed[part] = err.reason
+                continue
+            by_index: dict[int, CpuSegment] = {}
+            segment = None
+            for row, block_id in zip(part.rows, part.block_ids, strict=True):
+                index = row // stored.rows_per_segment
+                if segment is None or segment.index != index:
+                    segment = by_index.get(index) or by_index.setdefault(
+                        index, CpuSegment(part, stored, index)
+                    )
+                segment.rows.append(row)
+                segment.block_ids.append(block_id)
+            segments.extend(by_index.values())
+        return segments, whole
+
+    def _copy_segments(self, load: InflightLoad, segments: list[CpuSegment]) -> set[LoadPart]:
+        """Copy and verify ``segments`` on this thread and the copy helpers (each takes the
+        next segment left); the parts with a bad segment. Returns after every copy ended."""
+        todo: SimpleQueue[CpuSegment] = SimpleQueue()
+        for segment in segments:
+            todo.put(segment)
+
+        def drain() -> set[LoadPart]:
+            bad: set[LoadPart] = set()
+            while True:
+                try:
+                    segment = todo.get_nowait()
+                except Empty:
+                    return bad
+                verified = self._copy_segment(load, segment)
+                if verified is None:  # given up on
+                    return bad
+                if not verified:
+                    bad.add(segment.part)
+
+        num_helpers = min(self._num_helpers, len(segments) - 1)
+        helpers = [self._helpers.submit(drain) for _ in range(num_helpers)]
+        try:
+            bad = drain()
+        finally:  # NOTE: a helper still copying must end before this load reports anything
+            wait([h for h in helpers if not h.cancel()])
+        for helper in helpers:
+            if not helper.cancelled():
+                bad |= helper.result()
+        return bad
+
+    def _copy_segment(self, load: InflightLoad, segment: CpuSegment) -> bool | None:
+        """Write the segment's rows, then verify the whole segment while its bytes are still
+        in cache: whether it matched, or None (nothing written) if the load was given up."""
+        if not load.try_begin_write():
+            return None
+        try:
+            self._write_rows(segment.stored.array, segment.rows, segment.block_ids)
+        finally:
+            load.end_write()
+        return segment.stored.verify(segment.index)
+
+    def _read(self, part: LoadPart) -> torch.Tensor:
+        """The part's payload, read whole and verified; ``PartError`` if it is bad or gone."""
+        source = part.source
+        if source.tier == CPU and self.cpu is not None:
+            stored = self.cpu.get(source.unit_hash, part.group_id)
+            if not stored.verify_all():
+                raise PartError(CORRUPT, "cpu checksum mismatch")
+            return stored.data
+        if source.tier == DISK and self.disk is not None:
+            return self.disk.read(source.unit_hash, source.end, part.group_id)
+        raise PartError(MISSING, f"unit {source.unit_hash.hex()} in no tier")
+
+    def _write_part(self, load: InflightLoad, part: LoadPart, payload: torch.Tensor) -> bool:
+        """Write a verified whole part; False (nothing written) if the load was given up."""
+        if not load.try_begin_write():
+            return False
+        try:
+            if part.slot is not None:
+                self.cache.write_state(part.group_id, part.slot, payload.view(-1))
+            else:
+                self._write_rows(payload, part.rows, part.block_ids)
+        finally:
+            load.end_write()
+        return True
+
+    def _write_rows(self, payload: Any, rows: list[int], block_ids: list[int]) -> None:
+        """Rows ``rows`` of a part payload (a uint8 array or CPU tensor) into ``block_ids``."""
+        data = np.asarray(payload).reshape(-1, self.layout.group_size, self.layout.layer_page_bytes)
+        if rows == list(range(rows[0], rows[0] + len(rows))):
+            data = data[rows[0] : rows[0] + len(rows)]  # a contiguous run: no gather
+        else:
+            data = data[rows]
+        self.cache.write_blocks(block_ids, data)  # data: [len(rows), G, layer_page_bytes]
