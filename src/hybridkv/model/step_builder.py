@@ -163,11 +163,11 @@ def _sub_batch_shape(
     else:
         mask = _mask(starts, ctx_lens, first_block * block_size, num_keys, num_queries, window)
         hidden_keys = ~mask.any(dim=2)[..., None]
-    in_rows = torch.isin(reqs.tok_req, rows)
     row_of_req = torch.full((reqs.lens.shape[0],), -1, dtype=torch.long)
     row_of_req[rows] = torch.arange(rows.shape[0])
-    token_idx = torch.nonzero(in_rows).flatten()  # [Tb]
-    token_rows = row_of_req[reqs.tok_req[token_idx]]
+    row_of_token = row_of_req[reqs.tok_req]  # [T], -1 outside the sub-batch
+    token_idx = torch.nonzero(row_of_token >= 0).flatten()  # [Tb]
+    token_rows = row_of_token[token_idx]
     return _SubBatchShape(
         first_block,
         num_blocks,
