@@ -55,10 +55,10 @@ class PagedAttention(nn.Module):
         v_ctx = _gather(pages[:, 1], sub.block_table).to(dtype)  # [R, kv_heads, K, d]
         # NOTE: key slots no query may attend still come from whole blocks; a reused block can
         # hold anything there (a failed load's bytes: NaN, inf). Masking alone lets NaN through
-        # (NaN + -inf, 0 * NaN), so V is zeroed there, and K too where SDPA masks the scores.
+        # (NaN + -inf, 0 * NaN), so those slots are zeroed.
+        k_ctx.masked_fill_(sub.hidden_keys, 0.0)
         v_ctx.masked_fill_(sub.hidden_keys, 0.0)
-        if self.softcap is None and sub.num_queries > 1:
-            k_ctx.masked_fill_(sub.hidden_keys, 0.0)
+        if self.softcap is None:
             out = F.scaled_dot_product_attention(
                 q_pad,
                 k_ctx,
@@ -68,8 +68,8 @@ class PagedAttention(nn.Module):
                 scale=self.scale,
                 enable_gqa=True,
             )  # [R, heads, Q, d]
-        else:  # decode (one query: a few small matmuls beat SDPA's setup) or soft-capping
-            out = self._grouped(q_pad, k_ctx, v_ctx, _mask_of(sub, k_ctx.shape[2]))
+        else:
+            out = self._softcapped(q_pad, k_ctx, v_ctx, _mask_of(sub, k_ctx.shape[2]))
         out = out.transpose(1, 2).to(q.dtype)  # [R, Q, heads, d]
         if sub.dense:
             return out.reshape(-1, self.num_heads, self.head_dim)
@@ -86,21 +86,18 @@ class PagedAttention(nn.Module):
         q_pad[sub.rows, sub.cols] = q[sub.token_idx]
         return q_pad.transpose(1, 2)
 
-    def _grouped(
+    def _softcapped(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
-        """Attention with matmuls, each KV head serving its group of query heads by
-        broadcasting (no repeated K/V). Scores of keys outside ``mask`` become -inf whatever
-        K holds there; V must be clean. q ``[R, heads, Q, d]`` -> ``[R, heads, Q, d]``."""
-        rows, heads, queries, d = q.shape
-        kv_heads = k.shape[1]
-        q5 = q.reshape(rows, kv_heads, heads // kv_heads, queries, d)  # [R, kvh, g, Q, d]
-        scores = torch.matmul(q5, k[:, :, None].transpose(-1, -2)) * self.scale  # [.., Q, K]
-        if self.softcap is not None:
-            scores = torch.tanh(scores / self.softcap) * self.softcap
-        scores = scores.masked_fill(~mask[:, :, None], float("-inf"))  # mask [R|1, 1, Q, K]
+        assert self.softcap is not None
+        groups = self.num_heads // self.num_kv_heads
+        k = k.repeat_interleave(groups, dim=1)  # [R, heads, K, d]
+        v = v.repeat_interleave(groups, dim=1)  # [R, heads, K, d]
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale  # [R, heads, Q, K]
+        scores = torch.tanh(scores / self.softcap) * self.softcap
+        scores = scores.masked_fill(~mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        return torch.matmul(probs, v[:, :, None]).reshape(rows, heads, queries, d)
+        return torch.matmul(probs, v)  # [R, heads, Q, d]
 
 
 def _mask_of(sub: AttnSubBatch, num_keys: int) -> torch.Tensor:
