@@ -282,7 +282,8 @@ def main() -> None:
             layout, tokens = make_layout(4, 2, 16, 32), 512
         else:
             layout, tokens = make_layout(12, 4, 64, 512), 4096  # qwen3-small-like, 4k tokens
-        report: dict[str, Any] = {"benchmark": "offload", "machine": machine_info(), "quick": quick}
+        machine = machine_info(loadavg_start=os.getloadavg())  # a shared machine: say how busy
+        report: dict[str, Any] = {"benchmark": "offload", "machine": machine, "quick": quick}
         report["cpu_tier"] = bench_cpu(layout, tokens, repeats)
         report["disk_tier"] = bench_disk(layout, tokens, repeats, root / "disk")
         prefixes = [128, 256] if quick else [1024, 4096, 8192]
@@ -290,6 +291,7 @@ def main() -> None:
             report["ttft_ms"] = bench_ttft(
                 "tiny" if quick else "small", prefixes, 1 if quick else 3, root
             )
+        report["machine"]["loadavg_end"] = os.getloadavg()
         print(json.dumps(report, indent=1))
     finally:
         shutil.rmtree(root, ignore_errors=True)

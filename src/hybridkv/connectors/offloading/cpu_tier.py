@@ -2,10 +2,10 @@
 
 A part is the snapshot ``save()`` took from the device cache (attention parts
 ``[n, G, layer_page_bytes]`` uint8, state parts ``[slot_bytes]`` uint8), kept as is. Storing
-checksums it in segments of whole rows of dim 0 (about ``SEGMENT_BYTES`` each), so a load can
-copy a segment to the device and verify the same bytes right after, while they are still in
-the core's cache, and two threads can each take their own segments. The checksums never leave
-the process, so their layout may change freely.
+checksums it in segments of whole rows of dim 0 (at most ``SEGMENT_BYTES`` each, at least one
+row), so a load can copy a segment to the device and verify the same bytes right after, while
+they are still in cache, and two threads can each take their own segments. The checksums
+never leave the process, so their layout may change freely.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from hybridkv.connectors.offloading.policies import create_policy
 from hybridkv.connectors.offloading.tier import TierIndex, UnitState
 from hybridkv.kv.hashing import BlockHash
 
-# NOTE: big enough that the per-segment Python calls stay a small fraction of a copy, small
-# enough that a segment and its device destination still sit in a core's 1 MiB L2 when hashed.
-SEGMENT_BYTES = 512 << 10
+# Measured (docs/benchmarks.md, B4): a copy into the device cache runs faster in big calls
+# (a 1-row segment copies at ~60 % of a 16-row one), and a segment hashed right after its
+# copy hashes at cache speed up to several MiB (L2 and L3), so segments are a few MiB.
+SEGMENT_BYTES = 4 << 20
 
 
 def checksum(array: np.ndarray[Any, Any]) -> int:
