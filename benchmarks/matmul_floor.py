@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from throughput import ARCHS, b1_machine, default_cache_dir, ensure_checkpoint
+from throughput import add_case_args, b1_machine, run_cases
 
 
 def projection_weights(path: Path, dtype: str) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -66,6 +66,11 @@ def floor(path: Path, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
             time_rows(weights, head, args.prefill_tokens, args.batch) for _ in range(args.repeats)
         )
         decode = min(time_rows(weights, head, args.batch, args.batch) for _ in range(args.repeats))
+    print(
+        f"  prefill floor {args.prefill_tokens / prefill:.0f} tok/s,"
+        f" decode floor {args.batch / decode:.0f} tok/s",
+        file=sys.stderr,
+    )
     return {
         "prefill_s": prefill,
         "decode_step_s": decode,
@@ -78,28 +83,14 @@ def floor(path: Path, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny checkpoints, one repeat")
-    p.add_argument("--archs", nargs="+", default=list(ARCHS), choices=ARCHS)
-    p.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
-    p.add_argument("--dtypes", nargs="+", default=["float32"])
+    add_case_args(p, dtypes=["float32"])
     p.add_argument("--prefill-tokens", type=int, default=2048, help="B1: 16 prompts x 128")
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--cache-dir", type=Path, default=None, help="checkpoints (built if missing)")
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.repeats, args.prefill_tokens = ["tiny"], 1, 64
-    cache_dir = args.cache_dir or default_cache_dir()
-    results: dict[str, Any] = {}
-    for size in args.sizes:
-        for arch in args.archs:
-            path = ensure_checkpoint(cache_dir, arch, size)
-            for dtype in args.dtypes:
-                results[f"{arch}-{size}-{dtype}"] = r = floor(path, dtype, args)
-                print(
-                    f"{arch}-{size}-{dtype}: prefill floor {r['prefill_floor_tokens_per_s']:.0f}"
-                    f" tok/s, decode floor {r['decode_floor_tokens_per_s']:.0f} tok/s",
-                    file=sys.stderr,
-                )
+    torch.set_num_threads(args.threads)
+    results = run_cases(args, lambda path, dtype: floor(path, dtype, args))
     print(json.dumps({"benchmark": "matmul_floor", "machine": b1_machine(), "results": results}))
     return 0
 
