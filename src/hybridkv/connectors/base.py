@@ -25,9 +25,12 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hybridkv.kv.coordinator import KVRequest
+
+if TYPE_CHECKING:
+    from hybridkv.native import PageTable
 
 
 class KVConnectorRequest(KVRequest, Protocol):
@@ -159,6 +162,10 @@ class KVCacheAccess(Protocol):
     def write_blocks(self, block_ids: list[int], data: Any) -> None: ...
     def read_state(self, group_id: int, slot: int) -> Any: ...
     def write_state(self, group_id: int, slot: int, data: Any) -> None: ...
+    def page_table(self) -> PageTable | None:
+        """The backing pages as host addresses for ``hybridkv.native`` copy kernels, or None
+        when they are not host memory (kernels then fall back to ``read_blocks`` etc.)."""
+        ...
 
 
 class BaseConnectorScheduler(ABC):

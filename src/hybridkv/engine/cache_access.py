@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from hybridkv.kv.spec import KVCacheLayout
+from hybridkv.native import STRIPE, PageTable
 
 
 def contiguous_runs(block_ids: list[int]) -> list[tuple[int, int, int]]:
@@ -38,6 +39,7 @@ class DeviceCacheAccess:
         self.layout = layout
         self.backing = backing
         self._backing_np = [b.numpy() for b in backing]  # views sharing the tensors' memory
+        self._pages = _page_table(backing)
         self.group_states = {
             g: [t for layer in layout.groups[g].layer_ids for t in states[layer]]
             for g in layout.state_group_ids
@@ -60,6 +62,9 @@ class DeviceCacheAccess:
             for i, b in enumerate(self._backing_np):
                 np.copyto(b[first : first + n], src[pos : pos + n, i])
 
+    def page_table(self) -> PageTable | None:
+        return self._pages
+
     def read_state(self, group_id: int, slot: int) -> torch.Tensor:
         parts = [t[slot].reshape(-1).view(torch.uint8) for t in self.group_states[group_id]]
         return torch.cat(parts)  # [slot_bytes]
@@ -74,3 +79,19 @@ class DeviceCacheAccess:
             raise ValueError(
                 f"state data of {data.numel()} bytes, group {group_id} slots hold {offset}"
             )
+
+
+def _page_table(backing: list[torch.Tensor]) -> PageTable | None:
+    """The backing tensors as addresses, when native kernels can walk them: CPU, contiguous
+    ``[num_blocks, page]`` uint8 of one shape, pages a whole number of stripes."""
+    if not backing:
+        return None
+    shape = backing[0].shape
+    usable = all(
+        b.device.type == "cpu" and b.dtype == torch.uint8 and b.is_contiguous() and b.shape == shape
+        for b in backing
+    )
+    if not usable or len(shape) != 2 or shape[1] % STRIPE:
+        return None
+    bases = np.array([b.data_ptr() for b in backing], dtype=np.uint64)
+    return PageTable(bases, int(shape[1]), int(shape[0]), tuple(backing))

@@ -1,5 +1,6 @@
 """CPU-tier loads copy and verify segment by segment: a bad byte in any segment fails its part,
-a partly loaded segment is still verified whole, and a timeout stops the copies."""
+a partly loaded segment is still verified whole, and a timeout stops the copies. Every test
+runs with the native copy kernels and without them (numpy copies + xxh3)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import time
 import pytest
 import torch
 
-from hybridkv.connectors.offloading import cpu_tier
-from hybridkv.engine.cache_access import DeviceCacheAccess
+from hybridkv.connectors.offloading import connector, cpu_tier
+from hybridkv.connectors.offloading.cpu_tier import CpuPart
+from hybridkv.native import PageCopy
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, table
 
 from .helpers import DST, SRC, OffloadEngine, offload_config
@@ -23,14 +25,20 @@ SEGMENT = 2 * ROW
 LOAD_IDS = list(range(40, 53))  # a 50-token prompt: 13 blocks, units end at 24 and 48
 
 
-@pytest.fixture(autouse=True)
-def small_segments(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(autouse=True, params=["native", "numpy"])
+def kernel(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, native: PageCopy
+) -> PageCopy | None:
     monkeypatch.setattr(cpu_tier, "SEGMENT_BYTES", SEGMENT)
+    chosen = native if request.param == "native" else None
+    monkeypatch.setattr(connector, "load_pagecopy", lambda: chosen)
+    return chosen
 
 
 def stored_full(**extra: object) -> tuple[OffloadEngine, FakeRequest]:
     config = offload_config(chunk_tokens=CHUNK, **extra)  # type: ignore[arg-type]
     engine = OffloadEngine(config, make_layout("full"), seed=3)
+    assert engine.cache.page_table() is not None
     req = make_request("a", 50)
     engine.save_prompt(req, table(engine.layout, {0: list(range(1, 14))}), [50])
     return engine, req
@@ -96,16 +104,17 @@ def test_a_timed_out_load_writes_nothing_after_its_timeout_is_reported(
     engine, a = stored_full(load_timeout_seconds=0.1)
     writes: list[tuple[float, float]] = []  # (start, end) of every block write
     lock = threading.Lock()
-    real_write = DeviceCacheAccess.write_blocks
+    real_load = CpuPart.load_segment
 
-    def slow_write(self: DeviceCacheAccess, block_ids: list[int], data: object) -> None:
+    def slow_load(self: CpuPart, *args: object) -> bool:
         began = time.monotonic()
         time.sleep(0.06)
-        real_write(self, block_ids, data)  # type: ignore[arg-type]
+        verified = real_load(self, *args)  # type: ignore[arg-type]
         with lock:
             writes.append((began, time.monotonic()))
+        return verified
 
-    monkeypatch.setattr(DeviceCacheAccess, "write_blocks", slow_write)
+    monkeypatch.setattr(CpuPart, "load_segment", slow_load)
     before = engine.blocks_bytes(LOAD_IDS[:12]).clone()
     engine.load(FakeRequest("l", a.all_token_ids), table(engine.layout, {0: LOAD_IDS}))
     out = engine.finish("l", timeout=2.0)

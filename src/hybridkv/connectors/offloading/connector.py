@@ -11,6 +11,7 @@ from hybridkv.connectors.offloading.scheduler import OffloadingScheduler
 from hybridkv.connectors.offloading.units import UnitGeometry
 from hybridkv.connectors.offloading.worker import OffloadingWorker
 from hybridkv.connectors.registry import ConnectorContext
+from hybridkv.native import load_pagecopy
 
 
 def create_offloading_connector(
@@ -22,7 +23,7 @@ def create_offloading_connector(
     unit_bytes = max(1, geometry.unit_nbytes(options.chunk_tokens * 2))
     cpu = None
     if options.cpu_bytes is not None:
-        cpu = CpuTier(options.cpu_bytes, options.eviction, unit_bytes)
+        cpu = CpuTier(options.cpu_bytes, options.eviction, unit_bytes, load_pagecopy())
     disk = None
     if options.disk_path is not None and options.disk_bytes is not None:
         try:

@@ -1,12 +1,13 @@
 """The load path: which payload rows fill which blocks, and moving verified bytes to the device.
 
-A CPU part is copied segment by segment (``cpu_tier.CpuPart``), each segment verified right
-after its copy while its bytes are still in cache; the load's thread and the copy helpers each
-take the next segment left. A disk part (and a CPU state part) is read and verified whole,
-then written. A part may reach the device before the rest of the load is verified, never
-before it is reported: a bad part's blocks were fresh to the request and are reported invalid
-(then recomputed). Every device write happens inside ``InflightLoad``'s write gate, so none
-starts after a timeout gave the load up and the timeout waits for those in progress.
+A CPU part is copied segment by segment (``cpu_tier.CpuPart.load_segment``), each segment
+checksummed in the same pass as its copy (native kernels) or right after it while its bytes
+are still in cache; the load's thread and the copy helpers each take the next segment left.
+A disk part (and a CPU state part) is read and verified whole, then written. A part may reach
+the device before the rest of the load is verified, never before it is reported: a bad part's
+blocks were fresh to the request and are reported invalid (then recomputed). Every device
+write happens inside ``InflightLoad``'s write gate, so none starts after a timeout gave the
+load up and the timeout waits for those in progress.
 """
 
 from __future__ import annotations
@@ -15,14 +16,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from queue import Empty, SimpleQueue
-from typing import Any
 
-import numpy as np
 import torch
 
 from hybridkv.connectors.base import KVCacheAccess, LoadSpec
 from hybridkv.connectors.file_format import CORRUPT, MISSING, PartError
-from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier
+from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier, write_rows
 from hybridkv.connectors.offloading.disk_tier import DiskTier
 from hybridkv.connectors.offloading.units import (
     CPU,
@@ -233,15 +232,16 @@ class PartWriter:
         return bad
 
     def _copy_segment(self, load: InflightLoad, segment: CpuSegment) -> bool | None:
-        """Write the segment's rows, then verify the whole segment while its bytes are still
-        in cache: whether it matched, or None (nothing written) if the load was given up."""
+        """Write the segment's rows and verify the whole segment (in the same pass, or right
+        after while in cache): whether it matched, or None (nothing written) if given up."""
         if not load.try_begin_write():
             return None
         try:
-            self._write_rows(segment.stored.array, segment.rows, segment.block_ids)
+            return segment.stored.load_segment(
+                segment.index, segment.rows, segment.block_ids, self.cache
+            )
         finally:
             load.end_write()
-        return segment.stored.verify(segment.index)
 
     def _read(self, part: LoadPart) -> torch.Tensor:
         """The part's payload, read whole and verified; ``PartError`` if it is bad or gone."""
@@ -268,11 +268,7 @@ class PartWriter:
             load.end_write()
         return True
 
-    def _write_rows(self, payload: Any, rows: list[int], block_ids: list[int]) -> None:
-        """Rows ``rows`` of a part payload (a uint8 array or CPU tensor) into ``block_ids``."""
-        data = np.asarray(payload).reshape(-1, self.layout.group_size, self.layout.layer_page_bytes)
-        if rows == list(range(rows[0], rows[0] + len(rows))):
-            data = data[rows[0] : rows[0] + len(rows)]  # a contiguous run: no gather
-        else:
-            data = data[rows]
-        self.cache.write_blocks(block_ids, data)  # data: [len(rows), G, layer_page_bytes]
+    def _write_rows(self, payload: torch.Tensor, rows: list[int], block_ids: list[int]) -> None:
+        """Rows ``rows`` of a flat part payload into ``block_ids``."""
+        data = payload.view(-1, self.layout.group_size, self.layout.layer_page_bytes)
+        write_rows(self.cache, data, rows, block_ids)

@@ -35,7 +35,7 @@ from hybridkv.connectors.base import (
 )
 from hybridkv.connectors.file_format import IO_ERROR, MISSING
 from hybridkv.connectors.offloading.config import OffloadingConfig
-from hybridkv.connectors.offloading.cpu_tier import CpuTier
+from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier
 from hybridkv.connectors.offloading.disk_tier import DiskTier
 from hybridkv.connectors.offloading.loads import InflightLoad, LoadPart, PartWriter, plan_parts
 from hybridkv.connectors.offloading.units import CPU, DISK, OffloadLoadKeys, UnitGeometry, UnitSave
@@ -202,22 +202,26 @@ class OffloadingWorker(BaseConnectorWorker):
             parts = self._snapshot(save)
             self._stager.submit(self._store, save, parts, nbytes, time.perf_counter() - began)
 
-    def _snapshot(self, save: UnitSave) -> dict[int, torch.Tensor]:
-        """Copy the unit's bytes out of the device cache now (one read for all its blocks)."""
-        ids = [b for group_ids in save.block_ids for b in group_ids]
-        parts: dict[int, torch.Tensor] = {}
-        if ids:
-            data = self.cache.read_blocks(ids)  # [n, G, layer_page_bytes], a copy
-            offset = 0
-            for gid, group_ids in zip(self.layout.attention_group_ids, save.block_ids, strict=True):
-                parts[gid] = data[offset : offset + len(group_ids)]
-                offset += len(group_ids)
+    def _snapshot(self, save: UnitSave) -> dict[int, CpuPart | torch.Tensor]:
+        """Copy the unit's bytes out of the device cache now. A unit bound for the CPU tier
+        is checksummed in the same pass when the tier has native kernels."""
+        cpu = self.cpu if CPU in save.tiers else None
+        parts: dict[int, CpuPart | torch.Tensor] = {}
+        for gid, group_ids in zip(self.layout.attention_group_ids, save.block_ids, strict=True):
+            ids = list(group_ids)
+            if ids:
+                sealed = cpu.snapshot(self.cache, ids) if cpu is not None else None
+                parts[gid] = sealed if sealed is not None else self.cache.read_blocks(ids)
         for gid, slot in zip(self.layout.state_group_ids, save.state_slots, strict=True):
             parts[gid] = self.cache.read_state(gid, slot)  # [slot_bytes], a copy
         return parts
 
     def _store(
-        self, save: UnitSave, parts: dict[int, torch.Tensor], nbytes: int, snapshot_s: float
+        self,
+        save: UnitSave,
+        parts: dict[int, CpuPart | torch.Tensor],
+        nbytes: int,
+        snapshot_s: float,
     ) -> None:
         disk = self.disk if DISK in save.tiers else None
         try:
@@ -233,7 +237,8 @@ class OffloadingWorker(BaseConnectorWorker):
             if disk is None:
                 self._store_done(nbytes)
         if disk is not None:
-            disk.submit(lambda: self._write_disk(disk, save, parts, nbytes))
+            data = {g: p.data if isinstance(p, CpuPart) else p for g, p in parts.items()}
+            disk.submit(lambda: self._write_disk(disk, save, data, nbytes))
 
     def _write_disk(
         self, disk: DiskTier, save: UnitSave, parts: dict[int, torch.Tensor], nbytes: int

@@ -1,0 +1,155 @@
+"""Native kernels: copy KV pages and checksum them in one pass (``pagecopy.c``).
+
+``load_pagecopy()`` compiles the C source with the system compiler on first use (``$CC`` or
+``cc``, ``-O3 -march=native``) into ``$HYBRIDKV_CACHE_DIR/native`` (default
+``~/.cache/hybridkv/native``), one library per source version, CPU and compiler, written under
+a temporary name and renamed so concurrent processes never load a half-written file. It
+returns None when that is impossible (no compiler, a failed build, ``HYBRIDKV_NATIVE=0``);
+callers then keep their numpy + xxhash path. The choice is made once per process, so every
+checksum a process compares was computed by the same function.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("pagecopy.c")
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c11", "-fno-strict-aliasing"]
+BUILD_TIMEOUT_S = 120.0
+STRIPE = 32  # the kernels copy pages in 32-byte stripes: a page is a multiple of it
+
+
+@dataclass(frozen=True, slots=True)
+class PageTable:
+    """The device cache's pages as addresses: page (block ``b``, layer slot ``g``) is the
+    ``page_bytes`` at ``bases[g] + b * page_bytes``. ``owners`` keeps the memory alive."""
+
+    bases: np.ndarray[Any, Any]  # [G] uint64 addresses of [num_blocks, page_bytes] tensors
+    page_bytes: int
+    num_blocks: int
+    owners: tuple[Any, ...]
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.bases)
+
+
+class PageCopy:
+    """The kernels, with the shape and bounds checks that keep them inside their buffers."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        ptr, size = ctypes.c_void_p, ctypes.c_size_t
+        self._hash = lib.hk_hash
+        self._hash.argtypes = [ptr, size]
+        self._gather, self._scatter = lib.hk_gather, lib.hk_scatter
+        for fn in (self._hash, self._gather, self._scatter):
+            fn.restype = ctypes.c_uint64
+        for fn in (self._gather, self._scatter):
+            fn.argtypes = [ptr, ptr, size, size, ptr, size]
+
+    def hash(self, array: np.ndarray[Any, Any]) -> int:
+        """The checksum of a C-contiguous array's bytes."""
+        if not array.flags.c_contiguous:
+            raise ValueError("hash needs a C-contiguous array")
+        return int(self._hash(array.ctypes.data, array.nbytes))
+
+    def gather(
+        self, out: np.ndarray[Any, Any], pages: PageTable, blocks: np.ndarray[Any, Any]
+    ) -> int:
+        """``out[r, g] = page(blocks[r], g)``; the checksum of ``out`` (``[n, G, page]``)."""
+        self._check(out, pages, blocks, allow_skip=False)
+        return int(self._call(self._gather, out, pages, blocks))
+
+    def scatter(
+        self, data: np.ndarray[Any, Any], pages: PageTable, blocks: np.ndarray[Any, Any]
+    ) -> int:
+        """``page(blocks[r], g) = data[r, g]`` (rows with ``blocks[r] < 0`` are skipped); the
+        checksum of all of ``data``."""
+        self._check(data, pages, blocks, allow_skip=True)
+        return int(self._call(self._scatter, data, pages, blocks))
+
+    @staticmethod
+    def _call(fn: Any, host: Any, pages: PageTable, blocks: Any) -> Any:
+        return fn(
+            host.ctypes.data,
+            pages.bases.ctypes.data,
+            pages.num_groups,
+            pages.page_bytes,
+            blocks.ctypes.data,
+            len(blocks),
+        )
+
+    @staticmethod
+    def _check(host: Any, pages: PageTable, blocks: Any, allow_skip: bool) -> None:
+        expected = (len(blocks), pages.num_groups, pages.page_bytes)
+        if host.dtype != np.uint8 or host.shape != expected or not host.flags.c_contiguous:
+            raise ValueError(f"host buffer {host.dtype}{host.shape}, expected uint8{expected}")
+        if blocks.dtype != np.int64 or not blocks.flags.c_contiguous:
+            raise ValueError("block ids must be a contiguous int64 array")
+        if len(blocks) and (
+            int(blocks.max()) >= pages.num_blocks or int(blocks.min()) < (-1 if allow_skip else 0)
+        ):
+            raise IndexError(f"block id out of range [0, {pages.num_blocks})")
+
+
+def _cpu_signature() -> str:
+    """What ``-march=native`` depends on: the machine and its CPU flags."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        pass
+    return f"{platform.machine()}|{flags}"
+
+
+def _library_path(compiler: str) -> Path:
+    root = os.environ.get("HYBRIDKV_CACHE_DIR") or Path.home() / ".cache" / "hybridkv"
+    key = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), compiler.encode()):
+        key.update(part)
+    key.update(_cpu_signature().encode())
+    return Path(root) / "native" / f"pagecopy-{key.hexdigest()[:16]}.so"
+
+
+def _build(compiler: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        cmd = [compiler, *FLAGS, "-o", tmp, str(SOURCE)]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=BUILD_TIMEOUT_S)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@functools.cache
+def load_pagecopy() -> PageCopy | None:
+    """The page copy kernels, built on first use; None (logged once) if they cannot be."""
+    if os.environ.get("HYBRIDKV_NATIVE", "1") == "0":
+        return None
+    compiler = os.environ.get("CC", "cc")
+    try:
+        path = _library_path(compiler)
+        if not path.exists():
+            _build(compiler, path)
+        return PageCopy(ctypes.CDLL(str(path)))
+    except (OSError, subprocess.SubprocessError) as err:
+        detail = getattr(err, "stderr", b"") or b""
+        log.warning("native page copy unavailable (%s %s); using numpy", err, detail[:500])
+        return None
