@@ -10,6 +10,11 @@ index is rebuilt from headers: a unit is present when every group's part is, wit
 sizes this layout expects. Files of other fingerprints live in other directories and are never
 touched; a file of ours that is truncated or corrupt is removed. One I/O thread writes and
 deletes, in order (a unit evicted and stored again is deleted before it is rewritten).
+
+Other processes may share the directory. A lookup that misses the index probes the files of
+the unit it missed (``probe``: headers only, nothing written or deleted); a complete unit is
+adopted by the scheduler half in ``build_connector_meta`` (``take_found``), where reservations
+may evict. A unit found absent is not probed again for ``PROBE_RETRY_SECONDS``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,6 +45,10 @@ from hybridkv.kv.hashing import BlockHash
 
 SUFFIX = ".kvu"
 STALE_SECONDS = 3600.0  # temporary files and incomplete units older than this are debris
+PROBE_RETRY_SECONDS = 1.0  # a unit probed and found absent is not probed again sooner
+MAX_ABSENT = 4096  # remembered absent units before the expired ones are forgotten
+
+Found = tuple[BlockHash, int, BlockHash | None]  # a unit probed complete: hash, end, parent
 
 
 class DiskTier:
@@ -55,11 +65,22 @@ class DiskTier:
         self.index = TierIndex("disk", capacity, create_policy(eviction, capacity // unit_bytes))
         self.io = ThreadPoolExecutor(1, thread_name_prefix="offload-disk")
         self.num_removed_at_startup = 0
+        self.clock: Callable[[], float] = time.monotonic
+        # scheduler thread only: probed complete (to adopt) / absent until a clock time
+        self._found: dict[BlockHash, tuple[int, BlockHash | None]] = {}
+        self._absent: dict[BlockHash, float] = {}
+        # evicted units whose deletions are still queued on the I/O thread (never adopted)
+        self._deleting: dict[BlockHash, int] = {}
+        self._deleting_lock = threading.Lock()
         self.rebuild_index()
 
     def path(self, unit_hash: BlockHash, group_id: int) -> str:
         name = part_key(unit_hash, group_id) + SUFFIX
         return os.path.join(self.directory, name[:2], name)
+
+    def part_paths(self, unit_hash: BlockHash) -> dict[int, str]:
+        """Group id -> file of every part of a unit (an index entry's ``parts``)."""
+        return {g.group_id: self.path(unit_hash, g.group_id) for g in self.geometry.layout.groups}
 
     # -- bytes ---------------------------------------------------------------------------
 
@@ -107,10 +128,66 @@ class DiskTier:
     def discard(self, entries: list[TierEntry]) -> None:
         """Delete evicted units' files on the I/O thread (after any earlier write)."""
         for entry in entries:
-            self.submit(functools.partial(self.remove_files, entry.unit_hash))
+            with self._deleting_lock:
+                self._deleting[entry.unit_hash] = self._deleting.get(entry.unit_hash, 0) + 1
+            self.submit(functools.partial(self._remove_evicted, entry.unit_hash))
+
+    def _remove_evicted(self, unit_hash: BlockHash) -> None:
+        try:
+            self.remove_files(unit_hash)
+        finally:
+            with self._deleting_lock:
+                left = self._deleting.pop(unit_hash) - 1
+                if left:
+                    self._deleting[unit_hash] = left
 
     def submit(self, fn: Callable[[], Any]) -> Future[Any]:
         return self.io.submit(fn)
+
+    # -- units another process wrote (scheduler thread) ----------------------------------
+
+    def probe(self, unit_hash: BlockHash, end: int, parent: BlockHash | None) -> bool:
+        """Whether a unit the index misses is complete on disk: every group's part present,
+        with a header of ours (fingerprint, key) and the span and size this layout expects.
+        A unit found waits for ``take_found``; one found absent (or being deleted) is not
+        probed again for ``PROBE_RETRY_SECONDS``. Reads headers only, touches no file."""
+        if unit_hash in self._found:
+            return True
+        now = self.clock()
+        if self._absent.get(unit_hash, now) > now:
+            return False
+        if self._is_deleting(unit_hash) or not self._parts_on_disk(unit_hash, end):
+            self.mark_absent(unit_hash)
+            return False
+        self._absent.pop(unit_hash, None)
+        self._found[unit_hash] = (end, parent)
+        return True
+
+    def take_found(self) -> list[Found]:
+        """The units probed complete since the last call, in the order they were found."""
+        found, self._found = self._found, {}
+        return [(unit_hash, end, parent) for unit_hash, (end, parent) in found.items()]
+
+    def mark_absent(self, unit_hash: BlockHash) -> None:
+        """Do not probe the unit again for ``PROBE_RETRY_SECONDS``."""
+        now = self.clock()
+        if len(self._absent) >= MAX_ABSENT:
+            self._absent = {h: t for h, t in self._absent.items() if t > now}
+        self._absent[unit_hash] = now + PROBE_RETRY_SECONDS
+
+    def _is_deleting(self, unit_hash: BlockHash) -> bool:
+        with self._deleting_lock:
+            return unit_hash in self._deleting
+
+    def _parts_on_disk(self, unit_hash: BlockHash, end: int) -> bool:
+        for group in self.geometry.layout.groups:
+            gid = group.group_id
+            try:
+                if self._part_end(self.path(unit_hash, gid), part_key(unit_hash, gid), gid) != end:
+                    return False
+            except PartError:
+                return False
+        return True
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -144,8 +221,7 @@ class DiskTier:
             return
         for victim in evicted:
             self.num_removed_at_startup += self.remove_files(victim.unit_hash)
-        parts = {g.group_id: self.path(unit_hash, g.group_id) for g in self.geometry.layout.groups}
-        self.index.commit(unit_hash, parts)
+        self.index.commit(unit_hash, self.part_paths(unit_hash))
 
     def _check_file(self, entry: os.DirEntry[str], now: float) -> tuple[BlockHash, int, int] | None:
         """(unit hash, group, end) of a valid part file of ours; removes our broken files."""
@@ -155,30 +231,37 @@ class DiskTier:
             return None
         if not entry.name.endswith(SUFFIX):
             return None
+        stem = entry.name[: -len(SUFFIX)]
+        hash_hex, _, group = stem.partition(".g")
         try:
-            head = read_header(entry.path)
+            unit_hash, gid = BlockHash(bytes.fromhex(hash_hex)), int(group)
+        except ValueError:
+            return None  # not a name of ours: never touched
+        try:
+            end = self._part_end(entry.path, stem, gid)
         except PartError as err:
             if err.reason in (TRUNCATED, CORRUPT):
                 _unlink(entry.path)
                 self.num_removed_at_startup += 1
             return None
-        stem = entry.name[: -len(SUFFIX)]
-        if head.fingerprint != self.fingerprint or head.key != stem:
-            return None  # not ours: never touched
-        hash_hex, _, group = stem.partition(".g")
-        try:
-            unit_hash, gid = BlockHash(bytes.fromhex(hash_hex)), int(group)
-        except ValueError:
-            return None
+        return None if end is None else (unit_hash, gid, end)
+
+    def _part_end(self, path: str, key: str, group_id: int) -> int | None:
+        """The unit end in the header at ``path`` if it is a part of ours (fingerprint, key)
+        with the span and payload size this layout expects; else None. ``PartError`` if the
+        header cannot be read or is broken."""
+        head = read_header(path)
+        if head.fingerprint != self.fingerprint or head.key != key:
+            return None  # not ours
         end = head.span[1]
         ok = (
-            0 <= gid < len(self.geometry.layout.groups)
+            0 <= group_id < len(self.geometry.layout.groups)
             and end > 0
             and end % self.geometry.chunk_tokens == 0
-            and head.span == self.geometry.part_span(gid, end)
-            and head.payload_len == self.geometry.part_nbytes(gid, end)
+            and head.span == self.geometry.part_span(group_id, end)
+            and head.payload_len == self.geometry.part_nbytes(group_id, end)
         )
-        return (unit_hash, gid, end) if ok else None
+        return end if ok else None
 
     def shutdown(self) -> None:
         self.io.shutdown(wait=True)

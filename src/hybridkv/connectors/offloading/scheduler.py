@@ -7,6 +7,10 @@ some tier; a unit still being stored answers "ask later" (``None``)::
              | local  |   unit 1 ready | unit 2 ready | unit 3 missing
                       '-- reported: e2 - L (full parts of units 1-2, window + state of 2)
 
+A unit no tier holds may have been stored on disk by another process sharing the directory:
+the lookup probes its files (``DiskTier.probe``) and, if it is complete, answers "ask later";
+``build_connector_meta`` adopts it into the disk index and the next lookup reports it.
+
 The load pins each unit in the fastest tier holding it (``update_state_after_alloc``); the
 worker unpins when it is done with the bytes. Saves are planned for units whose end a step
 reaches (with state groups: exactly at the step's end, where the live state is the state at
@@ -84,19 +88,24 @@ class OffloadingScheduler(BaseConnectorScheduler):
 
     def _find_restore_end(self, request: KVConnectorRequest, local: int) -> int | None:
         """The end of the last unit of the READY run after ``local`` (0 if none); None if a
-        unit of the run is still being stored."""
+        unit of the run is still being stored, or was just found on disk (it is adopted in
+        ``build_connector_meta``). The walk probes the disk until a unit is absent there."""
         size, chunk = self.geometry.block_size, self.config.chunk_tokens
         limit = request.num_tokens - (0 if self.geometry.full_attention_only else 1)
         limit = min(limit, len(request.block_hashes) * size) // chunk * chunk
-        best = 0
+        best, found = 0, False
         for end in range((local // chunk + 1) * chunk, limit + 1, chunk):
-            state = self._unit_state(self.geometry.unit_hash(request.block_hashes, end))
+            unit_hash = self.geometry.unit_hash(request.block_hashes, end)
+            state = self._unit_state(unit_hash)
+            if state is None and self._probe_disk(request, unit_hash, end):
+                found = True
+                continue
             if state is UnitState.PENDING:
                 return None
             if state is None:
                 break
             best = end
-        return best
+        return None if found else best
 
     def _unit_state(self, unit_hash: BlockHash) -> UnitState | None:
         """READY if some tier can serve the unit, else PENDING if one is storing it."""
@@ -104,6 +113,26 @@ class OffloadingScheduler(BaseConnectorScheduler):
         if UnitState.READY in states:
             return UnitState.READY
         return UnitState.PENDING if UnitState.PENDING in states else None
+
+    def _probe_disk(self, request: KVConnectorRequest, unit_hash: BlockHash, end: int) -> bool:
+        """Whether another process stored the unit on disk (adopted at the next
+        ``build_connector_meta``)."""
+        if self.disk is None:
+            return False
+        return self.disk.probe(unit_hash, end, self._parent_hash(request, end))
+
+    def _adopt_found(self) -> None:
+        """Index the units lookups found on disk. NOTE: adopting reserves room and may evict,
+        so it happens here, with the saves' reservations, after this step's loads pinned
+        every unit a lookup reported — never inside a lookup."""
+        if self.disk is None:
+            return
+        for unit_hash, end, parent in self.disk.take_found():
+            if self._reserve(DISK, unit_hash, end, parent):
+                self.disk.index.commit(unit_hash, self.disk.part_paths(unit_hash))
+                self._stats.add("adopted.disk")
+            else:  # no room (pinned or pending units): a miss for a while
+                self.disk.mark_absent(unit_hash)
 
     # -- loads ---------------------------------------------------------------------------
 
@@ -184,6 +213,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
         self, scheduled: list[tuple[KVConnectorRequest, int, int, RequestBlocks]]
     ) -> ConnectorMetadata:
         loads, self._loads = self._loads, []
+        self._adopt_found()
         # NOTE: a step computed on top of a synchronous load is not saved: a failure of that
         # load is only reported after save(), and its units would carry the bad KV on.
         sync_loaded = {spec.request_id for spec in loads if not spec.is_async}
@@ -214,7 +244,6 @@ class OffloadingScheduler(BaseConnectorScheduler):
     def _plan_unit(
         self, request: KVConnectorRequest, end: int, blocks: RequestBlocks
     ) -> UnitSave | None:
-        chunk = self.config.chunk_tokens
         unit_hash = self.geometry.unit_hash(request.block_hashes, end)
         if any(ix.state_of(unit_hash) is not None for ix in self.tiers.values()):
             return None  # stored, or being stored
@@ -223,7 +252,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
             self._stats.add("stores_skipped")
             self._stats.add("stores_skipped:null_block")
             return None
-        parent = self.geometry.unit_hash(request.block_hashes, end - chunk) if end > chunk else None
+        parent = self._parent_hash(request, end)
         tiers = [name for name in self.tiers if self._reserve(name, unit_hash, end, parent)]
         if not tiers:
             self._stats.add("stores_skipped")
@@ -232,6 +261,11 @@ class OffloadingScheduler(BaseConnectorScheduler):
         return UnitSave(
             request.request_id, unit_hash, end, ids, tuple(blocks.state_slots), tuple(tiers)
         )
+
+    def _parent_hash(self, request: KVConnectorRequest, end: int) -> BlockHash | None:
+        """The unit ending C tokens before ``end`` on the request's prefix (None: first)."""
+        chunk = self.config.chunk_tokens
+        return self.geometry.unit_hash(request.block_hashes, end - chunk) if end > chunk else None
 
     def _part_block_ids(
         self, blocks: RequestBlocks, end: int

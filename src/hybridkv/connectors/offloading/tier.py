@@ -3,14 +3,15 @@
 The tier owns the fact "unit U is here" (architecture principle 7). Both connector halves
 share it under one lock, with a split of duties that keeps lookups honest::
 
-    scheduler thread   lookups, pin/unpin (loads), reserve (stores; the only place that evicts)
+    scheduler thread   lookups, pin/unpin (loads), reserve (stores, and units another process
+                       wrote to disk; the only place that evicts), commit (of those adoptions)
     worker threads     commit / abort reservations, remove units found bad
 
-Eviction only happens in ``reserve``, which the scheduler half calls while planning saves in
-``build_connector_meta`` — never between a lookup and the pin its load takes in
-``update_state_after_alloc`` — so a unit a lookup reported can still be served. A reserved
-unit is PENDING (lookups answer "ask later") until the worker commits it; a failed store is
-aborted and never becomes visible.
+Eviction only happens in ``reserve``, which the scheduler half calls while planning saves and
+adopting disk units in ``build_connector_meta`` — never between a lookup and the pin its load
+takes in ``update_state_after_alloc`` — so a unit a lookup reported can still be served. A
+reserved unit is PENDING (lookups answer "ask later") until the worker commits it; a failed
+store is aborted and never becomes visible.
 """
 
 from __future__ import annotations
