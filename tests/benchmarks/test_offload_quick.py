@@ -8,7 +8,10 @@ from tests.benchmarks.quick import run_quick
 def test_offload_quick() -> None:
     out = run_quick("offload.py")
     assert out["benchmark"] == "offload" and {"cores", "torch"} <= out["machine"].keys()
-    assert out["cpu_tier"]["load_gbps"]["median"] > 0 and out["cpu_tier"]["copy_gbps"]["median"] > 0
+    for phase in ("fill", "steady"):
+        cpu = out["cpu_tier"][phase]
+        assert cpu["load_gbps"]["median"] > 0 and cpu["copy_gbps"]["median"] > 0
+        assert cpu["store_gbps"]["median"] > 0
     for cache in ("warm", "cold"):
         assert out["disk_tier"][cache]["load_gbps"]["median"] > 0
     for n in ("128", "256"):

@@ -1,7 +1,8 @@
 """Native kernels: copy KV pages and checksum them in one pass (``pagecopy.c``).
 
 ``load_pagecopy()`` compiles the C source with the system compiler on first use (``$CC`` or
-``cc``, ``-O3 -march=native``) into ``$HYBRIDKV_CACHE_DIR/native`` (default
+``cc``, ``-O3 -march=native``, with ``-fopenmp`` when the compiler has it: the ``*_many``
+calls then spread their copies over OpenMP threads, sharing torch's runtime) into ``$HYBRIDKV_CACHE_DIR/native`` (default
 ``~/.cache/hybridkv/native``), one library per source version, CPU and compiler, written under
 a temporary name and renamed so concurrent processes never load a half-written file. It
 returns None when that is impossible (no compiler, a failed build, ``HYBRIDKV_NATIVE=0``);
@@ -54,11 +55,11 @@ class PageCopy:
         ptr, size = ctypes.c_void_p, ctypes.c_size_t
         self._hash = lib.hk_hash
         self._hash.argtypes = [ptr, size]
-        self._gather, self._scatter = lib.hk_gather, lib.hk_scatter
-        for fn in (self._hash, self._gather, self._scatter):
-            fn.restype = ctypes.c_uint64
+        self._hash.restype = ctypes.c_uint64
+        self._gather, self._scatter = lib.hk_gather_many, lib.hk_scatter_many
         for fn in (self._gather, self._scatter):
-            fn.argtypes = [ptr, ptr, size, size, ptr, size]
+            fn.argtypes = [ptr, ptr, ptr, size, ptr, size, size, ptr]
+            fn.restype = None
 
     def hash(self, array: np.ndarray[Any, Any]) -> int:
         """The checksum of a C-contiguous array's bytes."""
@@ -70,27 +71,50 @@ class PageCopy:
         self, out: np.ndarray[Any, Any], pages: PageTable, blocks: np.ndarray[Any, Any]
     ) -> int:
         """``out[r, g] = page(blocks[r], g)``; the checksum of ``out`` (``[n, G, page]``)."""
-        self._check(out, pages, blocks, allow_skip=False)
-        return int(self._call(self._gather, out, pages, blocks))
+        return self.gather_many([out], pages, [blocks])[0]
 
     def scatter(
         self, data: np.ndarray[Any, Any], pages: PageTable, blocks: np.ndarray[Any, Any]
     ) -> int:
         """``page(blocks[r], g) = data[r, g]`` (rows with ``blocks[r] < 0`` are skipped); the
         checksum of all of ``data``."""
-        self._check(data, pages, blocks, allow_skip=True)
-        return int(self._call(self._scatter, data, pages, blocks))
+        return self.scatter_many([data], pages, [blocks])[0]
+
+    def gather_many(
+        self, outs: list[np.ndarray[Any, Any]], pages: PageTable, blocks: list[Any]
+    ) -> list[int]:
+        """``gather`` of every ``(outs[i], blocks[i])``, in parallel; their checksums."""
+        for out, ids in zip(outs, blocks, strict=True):
+            self._check(out, pages, ids, allow_skip=False)
+        return self._call(self._gather, outs, pages, blocks)
+
+    def scatter_many(
+        self, datas: list[np.ndarray[Any, Any]], pages: PageTable, blocks: list[Any]
+    ) -> list[int]:
+        """``scatter`` of every ``(datas[i], blocks[i])``, in parallel; their checksums."""
+        for data, ids in zip(datas, blocks, strict=True):
+            self._check(data, pages, ids, allow_skip=True)
+        return self._call(self._scatter, datas, pages, blocks)
 
     @staticmethod
-    def _call(fn: Any, host: Any, pages: PageTable, blocks: Any) -> Any:
-        return fn(
-            host.ctypes.data,
+    def _call(fn: Any, hosts: list[Any], pages: PageTable, blocks: list[Any]) -> list[int]:
+        def addresses(arrays: list[Any]) -> np.ndarray[Any, Any]:
+            return np.array([a.ctypes.data for a in arrays], dtype=np.uint64)
+
+        host_ptrs, block_ptrs = addresses(hosts), addresses(blocks)
+        rows = np.array([len(b) for b in blocks], dtype=np.uint64)
+        sums = np.zeros(len(hosts), dtype=np.uint64)
+        fn(
+            host_ptrs.ctypes.data,
+            block_ptrs.ctypes.data,
+            rows.ctypes.data,
+            len(hosts),
             pages.bases.ctypes.data,
             pages.num_groups,
             pages.page_bytes,
-            blocks.ctypes.data,
-            len(blocks),
+            sums.ctypes.data,
         )
+        return [int(x) for x in sums]
 
     @staticmethod
     def _check(host: Any, pages: PageTable, blocks: Any, allow_skip: bool) -> None:
@@ -126,13 +150,18 @@ def _library_path(compiler: str) -> Path:
 
 
 def _build(compiler: str, target: Path) -> None:
+    """Build with OpenMP, else without it (the ``*_many`` calls then copy on one thread)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=target.parent)
     os.close(fd)
     try:
-        cmd = [compiler, *FLAGS, "-o", tmp, str(SOURCE)]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=BUILD_TIMEOUT_S)
-        os.replace(tmp, target)
+        for extra in (["-fopenmp"], []):
+            cmd = [compiler, *FLAGS, *extra, "-o", tmp, str(SOURCE)]
+            done = subprocess.run(cmd, capture_output=True, timeout=BUILD_TIMEOUT_S)
+            if done.returncode == 0:
+                os.replace(tmp, target)
+                return
+        raise subprocess.CalledProcessError(done.returncode, cmd, done.stdout, done.stderr)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

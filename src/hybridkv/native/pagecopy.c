@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX2__)
+#if defined(__AVX__)
 #include <immintrin.h>
 #endif
 
@@ -63,14 +63,40 @@ static void absorb_run(state *s, const uint8_t *src, size_t n) {
     *s = t;
 }
 
+/* Stores bypass the cache when they can (AVX, 32-byte aligned destination): a copy then
+ * writes each destination line once instead of reading it first, and does not evict the
+ * cache for bytes nobody reads soon. */
+static inline void store_stream(uint8_t *p, lanes x) {
+#if defined(__AVX__) && !defined(HK_NO_STREAM)
+    _mm256_stream_si256((__m256i *)p, (__m256i)x);
+#else
+    store32(p, x);
+#endif
+}
+
 static void copy_run(state *s, uint8_t *dst, const uint8_t *src, size_t n) {
     state t = *s;
-    for (size_t i = 0; i + 32 <= n; i += 32) {
-        lanes d = load32(src + i);
-        store32(dst + i, d);
-        absorb(&t, d);
+    if (((uintptr_t)dst & 31) == 0) {
+        for (size_t i = 0; i + 32 <= n; i += 32) {
+            lanes d = load32(src + i);
+            store_stream(dst + i, d);
+            absorb(&t, d);
+        }
+    } else {
+        for (size_t i = 0; i + 32 <= n; i += 32) {
+            lanes d = load32(src + i);
+            store32(dst + i, d);
+            absorb(&t, d);
+        }
     }
     *s = t;
+}
+
+/* Streaming stores are weakly ordered: make them visible before a copy call returns. */
+static inline void store_fence(void) {
+#if defined(__AVX__)
+    _mm_sfence();
+#endif
 }
 
 static uint64_t fmix(uint64_t x) {
@@ -119,6 +145,7 @@ uint64_t hk_gather(uint8_t *out, uint8_t *const *bases, size_t groups, size_t pa
         size_t offset = (size_t)blocks[r] * page;
         for (size_t g = 0; g < groups; g++, out += page) copy_run(&s, out, bases[g] + offset, page);
     }
+    store_fence();
     return finish(&s, (uint64_t)rows * groups * page);
 }
 
@@ -136,5 +163,23 @@ uint64_t hk_scatter(const uint8_t *in, uint8_t *const *bases, size_t groups, siz
         size_t offset = (size_t)blocks[r] * page;
         for (size_t g = 0; g < groups; g++, in += page) copy_run(&s, bases[g] + offset, in, page);
     }
+    store_fence();
     return finish(&s, (uint64_t)rows * groups * page);
+}
+
+/* Many gathers in one call, spread over OpenMP threads (built with -fopenmp; torch loads
+ * libgomp first, so this shares its runtime). sums[i] is copy i's checksum. */
+void hk_gather_many(uint8_t *const *outs, const int64_t *const *blocks, const size_t *rows,
+                    size_t n, uint8_t *const *bases, size_t groups, size_t page, uint64_t *sums) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t i = 0; i < n; i++)
+        sums[i] = hk_gather(outs[i], bases, groups, page, blocks[i], rows[i]);
+}
+
+/* Many scatters in one call, spread over OpenMP threads; sums[i] is copy i's checksum. */
+void hk_scatter_many(const uint8_t *const *ins, const int64_t *const *blocks, const size_t *rows,
+                     size_t n, uint8_t *const *bases, size_t groups, size_t page, uint64_t *sums) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t i = 0; i < n; i++)
+        sums[i] = hk_scatter(ins[i], bases, groups, page, blocks[i], rows[i]);
 }

@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from hybridkv.connectors.offloading import connector, cpu_tier
-from hybridkv.connectors.offloading.cpu_tier import CpuPart
+from hybridkv.connectors.offloading import connector, cpu_tier, loads
+from hybridkv.connectors.offloading.loads import CpuSegment, InflightLoad, PartWriter
 from hybridkv.native import PageCopy
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, table
 
@@ -102,28 +102,30 @@ def test_a_timed_out_load_writes_nothing_after_its_timeout_is_reported(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     engine, a = stored_full(load_timeout_seconds=0.1)
-    writes: list[tuple[float, float]] = []  # (start, end) of every block write
+    writes: list[tuple[float, float, int]] = []  # (start, end, segments) of every write
     lock = threading.Lock()
-    real_load = CpuPart.load_segment
+    real_write = PartWriter._write_batch
 
-    def slow_load(self: CpuPart, *args: object) -> bool:
+    def slow_write(self: PartWriter, load: InflightLoad, batch: list[CpuSegment]) -> object:
         began = time.monotonic()
         time.sleep(0.06)
-        verified = real_load(self, *args)  # type: ignore[arg-type]
-        with lock:
-            writes.append((began, time.monotonic()))
+        verified = real_write(self, load, batch)
+        if verified is not None:
+            with lock:
+                writes.append((began, time.monotonic(), len(batch)))
         return verified
 
-    monkeypatch.setattr(CpuPart, "load_segment", slow_load)
+    monkeypatch.setattr(PartWriter, "_write_batch", slow_write)
+    monkeypatch.setattr(loads, "BATCH_BYTES", 2 * SEGMENT)
     before = engine.blocks_bytes(LOAD_IDS[:12]).clone()
     engine.load(FakeRequest("l", a.all_token_ids), table(engine.layout, {0: LOAD_IDS}))
     out = engine.finish("l", timeout=2.0)
     reported = time.monotonic()
     assert out.failed_recving == {"l": "timeout"}
-    time.sleep(0.5)  # 6 segments x 0.06 s: any copy not stopped would have run by now
+    time.sleep(0.5)  # 6 segments, <= 0.06 s each: any copy not stopped would have run by now
     with lock:
-        assert writes and all(end <= reported for _, end in writes)
-        num_written = len(writes)
+        assert writes and all(end <= reported for _, end, _ in writes)
+        num_written = sum(n for _, _, n in writes)
     assert num_written < 6
     after = engine.blocks_bytes(LOAD_IDS[:12])
     changed = [not torch.equal(after[i], before[i]) for i in range(12)]

@@ -24,8 +24,9 @@ import xxhash
 
 from hybridkv.connectors.base import KVCacheAccess
 from hybridkv.connectors.file_format import MISSING, PartError
+from hybridkv.connectors.offloading.host_buffers import HostBuffers
 from hybridkv.connectors.offloading.policies import create_policy
-from hybridkv.connectors.offloading.tier import TierIndex, UnitState
+from hybridkv.connectors.offloading.tier import TierEntry, TierIndex, UnitState
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.native import PageCopy
 
@@ -67,21 +68,6 @@ class CpuPart:
         sums = tuple(checksum(kernel, array[lo : lo + rows]) for lo in range(0, len(array), rows))
         return cls(data, array, rows, sums, kernel)
 
-    @classmethod
-    def gather(cls, cache: KVCacheAccess, block_ids: list[int], kernel: PageCopy) -> CpuPart:
-        """Copy ``block_ids``' pages out of the device cache, checksumming in the same pass."""
-        pages = cache.page_table()
-        assert pages is not None, "gather needs a cache with a page table"
-        data = torch.empty((len(block_ids), pages.num_groups, pages.page_bytes), dtype=torch.uint8)
-        array: np.ndarray[Any, Any] = data.numpy()  # [n, G, page]
-        blocks = np.asarray(block_ids, dtype=np.int64)
-        rows = rows_per_segment(pages.num_groups * pages.page_bytes)
-        sums = tuple(
-            kernel.gather(array[lo : lo + rows], pages, blocks[lo : lo + rows])
-            for lo in range(0, len(blocks), rows)
-        )
-        return cls(data, array, rows, sums, kernel)
-
     def segment(self, index: int) -> np.ndarray[Any, Any]:
         return self.array[index * self.rows_per_segment : (index + 1) * self.rows_per_segment]
 
@@ -97,14 +83,34 @@ class CpuPart:
     ) -> bool:
         """Write rows ``rows`` (of the part) of segment ``index`` into ``block_ids`` and verify
         the whole segment: whether it matched. The blocks are written either way."""
-        pages = cache.page_table() if self.kernel is not None else None
-        segment, first = self.segment(index), index * self.rows_per_segment
-        if self.kernel is None or pages is None:
-            write_rows(cache, segment, [r - first for r in rows], block_ids)
-            return self.verify(index)
-        blocks = np.full(len(segment), -1, dtype=np.int64)  # -1: checksummed, not written
-        blocks[np.asarray(rows, dtype=np.int64) - first] = block_ids
-        return self.kernel.scatter(segment, pages, blocks) == self.checksums[index]
+        return load_segments(cache, [(self, index, rows, block_ids)])[0]
+
+    def scatter_rows(self, index: int, rows: list[int], block_ids: list[int]) -> Any:
+        """Segment ``index``'s block per row for ``PageCopy.scatter`` (-1: not written)."""
+        blocks = np.full(len(self.segment(index)), -1, dtype=np.int64)
+        blocks[np.asarray(rows, dtype=np.int64) - index * self.rows_per_segment] = block_ids
+        return blocks
+
+
+SegmentLoad = tuple[CpuPart, int, list[int], list[int]]  # part, segment, part rows, block ids
+
+
+def load_segments(cache: KVCacheAccess, items: list[SegmentLoad]) -> list[bool]:
+    """Write each item's rows into its blocks and verify each whole segment: whether each
+    matched. With native kernels, in one call (checksummed in the copy's pass)."""
+    pages = cache.page_table()
+    kernel = items[0][0].kernel if items else None
+    if kernel is None or pages is None or any(p.kernel is not kernel for p, *_ in items):
+        verified = []
+        for part, index, rows, block_ids in items:
+            first = index * part.rows_per_segment
+            write_rows(cache, part.segment(index), [r - first for r in rows], block_ids)
+            verified.append(part.verify(index))
+        return verified
+    datas = [part.segment(index) for part, index, _, _ in items]
+    blocks = [part.scatter_rows(index, rows, ids) for part, index, rows, ids in items]
+    sums = kernel.scatter_many(datas, pages, blocks)
+    return [s == p.checksums[i] for s, (p, i, _, _) in zip(sums, items, strict=True)]
 
 
 def write_rows(cache: KVCacheAccess, payload: Any, rows: list[int], block_ids: list[int]) -> None:
@@ -118,30 +124,100 @@ def write_rows(cache: KVCacheAccess, payload: Any, rows: list[int], block_ids: l
     cache.write_blocks(block_ids, data)
 
 
+class CpuIndex(TierIndex):
+    """The tier's index: an evicted unit's buffers go back to ``buffers`` (an evicted unit is
+    READY and unpinned: no load reads it, and no disk write-behind either, which pins it).
+    Free buffers fit in the room that stored parts leave (reserved units hold no memory yet:
+    their snapshots will take the buffers their reservations evicted)."""
+
+    def __init__(self, capacity: int, eviction: str, unit_bytes: int) -> None:
+        super().__init__("cpu", capacity, create_policy(eviction, capacity // unit_bytes))
+        self.buffers = HostBuffers()
+        self.num_pending_bytes = 0
+
+    def room(self) -> int:
+        """Bytes neither stored parts nor free buffers may exceed together."""
+        return self.capacity - (self.used - self.num_pending_bytes)
+
+    def reserve(
+        self, unit_hash: BlockHash, end: int, nbytes: int, parent: BlockHash | None = None
+    ) -> list[TierEntry] | None:
+        with self.lock:
+            victims = super().reserve(unit_hash, end, nbytes, parent)
+            if victims is not None:
+                self.num_pending_bytes += nbytes
+            return victims
+
+    def commit(self, unit_hash: BlockHash, parts: dict[int, Any]) -> bool:
+        with self.lock:
+            committed = super().commit(unit_hash, parts)
+            if committed:
+                self.num_pending_bytes -= self.entries[unit_hash].nbytes
+                self.buffers.trim(self.room())  # what the new unit did not take must fit
+            return committed
+
+    def _drop(self, unit_hash: BlockHash, evicted: bool) -> TierEntry:
+        entry = super()._drop(unit_hash, evicted)
+        if entry.state is UnitState.PENDING:
+            self.num_pending_bytes -= entry.nbytes
+        elif evicted:
+            for part in entry.parts.values():
+                if isinstance(part, CpuPart):
+                    self.buffers.give(part.data, self.room())
+        return entry
+
+
 class CpuTier:
     name = "cpu"
 
     def __init__(
         self, capacity: int, eviction: str, unit_bytes: int, kernel: PageCopy | None
     ) -> None:
-        self.index = TierIndex("cpu", capacity, create_policy(eviction, capacity // unit_bytes))
+        self.index = CpuIndex(capacity, eviction, unit_bytes)
         self.kernel = kernel
 
-    def snapshot(self, cache: KVCacheAccess, block_ids: list[int]) -> CpuPart | None:
-        """The pages of ``block_ids`` copied and checksummed in one pass, or None if this
-        tier or cache has no native kernel (the caller copies, ``store`` checksums)."""
-        if self.kernel is None or cache.page_table() is None:
+    def snapshot(
+        self, cache: KVCacheAccess, ids_by_group: dict[int, list[int]]
+    ) -> dict[int, CpuPart] | None:
+        """Each group's blocks copied out of the device cache and checksummed in the same
+        pass (one kernel call for the unit), or None if this tier or cache has no native
+        kernel (the caller copies, ``store`` checksums)."""
+        pages = cache.page_table()
+        if self.kernel is None or pages is None:
             return None
-        return CpuPart.gather(cache, block_ids, self.kernel)
+        row_bytes = pages.num_groups * pages.page_bytes
+        rows = rows_per_segment(row_bytes)
+        arrays: dict[int, Any] = {}
+        outs: list[Any] = []
+        blocks: list[Any] = []
+        for gid, ids in ids_by_group.items():
+            data = self.index.buffers.take(len(ids) * row_bytes)
+            arrays[gid] = data.numpy().reshape(len(ids), pages.num_groups, pages.page_bytes)
+            ids_np = np.asarray(ids, dtype=np.int64)
+            for lo in range(0, len(ids), rows):
+                outs.append(arrays[gid][lo : lo + rows])
+                blocks.append(ids_np[lo : lo + rows])
+        sums = iter(self.kernel.gather_many(outs, pages, blocks))
+        parts = {}
+        for gid, array in arrays.items():
+            num_segments = -(-len(array) // rows)
+            checksums = tuple(next(sums) for _ in range(num_segments))
+            parts[gid] = CpuPart(torch.from_numpy(array), array, rows, checksums, self.kernel)
+        return parts
 
-    def store(self, unit_hash: BlockHash, parts: dict[int, CpuPart | torch.Tensor]) -> bool:
-        """Checksum (if not done yet) and commit a reserved unit's parts; False if the
+    def store(
+        self, unit_hash: BlockHash, parts: dict[int, CpuPart | torch.Tensor], pin: bool = False
+    ) -> bool:
+        """Checksum (if not done yet) and commit a reserved unit's parts, pinned if ``pin``
+        (the caller still reads them: a disk write-behind; it unpins); False if the
         reservation is gone."""
         sealed = {
             gid: p if isinstance(p, CpuPart) else CpuPart.seal(p, self.kernel)
             for gid, p in parts.items()
         }
-        return self.index.commit(unit_hash, sealed)
+        with self.index.lock:  # no eviction between the commit and the pin
+            committed = self.index.commit(unit_hash, sealed)
+            return committed and (not pin or self.index.pin(unit_hash))
 
     def get(self, unit_hash: BlockHash, group_id: int) -> CpuPart:
         """The stored part, **not verified yet**: the caller verifies every segment whose bytes

@@ -21,7 +21,7 @@ import torch
 
 from hybridkv.connectors.base import KVCacheAccess, LoadSpec
 from hybridkv.connectors.file_format import CORRUPT, MISSING, PartError
-from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier, write_rows
+from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier, load_segments, write_rows
 from hybridkv.connectors.offloading.disk_tier import DiskTier
 from hybridkv.connectors.offloading.units import (
     CPU,
@@ -31,6 +31,10 @@ from hybridkv.connectors.offloading.units import (
     UnitSource,
 )
 from hybridkv.kv.spec import SpecKind
+
+# Native loads: bytes of segments per kernel call (OpenMP spreads them over threads). A
+# timeout waits for at most the call in progress (~5 ms at this size on 2 cores).
+BATCH_BYTES = 64 << 20
 
 
 @dataclass(slots=True)
@@ -101,6 +105,20 @@ class CpuSegment:
     index: int
     rows: list[int] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)
+
+
+def _batches(segments: list[CpuSegment], max_bytes: int) -> list[list[CpuSegment]]:
+    """Consecutive segments in batches of at most ``max_bytes`` (at least one segment each)."""
+    batches: list[list[CpuSegment]] = []
+    size = 0
+    for segment in segments:
+        nbytes = segment.stored.segment(segment.index).nbytes
+        if not batches or size + nbytes > max_bytes:
+            batches.append([])
+            size = 0
+        batches[-1].append(segment)
+        size += nbytes
+    return batches
 
 
 def plan_parts(geometry: UnitGeometry, spec: LoadSpec) -> list[LoadPart]:
@@ -201,26 +219,29 @@ class PartWriter:
         return segments, whole
 
     def _copy_segments(self, load: InflightLoad, segments: list[CpuSegment]) -> set[LoadPart]:
-        """Copy and verify ``segments`` on this thread and the copy helpers (each takes the
-        next segment left); the parts with a bad segment. Returns after every copy ended."""
-        todo: SimpleQueue[CpuSegment] = SimpleQueue()
-        for segment in segments:
-            todo.put(segment)
+        """Copy and verify ``segments``; the parts with a bad segment. Native kernels take
+        up to ``BATCH_BYTES`` per call on OpenMP threads; otherwise this thread and the copy
+        helpers each take the next segment left. Returns after every copy ended."""
+        native = self.cache.page_table() is not None and all(
+            s.stored.kernel is not None for s in segments
+        )
+        todo: SimpleQueue[list[CpuSegment]] = SimpleQueue()
+        for batch in _batches(segments, BATCH_BYTES if native else 0):
+            todo.put(batch)
 
         def drain() -> set[LoadPart]:
             bad: set[LoadPart] = set()
             while True:
                 try:
-                    segment = todo.get_nowait()
+                    batch = todo.get_nowait()
                 except Empty:
                     return bad
-                verified = self._copy_segment(load, segment)
+                verified = self._write_batch(load, batch)
                 if verified is None:  # given up on
                     return bad
-                if not verified:
-                    bad.add(segment.part)
+                bad.update(s.part for s, ok in zip(batch, verified, strict=True) if not ok)
 
-        num_helpers = min(self._num_helpers, len(segments) - 1)
+        num_helpers = 0 if native else min(self._num_helpers, len(segments) - 1)
         helpers = [self._helpers.submit(drain) for _ in range(num_helpers)]
         try:
             bad = drain()
@@ -231,15 +252,14 @@ class PartWriter:
                 bad |= helper.result()
         return bad
 
-    def _copy_segment(self, load: InflightLoad, segment: CpuSegment) -> bool | None:
-        """Write the segment's rows and verify the whole segment (in the same pass, or right
-        after while in cache): whether it matched, or None (nothing written) if given up."""
+    def _write_batch(self, load: InflightLoad, batch: list[CpuSegment]) -> list[bool] | None:
+        """Write the segments' rows and verify each whole segment: whether each matched, or
+        None (nothing written) if the load was given up on."""
         if not load.try_begin_write():
             return None
         try:
-            return segment.stored.load_segment(
-                segment.index, segment.rows, segment.block_ids, self.cache
-            )
+            items = [(s.stored, s.index, s.rows, s.block_ids) for s in batch]
+            return load_segments(self.cache, items)
         finally:
             load.end_write()
 

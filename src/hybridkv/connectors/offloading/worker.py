@@ -205,13 +205,17 @@ class OffloadingWorker(BaseConnectorWorker):
     def _snapshot(self, save: UnitSave) -> dict[int, CpuPart | torch.Tensor]:
         """Copy the unit's bytes out of the device cache now. A unit bound for the CPU tier
         is checksummed in the same pass when the tier has native kernels."""
-        cpu = self.cpu if CPU in save.tiers else None
+        ids_by_group = {
+            gid: list(ids)
+            for gid, ids in zip(self.layout.attention_group_ids, save.block_ids, strict=True)
+            if ids
+        }
+        sealed = None
+        if CPU in save.tiers and self.cpu is not None:
+            sealed = self.cpu.snapshot(self.cache, ids_by_group)
         parts: dict[int, CpuPart | torch.Tensor] = {}
-        for gid, group_ids in zip(self.layout.attention_group_ids, save.block_ids, strict=True):
-            ids = list(group_ids)
-            if ids:
-                sealed = cpu.snapshot(self.cache, ids) if cpu is not None else None
-                parts[gid] = sealed if sealed is not None else self.cache.read_blocks(ids)
+        for gid, ids in ids_by_group.items():
+            parts[gid] = sealed[gid] if sealed is not None else self.cache.read_blocks(ids)
         for gid, slot in zip(self.layout.state_group_ids, save.state_slots, strict=True):
             parts[gid] = self.cache.read_state(gid, slot)  # [slot_bytes], a copy
         return parts
@@ -224,10 +228,12 @@ class OffloadingWorker(BaseConnectorWorker):
         snapshot_s: float,
     ) -> None:
         disk = self.disk if DISK in save.tiers else None
+        pinned = False  # the CPU unit, while the disk write-behind reads its buffers
         try:
             if CPU in save.tiers and self.cpu is not None:
                 began = time.perf_counter()
-                if self.cpu.store(save.unit_hash, parts):
+                if self.cpu.store(save.unit_hash, parts, pin=disk is not None):
+                    pinned = disk is not None
                     self._stats.add("offload_bytes.cpu.store", nbytes)
                     self._stats.add("stores.cpu")
                     self._stats.add(
@@ -238,10 +244,15 @@ class OffloadingWorker(BaseConnectorWorker):
                 self._store_done(nbytes)
         if disk is not None:
             data = {g: p.data if isinstance(p, CpuPart) else p for g, p in parts.items()}
-            disk.submit(lambda: self._write_disk(disk, save, data, nbytes))
+            disk.submit(lambda: self._write_disk(disk, save, data, nbytes, pinned))
 
     def _write_disk(
-        self, disk: DiskTier, save: UnitSave, parts: dict[int, torch.Tensor], nbytes: int
+        self,
+        disk: DiskTier,
+        save: UnitSave,
+        parts: dict[int, torch.Tensor],
+        nbytes: int,
+        pinned: bool,
     ) -> None:
         began = time.perf_counter()
         try:
@@ -254,6 +265,8 @@ class OffloadingWorker(BaseConnectorWorker):
             self._stats.add("offload_seconds.disk.store", time.perf_counter() - began)
             self._stats.add("stores.disk")
         finally:
+            if pinned and self.cpu is not None:
+                self.cpu.index.unpin(save.unit_hash)
             self._store_done(nbytes)
 
     def _store_done(self, nbytes: int) -> None:
