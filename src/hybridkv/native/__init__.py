@@ -84,20 +84,21 @@ class PageCopy:
         self, outs: list[np.ndarray[Any, Any]], pages: PageTable, blocks: list[Any]
     ) -> list[int]:
         """``gather`` of every ``(outs[i], blocks[i])``, in parallel; their checksums."""
-        for out, ids in zip(outs, blocks, strict=True):
-            self._check(out, pages, ids, allow_skip=False)
-        return self._call(self._gather, outs, pages, blocks)
+        return self._call(self._gather, outs, pages, blocks, allow_skip=False)
 
     def scatter_many(
         self, datas: list[np.ndarray[Any, Any]], pages: PageTable, blocks: list[Any]
     ) -> list[int]:
         """``scatter`` of every ``(datas[i], blocks[i])``, in parallel; their checksums."""
-        for data, ids in zip(datas, blocks, strict=True):
-            self._check(data, pages, ids, allow_skip=True)
-        return self._call(self._scatter, datas, pages, blocks)
+        return self._call(self._scatter, datas, pages, blocks, allow_skip=True)
 
-    @staticmethod
-    def _call(fn: Any, hosts: list[Any], pages: PageTable, blocks: list[Any]) -> list[int]:
+    @classmethod
+    def _call(
+        cls, fn: Any, hosts: list[Any], pages: PageTable, blocks: list[Any], allow_skip: bool
+    ) -> list[int]:
+        for host, ids in zip(hosts, blocks, strict=True):
+            cls._check(host, pages, ids, allow_skip)
+
         def addresses(arrays: list[Any]) -> np.ndarray[Any, Any]:
             return np.array([a.ctypes.data for a in arrays], dtype=np.uint64)
 
