@@ -76,6 +76,12 @@ class OffloadingWorker(BaseConnectorWorker):
             load = InflightLoad(spec, time.monotonic())
             with self._cond:
                 self._loads[spec.request_id] = load
+            if not spec.is_async and _from_cpu_only(spec):
+                # NOTE: on the caller's thread, without a timeout: memory copies only, no I/O
+                # to hang on. The native copies then run on the caller's OpenMP team (torch's,
+                # warm); a load thread's own team would fight it for the cores.
+                self._run_load(load)
+                continue
             self._loader.submit(self._run_load, load)
             if not spec.is_async:
                 self._wait_sync(load)
@@ -301,3 +307,8 @@ class OffloadingWorker(BaseConnectorWorker):
         self._stager.shutdown(wait=True)
         if self.disk is not None:
             self.disk.shutdown()
+
+
+def _from_cpu_only(spec: LoadSpec) -> bool:
+    keys = spec.keys
+    return isinstance(keys, OffloadLoadKeys) and all(u.tier == CPU for u in keys.units)
