@@ -126,3 +126,22 @@ def test_without_a_compiler_the_kernels_are_none_and_say_why(
     monkeypatch.setenv("HYBRIDKV_NATIVE", "0")
     monkeypatch.delenv("CC")
     assert native_module.load_pagecopy.__wrapped__() is None
+
+
+def test_the_device_cache_gives_its_pages_when_kernels_can_walk_them() -> None:
+    from hybridkv.engine.cache_access import DeviceCacheAccess
+    from tests.connectors.helpers import make_layout
+
+    layout = make_layout("full")
+    backing = [torch.zeros(6, 64, dtype=torch.uint8) for _ in range(2)]
+    pages = DeviceCacheAccess(layout, backing, {}).page_table()
+    assert pages is not None and (pages.num_blocks, pages.page_bytes, pages.num_groups) == (
+        6,
+        64,
+        2,
+    )
+    assert [int(a) for a in pages.bases] == [b.data_ptr() for b in backing]
+    odd = [torch.zeros(6, 48, dtype=torch.uint8) for _ in range(2)]  # not whole stripes
+    assert DeviceCacheAccess(layout, odd, {}).page_table() is None
+    strided = [torch.zeros(6, 128, dtype=torch.uint8)[:, :64] for _ in range(2)]
+    assert DeviceCacheAccess(layout, strided, {}).page_table() is None
