@@ -27,7 +27,7 @@ def test_prefix_from_cpu_then_from_disk(
     arch: str, checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
     model = checkpoints[arch]
-    prompts = [PROMPTS[0], PROMPTS[1], OTHER, PROMPTS[2]]
+    prompts = [PROMPTS[0], PROMPTS[1], OTHER, PROMPTS[2], PROMPTS[0]]
     want = reference(model, prompts)
     llm = make_llm(model, offload(cpu=5 * unit_bytes(model), disk=tmp_path))
     first = generate(llm, prompts[:1])
@@ -40,11 +40,14 @@ def test_prefix_from_cpu_then_from_disk(
     reset_device_cache(llm)
     from_disk = generate(llm, prompts[3:4])
     assert from_disk[0].cached_tokens == {"local": 0, "disk": 128}
+    reset_device_cache(llm)
+    again = generate(llm, prompts[4:5])  # the disk hit was promoted into the CPU tier
+    assert again[0].cached_tokens == {"local": 0, "cpu": 128}
 
-    outs = first + from_cpu + other + from_disk
+    outs = first + from_cpu + other + from_disk + again
     assert [o.token_ids for o in outs] == want
     c = counters(llm)
-    assert c["hits.cpu"] == 4 and c["hit_tokens.cpu"] == 128
+    assert c["hits.cpu"] == 8 and c["hit_tokens.cpu"] == 256 and c["promotions.cpu"] == 4
     assert c["hits.disk"] == 4 and c["hit_tokens.disk"] == 128
     assert c["evictions.cpu"] >= 4 and c["offload_bytes.disk.load"] > 0
     assert c["offload_bytes.cpu.store"] == c["offload_bytes.disk.store"]  # write-through

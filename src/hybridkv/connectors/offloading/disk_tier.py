@@ -42,6 +42,7 @@ from hybridkv.connectors.offloading.policies import create_policy
 from hybridkv.connectors.offloading.tier import TierEntry, TierIndex
 from hybridkv.connectors.offloading.units import UnitGeometry, part_key
 from hybridkv.kv.hashing import BlockHash
+from hybridkv.kv.spec import SpecKind
 
 SUFFIX = ".kvu"
 STALE_SECONDS = 3600.0  # temporary files and incomplete units older than this are debris
@@ -115,6 +116,18 @@ class DiskTier:
         nbytes = self.geometry.part_nbytes(group_id, end)
         payload = read_part(self.path(unit_hash, group_id), self.fingerprint, key, span, nbytes)
         return torch.frombuffer(payload, dtype=torch.uint8)  # [nbytes], shares the read buffer
+
+    def read_unit(self, unit_hash: BlockHash, end: int) -> dict[int, torch.Tensor]:
+        """Every part of a unit, read and verified, shaped as the CPU tier keeps them
+        (attention ``[n, G, layer_page_bytes]``, state flat); ``PartError`` otherwise."""
+        layout = self.geometry.layout
+        parts = {}
+        for group in layout.groups:
+            data = self.read(unit_hash, end, group.group_id)
+            if group.kind is not SpecKind.STATE:
+                data = data.view(-1, layout.group_size, layout.layer_page_bytes)
+            parts[group.group_id] = data
+        return parts
 
     def remove_files(self, unit_hash: BlockHash) -> int:
         """Delete a unit's files now; returns how many existed."""

@@ -39,6 +39,7 @@ from hybridkv.connectors.offloading.units import (
     DISK,
     OffloadLoadKeys,
     UnitGeometry,
+    UnitPromotion,
     UnitSave,
     UnitSource,
 )
@@ -69,6 +70,9 @@ class OffloadingScheduler(BaseConnectorScheduler):
         self.load_enabled = load
         self.save_enabled = save
         self._loads: list[LoadSpec] = []
+        # disk hits to copy into the CPU tier: of this step, and of the step before (planned)
+        self._promote: list[tuple[BlockHash, int, BlockHash | None]] = []
+        self._promote_next: list[tuple[BlockHash, int, BlockHash | None]] = []
         self._sources: dict[str, dict[str, int]] = {}  # request id -> loaded tokens by tier
         self._stats = ConnectorStats()
 
@@ -171,6 +175,8 @@ class OffloadingScheduler(BaseConnectorScheduler):
             unit_hash = self.geometry.unit_hash(request.block_hashes, unit_end)
             tier = next((n for n, ix in self.tiers.items() if ix.pin(unit_hash)), "none")
             sources.append(UnitSource(unit_end, unit_hash, tier))
+            if tier == DISK:
+                self._promote.append((unit_hash, unit_end, self._parent_hash(request, unit_end)))
             tokens = min(unit_end, end) - max(unit_end - chunk, start)
             by_tier[tier] = by_tier.get(tier, 0) + tokens
             self._stats.add(f"hits.{tier}")
@@ -214,15 +220,35 @@ class OffloadingScheduler(BaseConnectorScheduler):
     ) -> ConnectorMetadata:
         loads, self._loads = self._loads, []
         self._adopt_found()
+        promotions = self._plan_promotions()
         # NOTE: a step computed on top of a synchronous load is not saved: a failure of that
         # load is only reported after save(), and its units would carry the bad KV on.
         sync_loaded = {spec.request_id for spec in loads if not spec.is_async}
-        saves: list[Any] = []
+        saves: list[Any] = list(promotions)
         if self.save_enabled:
             for request, start, end, blocks in scheduled:
                 if request.request_id not in sync_loaded:
                     saves.extend(self._plan_saves(request, start, end, blocks))
         return ConnectorMetadata(loads=loads, saves=saves)
+
+    def _plan_promotions(self) -> list[UnitPromotion]:
+        """Disk hits of the previous step to copy into the CPU tier (a step later, so their
+        reads do not compete with the loads' own), each reserved there and pinned on disk until
+        the worker is done. NOTE: reserving may evict, so it happens here with the saves'
+        reservations, after this step's loads pinned what their lookups reported."""
+        found, self._promote_next, self._promote = self._promote_next, self._promote, []
+        if self.cpu is None or self.disk is None or not self.save_enabled:
+            return []
+        out: list[UnitPromotion] = []
+        for unit_hash, end, parent in found:
+            if self.cpu.index.state_of(unit_hash) is not None or not self.disk.index.pin(unit_hash):
+                continue  # in the CPU tier already (or being stored), or gone from disk
+            if self._reserve(CPU, unit_hash, end, parent):
+                out.append(UnitPromotion(unit_hash, end))
+            else:
+                self.disk.index.unpin(unit_hash)
+                self._stats.add("promotions_skipped:no_room")
+        return out
 
     def _plan_saves(
         self, request: KVConnectorRequest, start: int, end: int, blocks: RequestBlocks

@@ -88,6 +88,16 @@ class UnitSave:
 
 
 @dataclass(frozen=True, slots=True)
+class UnitPromotion:
+    """Copy a unit the disk tier holds into the CPU tier (an entry of ``ConnectorMetadata.
+    saves``): the scheduler half reserved it in the CPU tier and pinned it on disk; the worker
+    reads every part from disk, verified, commits it to the CPU tier and unpins."""
+
+    unit_hash: BlockHash
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
 class UnitSource:
     """Where a load reads the unit ending at ``end`` from (pinned there until it finishes)."""
 

@@ -16,6 +16,7 @@ by ``max_inflight_io_bytes``: past it a store is skipped (its reservations abort
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,12 +34,19 @@ from hybridkv.connectors.base import (
     StatsCounter,
     output_from_results,
 )
-from hybridkv.connectors.file_format import IO_ERROR, MISSING
+from hybridkv.connectors.file_format import IO_ERROR, MISSING, PartError
 from hybridkv.connectors.offloading.config import OffloadingConfig
 from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier
 from hybridkv.connectors.offloading.disk_tier import DiskTier
 from hybridkv.connectors.offloading.loads import InflightLoad, LoadPart, PartWriter, plan_parts
-from hybridkv.connectors.offloading.units import CPU, DISK, OffloadLoadKeys, UnitGeometry, UnitSave
+from hybridkv.connectors.offloading.units import (
+    CPU,
+    DISK,
+    OffloadLoadKeys,
+    UnitGeometry,
+    UnitPromotion,
+    UnitSave,
+)
 
 TIMEOUT = "timeout"
 
@@ -193,7 +201,7 @@ class OffloadingWorker(BaseConnectorWorker):
 
     def save(self, metadata: ConnectorMetadata) -> None:
         for save in metadata.saves:
-            if not isinstance(save, UnitSave):
+            if not isinstance(save, UnitSave | UnitPromotion):
                 raise TypeError(f"OffloadingConnector cannot save {type(save).__name__}")
             nbytes = self.geometry.unit_nbytes(save.end)
             with self._cond:
@@ -203,10 +211,32 @@ class OffloadingWorker(BaseConnectorWorker):
                     self._num_stores += 1
             if not admitted:
                 self._abort(save, "stores_skipped:backpressure")
-                continue
-            began = time.perf_counter()
-            parts = self._snapshot(save)
-            self._stager.submit(self._store, save, parts, nbytes, time.perf_counter() - began)
+            elif isinstance(save, UnitPromotion):
+                assert self.disk is not None
+                self.disk.submit(functools.partial(self._promote, save, nbytes))
+            else:
+                began = time.perf_counter()
+                parts = self._snapshot(save)
+                self._stager.submit(self._store, save, parts, nbytes, time.perf_counter() - began)
+
+    def _promote(self, promotion: UnitPromotion, nbytes: int) -> None:
+        """Copy a disk unit into its CPU reservation (on the disk I/O thread), every part
+        read and verified first; a bad or missing part aborts the reservation."""
+        assert self.cpu is not None and self.disk is not None
+        began = time.perf_counter()
+        try:
+            parts = self.disk.read_unit(promotion.unit_hash, promotion.end)
+            if self.cpu.store(promotion.unit_hash, dict(parts)):
+                self._stats.add("promotions.cpu")
+                self._stats.add("offload_bytes.cpu.promote", nbytes)
+                self._stats.add("offload_seconds.cpu.promote", time.perf_counter() - began)
+        except Exception as exc:  # a failed store never becomes visible
+            self.cpu.index.abort(promotion.unit_hash)
+            reason = exc.reason if isinstance(exc, PartError) else "error"
+            self._stats.add(f"promotion_failures:{reason}")
+        finally:
+            self.disk.index.unpin(promotion.unit_hash)
+            self._store_done(nbytes)
 
     def _snapshot(self, save: UnitSave) -> dict[int, CpuPart | torch.Tensor]:
         """Copy the unit's bytes out of the device cache now. A unit bound for the CPU tier
@@ -281,10 +311,15 @@ class OffloadingWorker(BaseConnectorWorker):
             self._num_stores -= 1
             self._cond.notify_all()
 
-    def _abort(self, save: UnitSave, reason: str) -> None:
-        for tier in (self.cpu, self.disk):
-            if tier is not None and tier.name in save.tiers:
-                tier.index.abort(save.unit_hash)
+    def _abort(self, save: UnitSave | UnitPromotion, reason: str) -> None:
+        if isinstance(save, UnitPromotion):
+            if self.cpu is not None and self.disk is not None:
+                self.cpu.index.abort(save.unit_hash)
+                self.disk.index.unpin(save.unit_hash)
+        else:
+            for tier in (self.cpu, self.disk):
+                if tier is not None and tier.name in save.tiers:
+                    tier.index.abort(save.unit_hash)
         self._stats.add("stores_skipped")
         self._stats.add(reason)
 
