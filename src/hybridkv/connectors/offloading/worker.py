@@ -1,27 +1,22 @@
 """The worker half: loads from the tiers into the device cache, stores snapshots into them.
 
-Loads run on a small thread pool (a synchronous load is waited for in ``start_load``); each
-plans its parts and hands them to ``loads.PartWriter``, which verifies every byte and writes
-the device (CPU parts segment by segment on two threads, disk parts whole). A load still
+Loads run on a small thread pool (a synchronous load is waited for in ``start_load``; one
+the CPU tier alone serves runs on the caller's thread); each plans its parts and hands them
+to ``loads.PartWriter``, which verifies every byte and writes the device (CPU parts segment by
+segment, checksummed in the copy's pass; disk parts whole). A load still
 running after ``load_timeout_seconds`` is reported failed (``timeout``): the report waits for
 device writes in progress and no write starts after it. A bad part is reported per block
 (``invalid_block_ids``) or per request (``invalid_state``), counted, and its unit removed from
 the tier (files deleted).
 
-Stores: ``save`` snapshots the unit's blocks and states (one copy, before the blocks can be
-reused), then a CPU-stage thread checksums and commits the unit to the CPU tier and hands it
-to the disk tier's I/O thread (write-through). Snapshots held by unfinished stores are bounded
-by ``max_inflight_io_bytes``: past it a store is skipped (its reservations aborted, counted).
+Stores (and promotions of disk units into the CPU tier) are ``stores.StorePipeline``'s.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-
-import torch
 
 from hybridkv.connectors.base import (
     BaseConnectorWorker,
@@ -34,18 +29,17 @@ from hybridkv.connectors.base import (
     StatsCounter,
     output_from_results,
 )
-from hybridkv.connectors.file_format import IO_ERROR, MISSING, PartError
+from hybridkv.connectors.file_format import IO_ERROR, MISSING
 from hybridkv.connectors.offloading.config import OffloadingConfig
-from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier
+from hybridkv.connectors.offloading.cpu_tier import CpuTier
 from hybridkv.connectors.offloading.disk_tier import DiskTier
 from hybridkv.connectors.offloading.loads import InflightLoad, LoadPart, PartWriter, plan_parts
+from hybridkv.connectors.offloading.stores import StorePipeline
 from hybridkv.connectors.offloading.units import (
     CPU,
     DISK,
     OffloadLoadKeys,
     UnitGeometry,
-    UnitPromotion,
-    UnitSave,
 )
 
 TIMEOUT = "timeout"
@@ -69,13 +63,11 @@ class OffloadingWorker(BaseConnectorWorker):
         self._cond = threading.Condition()
         self._loads: dict[str, InflightLoad] = {}  # in flight
         self._results: list[LoadResult] = []  # finished, not reported yet
-        self._num_stores = 0
-        self._inflight_bytes = 0
         self._stats = StatsCounter()
         self._loader = ThreadPoolExecutor(num_load_threads, thread_name_prefix="offload-load")
         # each load's thread copies CPU segments together with up to this many helpers
         self._writer = PartWriter(geometry, cpu, disk, num_copy_helpers)
-        self._stager = ThreadPoolExecutor(1, thread_name_prefix="offload-store")
+        self._stores = StorePipeline(config, geometry, cpu, disk, self._stats, self._cond)
 
     # -- loads ---------------------------------------------------------------------------
 
@@ -104,6 +96,7 @@ class OffloadingWorker(BaseConnectorWorker):
     def register_kv_caches(self, cache: KVCacheAccess) -> None:
         super().register_kv_caches(cache)
         self._writer.cache = cache
+        self._stores.cache = cache
 
     def _run_load(self, load: InflightLoad) -> None:
         spec, began = load.spec, time.perf_counter()
@@ -190,146 +183,23 @@ class OffloadingWorker(BaseConnectorWorker):
 
     def has_pending(self) -> bool:
         with self._cond:
-            return bool(self._loads or self._results or self._num_stores)
+            return bool(self._loads or self._results or self._stores.num_stores)
 
     def wait_for_progress(self, timeout: float) -> None:
         with self._cond:
-            if (self._loads or self._num_stores) and not self._results:
+            if (self._loads or self._stores.num_stores) and not self._results:
                 self._cond.wait(timeout)
 
-    # -- stores --------------------------------------------------------------------------
+    # -- stores (``stores.StorePipeline``) -------------------------------------------------
 
     def save(self, metadata: ConnectorMetadata) -> None:
-        for save in metadata.saves:
-            if not isinstance(save, UnitSave | UnitPromotion):
-                raise TypeError(f"OffloadingConnector cannot save {type(save).__name__}")
-            nbytes = self.geometry.unit_nbytes(save.end)
-            with self._cond:
-                admitted = self._inflight_bytes + nbytes <= self.config.max_inflight_io_bytes
-                if admitted:
-                    self._inflight_bytes += nbytes
-                    self._num_stores += 1
-            if not admitted:
-                self._abort(save, "stores_skipped:backpressure")
-            elif isinstance(save, UnitPromotion):
-                assert self.disk is not None
-                self.disk.submit(functools.partial(self._promote, save, nbytes))
-            else:
-                began = time.perf_counter()
-                parts = self._snapshot(save)
-                self._stager.submit(self._store, save, parts, nbytes, time.perf_counter() - began)
-
-    def _promote(self, promotion: UnitPromotion, nbytes: int) -> None:
-        """Copy a disk unit into its CPU reservation (on the disk I/O thread), every part
-        read and verified first; a bad or missing part aborts the reservation."""
-        assert self.cpu is not None and self.disk is not None
-        began = time.perf_counter()
-        try:
-            parts = self.disk.read_unit(promotion.unit_hash, promotion.end)
-            if self.cpu.store(promotion.unit_hash, dict(parts)):
-                self._stats.add("promotions.cpu")
-                self._stats.add("offload_bytes.cpu.promote", nbytes)
-                self._stats.add("offload_seconds.cpu.promote", time.perf_counter() - began)
-        except Exception as exc:  # a failed store never becomes visible
-            self.cpu.index.abort(promotion.unit_hash)
-            reason = exc.reason if isinstance(exc, PartError) else "error"
-            self._stats.add(f"promotion_failures:{reason}")
-        finally:
-            self.disk.index.unpin(promotion.unit_hash)
-            self._store_done(nbytes)
-
-    def _snapshot(self, save: UnitSave) -> dict[int, CpuPart | torch.Tensor]:
-        """Copy the unit's bytes out of the device cache now. A unit bound for the CPU tier
-        is checksummed in the same pass when the tier has native kernels."""
-        ids_by_group = {
-            gid: list(ids)
-            for gid, ids in zip(self.layout.attention_group_ids, save.block_ids, strict=True)
-            if ids
-        }
-        sealed = None
-        if CPU in save.tiers and self.cpu is not None:
-            sealed = self.cpu.snapshot(self.cache, ids_by_group)
-        parts: dict[int, CpuPart | torch.Tensor] = {}
-        for gid, ids in ids_by_group.items():
-            parts[gid] = sealed[gid] if sealed is not None else self.cache.read_blocks(ids)
-        for gid, slot in zip(self.layout.state_group_ids, save.state_slots, strict=True):
-            parts[gid] = self.cache.read_state(gid, slot)  # [slot_bytes], a copy
-        return parts
-
-    def _store(
-        self,
-        save: UnitSave,
-        parts: dict[int, CpuPart | torch.Tensor],
-        nbytes: int,
-        snapshot_s: float,
-    ) -> None:
-        disk = self.disk if DISK in save.tiers else None
-        pinned = False  # the CPU unit, while the disk write-behind reads its buffers
-        try:
-            if CPU in save.tiers and self.cpu is not None:
-                began = time.perf_counter()
-                if self.cpu.store(save.unit_hash, parts, pin=disk is not None):
-                    pinned = disk is not None
-                    self._stats.add("offload_bytes.cpu.store", nbytes)
-                    self._stats.add("stores.cpu")
-                    self._stats.add(
-                        "offload_seconds.cpu.store", snapshot_s + time.perf_counter() - began
-                    )
-        finally:
-            if disk is None:
-                self._store_done(nbytes)
-        if disk is not None:
-            data = {g: p.data if isinstance(p, CpuPart) else p for g, p in parts.items()}
-            disk.submit(lambda: self._write_disk(disk, save, data, nbytes, pinned))
-
-    def _write_disk(
-        self,
-        disk: DiskTier,
-        save: UnitSave,
-        parts: dict[int, torch.Tensor],
-        nbytes: int,
-        pinned: bool,
-    ) -> None:
-        began = time.perf_counter()
-        try:
-            written = disk.write(save.unit_hash, save.end, parts)
-        except Exception:
-            disk.index.abort(save.unit_hash)
-            self._stats.add("store_failures.disk")
-        else:
-            self._stats.add("offload_bytes.disk.store", written)
-            self._stats.add("offload_seconds.disk.store", time.perf_counter() - began)
-            self._stats.add("stores.disk")
-        finally:
-            if pinned and self.cpu is not None:
-                self.cpu.index.unpin(save.unit_hash)
-            self._store_done(nbytes)
-
-    def _store_done(self, nbytes: int) -> None:
-        with self._cond:
-            self._inflight_bytes -= nbytes
-            self._num_stores -= 1
-            self._cond.notify_all()
-
-    def _abort(self, save: UnitSave | UnitPromotion, reason: str) -> None:
-        if isinstance(save, UnitPromotion):
-            if self.cpu is not None and self.disk is not None:
-                self.cpu.index.abort(save.unit_hash)
-                self.disk.index.unpin(save.unit_hash)
-        else:
-            for tier in (self.cpu, self.disk):
-                if tier is not None and tier.name in save.tiers:
-                    tier.index.abort(save.unit_hash)
-        self._stats.add("stores_skipped")
-        self._stats.add(reason)
+        self._stores.save(metadata)
 
     def wait_for_saves(self, timeout: float | None = None) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: self._num_stores == 0, timeout)
+        return self._stores.wait_for_saves(timeout)
 
     def inflight_bytes(self) -> int:
-        with self._cond:
-            return self._inflight_bytes
+        return self._stores.inflight_bytes()
 
     # -- misc ----------------------------------------------------------------------------
 
@@ -339,7 +209,7 @@ class OffloadingWorker(BaseConnectorWorker):
     def shutdown(self) -> None:
         self._loader.shutdown(wait=True)
         self._writer.shutdown()
-        self._stager.shutdown(wait=True)
+        self._stores.shutdown()
         if self.disk is not None:
             self.disk.shutdown()
 
