@@ -30,9 +30,9 @@ from hybridkv.connectors.offloading.tier import TierEntry, TierIndex, UnitState
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.native import PageCopy
 
-# Measured (docs/benchmarks.md, B4): copies run faster in big calls and a segment verified
-# right after its copy is still in cache up to several MiB, so segments are a few MiB; a load
-# of one unit part still has several segments to share between two threads.
+# Measured (docs/benchmarks.md, B4): copies run faster in big segments, and without native
+# kernels a segment verified right after its copy is still in cache up to several MiB; a load
+# of one unit part still has several segments to share between threads.
 SEGMENT_BYTES = 4 << 20
 
 
@@ -77,13 +77,6 @@ class CpuPart:
 
     def verify_all(self) -> bool:
         return all(self.verify(s) for s in range(len(self.checksums)))
-
-    def load_segment(
-        self, index: int, rows: list[int], block_ids: list[int], cache: KVCacheAccess
-    ) -> bool:
-        """Write rows ``rows`` (of the part) of segment ``index`` into ``block_ids`` and verify
-        the whole segment: whether it matched. The blocks are written either way."""
-        return load_segments(cache, [(self, index, rows, block_ids)])[0]
 
     def scatter_rows(self, index: int, rows: list[int], block_ids: list[int]) -> Any:
         """Segment ``index``'s block per row for ``PageCopy.scatter`` (-1: not written)."""

@@ -1,6 +1,6 @@
 """The load path: which payload rows fill which blocks, and moving verified bytes to the device.
 
-A CPU part is copied segment by segment (``cpu_tier.CpuPart.load_segment``), each segment
+A CPU part is copied segment by segment (``cpu_tier.load_segments``), each segment
 checksummed in the same pass as its copy (native kernels) or right after it while its bytes
 are still in cache; the load's thread and the copy helpers each take the next segment left.
 A disk part (and a CPU state part) is read and verified whole, then written. A part may reach
