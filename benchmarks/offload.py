@@ -8,7 +8,8 @@ from each tier vs recomputed.
 Prints one JSON document. Bandwidth: medians (min, max) over --repeats runs after a warm-up,
 connector and baseline alternating in the same run. The CPU tier runs twice: "fill" (a tier
 that never evicts, so every store writes memory never used before) and "steady" (a full tier
-that evicts, after warm-up rounds, so stores reuse evicted units' memory). Disk "cold" drops
+that evicts, after warm-up rounds, so stores reuse evicted units' memory), and "fill_prealloc"
+(a tier big enough for the run, its memory mapped at start-up: ``cpu_prealloc``). Disk "cold" drops
 each file from the page cache with posix_fadvise(DONTNEED) before reading.
 """
 
@@ -141,11 +142,15 @@ def load_bytes(rig: Rig) -> int:
     return sum(v for k, v in moved_bytes(rig).items() if k.endswith(".load"))
 
 
-def bench_cpu(layout: Any, tokens: int, repeats: int, capacity: int, warmup: int) -> dict[str, Any]:
+def bench_cpu(
+    layout: Any, tokens: int, repeats: int, capacity: int, warmup: int, prealloc: bool = False
+) -> dict[str, Any]:
     """Rounds of copy, store, load (alternating); GB/s of the bytes each really moved (a store
     writes every unit's window blocks, so it moves more bytes than the load of its prefix)."""
     extra = {"cpu_bytes": capacity, "chunk_tokens": 256, "load_mode": "sync"}
-    rig = Rig(layout, extra, tokens)
+    began = time.perf_counter()
+    rig = Rig(layout, extra | {"cpu_prealloc": prealloc}, tokens)
+    setup_s = time.perf_counter() - began
     for _ in range(1 + warmup):
         rig.store()
         rig.load()
@@ -162,7 +167,8 @@ def bench_cpu(layout: Any, tokens: int, repeats: int, capacity: int, warmup: int
         store.append(moved_bytes(rig)["cpu.store"] / 1e9 / seconds)
         seconds = rig.load()
         load.append(moved_bytes(rig)["cpu.load"] / 1e9 / seconds)
-    out = {"capacity": capacity, "warmup_rounds": warmup, "load_bytes": nbytes}
+    out = {"capacity": capacity, "prealloc": prealloc, "setup_s": round(setup_s, 3)}
+    out |= {"warmup_rounds": warmup, "load_bytes": nbytes}
     out |= {"copy_gbps": stats(copy), "store_gbps": stats(store), "load_gbps": stats(load)}
     out["load_vs_copy"] = round(out["load_gbps"]["median"] / out["copy_gbps"]["median"], 3)
     out["store_vs_copy"] = round(out["store_gbps"]["median"] / out["copy_gbps"]["median"], 3)
@@ -296,6 +302,15 @@ def main() -> None:
         report["cpu_tier"] = {
             # every store lands in memory never used before: bound by page faults
             "fill": bench_cpu(layout, tokens, repeats, capacity=1 << 34, warmup=0),
+            # the same, with the tier's memory mapped at start-up (cpu_prealloc)
+            "fill_prealloc": bench_cpu(
+                layout,
+                tokens,
+                repeats,
+                capacity=(1 + repeats) * 3 * prompt_kv,
+                warmup=0,
+                prealloc=True,
+            ),
             # a full tier that evicts (~2.7 prompts' units): stores reuse evicted memory
             "steady": bench_cpu(layout, tokens, repeats, capacity=8 * prompt_kv, warmup=4),
         }

@@ -8,7 +8,7 @@ from tests.benchmarks.quick import run_quick
 def test_offload_quick() -> None:
     out = run_quick("offload.py")
     assert out["benchmark"] == "offload" and {"cores", "torch"} <= out["machine"].keys()
-    for phase in ("fill", "steady"):
+    for phase in ("fill", "steady", "fill_prealloc"):
         cpu = out["cpu_tier"][phase]
         assert cpu["load_gbps"]["median"] > 0 and cpu["copy_gbps"]["median"] > 0
         assert cpu["store_gbps"]["median"] > 0

@@ -97,3 +97,19 @@ def test_a_unit_waiting_for_its_disk_write_is_not_evicted(tmp_path: Path) -> Non
         assert torch.equal(on_disk, a_bytes[k : k + 2])  # the bytes A stored, not B's
     assert engine.cpu.index.num_pinned() == 0
     engine.assert_clean()
+
+
+def test_preallocated_memory_holds_the_first_units(tmp_path: Path) -> None:
+    engine = full_engine(cpu=3 * UNIT + 100, cpu_prealloc=True)
+    buffers = engine.cpu.index.buffers
+    assert buffers.num_free_bytes == 3 * UNIT  # three sets of the unit's one part, mapped
+    free = {b.data_ptr() for bs in buffers._free.values() for b in bs}
+    a = make_request("a", 18)
+    save(engine, a, first_block=1)
+    assert part_addresses(engine) <= free and buffers.num_free_bytes == UNIT
+    room_is_kept(engine)
+    want = engine.blocks_bytes([1, 2, 3, 4]).clone()
+    engine.load(FakeRequest("l", a.all_token_ids), table(engine.layout, {0: list(range(40, 45))}))
+    assert not engine.finish("l").invalid_block_ids
+    assert torch.equal(engine.blocks_bytes([40, 41, 42, 43]), want)
+    engine.assert_clean()

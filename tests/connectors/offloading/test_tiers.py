@@ -290,6 +290,7 @@ def test_failed_disk_write_never_becomes_visible(
         ({"cpu_bytes": 1024, "offload_prompt_only": "no"}, "offload_prompt_only"),
         ({"cpu_bytes": 1024, "max_inflight_io_bytes": -1}, "max_inflight_io_bytes"),
         ({"cpu_bytes": 1024, "load_mode": "eager"}, "load_mode"),
+        ({"cpu_bytes": 1024, "cpu_prealloc": 1}, "cpu_prealloc"),
     ],
 )
 def test_bad_config_names_the_key(extra: dict[str, object], key: str) -> None:

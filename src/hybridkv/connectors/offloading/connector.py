@@ -24,6 +24,8 @@ def create_offloading_connector(
     cpu = None
     if options.cpu_bytes is not None:
         cpu = CpuTier(options.cpu_bytes, options.eviction, unit_bytes, load_pagecopy())
+        if options.cpu_prealloc:
+            cpu.preallocate(geometry.steady_part_sizes())
     disk = None
     if options.disk_path is not None and options.disk_bytes is not None:
         try:

@@ -169,6 +169,12 @@ class CpuTier:
         self.index = CpuIndex(capacity, eviction, unit_bytes)
         self.kernel = kernel
 
+    def preallocate(self, part_sizes: list[int]) -> int:
+        """Fill the free buffers with sets of ``part_sizes`` (the parts of a typical unit),
+        mapped and touched, up to the capacity; returns the bytes mapped."""
+        with self.index.lock:
+            return self.index.buffers.preallocate(part_sizes, self.index.room())
+
     def snapshot(
         self, cache: KVCacheAccess, ids_by_group: dict[int, list[int]]
     ) -> dict[int, CpuPart] | None:

@@ -11,9 +11,13 @@ buffers plus stored parts never exceed the tier's capacity (``trim``).
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import torch
+
+log = logging.getLogger(__name__)
+PROGRESS_BYTES = 1 << 30  # preallocation logs its progress every GiB
 
 
 class HostBuffers:
@@ -33,6 +37,20 @@ class HostBuffers:
                 self.num_free_bytes -= nbytes
                 return free.pop()
         return torch.empty(nbytes, dtype=torch.uint8)
+
+    def preallocate(self, sizes: list[int], room: int) -> int:
+        """Map and touch free buffers of ``sizes`` (one set after another, each set the parts
+        of one unit) while they fit in ``room``; returns the bytes mapped. Logs progress."""
+        total, step = 0, sum(sizes)
+        next_report = PROGRESS_BYTES
+        while step and total + step <= room:
+            for nbytes in sizes:
+                self.give(torch.empty(nbytes, dtype=torch.uint8).zero_(), room)
+            total += step
+            if total >= next_report:
+                log.info("CPU tier: %d of %d MiB mapped", total >> 20, room >> 20)
+                next_report += PROGRESS_BYTES
+        return total
 
     def give(self, buffer: torch.Tensor, room: int) -> None:
         """Keep ``buffer`` (no one else may use it any more) if the free buffers stay within

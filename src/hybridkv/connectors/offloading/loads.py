@@ -2,7 +2,8 @@
 
 A CPU part is copied segment by segment (``cpu_tier.load_segments``), each segment
 checksummed in the same pass as its copy (native kernels) or right after it while its bytes
-are still in cache; the load's thread and the copy helpers each take the next segment left.
+are still in cache (without them, the load's thread and the copy helpers each take the next
+segment left; with them, OpenMP threads share each call's segments).
 A disk part (and a CPU state part) is read and verified whole, then written. A part may reach
 the device before the rest of the load is verified, never before it is reported: a bad part's
 blocks were fresh to the request and are reported invalid (then recomputed). Every device

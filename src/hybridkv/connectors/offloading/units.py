@@ -59,6 +59,17 @@ class UnitGeometry:
     def unit_nbytes(self, end: int) -> int:
         return sum(self.part_nbytes(g.group_id, end) for g in self.layout.groups)
 
+    def steady_part_sizes(self) -> list[int]:
+        """Part sizes of a unit past every window (the size most units have): the attention
+        parts as a CPU-tier snapshot allocates them, then the state parts."""
+        windows = [
+            g.spec.sliding_window
+            for g in self.layout.groups
+            if isinstance(g.spec, SlidingWindowSpec)
+        ]
+        end = (max(windows, default=0) // self.chunk_tokens + 1) * self.chunk_tokens
+        return [self.part_nbytes(g.group_id, end) for g in self.layout.groups]
+
     def part_span(self, group_id: int, end: int) -> tuple[int, int]:
         blocks = self.part_blocks(group_id, end)
         return (blocks.start * self.block_size, end) if blocks else (end, end)
