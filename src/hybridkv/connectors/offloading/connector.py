@@ -5,6 +5,7 @@ from __future__ import annotations
 from hybridkv.connectors.base import KVConnectorPair
 from hybridkv.connectors.config import KVTransferConfig
 from hybridkv.connectors.offloading.config import OffloadingConfig
+from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.cpu_tier import CpuTier
 from hybridkv.connectors.offloading.disk_tier import DiskTier
 from hybridkv.connectors.offloading.scheduler import OffloadingScheduler
@@ -41,12 +42,8 @@ def create_offloading_connector(
                 f"OffloadingConnector: cannot use 'disk_path'={options.disk_path!r} as a KV "
                 f"directory: {exc.strerror or exc}"
             ) from None
+    ctx = OffloadContext(options, geometry, cpu, disk)
     scheduler = OffloadingScheduler(
-        options,
-        geometry,
-        cpu,
-        disk,
-        load=config.kv_role != "kv_producer",
-        save=config.kv_role != "kv_consumer",
+        ctx, load=config.kv_role != "kv_producer", save=config.kv_role != "kv_consumer"
     )
-    return KVConnectorPair(scheduler, OffloadingWorker(options, geometry, cpu, disk))
+    return KVConnectorPair(scheduler, OffloadingWorker(ctx))

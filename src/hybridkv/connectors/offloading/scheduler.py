@@ -30,15 +30,12 @@ from hybridkv.connectors.base import (
     LoadSpec,
     RequestBlocks,
 )
-from hybridkv.connectors.offloading.config import OffloadingConfig
-from hybridkv.connectors.offloading.cpu_tier import CpuTier
-from hybridkv.connectors.offloading.disk_tier import DiskTier
+from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.tier import TierIndex, UnitState
 from hybridkv.connectors.offloading.units import (
     CPU,
     DISK,
     OffloadLoadKeys,
-    UnitGeometry,
     UnitPromotion,
     UnitSave,
     UnitSource,
@@ -49,24 +46,14 @@ from hybridkv.kv.spec import SpecKind
 
 
 class OffloadingScheduler(BaseConnectorScheduler):
-    def __init__(
-        self,
-        config: OffloadingConfig,
-        geometry: UnitGeometry,
-        cpu: CpuTier | None,
-        disk: DiskTier | None,
-        load: bool = True,
-        save: bool = True,
-    ) -> None:
-        self.config = config
-        self.geometry = geometry
-        self.cpu = cpu
-        self.disk = disk
+    def __init__(self, ctx: OffloadContext, load: bool = True, save: bool = True) -> None:
+        self.config, self.geometry = ctx.config, ctx.geometry
+        self.cpu, self.disk = ctx.cpu, ctx.disk
         self.tiers: dict[str, TierIndex] = {}
-        if cpu is not None:
-            self.tiers[CPU] = cpu.index
-        if disk is not None:
-            self.tiers[DISK] = disk.index
+        if ctx.cpu is not None:
+            self.tiers[CPU] = ctx.cpu.index
+        if ctx.disk is not None:
+            self.tiers[DISK] = ctx.disk.index
         self.load_enabled = load
         self.save_enabled = save
         self._loads: list[LoadSpec] = []

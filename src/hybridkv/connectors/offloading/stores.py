@@ -20,10 +20,10 @@ import torch
 
 from hybridkv.connectors.base import ConnectorMetadata, KVCacheAccess, StatsCounter
 from hybridkv.connectors.file_format import PartError
-from hybridkv.connectors.offloading.config import OffloadingConfig
-from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier
+from hybridkv.connectors.offloading.context import OffloadContext
+from hybridkv.connectors.offloading.cpu_tier import CpuPart
 from hybridkv.connectors.offloading.disk_tier import DiskTier
-from hybridkv.connectors.offloading.units import CPU, DISK, UnitGeometry, UnitPromotion, UnitSave
+from hybridkv.connectors.offloading.units import CPU, DISK, UnitPromotion, UnitSave
 
 
 class StorePipeline:
@@ -31,20 +31,10 @@ class StorePipeline:
 
     cache: KVCacheAccess  # set when the worker's caches are registered
 
-    def __init__(
-        self,
-        config: OffloadingConfig,
-        geometry: UnitGeometry,
-        cpu: CpuTier | None,
-        disk: DiskTier | None,
-        stats: StatsCounter,
-        cond: threading.Condition,
-    ) -> None:
-        self.config = config
-        self.geometry = geometry
-        self.layout = geometry.layout
-        self.cpu = cpu
-        self.disk = disk
+    def __init__(self, ctx: OffloadContext, stats: StatsCounter, cond: threading.Condition) -> None:
+        self.config, self.geometry = ctx.config, ctx.geometry
+        self.cpu, self.disk = ctx.cpu, ctx.disk
+        self.layout = ctx.geometry.layout
         self._stats = stats
         self._cond = cond
         self.num_stores = 0  # unfinished, under ``cond``

@@ -30,16 +30,13 @@ from hybridkv.connectors.base import (
     output_from_results,
 )
 from hybridkv.connectors.file_format import IO_ERROR, MISSING
-from hybridkv.connectors.offloading.config import OffloadingConfig
-from hybridkv.connectors.offloading.cpu_tier import CpuTier
-from hybridkv.connectors.offloading.disk_tier import DiskTier
+from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.loads import InflightLoad, LoadPart, PartWriter, plan_parts
 from hybridkv.connectors.offloading.stores import StorePipeline
 from hybridkv.connectors.offloading.units import (
     CPU,
     DISK,
     OffloadLoadKeys,
-    UnitGeometry,
 )
 
 TIMEOUT = "timeout"
@@ -47,27 +44,19 @@ TIMEOUT = "timeout"
 
 class OffloadingWorker(BaseConnectorWorker):
     def __init__(
-        self,
-        config: OffloadingConfig,
-        geometry: UnitGeometry,
-        cpu: CpuTier | None,
-        disk: DiskTier | None,
-        num_load_threads: int = 2,
-        num_copy_helpers: int = 1,
+        self, ctx: OffloadContext, num_load_threads: int = 2, num_copy_helpers: int = 1
     ) -> None:
-        self.config = config
-        self.geometry = geometry
-        self.layout = geometry.layout
-        self.cpu = cpu
-        self.disk = disk
+        self.config, self.geometry = ctx.config, ctx.geometry
+        self.cpu, self.disk = ctx.cpu, ctx.disk
+        self.layout = ctx.geometry.layout
         self._cond = threading.Condition()
         self._loads: dict[str, InflightLoad] = {}  # in flight
         self._results: list[LoadResult] = []  # finished, not reported yet
         self._stats = StatsCounter()
         self._loader = ThreadPoolExecutor(num_load_threads, thread_name_prefix="offload-load")
         # each load's thread copies CPU segments together with up to this many helpers
-        self._writer = PartWriter(geometry, cpu, disk, num_copy_helpers)
-        self._stores = StorePipeline(config, geometry, cpu, disk, self._stats, self._cond)
+        self._writer = PartWriter(ctx.geometry, ctx.cpu, ctx.disk, num_copy_helpers)
+        self._stores = StorePipeline(ctx, self._stats, self._cond)
 
     # -- loads ---------------------------------------------------------------------------
 
