@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import random
 import shutil
 import statistics
@@ -224,8 +223,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("HYBRIDKV_CACHE_DIR") or Path.home() / ".cache" / "hybridkv"
-    return Path(root) / "bench-checkpoints"
+    from hybridkv.engine.default_model import cache_dir
+
+    return cache_dir() / "bench-checkpoints"
 
 
 def print_table(doc: dict[str, Any]) -> None:

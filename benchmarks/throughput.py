@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from bench_common import machine_info
+from hybridkv.engine.default_model import cache_dir as hybridkv_cache_dir
 from hybridkv.model.matmul import cpu_has_native_bf16
 
 ARCHS = ("qwen3", "gemma3", "granitemoehybrid")
@@ -212,8 +213,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("HYBRIDKV_CACHE_DIR") or Path.home() / ".cache" / "hybridkv"
-    return Path(root) / "bench-checkpoints"
+    return hybridkv_cache_dir() / "bench-checkpoints"
 
 
 def print_table(results: dict[str, Any]) -> None:

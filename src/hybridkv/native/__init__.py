@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from hybridkv.engine.default_model import cache_dir
+
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("pagecopy.c")
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c11", "-fno-strict-aliasing"]
@@ -142,12 +144,11 @@ def _cpu_signature() -> str:
 
 
 def _library_path(compiler: str) -> Path:
-    root = os.environ.get("HYBRIDKV_CACHE_DIR") or Path.home() / ".cache" / "hybridkv"
     key = hashlib.sha256()
     for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), compiler.encode()):
         key.update(part)
     key.update(_cpu_signature().encode())
-    return Path(root) / "native" / f"pagecopy-{key.hexdigest()[:16]}.so"
+    return cache_dir() / "native" / f"pagecopy-{key.hexdigest()[:16]}.so"
 
 
 def _build(compiler: str, target: Path) -> None:
