@@ -86,6 +86,29 @@ def write_part(
     On any failure the temporary file is removed and the exception propagates; ``path`` is
     then either absent or still holds what it held before."""
     view = memoryview(payload).cast("B")  # flat bytes whatever the source shape
+    head = encode_header(fingerprint, key, span, view, checksum)
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(head)
+            f.write(view)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    return view.nbytes
+
+
+def encode_header(
+    fingerprint: str,
+    key: str,
+    span: tuple[int, int],
+    payload: memoryview,
+    checksum: str = "sha256",
+) -> bytes:
+    """The header (fixed fields, fingerprint, key) that precedes ``payload`` (flat bytes) in a
+    stored part: header + payload is what ``parse_part`` reads back."""
     version = CHECKSUM_VERSIONS[checksum]
     fp_bytes, key_bytes = fingerprint.encode(), key.encode()
     head = _HEAD.pack(
@@ -95,20 +118,23 @@ def write_part(
         len(key_bytes),
         span[0],
         span[1],
-        view.nbytes,
-        _digest(version, view),
+        payload.nbytes,
+        _digest(version, payload),
     )
-    directory, name = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(head + fp_bytes + key_bytes)
-            f.write(view)
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-    return view.nbytes
+    return head + fp_bytes + key_bytes
+
+
+def header_size(fingerprint: str, key: str) -> int:
+    """Bytes of the header ``encode_header`` writes for this fingerprint and key."""
+    return _HEAD.size + len(fingerprint.encode()) + len(key.encode())
+
+
+def parse_part(
+    data: memoryview, fingerprint: str, key: str, span: tuple[int, int], payload_len: int
+) -> memoryview:
+    """Check a whole stored part held in memory (header + payload, e.g. a remote value);
+    returns its payload (a view of ``data``) or raises ``PartError``."""
+    return _parse(data, fingerprint, key, span, payload_len)
 
 
 def read_part(

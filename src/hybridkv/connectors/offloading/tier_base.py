@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from hybridkv.connectors.base import ConnectorStats
 from hybridkv.connectors.offloading.tier import TierEntry, TierIndex, UnitState
 from hybridkv.connectors.offloading.units import UnitGeometry
 from hybridkv.kv.hashing import BlockHash
@@ -174,6 +175,10 @@ class Tier(ABC):
                 index.num_pinned(),
                 index.num_pending(),
             )
+
+    def take_counters(self) -> ConnectorStats:
+        """Counters the tier keeps itself (e.g. server errors), drained."""
+        return ConnectorStats()
 
     def shutdown(self) -> None:
         return None

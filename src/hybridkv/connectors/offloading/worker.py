@@ -190,6 +190,9 @@ class OffloadingWorker(BaseConnectorWorker):
     # -- misc ----------------------------------------------------------------------------
 
     def take_stats(self) -> ConnectorStats:
+        for tier in self.stack:
+            for name, value in tier.take_counters().counters.items():
+                self._stats.add(name, value)
         return self._stats.take()
 
     def shutdown(self) -> None:
