@@ -131,6 +131,9 @@ class RemoteTier(Tier):
         except ServerError as exc:
             self._failed(exc)
             raise PartError(IO_ERROR, f"remote: {type(exc).__name__}") from None
+        except valkey.ValkeyError as exc:  # e.g. OOM: the server answers, but refuses
+            self.counters.add(f"remote_errors:{type(exc).__name__}")
+            raise PartError(IO_ERROR, f"remote: {exc}") from None
 
     # -- bytes (I/O workers) -------------------------------------------------------------
 
@@ -211,7 +214,7 @@ class RemoteTier(Tier):
             for unit in units:
                 pipe.exists(*self.unit_keys(unit.unit_hash, unit.end))
             counts = self._call(pipe.execute)
-        except PartError:
+        except Exception:  # never leave the units "asking"  # noqa: BLE001
             counts = [0] * len(units)
         retry = self.clock() + PROBE_RETRY_SECONDS
         with self._lock:
