@@ -18,12 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from hybridkv.connectors.base import ConnectorMetadata, KVCacheAccess, StatsCounter
+from hybridkv.connectors.base import KVCacheAccess, StatsCounter
 from hybridkv.connectors.file_format import PartError
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.cpu_tier import CpuPart
 from hybridkv.connectors.offloading.disk_tier import DiskTier
 from hybridkv.connectors.offloading.units import CPU, DISK, UnitPromotion, UnitSave
+from hybridkv.step_io import ConnectorMetadata
 
 
 class StorePipeline:

@@ -20,12 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from hybridkv.connectors.base import (
     BaseConnectorWorker,
-    ConnectorMetadata,
     ConnectorStats,
     KVCacheAccess,
-    KVConnectorOutput,
     LoadResult,
-    LoadSpec,
     StatsCounter,
     output_from_results,
 )
@@ -38,6 +35,7 @@ from hybridkv.connectors.offloading.units import (
     DISK,
     OffloadLoadKeys,
 )
+from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
 
 TIMEOUT = "timeout"
 
