@@ -20,12 +20,13 @@ from queue import Empty, SimpleQueue
 
 import torch
 
-from hybridkv.connectors.base import KVCacheAccess, LoadSpec
+from hybridkv.connectors.base import KVCacheAccess
 from hybridkv.connectors.file_format import CORRUPT, MISSING, PartError
 from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier, load_segments, write_rows
 from hybridkv.connectors.offloading.stack import TierStack
 from hybridkv.connectors.offloading.units import OffloadLoadKeys, UnitGeometry, UnitSource
 from hybridkv.kv.spec import SpecKind
+from hybridkv.step_io import LoadSpec
 
 # Native loads: bytes of segments per kernel call (OpenMP spreads them over threads). A
 # timeout waits for at most the call in progress (~5 ms at this size on 2 cores).

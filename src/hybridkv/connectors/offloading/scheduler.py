@@ -26,10 +26,8 @@ from typing import Any
 
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
-    ConnectorMetadata,
     ConnectorStats,
     KVConnectorRequest,
-    LoadSpec,
     RequestBlocks,
 )
 from hybridkv.connectors.offloading.context import OffloadContext
@@ -46,6 +44,7 @@ from hybridkv.connectors.offloading.units import (
 from hybridkv.kv.block_pool import NULL_BLOCK
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import SpecKind
+from hybridkv.step_io import ConnectorMetadata, LoadSpec
 
 
 class OffloadingScheduler(BaseConnectorScheduler):

@@ -20,12 +20,13 @@ from typing import Any
 
 import torch
 
-from hybridkv.connectors.base import ConnectorMetadata, KVCacheAccess, StatsCounter
+from hybridkv.connectors.base import KVCacheAccess, StatsCounter
 from hybridkv.connectors.file_format import PartError
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier
 from hybridkv.connectors.offloading.tier_base import Tier
 from hybridkv.connectors.offloading.units import UnitPromotion, UnitSave
+from hybridkv.step_io import ConnectorMetadata
 
 
 class _Countdown:

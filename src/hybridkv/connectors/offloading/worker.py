@@ -20,12 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from hybridkv.connectors.base import (
     BaseConnectorWorker,
-    ConnectorMetadata,
     ConnectorStats,
     KVCacheAccess,
-    KVConnectorOutput,
     LoadResult,
-    LoadSpec,
     StatsCounter,
     output_from_results,
 )
@@ -34,6 +31,7 @@ from hybridkv.connectors.offloading.loads import InflightLoad, LoadPart, PartWri
 from hybridkv.connectors.offloading.stack import TierStack
 from hybridkv.connectors.offloading.stores import StorePipeline
 from hybridkv.connectors.offloading.units import OffloadLoadKeys
+from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
 
 TIMEOUT = "timeout"
 
