@@ -14,6 +14,7 @@ _REGISTRY: dict[str, str] = {
     "FileConnector": "hybridkv.connectors.file_connector:create_file_connector",
     "FaultInjection": "hybridkv.connectors.fault_injection:create_fault_injection",
     "OffloadingConnector": "hybridkv.connectors.offloading.connector:create_offloading_connector",
+    "MultiConnector": "hybridkv.connectors.multi_connector:create_multi_connector",
 }
 
 
