@@ -72,12 +72,18 @@ def test_load_estimate_fits_latency_and_bandwidth() -> None:
     assert one_size.latency == pytest.approx(0.5 - (1 << 20) / 1e9)
 
 
-def test_prefill_estimate_ignores_small_steps() -> None:
+def test_prefill_estimate_is_the_lowest_recent_step_cost() -> None:
     prefill = PrefillEstimate()
     prefill.add(4, 10.0)  # a decode step: says nothing about prefill
     assert prefill.num_samples == 0
-    prefill.add(100, 0.5)
-    assert prefill.s_per_token == pytest.approx(0.005)
+    prefill.add(100, 5.0)  # a warm-up step
+    assert prefill.s_per_token == pytest.approx(0.05)
+    prefill.add(100, 0.1)
+    prefill.add(10_000, 1e6)  # a step followed by a long pause
+    assert prefill.s_per_token == pytest.approx(0.001)
+    for _ in range(PrefillEstimate.WINDOW):
+        prefill.add(100, 0.2)  # the machine got slower: the old fast sample ages out
+    assert prefill.s_per_token == pytest.approx(0.002)
 
 
 def test_load_bytes_caps_windows_and_adds_states() -> None:

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from enum import Enum
 
@@ -24,7 +25,7 @@ DECAY = 0.8  # weight of the past in the running estimates (per sample)
 PRIOR_LATENCY_S = 1e-3
 PRIOR_BANDWIDTH = 1e9  # bytes/s
 PRIOR_PREFILL_S_PER_TOKEN = 1e-3
-MIN_PREFILL_TOKENS = 16  # steps computing fewer tokens say little about prefill cost
+MIN_PREFILL_TOKENS = 8  # decode steps (a token per request) say little about prefill
 
 
 class Selection(str, Enum):
@@ -67,20 +68,26 @@ class LoadEstimate:
 
 
 class PrefillEstimate:
-    """Seconds per computed token, a running average over steps of at least
-    ``MIN_PREFILL_TOKENS`` tokens."""
+    """Seconds per computed token: the lowest of the last ``WINDOW`` steps of at least
+    ``MIN_PREFILL_TOKENS`` tokens. Everything else a step's wall time can hold (warm-up, an
+    idle pause before the next step, a busy machine) only adds to it, so the lowest recent
+    sample is the compute cost itself."""
+
+    WINDOW = 32
 
     def __init__(self, s_per_token: float = PRIOR_PREFILL_S_PER_TOKEN) -> None:
         self.s_per_token = s_per_token
-        self.num_samples = 0
+        self._samples: deque[float] = deque(maxlen=self.WINDOW)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self._samples)
 
     def add(self, tokens: int, seconds: float) -> None:
         if tokens < MIN_PREFILL_TOKENS or seconds <= 0:
             return
-        sample = seconds / tokens
-        weight = 1.0 if self.num_samples == 0 else 1.0 - DECAY
-        self.s_per_token += weight * (sample - self.s_per_token)
-        self.num_samples += 1
+        self._samples.append(seconds / tokens)
+        self.s_per_token = min(self._samples)
 
 
 def load_bytes(layout: KVCacheLayout, num_tokens: int) -> int:
