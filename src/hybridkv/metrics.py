@@ -45,6 +45,8 @@ class KVTransferStats:
     offload_bytes: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (tier, dir)
     offload_seconds: Mapping[tuple[str, str], float] = field(default_factory=dict)
     other: Mapping[str, float] = field(default_factory=dict)  # counters without a metric
+    # MultiConnector children's counters ``connector.<child>.<name>``: (child, name) -> total
+    by_connector: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
     @classmethod
     def from_counters(cls, counters: Mapping[str, float]) -> KVTransferStats:
@@ -55,8 +57,13 @@ class KVTransferStats:
         nbytes: dict[tuple[str, str], int] = {}
         seconds: dict[tuple[str, str], float] = {}
         other: dict[str, float] = {}
+        by_connector: dict[tuple[str, str], float] = {}
         recomputed = 0
         for name, value in counters.items():
+            if name.startswith("connector."):
+                child, _, counter = name.removeprefix("connector.").partition(".")
+                by_connector[(child, counter)] = value
+                continue
             if name.startswith("load_failures:"):  # connectors write load_failures:<reason>
                 name = "load_failures." + name.removeprefix("load_failures:")
             head, _, rest = name.partition(".")
@@ -72,7 +79,7 @@ class KVTransferStats:
                     seconds[(tier, direction)] = float(value)
             else:
                 other[name] = value
-        return cls(failures, recomputed, nbytes, seconds, other)
+        return cls(failures, recomputed, nbytes, seconds, other, by_connector)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +260,14 @@ def _transfer_families(t: KVTransferStats) -> Iterator[Metric]:
     for name, value in sorted(t.other.items()):
         events.add_metric([name], value)
     yield events
+    children = _labelled(
+        "kv_connector_child_events",
+        "a MultiConnector child's counters (hits, tokens, bytes, seconds, failures...)",
+        ["connector", "name"],
+    )
+    for (child, name), value in sorted(t.by_connector.items()):
+        children.add_metric([child, name], value)
+    yield children
 
 
 @dataclass(slots=True)

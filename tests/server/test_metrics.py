@@ -31,6 +31,7 @@ def test_transfer_counters_by_name() -> None:
             "offload_bytes.disk.store": 4096,
             "offload_seconds.cpu.load": 0.25,
             "lookups": 7,
+            "connector.fast.hits.remote": 3,
         }
     )
     assert t.load_failures == {"checksum": 2, "timeout": 1}
@@ -38,6 +39,7 @@ def test_transfer_counters_by_name() -> None:
     assert t.offload_bytes == {("disk", "store"): 4096}
     assert t.offload_seconds == {("cpu", "load"): 0.25}
     assert t.other == {"lookups": 7}
+    assert t.by_connector == {("fast", "hits.remote"): 3}
 
 
 def test_snapshot_is_the_one_source() -> None:
@@ -58,7 +60,12 @@ def test_snapshot_is_the_one_source() -> None:
             GroupCacheStats(1, "state", 100, 32),
         ),
         transfer=KVTransferStats.from_counters(
-            {"load_failures.checksum": 2, "offload_bytes.disk.store": 4096, "recomputed_tokens": 16}
+            {
+                "load_failures.checksum": 2,
+                "offload_bytes.disk.store": 4096,
+                "recomputed_tokens": 16,
+                "connector.slow.load_failures:timeout": 1,
+            }
         ),
     )
     metrics.publish(snap)
@@ -73,6 +80,8 @@ def test_snapshot_is_the_one_source() -> None:
     assert m["hybridkv:kv_load_failures_total{reason=checksum}"] == 2
     assert m["hybridkv:offload_bytes_total{direction=store,tier=disk}"] == 4096
     assert m["hybridkv:recomputed_tokens_total"] == 16
+    name = "hybridkv:kv_connector_child_events_total{connector=slow,name=load_failures:timeout}"
+    assert m[name] == 1
 
 
 def _output(rid: str, n: int, finished: bool, cached: dict[str, int]) -> RequestOutput:
