@@ -19,7 +19,11 @@ FORBIDDEN: dict[str, set[str]] = {
     "native": {"engine", "model", "connectors", "sched", "server"},
 }
 # node -> the only nodes it may import (leaves of the graph)
-ALLOWED_ONLY: dict[str, set[str]] = {"kv": set(), "paths": set(), "step_io": {"kv", "sampling_params"}}
+ALLOWED_ONLY: dict[str, set[str]] = {
+    "kv": set(),
+    "paths": set(),
+    "step_io": {"kv", "sampling_params"},
+}
 
 
 def _node(module: str) -> str:

@@ -19,7 +19,7 @@ def create_offloading_connector(
     config: KVTransferConfig, context: ConnectorContext
 ) -> KVConnectorPair:
     layout = context.layout
-    options = OffloadingConfig.parse(config.kv_connector_extra_config, layout.block_size)
+    options = config.options_as(OffloadingConfig)
     geometry = UnitGeometry(layout, options.chunk_tokens)
     unit_bytes = max(1, geometry.unit_nbytes(options.chunk_tokens * 2))
     cpu = None
@@ -43,7 +43,5 @@ def create_offloading_connector(
                 f"directory: {exc.strerror or exc}"
             ) from None
     ctx = OffloadContext(options, geometry, cpu, disk)
-    scheduler = OffloadingScheduler(
-        ctx, load=config.kv_role != "kv_producer", save=config.kv_role != "kv_consumer"
-    )
+    scheduler = OffloadingScheduler(ctx, load=config.kv_role.loads, save=config.kv_role.saves)
     return KVConnectorPair(scheduler, OffloadingWorker(ctx))

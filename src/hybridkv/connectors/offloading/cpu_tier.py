@@ -25,7 +25,7 @@ import xxhash
 from hybridkv.connectors.base import KVCacheAccess
 from hybridkv.connectors.file_format import MISSING, PartError
 from hybridkv.connectors.offloading.host_buffers import HostBuffers
-from hybridkv.connectors.offloading.policies import create_policy
+from hybridkv.connectors.offloading.policies import Eviction, create_policy
 from hybridkv.connectors.offloading.tier import TierEntry, TierIndex, UnitState
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.native import PageCopy
@@ -123,7 +123,7 @@ class CpuIndex(TierIndex):
     Free buffers fit in the room that stored parts leave (reserved units hold no memory yet:
     their snapshots will take the buffers their reservations evicted)."""
 
-    def __init__(self, capacity: int, eviction: str, unit_bytes: int) -> None:
+    def __init__(self, capacity: int, eviction: Eviction, unit_bytes: int) -> None:
         super().__init__("cpu", capacity, create_policy(eviction, capacity // unit_bytes))
         self.buffers = HostBuffers()
         self.num_pending_bytes = 0
@@ -164,7 +164,7 @@ class CpuTier:
     name = "cpu"
 
     def __init__(
-        self, capacity: int, eviction: str, unit_bytes: int, kernel: PageCopy | None
+        self, capacity: int, eviction: Eviction, unit_bytes: int, kernel: PageCopy | None
     ) -> None:
         self.index = CpuIndex(capacity, eviction, unit_bytes)
         self.kernel = kernel

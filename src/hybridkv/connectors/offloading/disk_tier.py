@@ -38,7 +38,7 @@ from hybridkv.connectors.file_format import (
     read_part,
     write_part,
 )
-from hybridkv.connectors.offloading.policies import create_policy
+from hybridkv.connectors.offloading.policies import Eviction, create_policy
 from hybridkv.connectors.offloading.tier import TierEntry, TierIndex
 from hybridkv.connectors.offloading.units import UnitGeometry, part_key
 from hybridkv.kv.hashing import BlockHash
@@ -56,7 +56,7 @@ class DiskTier:
     name = "disk"
 
     def __init__(
-        self, root: str, fingerprint: str, capacity: int, eviction: str, geometry: UnitGeometry
+        self, root: str, fingerprint: str, capacity: int, eviction: Eviction, geometry: UnitGeometry
     ) -> None:
         self.fingerprint = fingerprint
         self.geometry = geometry

@@ -21,12 +21,11 @@ from queue import Empty, SimpleQueue
 import torch
 
 from hybridkv.connectors.base import KVCacheAccess
+from hybridkv.connectors.config import Tier
 from hybridkv.connectors.file_format import CORRUPT, MISSING, PartError
 from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier, load_segments, write_rows
 from hybridkv.connectors.offloading.disk_tier import DiskTier
 from hybridkv.connectors.offloading.units import (
-    CPU,
-    DISK,
     OffloadLoadKeys,
     UnitGeometry,
     UnitSource,
@@ -199,7 +198,7 @@ class PartWriter:
         whole: list[LoadPart] = []
         for part in parts:
             source = part.source
-            if source.tier != CPU or self.cpu is None or part.slot is not None:
+            if source.tier != Tier.CPU or self.cpu is None or part.slot is not None:
                 whole.append(part)
                 continue
             try:
@@ -268,12 +267,12 @@ class PartWriter:
     def _read(self, part: LoadPart) -> torch.Tensor:
         """The part's payload, read whole and verified; ``PartError`` if it is bad or gone."""
         source = part.source
-        if source.tier == CPU and self.cpu is not None:
+        if source.tier == Tier.CPU and self.cpu is not None:
             stored = self.cpu.get(source.unit_hash, part.group_id)
             if not stored.verify_all():
                 raise PartError(CORRUPT, "cpu checksum mismatch")
             return stored.data
-        if source.tier == DISK and self.disk is not None:
+        if source.tier == Tier.DISK and self.disk is not None:
             return self.disk.read(source.unit_hash, source.end, part.group_id)
         raise PartError(MISSING, f"unit {source.unit_hash.hex()} in no tier")
 

@@ -28,11 +28,10 @@ from hybridkv.connectors.base import (
     KVConnectorRequest,
     RequestBlocks,
 )
+from hybridkv.connectors.config import LoadMode, Tier
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.tier import TierIndex, UnitState
 from hybridkv.connectors.offloading.units import (
-    CPU,
-    DISK,
     OffloadLoadKeys,
     UnitPromotion,
     UnitSave,
@@ -48,11 +47,11 @@ class OffloadingScheduler(BaseConnectorScheduler):
     def __init__(self, ctx: OffloadContext, load: bool = True, save: bool = True) -> None:
         self.config, self.geometry = ctx.config, ctx.geometry
         self.cpu, self.disk = ctx.cpu, ctx.disk
-        self.tiers: dict[str, TierIndex] = {}
+        self.tiers: dict[Tier, TierIndex] = {}
         if ctx.cpu is not None:
-            self.tiers[CPU] = ctx.cpu.index
+            self.tiers[Tier.CPU] = ctx.cpu.index
         if ctx.disk is not None:
-            self.tiers[DISK] = ctx.disk.index
+            self.tiers[Tier.DISK] = ctx.disk.index
         self.load_enabled = load
         self.save_enabled = save
         self._loads: list[LoadSpec] = []
@@ -74,7 +73,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
             return None
         if end <= num_local_computed:
             return 0, False
-        return end - num_local_computed, self.config.load_mode == "async"
+        return end - num_local_computed, self.config.load_mode is LoadMode.ASYNC
 
     def _find_restore_end(self, request: KVConnectorRequest, local: int) -> int | None:
         """The end of the last unit of the READY run after ``local`` (0 if none); None if a
@@ -118,7 +117,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
         if self.disk is None:
             return
         for unit_hash, end, parent in self.disk.take_found():
-            if self._reserve(DISK, unit_hash, end, parent):
+            if self._reserve(Tier.DISK, unit_hash, end, parent):
                 self.disk.index.commit(unit_hash, self.disk.part_paths(unit_hash))
                 self._stats.add("adopted.disk")
             else:  # no room (pinned or pending units): a miss for a while
@@ -145,7 +144,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
                 block_ids=ids,
                 block_indices=indices,
                 state_slots=tuple(blocks.state_slots),
-                is_async=self.config.load_mode == "async",
+                is_async=self.config.load_mode is LoadMode.ASYNC,
                 keys=OffloadLoadKeys(tuple(sources)),
             )
         )
@@ -159,14 +158,15 @@ class OffloadingScheduler(BaseConnectorScheduler):
             if unit_end - chunk >= end:
                 break
             unit_hash = self.geometry.unit_hash(request.block_hashes, unit_end)
-            tier = next((n for n, ix in self.tiers.items() if ix.pin(unit_hash)), "none")
+            tier = next((n for n, ix in self.tiers.items() if ix.pin(unit_hash)), None)
             sources.append(UnitSource(unit_end, unit_hash, tier))
-            if tier == DISK:
+            if tier == Tier.DISK:
                 self._promote.append((unit_hash, unit_end, self._parent_hash(request, unit_end)))
             tokens = min(unit_end, end) - max(unit_end - chunk, start)
-            by_tier[tier] = by_tier.get(tier, 0) + tokens
-            self._stats.add(f"hits.{tier}")
-            self._stats.add(f"hit_tokens.{tier}", tokens)
+            name = "none" if tier is None else tier.value  # none: gone since the lookup
+            by_tier[name] = by_tier.get(name, 0) + tokens
+            self._stats.add(f"hits.{name}")
+            self._stats.add(f"hit_tokens.{name}", tokens)
         for source in reversed(sources):  # tail first: the head ends up most recent
             for index in self.tiers.values():
                 index.touch(source.unit_hash, reuse=True)
@@ -229,7 +229,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
         for unit_hash, end, parent in found:
             if self.cpu.index.state_of(unit_hash) is not None or not self.disk.index.pin(unit_hash):
                 continue  # in the CPU tier already (or being stored), or gone from disk
-            if self._reserve(CPU, unit_hash, end, parent):
+            if self._reserve(Tier.CPU, unit_hash, end, parent):
                 out.append(UnitPromotion(unit_hash, end))
             else:
                 self.disk.index.unpin(unit_hash)
@@ -292,14 +292,16 @@ class OffloadingScheduler(BaseConnectorScheduler):
             out.append(ids)
         return tuple(out)
 
-    def _reserve(self, tier: str, unit_hash: BlockHash, end: int, parent: BlockHash | None) -> bool:
+    def _reserve(
+        self, tier: Tier, unit_hash: BlockHash, end: int, parent: BlockHash | None
+    ) -> bool:
         nbytes = self.geometry.unit_nbytes(end)
         evicted = self.tiers[tier].reserve(unit_hash, end, nbytes, parent)
         if evicted is None:
             return False
         if evicted:
             self._stats.add(f"evictions.{tier}", len(evicted))
-            if tier == DISK and self.disk is not None:
+            if tier == Tier.DISK and self.disk is not None:
                 self.disk.discard(evicted)
         return True
 

@@ -19,11 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from hybridkv.connectors.base import KVCacheAccess, StatsCounter
+from hybridkv.connectors.config import Tier
 from hybridkv.connectors.file_format import PartError
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.cpu_tier import CpuPart
 from hybridkv.connectors.offloading.disk_tier import DiskTier
-from hybridkv.connectors.offloading.units import CPU, DISK, UnitPromotion, UnitSave
+from hybridkv.connectors.offloading.units import UnitPromotion, UnitSave
 from hybridkv.step_io import ConnectorMetadata
 
 
@@ -90,7 +91,7 @@ class StorePipeline:
             if ids
         }
         sealed = None
-        if CPU in save.tiers and self.cpu is not None:
+        if Tier.CPU in save.tiers and self.cpu is not None:
             sealed = self.cpu.snapshot(self.cache, ids_by_group)
         parts: dict[int, CpuPart | torch.Tensor] = {}
         for gid, ids in ids_by_group.items():
@@ -106,10 +107,10 @@ class StorePipeline:
         nbytes: int,
         snapshot_s: float,
     ) -> None:
-        disk = self.disk if DISK in save.tiers else None
+        disk = self.disk if Tier.DISK in save.tiers else None
         pinned = False  # the CPU unit, while the disk write-behind reads its buffers
         try:
-            if CPU in save.tiers and self.cpu is not None:
+            if Tier.CPU in save.tiers and self.cpu is not None:
                 began = time.perf_counter()
                 if self.cpu.store(save.unit_hash, parts, pin=disk is not None):
                     pinned = disk is not None

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridkv.connectors.config import Tier
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, SpecKind
-
-CPU = "cpu"
-DISK = "disk"
-TIERS = (CPU, DISK)  # fastest first
 
 
 class UnitGeometry:
@@ -95,7 +92,7 @@ class UnitSave:
     end: int
     block_ids: tuple[tuple[int, ...], ...]
     state_slots: tuple[int, ...]
-    tiers: tuple[str, ...]
+    tiers: tuple[Tier, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +111,7 @@ class UnitSource:
 
     end: int
     unit_hash: BlockHash
-    tier: str
+    tier: Tier | None  # None: no tier held the unit any more when it was pinned
 
 
 @dataclass(frozen=True, slots=True)

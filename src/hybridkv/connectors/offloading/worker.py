@@ -26,13 +26,12 @@ from hybridkv.connectors.base import (
     StatsCounter,
     output_from_results,
 )
+from hybridkv.connectors.config import Tier
 from hybridkv.connectors.file_format import IO_ERROR, MISSING
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.loads import InflightLoad, LoadPart, PartWriter, plan_parts
 from hybridkv.connectors.offloading.stores import StorePipeline
 from hybridkv.connectors.offloading.units import (
-    CPU,
-    DISK,
     OffloadLoadKeys,
 )
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
@@ -114,10 +113,10 @@ class OffloadingWorker(BaseConnectorWorker):
         else:
             result.state_reason = result.state_reason or reason
         source = part.source
-        tier = self.cpu if source.tier == CPU else self.disk
+        tier = self.cpu if source.tier == Tier.CPU else self.disk
         if tier is not None and tier.index.remove(source.unit_hash) is not None:
             self._stats.add(f"removed.{source.tier}")
-        if source.tier == DISK and self.disk is not None and reason not in (MISSING, IO_ERROR):
+        if source.tier == Tier.DISK and self.disk is not None and reason not in (MISSING, IO_ERROR):
             self._stats.add("files_removed", self.disk.remove_files(source.unit_hash))
 
     def _unpin(self, spec: LoadSpec) -> None:
@@ -125,13 +124,21 @@ class OffloadingWorker(BaseConnectorWorker):
         if not isinstance(keys, OffloadLoadKeys):
             return
         for source in keys.units:
-            tier = self.cpu if source.tier == CPU else self.disk if source.tier == DISK else None
+            tier = (
+                self.cpu
+                if source.tier == Tier.CPU
+                else self.disk
+                if source.tier == Tier.DISK
+                else None
+            )
             if tier is not None:
                 tier.index.unpin(source.unit_hash)
 
     def _count_load_time(self, parts: list[LoadPart], seconds: float) -> None:
-        nbytes: dict[str, int] = {}
+        nbytes: dict[Tier, int] = {}
         for part in parts:
+            if part.source.tier is None:
+                continue  # no tier held the unit: nothing was read
             if part.slot is not None:
                 size = self.layout.state_slot_bytes(part.group_id)
             else:
@@ -203,4 +210,4 @@ class OffloadingWorker(BaseConnectorWorker):
 
 def _from_cpu_only(spec: LoadSpec) -> bool:
     keys = spec.keys
-    return isinstance(keys, OffloadLoadKeys) and all(u.tier == CPU for u in keys.units)
+    return isinstance(keys, OffloadLoadKeys) and all(u.tier == Tier.CPU for u in keys.units)
