@@ -3,6 +3,7 @@ loads and saves through real children, and start-up errors."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -152,7 +153,11 @@ def test_loads_come_from_the_chosen_child_and_saves_go_to_all(selection: str, ch
             {"connectors": [{**offload_config(), "name": "x"}, {**offload_config(), "name": "x"}]},
             "differ",
         ),
-        ({"connectors": [offload_config(chunk_tokens=6)]}, "child '0.OffloadingConnector'"),
+        ({"connectors": [offload_config(chunk_tokens=6)]}, r"connectors\[0\]: .*chunk_tokens"),
+        (  # parsed fine, but cannot be built on this machine
+            {"connectors": [offload_config(disk=Path("/proc/no-such/kv"))]},
+            "child '0.OffloadingConnector'.*disk_path",
+        ),
     ],
 )
 def test_bad_config_is_a_clear_start_up_error(extra: dict[str, Any], message: str) -> None:

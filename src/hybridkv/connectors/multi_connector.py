@@ -24,8 +24,10 @@ Counters: the children's, summed under their own names, and each again as
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +38,7 @@ from hybridkv.connectors.base import (
     KVConnectorRequest,
     RequestBlocks,
 )
-from hybridkv.connectors.config import KVTransferConfig
+from hybridkv.connectors.config import ConnectorOptions, KVTransferConfig, OptionsContext
 from hybridkv.connectors.multi_select import (
     Hit,
     LoadEstimate,
@@ -50,7 +52,11 @@ from hybridkv.connectors.multi_worker import (
     MultiMetadata,
     merge_child_stats,
 )
-from hybridkv.connectors.registry import ConnectorContext, create_connector
+from hybridkv.connectors.registry import (
+    ConnectorContext,
+    create_connector,
+    parse_kv_transfer_config,
+)
 from hybridkv.kv.spec import KVCacheLayout
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 
@@ -63,15 +69,16 @@ class ChildConfig:
     name: str
     load_weight: float
     config: KVTransferConfig
+    role_given: bool  # False: the child takes the MultiConnector's kv_role
 
 
 @dataclass(frozen=True, slots=True)
-class MultiConfig:
-    children: tuple[ChildConfig, ...]
+class MultiConfig(ConnectorOptions):
+    children: tuple[ChildConfig, ...] = ()
     selection: Selection = Selection.COST
 
     @classmethod
-    def parse(cls, extra: dict[str, Any], role: str) -> MultiConfig:
+    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> MultiConfig:
         unknown = set(extra) - set(_KEYS)
         if unknown:
             raise ValueError(f"MultiConnector: unknown keys {sorted(unknown)}; known: {_KEYS}")
@@ -84,23 +91,22 @@ class MultiConfig:
                 f"MultiConnector: 'selection'={selection!r} must be one of "
                 f"{[s.value for s in Selection]}"
             )
-        children = tuple(_child(i, item, role) for i, item in enumerate(items))
+        children = tuple(_child(i, item, ctx) for i, item in enumerate(items))
         names = [c.name for c in children]
         if len(set(names)) != len(names):
             raise ValueError(f"MultiConnector: child names must differ: {names}")
         return cls(children, Selection(selection))
 
 
-def _child(index: int, item: Any, role: str) -> ChildConfig:
+def _child(index: int, item: Any, ctx: OptionsContext) -> ChildConfig:
     where = f"MultiConnector: connectors[{index}]"
     if not isinstance(item, dict):
         raise ValueError(f"{where} must be a kv_transfer_config object")
     raw = {k: v for k, v in item.items() if k not in _CHILD_KEYS}
     if raw.get("kv_connector") == "MultiConnector":
         raise ValueError(f"{where}: a MultiConnector cannot nest another")
-    raw.setdefault("kv_role", role)
     try:
-        config = KVTransferConfig.parse(raw)
+        config = parse_kv_transfer_config(raw, ctx.block_size)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
     weight = item.get("load_weight", 1.0)
@@ -109,7 +115,7 @@ def _child(index: int, item: Any, role: str) -> ChildConfig:
     name = item.get("name", f"{index}.{config.kv_connector}")
     if not isinstance(name, str) or not name or "." in name.removeprefix(f"{index}."):
         raise ValueError(f"{where}: 'name'={name!r} must be a non-empty name without dots")
-    return ChildConfig(name, float(weight), config)
+    return ChildConfig(name, float(weight), config, "kv_role" in raw)
 
 
 @dataclass(slots=True)
@@ -247,18 +253,18 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
     def take_stats(self) -> ConnectorStats:
         stats, self._stats = self._stats, ConnectorStats()
         merge_child_stats(stats, self.names, [c.take_stats() for c in self.children])
-        for name, estimate in zip(self.names, self.estimates, strict=True):
-            stats.counters[f"connector.{name}.estimated_latency_s"] = estimate.latency
-            stats.counters[f"connector.{name}.estimated_bandwidth"] = estimate.bandwidth
         return stats
 
 
 def create_multi_connector(config: KVTransferConfig, context: ConnectorContext) -> KVConnectorPair:
-    multi = MultiConfig.parse(config.kv_connector_extra_config, config.kv_role)
+    multi = config.options_as(MultiConfig)
     pairs = []
     for child in multi.children:
+        child_config = child.config
+        if not child.role_given:
+            child_config = dataclasses.replace(child_config, kv_role=config.kv_role)
         try:
-            pairs.append(create_connector(child.config, context))
+            pairs.append(create_connector(child_config, context))
         except ValueError as exc:
             raise ValueError(
                 f"MultiConnector: child {child.name!r} ({child.config.kv_connector}) cannot "

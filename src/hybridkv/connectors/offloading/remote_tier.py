@@ -33,6 +33,7 @@ import torch
 import valkey
 
 from hybridkv.connectors.base import ConnectorStats, StatsCounter
+from hybridkv.connectors.config import TierName
 from hybridkv.connectors.file_format import (
     IO_ERROR,
     MISSING,
@@ -41,7 +42,7 @@ from hybridkv.connectors.file_format import (
     header_size,
     parse_part,
 )
-from hybridkv.connectors.offloading.policies import create_policy
+from hybridkv.connectors.offloading.policies import Eviction, create_policy
 from hybridkv.connectors.offloading.tier import TierIndex
 from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, UnitRef
 from hybridkv.connectors.offloading.units import UnitGeometry, part_key
@@ -59,7 +60,7 @@ ServerError = (valkey.ConnectionError, valkey.TimeoutError)
 
 
 class RemoteTier(Tier):
-    name = "remote"
+    name = TierName.REMOTE
     removed_counter = "values_removed"
 
     def __init__(
@@ -84,7 +85,7 @@ class RemoteTier(Tier):
             socket_connect_timeout=timeout,
         )
         self.client = valkey.Valkey(connection_pool=self.pool)
-        self.index = TierIndex("remote", _UNBOUNDED, create_policy("lru", 1 << 20))
+        self.index = TierIndex("remote", _UNBOUNDED, create_policy(Eviction.LRU, 1 << 20))
         self.io = ThreadPoolExecutor(NUM_IO_THREADS, thread_name_prefix="offload-remote")
         self._prober = ThreadPoolExecutor(1, thread_name_prefix="offload-remote-probe")
         self.counters = StatsCounter()
