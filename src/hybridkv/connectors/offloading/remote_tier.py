@@ -228,6 +228,12 @@ class RemoteTier(Tier):
             if len(self._absent) > 4096:
                 now = self.clock()
                 self._absent = {h: t for h, t in self._absent.items() if t > now}
+        if self.progress is not None:
+            self.progress()
+
+    def probing(self) -> bool:
+        with self._lock:
+            return bool(self._asking)
 
     def take_found(self) -> list[UnitRef]:
         with self._lock:
