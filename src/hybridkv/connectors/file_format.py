@@ -124,11 +124,6 @@ def encode_header(
     return head + fp_bytes + key_bytes
 
 
-def header_size(fingerprint: str, key: str) -> int:
-    """Bytes of the header ``encode_header`` writes for this fingerprint and key."""
-    return _HEAD.size + len(fingerprint.encode()) + len(key.encode())
-
-
 def parse_part(
     data: memoryview, fingerprint: str, key: str, span: tuple[int, int], payload_len: int
 ) -> memoryview:

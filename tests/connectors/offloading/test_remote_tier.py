@@ -107,9 +107,9 @@ def test_a_flipped_byte_is_a_counted_recompute_and_the_unit_is_deleted(
     req = store(a)
     tail = remote(b).unit_keys(req.block_hashes[3], 16)
     client = server.client()
-    value = client.get(tail[0])
+    value = client.get(tail[-1])  # a payload value (value 0 is the header)
     assert value is not None
-    client.setrange(tail[0], len(value) - 5, bytes([value[-5] ^ 1]))
+    client.setrange(tail[-1], len(value) - 5, bytes([value[-5] ^ 1]))
     assert settle(b, req) == (16, True)
     counters = load(b, req, 16)
     assert counters["load_failures:corrupt"] >= 1 and counters["invalid"] >= 1

@@ -5,7 +5,7 @@
     <remote_key_prefix><fingerprint>:c<chunk_tokens>:<unit hash hex>.g<group>:<i>
 
 A part is stored as the disk format's bytes (``file_format`` header, xxh3-128 checksum, then
-the payload) cut into values of at most ``VALUE_BYTES``; the key carries the layout
+the payload): the header as value 0, the payload in values of at most ``VALUE_BYTES``; the key carries the layout
 fingerprint, so engines of another model or layout never see it. A unit is written with one
 pipelined batch of ``SET``s (with ``EX`` if ``remote_ttl_seconds``) and read per part with one
 ``MGET``; every read is verified.
@@ -39,7 +39,6 @@ from hybridkv.connectors.file_format import (
     MISSING,
     PartError,
     encode_header,
-    header_size,
     parse_part,
 )
 from hybridkv.connectors.offloading.policies import Eviction, create_policy
@@ -100,8 +99,8 @@ class RemoteTier(Tier):
 
     def part_keys(self, unit_hash: BlockHash, group_id: int, end: int) -> list[str]:
         key = part_key(unit_hash, group_id)
-        size = header_size(self.fingerprint, key) + self.geometry.part_nbytes(group_id, end)
-        return [f"{self.namespace}{key}:{i}" for i in range(-(-size // VALUE_BYTES))]
+        num_values = 1 + -(-self.geometry.part_nbytes(group_id, end) // VALUE_BYTES)
+        return [f"{self.namespace}{key}:{i}" for i in range(num_values)]
 
     def unit_keys(self, unit_hash: BlockHash, end: int) -> list[str]:
         return [
@@ -161,7 +160,11 @@ class RemoteTier(Tier):
         values = self._call(lambda: self.client.mget(keys))
         if any(v is None for v in values):
             raise PartError(MISSING, f"remote part {part_key(unit_hash, group_id)}")
-        data = bytearray(b"".join(values))  # writable: the tensor shares it
+        data = bytearray(sum(len(v) for v in values))  # one copy; writable: the tensor shares it
+        offset = 0
+        for value in values:
+            data[offset : offset + len(value)] = value
+            offset += len(value)
         key = part_key(unit_hash, group_id)
         span = self.geometry.part_span(group_id, end)
         nbytes = self.geometry.part_nbytes(group_id, end)
@@ -254,8 +257,8 @@ class RemoteTier(Tier):
 
 
 def _values(head: bytes, payload: memoryview) -> list[bytes | memoryview]:
-    """Header + payload cut into values of at most ``VALUE_BYTES`` (only the first copied)."""
-    first = VALUE_BYTES - len(head)
-    values: list[bytes | memoryview] = [head + bytes(payload[:first])]
-    values.extend(payload[i : i + VALUE_BYTES] for i in range(first, payload.nbytes, VALUE_BYTES))
+    """The header as value 0, then the payload in values of at most ``VALUE_BYTES`` (views of
+    the snapshot, sent without a copy); concatenated, they are the disk format's bytes."""
+    values: list[bytes | memoryview] = [head]
+    values.extend(payload[i : i + VALUE_BYTES] for i in range(0, payload.nbytes, VALUE_BYTES))
     return values
