@@ -72,9 +72,10 @@ def test_cost_selection_beats_first_and_weighted_on_ttft(
             outs, c = run(model, selection, server)
             assert [o.token_ids for o in outs] == want, selection
             ttft[selection] = statistics.median(o.metrics["ttft_s"] for o in outs[1:])
-            if selection == "cost":
-                assert c["connector.fast.selected"] >= len(PROMPTS) - 3, c
-                assert outs[-1].cached_tokens.get("remote", 0) == 128
+            if selection == "cost":  # the slow child is tried once, measured, then avoided
+                # (for the fast child's hit, or recompute when the machine makes that cheaper)
+                assert c.get("connector.slow.selected", 0) <= 2, c
+                assert outs[-1].cached_tokens.get("cpu", 0) == 0
             else:  # the longest hit, every time
                 assert c["connector.slow.selected"] == len(PROMPTS) - 1, c
                 assert outs[-1].cached_tokens.get("cpu", 0) == 160

@@ -3,11 +3,13 @@ server far smaller than the working set, and the server killed and restarted mid
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from hybridkv.connectors.offloading import remote_tier
 from tests.support.valkey_server import ValkeyProcess, running_valkey
 
 from .helpers import (
@@ -92,6 +94,7 @@ def test_the_server_killed_and_restarted_mid_run(
     c = counters(llm)
     assert c["load_failures:io_error"] >= 1 and c["store_failures.remote"] >= 1
     server.start()  # empty, on the same port
+    time.sleep(remote_tier.RETRY_SECONDS)  # the last failure's pause ends: it reconnects
     assert [o.token_ids for o in generate(llm, late)] == want[3:]
     reset_device_cache(llm)
     outs = generate(llm, late)  # reconnected: the late prompt was stored, and is hit
