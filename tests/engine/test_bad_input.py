@@ -89,12 +89,32 @@ def test_bad_engine_option_is_named(
         {"top_k": -2},
         {"stop": [""]},
         {"stop_token_ids": [-1]},
+        # hostile values (issue 18): non-finite numbers, bools as ints, huge stop lists
+        {"temperature": float("inf")},
+        {"temperature": float("nan")},
+        {"top_p": float("nan")},
+        {"max_tokens": True},
+        {"max_tokens": 2.0},
+        {"top_k": True},
+        {"seed": 1.5},
+        {"logprobs": 1},
+        {"stop": ["x"] * 300_000},
+        {"stop": ["x" * 5000]},
+        {"stop_token_ids": list(range(2000))},
     ],
 )
 def test_invalid_sampling_parameter_is_named(params: dict[str, Any]) -> None:
     (name,) = params
-    with pytest.raises(ValueError, match=f"invalid sampling parameter {name}="):
+    with pytest.raises(ValueError, match=f"invalid sampling parameter {name}=") as info:
         SamplingParams(**params)
+    assert len(str(info.value)) < 300  # a hostile value is not echoed whole
+
+
+def test_tiny_temperatures_are_greedy_or_raised_like_vllm() -> None:
+    assert SamplingParams(temperature=1e-40).greedy  # 1e-40 once sampled token 0 every time
+    assert SamplingParams(temperature=1e-6).temperature == 0.0
+    assert SamplingParams(temperature=1e-3).temperature == 1e-2  # no overflow to inf
+    assert SamplingParams(temperature=0.7).temperature == 0.7
 
 
 # -- one bad request in a batch ----------------------------------------------------------
@@ -110,6 +130,8 @@ def test_bad_requests_fail_alone_in_a_batch(checkpoints: dict[str, Path]) -> Non
         4: ([5, -1], r"token ids \[-1\] outside the vocabulary"),
         6: ([], "the prompt is empty"),
         7: ({"text": "hi"}, "a prompt dict needs 'prompt' or 'prompt_token_ids'"),
+        8: ("lone \ud800 surrogate", "not valid Unicode: a lone surrogate U\\+D800"),
+        9: ({"prompt": "hi", "cache_salt": ""}, "cache_salt must be a non-empty string"),
     }
     batch: list[Any] = []
     good_at = []
