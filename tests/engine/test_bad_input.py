@@ -164,3 +164,26 @@ def test_a_long_running_engine_does_not_accumulate_kv_events(
     pools = [llm.engine.kv.pool, *(sm.pool for sm in llm.engine.kv.state)]
     assert all(not p.events for p in pools)
     assert llm.engine.kv.pool.cached  # prefix caching itself still works
+
+
+def test_non_finite_logits_fail_that_request_alone(
+    checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    """A NaN embedding row for token 999: a prompt holding it gets NaN logits (as a forged KV
+    unit would give); it fails with a clear error and no token, the others are unchanged."""
+    from safetensors.torch import load_file, save_file
+
+    model_dir = copy_checkpoint(checkpoints["granitemoehybrid"], tmp_path / "m")
+    path = model_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    tensors["model.embed_tokens.weight"][999] = float("nan")
+    save_file(tensors, str(path), {"format": "pt"})
+    good = [random_ids(20, 50), random_ids(30, 51)]
+    poisoned = [t for t in random_ids(25, 52) if t != 999] + [999, 5]
+    llm = make_llm(model_dir)
+    outs = llm.generate([good[0], poisoned, good[1]], greedy(logprobs=True), use_tqdm=False)
+    assert outs[1].finish_reason == "error" and outs[1].token_ids == []
+    assert outs[1].error is not None and "non-finite logits" in outs[1].error
+    assert_matches_hf(checkpoints["granitemoehybrid"], good, [outs[0], outs[2]], "beside NaN")
+    assert all(lp == lp for o in (outs[0], outs[2]) for lp in o.outputs[0].logprobs or [])
+    assert_no_leaks(llm.engine)
