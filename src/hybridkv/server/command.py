@@ -84,7 +84,7 @@ def resolve_api_key(args: argparse.Namespace) -> str | None:
 
 
 def run_serve(args: argparse.Namespace, engine_options: dict[str, Any]) -> int:
-    from hybridkv.config import parse_bytes
+    from hybridkv.paths import parse_bytes
     from hybridkv.server.launch import ServeOptions, run_server
     from hybridkv.server.limits import ServerLimits
 
