@@ -37,7 +37,7 @@ class ServerLimits:
     header_timeout_seconds: float = 10.0
     body_timeout_seconds: float = 30.0
     keep_alive_seconds: int = 5
-    max_header_bytes: int = 64 * 1024
+    max_header_bytes: int = 16 * 1024  # h11's own default, made explicit
 
     def __post_init__(self) -> None:
         _positive_int(self.max_request_bytes, "--max-request-bytes")
