@@ -126,18 +126,16 @@ class EngineCore:
         return pair
 
     def _weights_id(self) -> str:
-        """Identity of the weights: KV from other weights must never be loaded."""
-        import hashlib
-        from pathlib import Path
+        """Identity of the weights, tokenizer and config (every byte, digests cached per file
+        version), plus how this process multiplies: KV from other numbers is never loaded."""
+        import torch
 
-        root = Path(self.config.model)
-        h = hashlib.sha256()
-        for f in sorted(root.glob("*.safetensors")) + [root / "config.json"]:
-            st = f.stat()
-            h.update(f"{f.name}:{st.st_size}".encode())
-            with f.open("rb") as fh:
-                h.update(fh.read(1 << 16))  # header + first tensors: cheap and distinctive
-        return h.hexdigest()[:16]
+        from hybridkv.engine.weights_id import weights_identity
+        from hybridkv.model.matmul import matmul_dtype
+        from hybridkv.paths import cache_dir
+
+        compute = matmul_dtype(getattr(torch, self.dtype), self.config.bf16_matmul)
+        return f"{weights_identity(self.config.model, cache_dir())}:matmul={compute}"
 
     def _collect_connector_stats(self) -> None:
         """Running totals of the connector's counters (``offload_bytes.<tier>.<direction>``,
