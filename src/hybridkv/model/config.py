@@ -98,6 +98,11 @@ class ModelConfig:
     mamba: MambaConfig | None
     raw: Mapping[str, Any] = field(compare=False, repr=False)  # config.json, for arch extras
 
+    @property
+    def media_token_ids(self) -> frozenset[int]:
+        """Image/video placeholder ids of a multimodal checkpoint (we run its text model)."""
+        return frozenset(self.raw.get("media_token_ids") or ())
+
     def layer_specs(self, block_size: int, kv_dtype: str) -> list[LayerSpec | None]:
         """One spec per layer. Mamba state: conv state in ``kv_dtype``, ssm state float32
         (recurrent accumulation in bf16 drifts, so it stays float32 for every model dtype)."""
@@ -123,6 +128,9 @@ class ModelConfig:
         return None
 
 
+_MEDIA_TOKEN_KEYS = ("image_token_index", "image_token_id", "video_token_id")
+
+
 def read_config_json(model_dir: Path) -> dict[str, Any]:
     if not model_dir.is_dir():
         raise ModelLoadError(f"model directory {str(model_dir)!r} does not exist")
@@ -138,7 +146,9 @@ def read_config_json(model_dir: Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ModelLoadError(f"{path} must hold a JSON object")
     if isinstance(raw.get("text_config"), dict):  # multimodal wrapper: read the text part
+        media = [raw[k] for k in _MEDIA_TOKEN_KEYS if isinstance(raw.get(k), int)]
         raw = {**raw["text_config"], "architectures": raw.get("architectures")}
+        raw["media_token_ids"] = media  # placeholders only the vision tower could fill
     return raw
 
 

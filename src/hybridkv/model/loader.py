@@ -7,6 +7,7 @@ tensor (shape-checked, cast to the requested dtype), so nothing is initialised t
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -21,6 +22,8 @@ from hybridkv.model.errors import ModelLoadError
 from hybridkv.model.matmul import matmul_dtype, upcast_matmuls
 from hybridkv.model.models.common import CausalLM
 from hybridkv.model.registry import get_model_class
+
+log = logging.getLogger(__name__)
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -57,8 +60,10 @@ def load_model(
         for name, module, attr in _parameters(model):
             if cfg.tie_word_embeddings and name == "lm_head.weight":
                 continue
-            tensor = _read(index, name, tuple(getattr(module, attr).shape))
+            shape = tuple(getattr(module, attr).shape)
+            tensor = _read(index, _spellings(name, model.checkpoint_prefixes), shape)
             module._parameters[attr] = nn.Parameter(tensor.to(target), requires_grad=False)
+        _log_ignored(index, model.ignored_prefixes, cfg.architecture)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight  # type: ignore[union-attr,assignment]
     if compute != target:
@@ -108,8 +113,16 @@ def _shard_files(model_dir: Path, index_path: Path) -> list[Path]:
     return files
 
 
-def _read(index: dict[str, Any], name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    for candidate in _spellings(name):
+def _log_ignored(index: dict[str, Any], prefixes: tuple[str, ...], arch: str) -> None:
+    if not prefixes:
+        return
+    skipped = [k for k in index if k.startswith(prefixes)]
+    if skipped:
+        log.warning("%s: skipped %d vision-tower weights (text model only)", arch, len(skipped))
+
+
+def _read(index: dict[str, Any], names: list[str], shape: tuple[int, ...]) -> torch.Tensor:
+    for candidate in names:
         if candidate in index:
             tensor: torch.Tensor = index[candidate].get_tensor(candidate)
             if tuple(tensor.shape) != shape:
@@ -117,12 +130,14 @@ def _read(index: dict[str, Any], name: str, shape: tuple[int, ...]) -> torch.Ten
                     f"weight {candidate!r} has shape {tuple(tensor.shape)}, expected {shape}"
                 )
             return tensor
-    raise ModelLoadError(f"weight {name!r} is missing from the checkpoint")
+    raise ModelLoadError(f"weight {names[0]!r} is missing from the checkpoint")
 
 
-def _spellings(name: str) -> list[str]:
+def _spellings(name: str, prefixes: tuple[tuple[str, str], ...] = ()) -> list[str]:
     names = [name]
     for ours, others in _ALIASES.items():
         if name.endswith(ours):
             names += [name[: -len(ours)] + other for other in others]
+    for ours_prefix, theirs in prefixes:
+        names += [theirs + n[len(ours_prefix) :] for n in names if n.startswith(ours_prefix)]
     return names

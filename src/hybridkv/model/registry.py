@@ -13,6 +13,10 @@ if TYPE_CHECKING:
 _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3ForCausalLM": ("hybridkv.model.models.qwen3", "Qwen3ForCausalLM"),
     "Gemma3ForCausalLM": ("hybridkv.model.models.gemma3", "Gemma3ForCausalLM"),
+    "Gemma3ForConditionalGeneration": (
+        "hybridkv.model.models.gemma3",
+        "Gemma3ForConditionalGeneration",
+    ),
     "GraniteMoeHybridForCausalLM": (
         "hybridkv.model.models.granitemoehybrid",
         "GraniteMoeHybridForCausalLM",

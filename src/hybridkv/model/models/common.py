@@ -94,6 +94,10 @@ class CausalLM(nn.Module):
 
     config: ModelConfig
     lm_head: Linear
+    # (our prefix, checkpoint prefix): other places the checkpoint may keep our weights
+    checkpoint_prefixes: tuple[tuple[str, str], ...] = ()
+    # checkpoint tensors deliberately not loaded (a vision tower); one log line says how many
+    ignored_prefixes: tuple[str, ...] = ()
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """``[T]`` token ids -> final hidden states ``[T, hidden]``."""
