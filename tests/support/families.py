@@ -45,11 +45,92 @@ def _gemma3_mm() -> Any:
     )
 
 
+_COMMON: dict[str, Any] = {
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "max_position_embeddings": 4096,
+    "initializer_range": 0.05,  # peaky logits: few near-ties in greedy tests
+    "eos_token_id": [2, 0],
+    "pad_token_id": 0,
+    "bos_token_id": None,
+    "tie_word_embeddings": False,
+}
+
+
+def _auto(model_type: str, **config: Any) -> Callable[[], Any]:
+    def build() -> Any:
+        from transformers import AutoConfig
+
+        return AutoConfig.for_model(model_type, **{**_COMMON, **config})
+
+    return build
+
+
+_MAMBA_SMALL = {"mamba_d_state": 8, "mamba_n_groups": 2, "mamba_chunk_size": 16}
+
 _BUILDERS: dict[str, Callable[[], Any]] = {
     "gemma3_mm": _gemma3_mm,
+    # 4 layers, attention at 1, 8 mamba heads of 16, partial RoPE (0.5)
+    "bamba": _auto(
+        "bamba",
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_indices=[1],
+        mamba_n_heads=8,
+        mamba_d_head=16,
+        **_MAMBA_SMALL,
+    ),
+    # M E * M - M: mamba, MoE (6 experts in 2 groups, top-2, shared expert), attention with
+    # head_dim 24 and no RoPE, MLP (relu2)
+    "nemotron_h": _auto(
+        "nemotron_h",
+        hybrid_override_pattern="ME*M-M",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        intermediate_size=96,
+        mamba_num_heads=8,
+        mamba_head_dim=12,
+        ssm_state_size=8,
+        n_groups=2,
+        chunk_size=16,
+        n_routed_experts=6,
+        moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=48,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=1.5,
+    ),
+    # 3 layers of mamba (d_ssm 96 = 6 heads of 16) beside attention, every MuP multiplier set,
+    # the output norm applied before the gate
+    "falcon_h1": _auto(
+        "falcon_h1",
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mamba_d_ssm=96,
+        mamba_n_heads=6,
+        mamba_d_head=16,
+        mamba_rms_norm=True,
+        mamba_norm_before_gate=True,
+        embedding_multiplier=2.0,
+        lm_head_multiplier=0.5,
+        mlp_multipliers=[1.2, 0.8],
+        key_multiplier=0.7,
+        attention_in_multiplier=0.9,
+        attention_out_multiplier=1.1,
+        ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.3],
+        ssm_in_multiplier=1.05,
+        ssm_out_multiplier=0.95,
+        **_MAMBA_SMALL,
+    ),
 }
 FAMILIES = tuple(_BUILDERS)
-STATE_FAMILIES: frozenset[str] = frozenset()
+STATE_FAMILIES = frozenset({"bamba", "nemotron_h", "falcon_h1"})
 
 
 def make_family_checkpoint(family: str, out_dir: Path, seed: int = 0) -> Path:

@@ -65,7 +65,7 @@ def load_model(
             module._parameters[attr] = nn.Parameter(tensor.to(target), requires_grad=False)
         _log_ignored(index, model.ignored_prefixes, cfg.architecture)
     if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight  # type: ignore[union-attr,assignment]
+        model.lm_head.weight = model.embedding().weight
     if compute != target:
         upcast_matmuls(model, compute)
     return model.eval(), cfg
@@ -123,14 +123,30 @@ def _log_ignored(index: dict[str, Any], prefixes: tuple[str, ...], arch: str) ->
 
 def _read(index: dict[str, Any], names: list[str], shape: tuple[int, ...]) -> torch.Tensor:
     for candidate in names:
-        if candidate in index:
-            tensor: torch.Tensor = index[candidate].get_tensor(candidate)
-            if tuple(tensor.shape) != shape:
-                raise ModelLoadError(
-                    f"weight {candidate!r} has shape {tuple(tensor.shape)}, expected {shape}"
-                )
-            return tensor
+        tensor = _lookup(index, candidate)
+        if tensor is None:
+            continue
+        if tuple(tensor.shape) != shape:
+            raise ModelLoadError(
+                f"weight {candidate!r} has shape {tuple(tensor.shape)}, expected {shape}"
+            )
+        return tensor
     raise ModelLoadError(f"weight {names[0]!r} is missing from the checkpoint")
+
+
+def _lookup(index: dict[str, Any], name: str) -> torch.Tensor | None:
+    """``name`` itself, or an ``[E, ...]`` stack of per-expert tensors: ``a.experts.w`` from
+    ``a.experts.{e}.w.weight`` (the layout Nemotron-H and older MoE checkpoints use)."""
+    if name in index:
+        tensor: torch.Tensor = index[name].get_tensor(name)
+        return tensor
+    head, sep, leaf = name.rpartition(".experts.")
+    if not sep or "." in leaf:
+        return None
+    parts: list[torch.Tensor] = []
+    while (key := f"{head}.experts.{len(parts)}.{leaf}.weight") in index:
+        parts.append(index[key].get_tensor(key))
+    return torch.stack(parts) if parts else None
 
 
 def _spellings(name: str, prefixes: tuple[tuple[str, str], ...] = ()) -> list[str]:

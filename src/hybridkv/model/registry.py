@@ -17,6 +17,9 @@ _ARCHITECTURES: dict[str, tuple[str, str]] = {
         "hybridkv.model.models.gemma3",
         "Gemma3ForConditionalGeneration",
     ),
+    "BambaForCausalLM": ("hybridkv.model.models.bamba", "BambaForCausalLM"),
+    "NemotronHForCausalLM": ("hybridkv.model.models.nemotron_h", "NemotronHForCausalLM"),
+    "FalconH1ForCausalLM": ("hybridkv.model.models.falcon_h1", "FalconH1ForCausalLM"),
     "GraniteMoeHybridForCausalLM": (
         "hybridkv.model.models.granitemoehybrid",
         "GraniteMoeHybridForCausalLM",

@@ -6,6 +6,10 @@ recurrent step; prefill chunks are padded to ``[R, L]`` and run the chunked scan
 the slot's state, so a chunk that continues a previous one (or a restored checkpoint) gives
 the same result as one long prefill. Padding gets ``dt = 0``: it neither decays nor feeds the
 state.
+
+Variants: ``MambaConfig.out_norm`` says how the scan output meets the gate (Falcon-H1 may skip
+the norm or normalise before gating), ``proj_scale`` multiplies the input projection per
+channel (Falcon-H1's MuP vector; None elsewhere).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridkv.model.config import MambaConfig
+from hybridkv.model.config import MambaConfig, MambaOutNorm
 from hybridkv.model.layers.linear import Linear
 from hybridkv.model.layers.norm import GatedRMSNorm
 from hybridkv.model.layers.ssd import ssd_chunk_scan, ssd_step_
@@ -32,8 +36,11 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(cfg.num_heads))
         self.A_log = nn.Parameter(torch.zeros(cfg.num_heads))
         self.D = nn.Parameter(torch.ones(cfg.num_heads))
-        self.norm = GatedRMSNorm(inner, cfg.n_groups, eps)
+        if cfg.out_norm is not MambaOutNorm.GATE_ONLY:
+            before = cfg.out_norm is MambaOutNorm.NORM_THEN_GATE
+            self.norm = GatedRMSNorm(inner, cfg.n_groups, eps, norm_before_gate=before)
         self.out_proj = Linear(inner, hidden, bias=cfg.proj_bias)
+        self.proj_scale: torch.Tensor | None = None  # [inner + conv_dim + heads]
 
     def forward(self, hidden: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """``[T, hidden]`` -> ``[T, hidden]``; updates this layer's live state slots."""
@@ -41,13 +48,19 @@ class Mamba2Mixer(nn.Module):
         meta = ctx.state_meta[self.layer_id]
         cfg = self.cfg
         proj = self.in_proj(hidden)  # [T, inner + conv_dim + heads]
+        if self.proj_scale is not None:
+            proj = proj * self.proj_scale.to(proj.dtype)
         gate, xbc, dt = proj.split([cfg.intermediate_size, cfg.conv_dim, cfg.num_heads], dim=-1)
         y = hidden.new_empty(hidden.shape[0], cfg.intermediate_size)  # [T, inner]
         if meta.has_decode:
             y[meta.decode_token_idx] = self._decode(xbc, dt, conv_state, ssm_state, meta)
         if meta.has_prefill:
             y[meta.prefill_token_idx] = self._prefill(xbc, dt, conv_state, ssm_state, meta)
-        out: torch.Tensor = self.out_proj(self.norm(y, gate))
+        if self.cfg.out_norm is MambaOutNorm.GATE_ONLY:
+            gated = (y.float() * F.silu(gate.float())).to(y.dtype)
+            out: torch.Tensor = self.out_proj(gated)
+        else:
+            out = self.out_proj(self.norm(y, gate))
         return out
 
     def _decode(

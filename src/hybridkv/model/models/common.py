@@ -103,6 +103,11 @@ class CausalLM(nn.Module):
         """``[T]`` token ids -> final hidden states ``[T, hidden]``."""
         raise NotImplementedError
 
+    def embedding(self) -> nn.Embedding:
+        """The input embedding (``lm_head`` shares its weight when tied)."""
+        emb: nn.Embedding = self.model.embed_tokens  # type: ignore[union-attr,assignment]
+        return emb
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[n, hidden]`` -> float32 logits ``[n, vocab]`` (model-specific scaling applied)."""
         logits: torch.Tensor = self.lm_head(hidden)
