@@ -68,6 +68,35 @@ def _auto(model_type: str, **config: Any) -> Callable[[], Any]:
 
 _MAMBA_SMALL = {"mamba_d_state": 8, "mamba_n_groups": 2, "mamba_chunk_size": 16}
 
+_QWEN_GDN: dict[str, Any] = {
+    "intermediate_size": 96,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 24,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 12,
+}
+
+
+def _qwen3_5_mm() -> Any:
+    from transformers import Qwen3_5Config
+
+    vision = {
+        "depth": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": 64,
+        "patch_size": 14,
+        "num_position_embeddings": 16,
+    }
+    text = {**_COMMON, **_QWEN_GDN}
+    return Qwen3_5Config(text_config=text, vision_config=vision, image_token_id=1000)
+
+
 _BUILDERS: dict[str, Callable[[], Any]] = {
     "gemma3_mm": _gemma3_mm,
     # 4 layers, attention at 1, 8 mamba heads of 16, partial RoPE (0.5)
@@ -128,9 +157,29 @@ _BUILDERS: dict[str, Callable[[], Any]] = {
         ssm_out_multiplier=0.95,
         **_MAMBA_SMALL,
     ),
+    # GDN 3:1 gated attention (head_dim 24, RoPE on a quarter), 2 key / 4 value heads of 16 /
+    # 12 dims; MoE (6 experts, top-2, shared expert) on every 2nd layer, dense on the others
+    "qwen3_next": _auto(
+        "qwen3_next",
+        **_QWEN_GDN,
+        num_experts=6,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        decoder_sparse_step=2,
+    ),
+    "qwen3_5": _auto("qwen3_5_text", **_QWEN_GDN),  # dense, separate projections
+    "qwen3_5_mm": _qwen3_5_mm,
+}
+# families saved through a multimodal class (the others through AutoModelForCausalLM)
+_MULTIMODAL = {
+    "gemma3_mm": "Gemma3ForConditionalGeneration",
+    "qwen3_5_mm": "Qwen3_5ForConditionalGeneration",
 }
 FAMILIES = tuple(_BUILDERS)
-STATE_FAMILIES = frozenset({"bamba", "nemotron_h", "falcon_h1"})
+STATE_FAMILIES = frozenset(
+    {"bamba", "nemotron_h", "falcon_h1", "qwen3_next", "qwen3_5", "qwen3_5_mm"}
+)
 
 
 def make_family_checkpoint(family: str, out_dir: Path, seed: int = 0) -> Path:
@@ -138,10 +187,10 @@ def make_family_checkpoint(family: str, out_dir: Path, seed: int = 0) -> Path:
 
     config = _BUILDERS[family]()
     torch.manual_seed(seed)
-    if family == "gemma3_mm":
-        from transformers import Gemma3ForConditionalGeneration
+    if family in _MULTIMODAL:
+        import transformers
 
-        model = Gemma3ForConditionalGeneration(config)
+        model = getattr(transformers, _MULTIMODAL[family])(config)
     else:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     out_dir = Path(out_dir)

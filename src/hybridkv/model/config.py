@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridkv.kv.spec import FullAttentionSpec, LayerSpec, SlidingWindowSpec, StateSpec
+from hybridkv.model.config_gdn import GdnConfig, parse_gdn
 from hybridkv.model.errors import ModelLoadError
 from hybridkv.model.rope import RopeConfig, parse_rope
 
@@ -36,6 +37,7 @@ class LayerKind(str, Enum):
     FULL = "full_attention"
     SLIDING = "sliding_attention"
     MAMBA = "mamba"
+    GDN = "gated_deltanet"  # Qwen3-Next / Qwen3.5 "linear_attention"
     MLP = "mlp"  # no mixer, no cache (Nemotron-H '-' / 'E')
 
 
@@ -49,6 +51,10 @@ _LAYER_TYPE_NAMES: dict[str, LayerKind] = {
     "mlp": LayerKind.MLP,  # Nemotron-H 5.x names
     "moe": LayerKind.MLP,
 }
+# model types whose "linear_attention" layers are Gated DeltaNet (elsewhere: Mamba2)
+_GDN_MODEL_TYPES = frozenset(
+    {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
+)
 _PATTERN_CHARS: dict[str, LayerKind] = {
     "M": LayerKind.MAMBA,
     "*": LayerKind.FULL,
@@ -110,6 +116,7 @@ class ModelConfig:
     rope: RopeConfig
     local_rope: RopeConfig | None  # sliding layers' RoPE when it differs (Gemma 3)
     mamba: MambaConfig | None
+    gdn: GdnConfig | None
     raw: Mapping[str, Any] = field(compare=False, repr=False)  # config.json, for arch extras
 
     @property
@@ -139,6 +146,9 @@ class ModelConfig:
                 raise ModelLoadError(f"{self.architecture}: mamba layers but no mamba_* config")
             shapes = ((m.conv_dim, m.d_conv - 1), (m.num_heads, m.head_dim, m.d_state))
             return StateSpec("mamba2", shapes, (kv_dtype, "float32"))
+        if kind is LayerKind.GDN:
+            assert self.gdn is not None
+            return self.gdn.state_spec(kv_dtype)
         return None
 
 
@@ -203,6 +213,7 @@ def build_model_config(arch: str, raw: Mapping[str, Any], gen_eos: tuple[int, ..
         rope=rope,
         local_rope=local_rope,
         mamba=_parse_mamba(raw, hidden) if LayerKind.MAMBA in kinds else None,
+        gdn=parse_gdn(raw) if LayerKind.GDN in kinds else None,
         raw=dict(raw),
     )
 
@@ -224,6 +235,8 @@ def parse_layer_kinds(raw: Mapping[str, Any], num_layers: int) -> tuple[LayerKin
         raise ModelLoadError(
             f"config describes {len(kinds)} layer types but num_hidden_layers is {num_layers}"
         )
+    if raw.get("model_type") in _GDN_MODEL_TYPES:
+        kinds = [LayerKind.GDN if k is LayerKind.MAMBA else k for k in kinds]
     if LayerKind.SLIDING in kinds and (
         not raw.get("sliding_window") or raw.get("use_sliding_window") is False
     ):
