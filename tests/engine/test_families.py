@@ -9,7 +9,6 @@ checkpoint intervals.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,21 +24,20 @@ from tests.engine.helpers import (
     run_staggered,
 )
 from tests.engine.test_prefix_caching import Conversation
-from tests.support.families import FAMILIES, STATE_FAMILIES, make_family_checkpoint
+from tests.support.families import CORE_FAMILIES, FAMILIES, FamilyCheckpoints
 
 PROMPTS = make_prompt_set()
 CHUNKED = {"block_size": 8, "max_num_batched_tokens": 20, "state_checkpoint_interval": 16}
 
 
-@pytest.fixture(scope="module")
-def families(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("family_ckpts")
-    return {f: make_family_checkpoint(f, root / f) for f in FAMILIES}
+@pytest.fixture(scope="session")
+def families(tmp_path_factory: pytest.TempPathFactory) -> FamilyCheckpoints:
+    return FamilyCheckpoints(tmp_path_factory.mktemp("family_ckpts"))
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_one_chunked_batch_matches_transformers(family: str, families: dict[str, Path]) -> None:
+def test_one_chunked_batch_matches_transformers(family: str, families: FamilyCheckpoints) -> None:
     llm = make_llm(families[family], **CHUNKED)
     outs = llm.generate(PROMPTS, greedy(), use_tqdm=False)
     assert_matches_hf(families[family], PROMPTS, outs, f"{family}/chunked-batch")
@@ -48,9 +46,9 @@ def test_one_chunked_batch_matches_transformers(family: str, families: dict[str,
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("caching", [True, False])
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", CORE_FAMILIES)
 def test_staggered_requests_match_transformers(
-    family: str, caching: bool, families: dict[str, Path]
+    family: str, caching: bool, families: FamilyCheckpoints
 ) -> None:
     options: dict[str, Any] = {"enable_prefix_caching": caching}
     engine = make_engine(families[family], **options)
@@ -62,9 +60,9 @@ def test_staggered_requests_match_transformers(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("family", sorted(STATE_FAMILIES))
+@pytest.mark.parametrize("family", CORE_FAMILIES)
 def test_state_prefix_hits_at_message_and_interval_boundaries(
-    family: str, families: dict[str, Path]
+    family: str, families: FamilyCheckpoints
 ) -> None:
     conv = Conversation(families[family], block_size=16, state_checkpoint_interval=32)
     base = random_ids(100, 12)
@@ -76,7 +74,7 @@ def test_state_prefix_hits_at_message_and_interval_boundaries(
     conv.close()
 
 
-def test_multimodal_checkpoint_rejects_image_inputs(families: dict[str, Path]) -> None:
+def test_multimodal_checkpoint_rejects_image_inputs(families: FamilyCheckpoints) -> None:
     llm = make_llm(families["gemma3_mm"])
     image_token = 1000  # image_token_index of the test checkpoint
     with pytest.raises(ValueError, match="placeholder ids \\[1000\\].*text model"):

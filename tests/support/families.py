@@ -170,6 +170,15 @@ _BUILDERS: dict[str, Callable[[], Any]] = {
     ),
     "qwen3_5": _auto("qwen3_5_text", **_QWEN_GDN),  # dense, separate projections
     "qwen3_5_mm": _qwen3_5_mm,
+    "qwen3_5_moe": _auto(  # MoE on every layer (5 experts, top-2, not renormalised)
+        "qwen3_5_moe_text",
+        **_QWEN_GDN,
+        num_experts=5,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        norm_topk_prob=False,
+    ),
 }
 # families saved through a multimodal class (the others through AutoModelForCausalLM)
 _MULTIMODAL = {
@@ -177,9 +186,10 @@ _MULTIMODAL = {
     "qwen3_5_mm": "Qwen3_5ForConditionalGeneration",
 }
 FAMILIES = tuple(_BUILDERS)
-STATE_FAMILIES = frozenset(
-    {"bamba", "nemotron_h", "falcon_h1", "qwen3_next", "qwen3_5", "qwen3_5_mm"}
-)
+# one family per distinct model code path: these also run staggered and prefix-hit tests (the
+# multimodal wrappers and Qwen3.5-MoE reuse a covered path and run the batch test only)
+CORE_FAMILIES = ("bamba", "nemotron_h", "falcon_h1", "qwen3_next", "qwen3_5")
+STATE_FAMILIES = frozenset(FAMILIES) - {"gemma3_mm"}
 
 
 def make_family_checkpoint(family: str, out_dir: Path, seed: int = 0) -> Path:
@@ -199,3 +209,16 @@ def make_family_checkpoint(family: str, out_dir: Path, seed: int = 0) -> Path:
     eos = model_config_json("qwen3", "tiny")["eos_token_id"]
     (out_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
     return out_dir
+
+
+class FamilyCheckpoints:
+    """``checkpoints[family]``: built on first use under ``root``, then reused."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.built: dict[str, Path] = {}
+
+    def __getitem__(self, family: str) -> Path:
+        if family not in self.built:
+            self.built[family] = make_family_checkpoint(family, self.root / family)
+        return self.built[family]

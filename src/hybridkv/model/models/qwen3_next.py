@@ -50,7 +50,10 @@ class SparseMoeBlock(nn.Module):
         raw, hidden = cfg.raw, cfg.hidden_size
         self.num_experts = int(raw["num_experts"])
         self.top_k = int(raw.get("num_experts_per_tok", 2))
-        self.renormalize = bool(raw.get("norm_topk_prob", True))
+        # NOTE: Qwen3.5-MoE always renormalises the top-k weights (transformers 5.23 ignores
+        # its norm_topk_prob); Qwen3-Next follows norm_topk_prob
+        qwen3_5 = str(raw.get("model_type", "")).startswith("qwen3_5")
+        self.renormalize = qwen3_5 or bool(raw.get("norm_topk_prob", True))
         act = str(raw.get("hidden_act", "silu"))
         self.gate = _Router(self.num_experts, hidden)
         self.experts = _Experts(self.num_experts, hidden, int(raw["moe_intermediate_size"]))
