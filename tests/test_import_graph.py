@@ -22,7 +22,8 @@ FORBIDDEN: dict[str, set[str]] = {
 ALLOWED_ONLY: dict[str, set[str]] = {
     "kv": set(),
     "paths": set(),
-    "step_io": {"kv", "sampling_params"},
+    "choice": set(),
+    "step_io": {"kv", "sampling_params", "choice"},
 }
 
 

@@ -17,7 +17,7 @@ from hybridkv.connectors.base import (
     KVConnectorRequest,
     RequestBlocks,
 )
-from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
+from hybridkv.step_io import ConnectorMetadata, FailureReason, KVConnectorOutput, LoadSpec
 from tests.sched.page_runner import PageRunner
 
 GARBAGE = 10**6
@@ -170,10 +170,10 @@ class ScriptedWorker(BaseConnectorWorker):
     def _report_failures(self, spec: LoadSpec) -> None:
         script = self.scripts[spec.request_id]
         if script.fail_request:
-            self.report.failed_recving[spec.request_id] = "scripted"
+            self.report.failed_recving[spec.request_id] = FailureReason.INJECTED
         if script.fail_state:
-            self.report.invalid_state[spec.request_id] = "scripted"
+            self.report.invalid_state[spec.request_id] = FailureReason.INJECTED
         for table in spec.block_ids:
             for k in script.fail_indices:
                 if k < len(table) and table[k] != 0:
-                    self.report.invalid_block_ids[table[k]] = "scripted"
+                    self.report.invalid_block_ids[table[k]] = FailureReason.INJECTED

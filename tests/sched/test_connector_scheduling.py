@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from hybridkv.request import RequestStatus
+from hybridkv.step_io import FailureReason
 from tests.sched.builders import make_harness, random_prompt
 from tests.sched.page_runner import reference_generation
 from tests.sched.scripted_connector import Script
@@ -97,7 +98,7 @@ def test_full_attention_failure_resumes_at_the_first_bad_block(is_async: bool) -
     assert (20, 20) in computed  # resumed at block 5 -> token 20, recomputing the rest
     assert h.outputs["a"] == reference_generation(p, 4)
     stats = h.scheduler.transfer.stats
-    assert stats.load_failures == {"scripted": 2} and stats.recomputed_tokens == 16
+    assert stats.load_failures == {FailureReason.INJECTED: 2} and stats.recomputed_tokens == 16
     h.assert_no_leaks()
 
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from hybridkv.engine.output import CompletionOutput, RequestOutput
+from hybridkv.engine_stats import EngineStats, GroupCacheStats
 from hybridkv.sampling_params import SamplingParams
-from hybridkv.sched.scheduler import SchedulerStats
 
 BLOCK = 4
 NUM_BLOCKS = 64
@@ -64,16 +63,8 @@ class FakeEngine:
         self.tokenizer = CharTokenizer()
         self.max_model_len = max_model_len
         self.step_delay = step_delay
-        self.model_config = SimpleNamespace(vocab_size=256)
-        self.layout = SimpleNamespace(
-            groups=[SimpleNamespace(group_id=0, kind=SimpleNamespace(value="full_attention"))]
-        )
-        self.kv = SimpleNamespace(
-            stats=SimpleNamespace(
-                num_queries=0, queried_tokens=0, hit_tokens=0, group_hit_tokens=[0]
-            )
-        )
-        self.scheduler = SimpleNamespace(stats=self._stats)
+        self.num_queries = 0
+        self.queried_tokens = 0
         self.reqs: dict[str, _Req] = {}
         self.done: list[_Req] = []
         self.threads: set[str] = set()  # names of the threads that called in
@@ -86,8 +77,8 @@ class FakeEngine:
         if len(prompt_token_ids) >= self.max_model_len:
             raise ValueError(f"request {request_id}: prompt of {len(prompt_token_ids)} tokens does not fit max_model_len={self.max_model_len}")  # fmt: skip
         self.reqs[request_id] = _Req(request_id, list(prompt_token_ids), params)
-        self.kv.stats.num_queries += 1
-        self.kv.stats.queried_tokens += len(prompt_token_ids)
+        self.num_queries += 1
+        self.queried_tokens += len(prompt_token_ids)
 
     def abort_request(self, request_id: str) -> None:
         self._note()
@@ -138,6 +129,12 @@ class FakeEngine:
         return RequestOutput(req.request_id, None, req.prompt_ids, [out], req.status is not None,
                              len(req.prompt_ids), cached_tokens={"local": 0}, error=req.error)  # fmt: skip
 
-    def _stats(self) -> SchedulerStats:
+    def stats(self) -> EngineStats:
         used = sum(-(-(len(r.prompt_ids) + len(r.out_ids)) // BLOCK) for r in self.reqs.values())
-        return SchedulerStats(len(self.reqs), 0, 0, used / NUM_BLOCKS)
+        return EngineStats(
+            num_running=len(self.reqs),
+            kv_usage=used / NUM_BLOCKS,
+            prefix_cache_queries=self.num_queries,
+            prefix_cache_queried_tokens=self.queried_tokens,
+            groups=(GroupCacheStats(0, "full_attention", self.queried_tokens, 0),),
+        )

@@ -22,11 +22,11 @@ named per state group. A load is finished only when the worker reports it in
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from hybridkv.connectors.stats import ConnectorStats
 from hybridkv.kv.coordinator import KVRequest
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 
@@ -49,33 +49,6 @@ class RequestBlocks:
 
     block_ids: tuple[list[int], ...]
     state_slots: tuple[int, ...]
-
-
-@dataclass(slots=True)
-class ConnectorStats:
-    """Counters a connector accumulates; the engine merges them into its metrics."""
-
-    counters: dict[str, float] = field(default_factory=dict)
-
-    def add(self, name: str, value: float = 1.0) -> None:
-        self.counters[name] = self.counters.get(name, 0.0) + value
-
-
-class StatsCounter:
-    """Thread-safe counters for a connector half whose threads all count (``take`` drains)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._stats = ConnectorStats()
-
-    def add(self, name: str, value: float = 1.0) -> None:
-        with self._lock:
-            self._stats.add(name, value)
-
-    def take(self) -> ConnectorStats:
-        with self._lock:
-            stats, self._stats = self._stats, ConnectorStats()
-        return stats
 
 
 @dataclass(slots=True)
@@ -180,6 +153,8 @@ class BaseConnectorScheduler(ABC):
         return {"external": num_external_tokens} if num_external_tokens else {}
 
     def take_stats(self) -> ConnectorStats:
+        """Counts since the previous call, as the connector's ``ConnectorStats`` subclass (the
+        same type from both halves; see ``connectors/stats.py``)."""
         return ConnectorStats()
 
 

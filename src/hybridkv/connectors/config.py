@@ -10,21 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, TypeVar
 
+from hybridkv.choice import Choice
+
 KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config", "kv_load_failure_policy")
-
-
-class Choice(str, Enum):
-    """A string option's choices: equal to, printed and formatted as its value (``StrEnum``
-    without needing Python 3.11)."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
 
 
 class KVRole(Choice):
@@ -59,18 +49,6 @@ class Tier(Choice):
     CPU = "cpu"
     DISK = "disk"
     REMOTE = "remote"
-
-
-E = TypeVar("E", bound=Enum)
-
-
-def parse_choice(kind: type[E], value: object, where: str) -> E:
-    """``value`` as a member of ``kind`` (by value), or a ValueError naming ``where``."""
-    try:
-        return kind(value)
-    except ValueError:
-        choices = [m.value for m in kind]
-        raise ValueError(f"{where}={value!r} must be one of {choices}") from None
 
 
 @dataclass(frozen=True, slots=True)

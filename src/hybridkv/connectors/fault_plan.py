@@ -13,11 +13,11 @@ from typing import Any
 
 from hybridkv.connectors.config import ConnectorOptions, KVTransferConfig, OptionsContext
 from hybridkv.connectors.registry import parse_kv_transfer_config
-from hybridkv.step_io import LoadSpec
+from hybridkv.step_io import FailureReason, LoadSpec
 
-INJECTED = "injected"
-CORRUPT = "corrupt"
-TIMEOUT = "timeout"
+INJECTED = FailureReason.INJECTED
+CORRUPT = FailureReason.CORRUPT
+TIMEOUT = FailureReason.TIMEOUT
 _RATES = ("block_failure_rate", "request_failure_rate", "corrupt_rate")
 _KEYS = {"inner", *_RATES, "delay_seconds", "load_timeout_seconds", "seed"}
 
@@ -79,9 +79,9 @@ class FaultPlan:
     """What to break in one load: the whole request, or some blocks (id -> reason) and states
     (state group id -> reason)."""
 
-    request_reason: str | None = None
-    blocks: dict[int, str] = field(default_factory=dict)
-    states: dict[int, str] = field(default_factory=dict)
+    request_reason: FailureReason | None = None
+    blocks: dict[int, FailureReason] = field(default_factory=dict)
+    states: dict[int, FailureReason] = field(default_factory=dict)
 
 
 def plan_faults(config: FaultConfig, spec: LoadSpec, state_group_ids: tuple[int, ...]) -> FaultPlan:
@@ -101,7 +101,7 @@ def plan_faults(config: FaultConfig, spec: LoadSpec, state_group_ids: tuple[int,
     return plan
 
 
-def _part_reason(config: FaultConfig, rid: str, *where: object) -> str | None:
+def _part_reason(config: FaultConfig, rid: str, *where: object) -> FailureReason | None:
     if fault_draw(config.seed, rid, "fail", *where) < config.block_failure_rate:
         return INJECTED
     if fault_draw(config.seed, rid, "corrupt", *where) < config.corrupt_rate:

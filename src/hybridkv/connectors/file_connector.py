@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hybridkv.choice import parse_choice
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
-    ConnectorStats,
     KVConnectorPair,
     KVConnectorRequest,
     RequestBlocks,
@@ -34,7 +34,6 @@ from hybridkv.connectors.config import (
     KVTransferConfig,
     LoadMode,
     OptionsContext,
-    parse_choice,
 )
 from hybridkv.connectors.file_store import (
     FileLoadKeys,
@@ -44,6 +43,7 @@ from hybridkv.connectors.file_store import (
     state_key,
 )
 from hybridkv.connectors.registry import ConnectorContext
+from hybridkv.connectors.stats import ConnectorStats, counter
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, SpecKind
 from hybridkv.step_io import ConnectorMetadata, LoadSpec
 
@@ -75,6 +75,20 @@ class FileConnectorConfig(ConnectorOptions):
         return cls(str(os.fspath(path)), load_mode, save)
 
 
+@dataclass(slots=True)
+class FileStats(ConnectorStats):
+    """``FileConnector``'s own counters (both halves)."""
+
+    load_requests: int = counter("load_requests")
+    load_tokens: int = counter("load_tokens")
+    load_blocks: int = counter("load_blocks")
+    load_states: int = counter("load_states")
+    files_removed: int = counter("files_removed")  # bad files deleted on load
+    store_blocks: int = counter("store_blocks")
+    store_states: int = counter("store_states")
+    store_failures: int = counter("store_failures")
+
+
 class FileConnectorScheduler(BaseConnectorScheduler):
     def __init__(
         self, layout: KVCacheLayout, store: FileStore, load_async: bool, save: bool, load: bool
@@ -86,7 +100,7 @@ class FileConnectorScheduler(BaseConnectorScheduler):
         self.load_enabled = load
         self.block_size = layout.block_size
         self._loads: list[LoadSpec] = []
-        self._stats = ConnectorStats()
+        self._stats = FileStats()
 
     # -- lookup ------------------------------------------------------------------------------
 
@@ -166,8 +180,8 @@ class FileConnectorScheduler(BaseConnectorScheduler):
                 keys=FileLoadKeys(tuple(keys), state_keys),
             )
         )
-        self._stats.add("load_requests")
-        self._stats.add("load_tokens", num_external_tokens)
+        self._stats.load_requests += 1
+        self._stats.load_tokens += num_external_tokens
 
     # -- saves -------------------------------------------------------------------------------
 
@@ -218,8 +232,8 @@ class FileConnectorScheduler(BaseConnectorScheduler):
     ) -> dict[str, int]:
         return {"disk": num_external_tokens} if num_external_tokens else {}
 
-    def take_stats(self) -> ConnectorStats:
-        stats, self._stats = self._stats, ConnectorStats()
+    def take_stats(self) -> FileStats:
+        stats, self._stats = self._stats, FileStats()
         return stats
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hybridkv.choice import parse_choice
 from hybridkv.connectors.base import KVConnectorPair
 from hybridkv.connectors.config import (
     KEYS,
@@ -28,7 +29,6 @@ from hybridkv.connectors.config import (
     KVTransferConfig,
     LoadFailurePolicy,
     OptionsContext,
-    parse_choice,
 )
 from hybridkv.kv.spec import KVCacheLayout
 

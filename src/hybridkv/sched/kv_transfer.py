@@ -20,12 +20,12 @@ from hybridkv.connectors.base import BaseConnectorScheduler, RequestBlocks
 from hybridkv.connectors.config import LoadFailurePolicy
 from hybridkv.kv.coordinator import KVCacheCoordinator
 from hybridkv.request import Request, RequestStatus
-from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
+from hybridkv.step_io import ConnectorMetadata, FailureReason, KVConnectorOutput
 
 
 @dataclass(slots=True)
 class TransferStats:
-    load_failures: dict[str, int] = field(default_factory=dict)  # by reason
+    load_failures: dict[FailureReason, int] = field(default_factory=dict)  # by reason
     recomputed_tokens: int = 0
     failed_requests: int = 0
     external_tokens: int = 0  # tokens admitted as external hits
@@ -80,7 +80,7 @@ class KVTransfer:
         if num_external <= limit:
             return num_external
         if self.kv.state:
-            self._count("rejected_past_last_token")
+            self._count(FailureReason.REJECTED_PAST_LAST_TOKEN)
             return 0
         return limit
 
@@ -184,5 +184,6 @@ class KVTransfer:
     def has_pending(self) -> bool:
         return bool(self.holding or self.aborted or self.delayed_free or self.ready)
 
-    def _count(self, reason: str) -> None:
-        self.stats.load_failures[reason] = self.stats.load_failures.get(reason, 0) + 1
+    def _count(self, reason: str | FailureReason) -> None:
+        key = FailureReason.of(reason)
+        self.stats.load_failures[key] = self.stats.load_failures.get(key, 0) + 1

@@ -8,7 +8,8 @@
     RequestStream.queue <- loop.call_soon_threadsafe - step() outputs, one per request
 
 The thread sleeps on a condition while it has no request and no command (no busy waiting).
-After each step it publishes a stats snapshot for /metrics. If a step raises, the engine is
+After each step it publishes ``engine.stats()`` for /metrics (and logs a line from it every
+``LOG_INTERVAL_SECONDS`` while busy). If a step raises, the engine is
 dead: every open request gets ``EngineDead`` and new ones are refused (503).
 """
 
@@ -23,7 +24,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hybridkv.metrics import ServerMetrics, take_snapshot
+from hybridkv.engine_stats import stats_line
+from hybridkv.metrics import ServerMetrics
 from hybridkv.server.params import PreparedRequest
 
 if TYPE_CHECKING:
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from hybridkv.engine.output import RequestOutput
 
 logger = logging.getLogger(__name__)
+LOG_INTERVAL_SECONDS = 10.0
 
 
 class Rejected(Exception):
@@ -102,6 +105,7 @@ class AsyncEngine:
         self._stopping = False
         self._streams: dict[str, RequestStream] = {}  # engine thread only
         self._needs_flush = False  # an abort's output (and runner cleanup) is still due
+        self._last_log = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="hybridkv-engine", daemon=True)
 
     # -- event-loop side -----------------------------------------------------------------
@@ -151,7 +155,7 @@ class AsyncEngine:
                 self._handle_inbox()
                 if self.engine.has_unfinished_requests() or self._needs_flush:
                     self._step()
-                self.metrics.publish(take_snapshot(self.engine))
+                self._publish_stats()
         except Exception as exc:
             logger.exception("engine step failed; the engine is stopped")
             self._fail_all(f"the engine failed: {type(exc).__name__}: {exc}")
@@ -159,6 +163,14 @@ class AsyncEngine:
             self._fail_all("the server is shutting down")
         finally:
             self.engine.shutdown()  # connector threads, if any
+
+    def _publish_stats(self) -> None:
+        stats = self.engine.stats()
+        self.metrics.publish(stats)
+        now = time.monotonic()
+        if now - self._last_log >= LOG_INTERVAL_SECONDS:  # the periodic log line
+            self._last_log = now
+            logger.info("%s", stats_line(stats))
 
     def _wait_for_work(self) -> bool:
         """Sleep until there is something to do; False once stopping."""

@@ -18,6 +18,7 @@ from hybridkv.connectors.offloading.scheduler import OffloadingScheduler
 from hybridkv.connectors.offloading.worker import OffloadingWorker
 from hybridkv.kv.spec import KVCacheLayout
 from tests.connectors.helpers import Engine, FakeRequest
+from tests.support.stats import flat_counters
 
 C = 8
 # hybrid layout: g0 full, g1 sliding, g2 state. An 18-token prompt: units end at 8 and 16.
@@ -85,7 +86,7 @@ class OffloadEngine(Engine):
     def counters(self) -> dict[str, float]:
         totals: dict[str, float] = {}
         for half in (self.scheduler, self.worker):
-            for name, value in half.take_stats().counters.items():
+            for name, value in flat_counters(half.take_stats()).items():
                 totals[name] = totals.get(name, 0.0) + value
         return totals
 

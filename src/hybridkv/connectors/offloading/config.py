@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hybridkv.connectors.config import ConnectorOptions, LoadMode, OptionsContext, parse_choice
+from hybridkv.choice import parse_choice
+from hybridkv.connectors.config import ConnectorOptions, LoadMode, OptionsContext
 from hybridkv.connectors.offloading.policies import Eviction
 from hybridkv.paths import parse_bytes
 

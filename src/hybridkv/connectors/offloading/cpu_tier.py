@@ -23,6 +23,7 @@ import torch
 import xxhash
 
 from hybridkv.connectors.base import KVCacheAccess
+from hybridkv.connectors.config import Tier
 from hybridkv.connectors.file_format import MISSING, PartError
 from hybridkv.connectors.offloading.host_buffers import HostBuffers
 from hybridkv.connectors.offloading.policies import Eviction, create_policy
@@ -124,7 +125,7 @@ class CpuIndex(TierIndex):
     their snapshots will take the buffers their reservations evicted)."""
 
     def __init__(self, capacity: int, eviction: Eviction, unit_bytes: int) -> None:
-        super().__init__("cpu", capacity, create_policy(eviction, capacity // unit_bytes))
+        super().__init__(Tier.CPU, capacity, create_policy(eviction, capacity // unit_bytes))
         self.buffers = HostBuffers()
         self.num_pending_bytes = 0
 
@@ -161,7 +162,7 @@ class CpuIndex(TierIndex):
 
 
 class CpuTier:
-    name = "cpu"
+    name = Tier.CPU
 
     def __init__(
         self, capacity: int, eviction: Eviction, unit_bytes: int, kernel: PageCopy | None

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from hybridkv.connectors.config import Tier
 from hybridkv.connectors.file_format import (
     CORRUPT,
     TRUNCATED,
@@ -53,7 +54,7 @@ Found = tuple[BlockHash, int, BlockHash | None]  # a unit probed complete: hash,
 
 
 class DiskTier:
-    name = "disk"
+    name = Tier.DISK
 
     def __init__(
         self, root: str, fingerprint: str, capacity: int, eviction: Eviction, geometry: UnitGeometry
@@ -63,7 +64,7 @@ class DiskTier:
         self.directory = os.path.join(root, fingerprint, f"c{geometry.chunk_tokens}")
         os.makedirs(self.directory, exist_ok=True)
         unit_bytes = geometry.unit_nbytes(geometry.chunk_tokens * 2)
-        self.index = TierIndex("disk", capacity, create_policy(eviction, capacity // unit_bytes))
+        self.index = TierIndex(Tier.DISK, capacity, create_policy(eviction, capacity // unit_bytes))
         self.io = ThreadPoolExecutor(1, thread_name_prefix="offload-disk")
         self.num_removed_at_startup = 0
         self.clock: Callable[[], float] = time.monotonic

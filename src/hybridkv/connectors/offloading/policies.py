@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
-from hybridkv.connectors.config import Choice
+from hybridkv.choice import Choice
 
 
 class BaseEvictionPolicy(ABC):

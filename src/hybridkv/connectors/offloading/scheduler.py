@@ -24,12 +24,12 @@ from typing import Any
 
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
-    ConnectorStats,
     KVConnectorRequest,
     RequestBlocks,
 )
 from hybridkv.connectors.config import LoadMode, Tier
 from hybridkv.connectors.offloading.context import OffloadContext
+from hybridkv.connectors.offloading.stats import OffloadingStats, SkipReason
 from hybridkv.connectors.offloading.tier import TierIndex, UnitState
 from hybridkv.connectors.offloading.units import (
     OffloadLoadKeys,
@@ -37,6 +37,7 @@ from hybridkv.connectors.offloading.units import (
     UnitSave,
     UnitSource,
 )
+from hybridkv.connectors.stats import bump
 from hybridkv.kv.block_pool import NULL_BLOCK
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import SpecKind
@@ -59,7 +60,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
         self._promote: list[tuple[BlockHash, int, BlockHash | None]] = []
         self._promote_next: list[tuple[BlockHash, int, BlockHash | None]] = []
         self._sources: dict[str, dict[str, int]] = {}  # request id -> loaded tokens by tier
-        self._stats = ConnectorStats()
+        self._stats = OffloadingStats()
 
     # -- lookup --------------------------------------------------------------------------
 
@@ -119,7 +120,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
         for unit_hash, end, parent in self.disk.take_found():
             if self._reserve(Tier.DISK, unit_hash, end, parent):
                 self.disk.index.commit(unit_hash, self.disk.part_paths(unit_hash))
-                self._stats.add("adopted.disk")
+                self._stats.adopted_disk += 1
             else:  # no room (pinned or pending units): a miss for a while
                 self.disk.mark_absent(unit_hash)
 
@@ -130,7 +131,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
     ) -> None:
         if num_external_tokens <= 0:
             if self.load_enabled:
-                self._stats.add("misses")
+                self._stats.misses += 1
             return
         end = request.num_computed_tokens
         start = end - num_external_tokens
@@ -163,10 +164,9 @@ class OffloadingScheduler(BaseConnectorScheduler):
             if tier == Tier.DISK:
                 self._promote.append((unit_hash, unit_end, self._parent_hash(request, unit_end)))
             tokens = min(unit_end, end) - max(unit_end - chunk, start)
-            name = "none" if tier is None else tier.value  # none: gone since the lookup
-            by_tier[name] = by_tier.get(name, 0) + tokens
-            self._stats.add(f"hits.{name}")
-            self._stats.add(f"hit_tokens.{name}", tokens)
+            self._count_hit(tier, tokens)
+            if tier is not None:  # None: gone from every tier since the lookup (fails the load)
+                by_tier[tier.value] = by_tier.get(tier.value, 0) + tokens
         for source in reversed(sources):  # tail first: the head ends up most recent
             for index in self.tiers.values():
                 index.touch(source.unit_hash, reuse=True)
@@ -233,7 +233,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
                 out.append(UnitPromotion(unit_hash, end))
             else:
                 self.disk.index.unpin(unit_hash)
-                self._stats.add("promotions_skipped:no_room")
+                self._stats.promotions_skipped_no_room += 1
         return out
 
     def _plan_saves(
@@ -261,14 +261,12 @@ class OffloadingScheduler(BaseConnectorScheduler):
             return None  # stored, or being stored
         ids = self._part_block_ids(blocks, end)
         if ids is None:
-            self._stats.add("stores_skipped")
-            self._stats.add("stores_skipped:null_block")
+            self._skip_store(SkipReason.NULL_BLOCK)
             return None
         parent = self._parent_hash(request, end)
         tiers = [name for name in self.tiers if self._reserve(name, unit_hash, end, parent)]
         if not tiers:
-            self._stats.add("stores_skipped")
-            self._stats.add("stores_skipped:no_room")
+            self._skip_store(SkipReason.NO_ROOM)
             return None
         return UnitSave(
             request.request_id, unit_hash, end, ids, tuple(blocks.state_slots), tuple(tiers)
@@ -300,7 +298,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
         if evicted is None:
             return False
         if evicted:
-            self._stats.add(f"evictions.{tier}", len(evicted))
+            bump(self._stats.evictions, tier, len(evicted))
             if tier == Tier.DISK and self.disk is not None:
                 self.disk.discard(evicted)
         return True
@@ -319,6 +317,18 @@ class OffloadingScheduler(BaseConnectorScheduler):
         self._sources.pop(request.request_id, None)
         return False, None
 
-    def take_stats(self) -> ConnectorStats:
-        stats, self._stats = self._stats, ConnectorStats()
+    def _count_hit(self, tier: Tier | None, tokens: int) -> None:
+        if tier is None:
+            self._stats.hits_gone += 1
+            self._stats.hit_tokens_gone += tokens
+        else:
+            bump(self._stats.hits, tier)
+            bump(self._stats.hit_tokens, tier, tokens)
+
+    def _skip_store(self, reason: SkipReason) -> None:
+        self._stats.stores_skipped += 1
+        bump(self._stats.stores_skipped_by, reason)
+
+    def take_stats(self) -> OffloadingStats:
+        stats, self._stats = self._stats, OffloadingStats()
         return stats

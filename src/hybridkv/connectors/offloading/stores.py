@@ -18,14 +18,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from hybridkv.connectors.base import KVCacheAccess, StatsCounter
+from hybridkv.connectors.base import KVCacheAccess
 from hybridkv.connectors.config import Tier
 from hybridkv.connectors.file_format import PartError
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.cpu_tier import CpuPart
 from hybridkv.connectors.offloading.disk_tier import DiskTier
+from hybridkv.connectors.offloading.stats import OffloadingStats, SkipReason
 from hybridkv.connectors.offloading.units import UnitPromotion, UnitSave
-from hybridkv.step_io import ConnectorMetadata
+from hybridkv.connectors.stats import Direction, StatsCounter, bump
+from hybridkv.step_io import ConnectorMetadata, FailureReason
 
 
 class StorePipeline:
@@ -33,7 +35,9 @@ class StorePipeline:
 
     cache: KVCacheAccess  # set when the worker's caches are registered
 
-    def __init__(self, ctx: OffloadContext, stats: StatsCounter, cond: threading.Condition) -> None:
+    def __init__(
+        self, ctx: OffloadContext, stats: StatsCounter[OffloadingStats], cond: threading.Condition
+    ) -> None:
         self.config, self.geometry = ctx.config, ctx.geometry
         self.cpu, self.disk = ctx.cpu, ctx.disk
         self.layout = ctx.geometry.layout
@@ -54,7 +58,7 @@ class StorePipeline:
                     self._inflight_bytes += nbytes
                     self.num_stores += 1
             if not admitted:
-                self._abort(save, "stores_skipped:backpressure")
+                self._abort(save, SkipReason.BACKPRESSURE)
             elif isinstance(save, UnitPromotion):
                 assert self.disk is not None
                 self.disk.submit(functools.partial(self._promote, save, nbytes))
@@ -71,13 +75,15 @@ class StorePipeline:
         try:
             parts = self.disk.read_unit(promotion.unit_hash, promotion.end)
             if self.cpu.store(promotion.unit_hash, dict(parts)):
-                self._stats.add("promotions.cpu")
-                self._stats.add("offload_bytes.cpu.promote", nbytes)
-                self._stats.add("offload_seconds.cpu.promote", time.perf_counter() - began)
+                with self._stats.update() as s:
+                    s.promotions += 1
+                    s.promotion_bytes += nbytes
+                    s.promotion_seconds += time.perf_counter() - began
         except Exception as exc:  # a failed store never becomes visible
             self.cpu.index.abort(promotion.unit_hash)
-            reason = exc.reason if isinstance(exc, PartError) else "error"
-            self._stats.add(f"promotion_failures:{reason}")
+            reason = exc.reason if isinstance(exc, PartError) else FailureReason.ERROR
+            with self._stats.update() as s:
+                bump(s.promotion_failures, reason)
         finally:
             self.disk.index.unpin(promotion.unit_hash)
             self._store_done(nbytes)
@@ -114,11 +120,11 @@ class StorePipeline:
                 began = time.perf_counter()
                 if self.cpu.store(save.unit_hash, parts, pin=disk is not None):
                     pinned = disk is not None
-                    self._stats.add("offload_bytes.cpu.store", nbytes)
-                    self._stats.add("stores.cpu")
-                    self._stats.add(
-                        "offload_seconds.cpu.store", snapshot_s + time.perf_counter() - began
-                    )
+                    seconds = snapshot_s + time.perf_counter() - began
+                    with self._stats.update() as s:
+                        bump(s.offload_bytes, (Tier.CPU, Direction.STORE), nbytes)
+                        bump(s.stores, Tier.CPU)
+                        bump(s.offload_seconds, (Tier.CPU, Direction.STORE), seconds)
         finally:
             if disk is None:
                 self._store_done(nbytes)
@@ -139,11 +145,13 @@ class StorePipeline:
             written = disk.write(save.unit_hash, save.end, parts)
         except Exception:
             disk.index.abort(save.unit_hash)
-            self._stats.add("store_failures.disk")
+            with self._stats.update() as s:
+                s.store_failures_disk += 1
         else:
-            self._stats.add("offload_bytes.disk.store", written)
-            self._stats.add("offload_seconds.disk.store", time.perf_counter() - began)
-            self._stats.add("stores.disk")
+            with self._stats.update() as s:
+                bump(s.offload_bytes, (Tier.DISK, Direction.STORE), written)
+                bump(s.offload_seconds, (Tier.DISK, Direction.STORE), time.perf_counter() - began)
+                bump(s.stores, Tier.DISK)
         finally:
             if pinned and self.cpu is not None:
                 self.cpu.index.unpin(save.unit_hash)
@@ -155,7 +163,7 @@ class StorePipeline:
             self.num_stores -= 1
             self._cond.notify_all()
 
-    def _abort(self, save: UnitSave | UnitPromotion, reason: str) -> None:
+    def _abort(self, save: UnitSave | UnitPromotion, reason: SkipReason) -> None:
         if isinstance(save, UnitPromotion):
             if self.cpu is not None and self.disk is not None:
                 self.cpu.index.abort(save.unit_hash)
@@ -164,8 +172,9 @@ class StorePipeline:
             for tier in (self.cpu, self.disk):
                 if tier is not None and tier.name in save.tiers:
                     tier.index.abort(save.unit_hash)
-        self._stats.add("stores_skipped")
-        self._stats.add(reason)
+        with self._stats.update() as s:
+            s.stores_skipped += 1
+            bump(s.stores_skipped_by, reason)
 
     def shutdown(self) -> None:
         self._stager.shutdown(wait=True)

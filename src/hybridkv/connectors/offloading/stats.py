@@ -1,0 +1,44 @@
+"""``OffloadingConnector``'s counters (both halves report this type).
+
+Bytes and seconds per tier and direction, and load failures by reason, are the base fields
+(``ConnectorStats``); the rest are this connector's own, by tier where they have one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridkv.choice import Choice
+from hybridkv.connectors.config import Tier
+from hybridkv.connectors.stats import ConnectorStats, counter
+from hybridkv.step_io import FailureReason
+
+
+class SkipReason(Choice):
+    """Why a unit was not stored."""
+
+    NULL_BLOCK = "null_block"  # a block of the unit already left the sliding window
+    NO_ROOM = "no_room"  # no tier could make room (pinned or pending units)
+    BACKPRESSURE = "backpressure"  # more than max_inflight_io_bytes in flight
+
+
+@dataclass(slots=True)
+class OffloadingStats(ConnectorStats):
+    hits: dict[Tier, int] = counter("hits.{}")  # units a load reads, by the tier serving them
+    hit_tokens: dict[Tier, int] = counter("hit_tokens.{}")
+    hits_gone: int = counter("hits.none")  # units no tier held any more when pinned
+    hit_tokens_gone: int = counter("hit_tokens.none")
+    misses: int = counter("misses")  # admitted requests with nothing to load
+    adopted_disk: int = counter("adopted.disk")  # units another process wrote, indexed
+    evictions: dict[Tier, int] = counter("evictions.{}")
+    stores: dict[Tier, int] = counter("stores.{}")
+    stores_skipped: int = counter("stores_skipped")
+    stores_skipped_by: dict[SkipReason, int] = counter("stores_skipped:{}")
+    store_failures_disk: int = counter("store_failures.disk")
+    promotions: int = counter("promotions.cpu")  # disk units copied into the CPU tier
+    promotion_bytes: int = counter("offload_bytes.cpu.promote")
+    promotion_seconds: float = counter("offload_seconds.cpu.promote")
+    promotion_failures: dict[FailureReason, int] = counter("promotion_failures:{}")
+    promotions_skipped_no_room: int = counter("promotions_skipped:no_room")
+    removed: dict[Tier, int] = counter("removed.{}")  # bad units dropped on load
+    files_removed: int = counter("files_removed")
+    timeouts: int = counter("timeouts")
