@@ -132,12 +132,11 @@ def module_graph(package: str, root: Path = ROOT) -> dict[str, set[str]]:
     """Imports between the modules of one package (``sched`` -> ``{"scheduler": {...}}``)."""
     graph: dict[str, set[str]] = {}
     prefix = f"hybridkv.{package}."
-    for path in sorted((root / package).rglob("*.py")):
+    names = {p.stem for p in (root / package).glob("*.py")}
+    for path in sorted((root / package).glob("*.py")):
         module = _module_name(path, root)
-        name = module.removeprefix(prefix)
-        graph[name] = {
-            t.removeprefix(prefix).split(".")[0] for t in _imports(path, module)
-        } & {p.stem for p in (root / package).glob("*.py")} - {name}
+        targets = {t.removeprefix(prefix).split(".")[0] for t in _imports(path, module)}
+        graph[path.stem] = (targets & names) - {path.stem}
     return graph
 
 
