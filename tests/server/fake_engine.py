@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridkv.engine.detokenizer import IncrementalDetokenizer
 from hybridkv.engine.output import CompletionOutput, RequestOutput
 from hybridkv.engine_stats import EngineStats, GroupCacheStats
 from hybridkv.sampling_params import SamplingParams
@@ -53,6 +54,7 @@ class _Req:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    detok: IncrementalDetokenizer
     out_ids: list[int] = field(default_factory=list)
     status: str | None = None
     error: str | None = None
@@ -76,7 +78,8 @@ class FakeEngine:
         self._note()
         if len(prompt_token_ids) >= self.max_model_len:
             raise ValueError(f"request {request_id}: prompt of {len(prompt_token_ids)} tokens does not fit max_model_len={self.max_model_len}")  # fmt: skip
-        self.reqs[request_id] = _Req(request_id, list(prompt_token_ids), params)
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop)  # the engine's text and stops
+        self.reqs[request_id] = _Req(request_id, list(prompt_token_ids), params, detok)
         self.num_queries += 1
         self.queried_tokens += len(prompt_token_ids)
 
@@ -109,8 +112,7 @@ class FakeEngine:
                 continue
             last = (req.out_ids or req.prompt_ids)[-1]
             req.out_ids.append(next_letter(last))
-            text = self.tokenizer.decode(req.out_ids)
-            if any(s in text for s in req.params.stop):
+            if req.detok.update(req.out_ids[-1:]) is not None:
                 req.status = "stop"
             elif len(req.out_ids) >= req.params.max_tokens:
                 req.status = "length"
@@ -120,12 +122,10 @@ class FakeEngine:
         return outs
 
     def _emit(self, req: _Req) -> RequestOutput:
-        text = self.tokenizer.decode(req.out_ids)
-        for s in req.params.stop:
-            if s in text:
-                text = text[: text.find(s)]
         lps = [-0.5] * len(req.out_ids) if req.params.logprobs else None
-        out = CompletionOutput(0, text, list(req.out_ids), req.status, logprobs=lps)
+        stable = req.detok.stable_length(req.status is not None)
+        out = CompletionOutput(0, req.detok.text, list(req.out_ids), req.status, logprobs=lps,
+                               stable_text_len=stable)  # fmt: skip
         return RequestOutput(req.request_id, None, req.prompt_ids, [out], req.status is not None,
                              len(req.prompt_ids), cached_tokens={"local": 0}, error=req.error)  # fmt: skip
 

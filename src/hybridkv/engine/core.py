@@ -3,7 +3,7 @@
 out = scheduler.schedule()          # plain data: tokens, block tables, state slots/copies
 result = runner.execute(out)        # forward pass + sampling
 updated = scheduler.update_from_output(out, result)
--> detokenize, stop strings, RequestOutputs
+-> detokenize the new tokens (engine/detokenizer.py: stop strings too), RequestOutputs
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from hybridkv.connectors.base import KVConnectorPair
 from hybridkv.connectors.registry import ConnectorContext, create_connector
 from hybridkv.connectors.stats import ConnectorStats
 from hybridkv.engine.cache_access import DeviceCacheAccess
+from hybridkv.engine.detokenizer import IncrementalDetokenizer
 from hybridkv.engine.output import RequestOutput, TextState, make_output
 from hybridkv.engine.step import run_step
 from hybridkv.engine_stats import EngineStats, GroupCacheStats, TransferStats
@@ -210,7 +211,9 @@ class EngineCore:
         hasher = BlockHasher(self.layout.block_size, self._hash_fn, cache_salt)
         req = Request(request_id, prompt_token_ids, params, hasher, self.model_config.eos_token_ids)
         self.scheduler.add_request(req)
-        self._texts[request_id] = TextState(prompt)
+        self._texts[request_id] = TextState(
+            prompt, IncrementalDetokenizer(self.tokenizer, params.stop)
+        )
         self._live[request_id] = req
         return req
 
@@ -243,7 +246,7 @@ class EngineCore:
         return outputs + self._take_aborted()
 
     def _apply_stop_strings(self, req: Request, state: TextState) -> None:
-        stop = state.update(req, self.tokenizer)
+        stop = state.update(req)
         if stop is not None and not req.status.is_finished:
             self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED)
             req.stop_reason = stop
