@@ -25,7 +25,7 @@ from prometheus_client import Histogram as _Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hybridkv.connectors.config import Tier
+from hybridkv.connectors.config import TierName
 from hybridkv.connectors.stats import Direction
 from hybridkv.engine_stats import EngineStats, GroupCacheStats, TransferStats
 
@@ -173,7 +173,7 @@ def _transfer_families(t: TransferStats) -> Iterator[Metric]:
     nbytes, seconds = _family("offload_bytes"), _family("offload_seconds")
     moved = flat.offload_bytes if flat else {}
     spent = flat.offload_seconds if flat else {}
-    keys = {(tier, d) for tier in Tier for d in Direction} | set(moved) | set(spent)
+    keys = {(tier, d) for tier in TierName for d in Direction} | set(moved) | set(spent)
     for tier, direction in sorted(keys):
         labels = [str(tier), str(direction)]
         nbytes.add_metric(labels, moved.get((tier, direction), 0))

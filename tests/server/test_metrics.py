@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from hybridkv.connectors.config import Tier
+from hybridkv.connectors.config import TierName
 from hybridkv.connectors.fault_injection import FaultStats
 from hybridkv.connectors.offloading.stats import OffloadingStats
 from hybridkv.connectors.stats import ConnectorStats, Direction
@@ -28,9 +28,9 @@ def test_connector_stats_fold_children_and_name_events() -> None:
     (tier, direction), a connector's own counters by their event names, children folded in."""
     inner = OffloadingStats(
         load_failures={FailureReason.CORRUPT: 2, FailureReason.TIMEOUT: 1},
-        offload_bytes={(Tier.DISK, Direction.STORE): 4096},
-        offload_seconds={(Tier.CPU, Direction.LOAD): 0.25},
-        hits={Tier.CPU: 7},
+        offload_bytes={(TierName.DISK, Direction.STORE): 4096},
+        offload_seconds={(TierName.CPU, Direction.LOAD): 0.25},
+        hits={TierName.CPU: 7},
     )
     outer = FaultStats(injected_failures={FailureReason.INJECTED: 1}, children={"inner": inner})
     flat = outer.flatten()
@@ -65,7 +65,7 @@ def test_snapshot_is_the_one_source() -> None:
             recomputed_tokens=16,
             connector=ConnectorStats(
                 load_failures={FailureReason.CORRUPT: 2},
-                offload_bytes={(Tier.DISK, Direction.STORE): 4096},
+                offload_bytes={(TierName.DISK, Direction.STORE): 4096},
             ),
         ),
     )

@@ -43,7 +43,7 @@ class LoadMode(Choice):
     SYNC = "sync"  # bytes land before the step's forward pass
 
 
-class Tier(Choice):
+class TierName(Choice):
     """Where external KV lives; the ``tier`` label of the offload metrics."""
 
     CPU = "cpu"

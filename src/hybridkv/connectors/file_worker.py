@@ -23,7 +23,7 @@ from hybridkv.connectors.base import (
     LoadResult,
     output_from_results,
 )
-from hybridkv.connectors.config import Tier
+from hybridkv.connectors.config import TierName
 from hybridkv.connectors.file_connector import FileStats
 from hybridkv.connectors.file_format import IO_ERROR, MISSING, PartError, read_part, write_part
 from hybridkv.connectors.file_store import FileLoadKeys, FileSave, FileStore
@@ -78,7 +78,7 @@ class FileConnectorWorker(BaseConnectorWorker):
             with self._stats.update() as s:
                 bump(s.load_failures, FailureReason.ERROR)
         with self._stats.update() as s:
-            bump(s.offload_seconds, (Tier.DISK, Direction.LOAD), time.perf_counter() - began)
+            bump(s.offload_seconds, (TierName.DISK, Direction.LOAD), time.perf_counter() - began)
         return result
 
     def _load_blocks(self, spec: LoadSpec, result: LoadResult) -> None:
@@ -104,7 +104,7 @@ class FileConnectorWorker(BaseConnectorWorker):
             self.cache.write_blocks(good_ids, data)
         with self._stats.update() as s:
             s.load_blocks += len(good_ids)
-            bump(s.offload_bytes, (Tier.DISK, Direction.LOAD), len(payloads))
+            bump(s.offload_bytes, (TierName.DISK, Direction.LOAD), len(payloads))
 
     def _load_states(self, spec: LoadSpec, result: LoadResult) -> None:
         keys = _load_keys(spec)
@@ -118,7 +118,7 @@ class FileConnectorWorker(BaseConnectorWorker):
             self.cache.write_state(gid, slot, data)
             with self._stats.update() as s:
                 s.load_states += 1
-                bump(s.offload_bytes, (Tier.DISK, Direction.LOAD), len(payload))
+                bump(s.offload_bytes, (TierName.DISK, Direction.LOAD), len(payload))
 
     def _read(self, key: str, span: tuple[int, int], payload_len: int) -> memoryview | str:
         """The verified payload of ``key``, or the failure reason (a bad file is removed)."""
@@ -229,12 +229,14 @@ class FileConnectorWorker(BaseConnectorWorker):
         else:
             self.store.mark_present(key)
             with self._stats.update() as s:
-                bump(s.offload_seconds, (Tier.DISK, Direction.STORE), time.perf_counter() - began)
+                bump(
+                    s.offload_seconds, (TierName.DISK, Direction.STORE), time.perf_counter() - began
+                )
                 if kind == "store_blocks":
                     s.store_blocks += 1
                 else:
                     s.store_states += 1
-                bump(s.offload_bytes, (Tier.DISK, Direction.STORE), size)
+                bump(s.offload_bytes, (TierName.DISK, Direction.STORE), size)
         finally:
             with self._cond:
                 self._saving.discard(key)

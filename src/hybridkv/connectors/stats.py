@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Generic, TypeVar
 
 from hybridkv.choice import Choice
-from hybridkv.connectors.config import Tier
+from hybridkv.connectors.config import TierName
 from hybridkv.step_io import FailureReason
 
 K = TypeVar("K")
@@ -31,7 +31,7 @@ class Direction(Choice):
 
 def counter(name: str) -> Any:
     """A connector-specific counter field: an int/float named ``name``, or a mapping whose key
-    fills ``{}`` in ``name`` (``counter("hits.{}")`` with ``{Tier.CPU: 2}`` -> ``hits.cpu``)."""
+    fills ``{}`` in ``name`` (``counter("hits.{}")`` with ``{TierName.CPU: 2}`` -> ``hits.cpu``)."""
     if "{}" in name:
         return field(default_factory=dict, metadata={"event": name})
     return field(default=0, metadata={"event": name})
@@ -49,8 +49,8 @@ def _add(into: dict[K, Any], other: Mapping[K, Any]) -> None:
 @dataclass(slots=True)
 class ConnectorStats:
     load_failures: dict[FailureReason, int] = field(default_factory=dict)
-    offload_bytes: dict[tuple[Tier, Direction], int] = field(default_factory=dict)
-    offload_seconds: dict[tuple[Tier, Direction], float] = field(default_factory=dict)
+    offload_bytes: dict[tuple[TierName, Direction], int] = field(default_factory=dict)
+    offload_seconds: dict[tuple[TierName, Direction], float] = field(default_factory=dict)
     children: dict[str, ConnectorStats] = field(default_factory=dict)
 
     def merge(self, other: ConnectorStats) -> None:
@@ -107,8 +107,8 @@ class ConnectorStats:
 @dataclass(slots=True)
 class FlatStats:
     load_failures: dict[FailureReason, int]
-    offload_bytes: dict[tuple[Tier, Direction], int]
-    offload_seconds: dict[tuple[Tier, Direction], float]
+    offload_bytes: dict[tuple[TierName, Direction], int]
+    offload_seconds: dict[tuple[TierName, Direction], float]
     events: dict[str, float]
 
 

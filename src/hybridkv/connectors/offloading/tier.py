@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from hybridkv.connectors.config import Tier
 from hybridkv.connectors.offloading.policies import BaseEvictionPolicy
 from hybridkv.kv.hashing import BlockHash
 
@@ -43,7 +42,7 @@ class TierEntry:
 
 
 class TierIndex:
-    def __init__(self, name: Tier, capacity: int, policy: BaseEvictionPolicy) -> None:
+    def __init__(self, name: str, capacity: int, policy: BaseEvictionPolicy) -> None:
         self.name = name
         self.capacity = capacity
         self.policy = policy

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybridkv.connectors.config import Tier
+from hybridkv.connectors.config import TierName
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, SpecKind
 
@@ -92,17 +92,19 @@ class UnitSave:
     end: int
     block_ids: tuple[tuple[int, ...], ...]
     state_slots: tuple[int, ...]
-    tiers: tuple[Tier, ...]
+    tiers: tuple[TierName, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class UnitPromotion:
-    """Copy a unit the disk tier holds into the CPU tier (an entry of ``ConnectorMetadata.
-    saves``): the scheduler half reserved it in the CPU tier and pinned it on disk; the worker
-    reads every part from disk, verified, commits it to the CPU tier and unpins."""
+    """Copy a unit a slower tier holds into a faster one (an entry of ``ConnectorMetadata.
+    saves``): the scheduler half reserved it in ``target`` and pinned it in ``source``; the
+    worker reads every part from ``source``, verified, commits it to ``target`` and unpins."""
 
     unit_hash: BlockHash
     end: int
+    source: TierName
+    target: TierName
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +113,7 @@ class UnitSource:
 
     end: int
     unit_hash: BlockHash
-    tier: Tier | None  # None: no tier held the unit any more when it was pinned
+    tier: TierName | None  # None: no tier held the unit any more when it was pinned
 
 
 @dataclass(frozen=True, slots=True)
