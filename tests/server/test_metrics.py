@@ -126,3 +126,23 @@ def test_every_metric_is_in_the_one_table() -> None:
     assert set(families) == set(METRICS)
     for name, family in families.items():
         assert (family.type, family.documentation) == (METRICS[name].kind, METRICS[name].help)
+
+
+def test_the_periodic_log_line_reads_the_snapshot() -> None:
+    from hybridkv.engine_stats import stats_line
+
+    line = stats_line(
+        EngineStats(
+            num_running=2,
+            num_waiting=1,
+            kv_usage=0.5,
+            prefix_cache_queried_tokens=100,
+            prefix_cache_hit_tokens=25,
+        )  # fmt: skip
+    )
+    assert line.startswith("running: 2 reqs, waiting: 1 reqs, KV cache usage: 50.0%")
+    assert "prefix cache hit rate: 25.0%" in line and "load failures" not in line
+    with_connector = EngineStats(
+        transfer=TransferStats({FailureReason.CORRUPT: 3}, connector=ConnectorStats())
+    )
+    assert "load failures: 3" in stats_line(with_connector)
