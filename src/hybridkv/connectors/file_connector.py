@@ -2,7 +2,8 @@
 
 Config (``kv_connector_extra_config``)::
 
-    {"path": DIR (required), "load_mode": "async" | "sync" (default "async"), "save": true}
+    {"path": DIR (required), "load_mode": "async" | "sync" (default "async"), "save": true,
+     "load_timeout_seconds": 30.0}
 
 The scheduler half (here) decides from the store's index; the worker half
 (``file_worker.py``) reads and writes the files (``file_format.py``). A hit at T is reported only
@@ -17,6 +18,7 @@ when every group has what a resume at T needs (architecture principle 5)::
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,16 +49,19 @@ from hybridkv.connectors.stats import ConnectorStats, counter
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, SpecKind
 from hybridkv.step_io import ConnectorMetadata, LoadSpec
 
+MAX_LOAD_TIMEOUT_SECONDS = 3600.0
+
 
 @dataclass(frozen=True, slots=True)
 class FileConnectorConfig(ConnectorOptions):
     path: str
     load_mode: LoadMode = LoadMode.ASYNC
     save: bool = True
+    load_timeout_seconds: float = 30.0  # a load still reading then fails (reason "timeout")
 
     @classmethod
     def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> FileConnectorConfig:
-        known = {"path", "load_mode", "save"}
+        known = {"path", "load_mode", "save", "load_timeout_seconds"}
         for name in extra:
             if name not in known:
                 raise ValueError(
@@ -72,7 +77,17 @@ class FileConnectorConfig(ConnectorOptions):
         save = extra.get("save", True)
         if not isinstance(save, bool):
             raise ValueError(f"FileConnector: 'save'={save!r} must be true or false")
-        return cls(str(os.fspath(path)), load_mode, save)
+        timeout = extra.get("load_timeout_seconds", 30.0)
+        if not _is_real(timeout) or not 0 < timeout <= MAX_LOAD_TIMEOUT_SECONDS:
+            raise ValueError(
+                f"FileConnector: 'load_timeout_seconds'={timeout!r} must be a number in "
+                f"(0, {MAX_LOAD_TIMEOUT_SECONDS:g}]"
+            )
+        return cls(str(os.fspath(path)), load_mode, save, float(timeout))
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(slots=True)
@@ -87,6 +102,7 @@ class FileStats(ConnectorStats):
     store_blocks: int = counter("store_blocks")
     store_states: int = counter("store_states")
     store_failures: int = counter("store_failures")
+    late_loads_dropped: int = counter("late_loads_dropped")  # read after their timeout
 
 
 class FileConnectorScheduler(BaseConnectorScheduler):
@@ -255,4 +271,7 @@ def create_file_connector(config: KVTransferConfig, context: ConnectorContext) -
         save=options.save and config.kv_role.saves,
         load=config.kv_role.loads,
     )
-    return KVConnectorPair(scheduler, FileConnectorWorker(context.layout, store))
+    worker = FileConnectorWorker(
+        context.layout, store, load_timeout_seconds=options.load_timeout_seconds
+    )
+    return KVConnectorPair(scheduler, worker)
