@@ -7,10 +7,17 @@ timing or call order, so the same seed and requests break the same parts in ever
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridkv.connectors.config import KVTransferConfig
+from hybridkv.connectors.config import (
+    ConnectorOptions,
+    KVTransferConfig,
+    OptionsContext,
+    parse_number,
+)
+from hybridkv.connectors.registry import parse_kv_transfer_config
 from hybridkv.step_io import LoadSpec
 
 INJECTED = "injected"
@@ -18,10 +25,11 @@ CORRUPT = "corrupt"
 TIMEOUT = "timeout"
 _RATES = ("block_failure_rate", "request_failure_rate", "corrupt_rate")
 _KEYS = {"inner", *_RATES, "delay_seconds", "load_timeout_seconds", "seed"}
+MAX_SECONDS = 3600.0  # delays and timeouts: finite and below an hour
 
 
 @dataclass(frozen=True, slots=True)
-class FaultConfig:
+class FaultConfig(ConnectorOptions):
     inner: KVTransferConfig
     block_failure_rate: float = 0.0
     request_failure_rate: float = 0.0
@@ -31,23 +39,23 @@ class FaultConfig:
     seed: int = 0
 
     @classmethod
-    def parse(cls, extra: dict[str, Any]) -> FaultConfig:
+    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> FaultConfig:
         for name in extra:
             if name not in _KEYS:
                 raise ValueError(f"FaultInjection: unknown key {name!r}; known: {sorted(_KEYS)}")
         if "inner" not in extra:
             raise ValueError("FaultInjection: 'inner' (the wrapped kv_transfer_config) is required")
         try:
-            inner = KVTransferConfig.parse(extra["inner"])
+            inner = parse_kv_transfer_config(extra["inner"], ctx.block_size)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"FaultInjection: 'inner': {exc}") from None
         values: dict[str, Any] = {}
         for name in _RATES:
-            values[name] = _number(extra, name, 0.0, low=0.0, high=1.0)
-        values["delay_seconds"] = _number(extra, "delay_seconds", 0.0, low=0.0)
-        values["load_timeout_seconds"] = _number(extra, "load_timeout_seconds", 30.0, low=0.0)
-        if values["load_timeout_seconds"] <= 0:
-            raise ValueError("FaultInjection: 'load_timeout_seconds' must be > 0")
+            values[name] = _number(extra, name, 0.0, high=1.0)
+        values["delay_seconds"] = _number(extra, "delay_seconds", 0.0, high=MAX_SECONDS)
+        values["load_timeout_seconds"] = _number(
+            extra, "load_timeout_seconds", 30.0, high=MAX_SECONDS, low_open=True
+        )
         seed = extra.get("seed", 0)
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise ValueError(f"FaultInjection: 'seed'={seed!r} must be an integer")
@@ -55,15 +63,10 @@ class FaultConfig:
 
 
 def _number(
-    extra: dict[str, Any], name: str, default: float, low: float, high: float | None = None
+    extra: Mapping[str, Any], name: str, default: float, high: float, low_open: bool = False
 ) -> float:
-    value = extra.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"FaultInjection: {name!r}={value!r} must be a number")
-    if value < low or (high is not None and value > high):
-        bounds = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"FaultInjection: {name!r}={value!r} must be in {bounds}")
-    return float(value)
+    where = f"FaultInjection: {name!r}"
+    return parse_number(extra.get(name, default), where, 0.0, high, low_open=low_open)
 
 
 def fault_draw(seed: int, request_id: str, *where: object) -> float:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from hybridkv.config import EngineConfig
 from hybridkv.connectors.base import KVConnectorPair
-from hybridkv.connectors.config import KVTransferConfig
 from hybridkv.connectors.registry import ConnectorContext, create_connector
 from hybridkv.engine.cache_access import DeviceCacheAccess
 from hybridkv.engine.output import RequestOutput, TextState, make_output
@@ -99,8 +98,8 @@ class EngineCore:
         )
         self.connector = self._create_connector()
         transfer = None
-        if self.connector is not None:
-            policy = KVTransferConfig.parse(config.kv_transfer_config or {}).kv_load_failure_policy
+        if self.connector is not None and config.kv_transfer_config is not None:
+            policy = config.kv_transfer_config.kv_load_failure_policy
             transfer = KVTransfer(self.connector.scheduler, policy, self.kv)
         self.scheduler = Scheduler(config.scheduler, self.max_model_len, self.kv, transfer)
         self.connector_counters: dict[str, float] = {}
@@ -110,9 +109,9 @@ class EngineCore:
         self._ids = itertools.count()
 
     def _create_connector(self) -> KVConnectorPair | None:
-        if self.config.kv_transfer_config is None:
+        transfer_config = self.config.kv_transfer_config
+        if transfer_config is None:
             return None
-        transfer_config = KVTransferConfig.parse(self.config.kv_transfer_config)
         context = ConnectorContext(
             layout=self.layout,
             fingerprint=self.layout.fingerprint(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,11 +27,12 @@ class LLM:
     def __init__(
         self, model: str | None = None, *, keep_logits: bool = False, **options: Any
     ) -> None:
+        config = EngineConfig.create(str(model or ""), **options)  # bad options fail here
         if model is None:
             from hybridkv.engine.default_model import ensure_default_model
 
-            model = str(ensure_default_model())
-        self.config = EngineConfig.create(str(model), **options)
+            config = dataclasses.replace(config, model=str(ensure_default_model()))
+        self.config = config
         self.engine = EngineCore(self.config, keep_logits=keep_logits)
         self.tokenizer = self.engine.tokenizer
 

@@ -6,7 +6,7 @@ import asyncio
 import json
 import shlex
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hybridkv.metrics import ServerMetrics
@@ -35,8 +35,10 @@ def build_state(options: ServeOptions) -> ServerState:
     from hybridkv.engine.core import EngineCore
     from hybridkv.engine.default_model import DEFAULT_NAME, ensure_default_model
 
-    model_dir = options.model or str(ensure_default_model())
-    engine = EngineCore(EngineConfig.create(model_dir, **options.engine_options))
+    config = EngineConfig.create(options.model or "", **options.engine_options)  # fails fast
+    if not options.model:
+        config = replace(config, model=str(ensure_default_model()))
+    engine = EngineCore(config)
     metrics = ServerMetrics()
     return ServerState(
         engine=AsyncEngine(engine, metrics, options.limits.max_queued_requests),
