@@ -170,3 +170,28 @@ def test_hostile_values_are_400_not_500(server: SubprocessServer) -> None:
     tiny = complete(server, prompt=PROMPTS[2], max_tokens=8, temperature=1e-40)
     assert tiny.json()["choices"][0]["text"] == greedy
     assert_serving(server)
+
+
+@pytest.mark.timeout(120)
+def test_cache_salt_keeps_tenants_apart(server: SubprocessServer) -> None:
+    """vLLM's ``cache_salt``: a shared prefix cache is no timing channel between salts."""
+    prompt = "A long shared system prompt for every tenant of this server. " * 6
+
+    def cached(salt: str | None, path: str = "/v1/completions") -> int:
+        body: dict[str, Any] = {"model": NAME, "max_tokens": 1, "temperature": 0}
+        if path.endswith("chat/completions"):
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        if salt is not None:
+            body["cache_salt"] = salt
+        r = httpx.post(server.url + path, json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+    assert cached("tenant-a") == 0
+    assert cached("tenant-b") == 0 and cached(None) == 0  # another salt, or none: a miss
+    assert cached("tenant-a") > 0  # the same salt hits
+    chat = "/v1/chat/completions"
+    assert cached("tenant-c", chat) == 0 and cached("tenant-d", chat) == 0
+    assert cached("tenant-c", chat) > 0
