@@ -67,12 +67,14 @@ def resolve_dtype(dtype: str, raw_config: dict[str, object]) -> str:
 class EngineCore:
     def __init__(self, config: EngineConfig, *, keep_logits: bool = False) -> None:
         from hybridkv.model import ModelRunner, Tokenizer, load_model, load_model_config
+        from hybridkv.model.hub import resolve_model_dir
 
         self.config = config
         self.keep_logits = keep_logits
-        self.dtype = resolve_dtype(config.dtype, dict(load_model_config(config.model).raw))
-        self.model, self.model_config = load_model(config.model, self.dtype, config.bf16_matmul)
-        self.tokenizer = Tokenizer(config.model, eos_token_ids=self.model_config.eos_token_ids)
+        self.model_dir = resolve_model_dir(config.model)  # a directory, or org/name in the cache
+        self.dtype = resolve_dtype(config.dtype, dict(load_model_config(self.model_dir).raw))
+        self.model, self.model_config = load_model(self.model_dir, self.dtype, config.bf16_matmul)
+        self.tokenizer = Tokenizer(self.model_dir, eos_token_ids=self.model_config.eos_token_ids)
         self.max_model_len = (
             config.scheduler.max_model_len or self.model_config.max_position_embeddings
         )
@@ -135,7 +137,7 @@ class EngineCore:
         from hybridkv.paths import cache_dir
 
         compute = matmul_dtype(getattr(torch, self.dtype), self.config.bf16_matmul)
-        return f"{weights_identity(self.config.model, cache_dir())}:matmul={compute}"
+        return f"{weights_identity(self.model_dir, cache_dir())}:matmul={compute}"
 
     def _collect_connector_stats(self) -> None:
         """Running totals of the connector's counters (``offload_bytes.<tier>.<direction>``,
@@ -171,6 +173,12 @@ class EngineCore:
         if bad:
             raise ValueError(
                 f"request {request_id}: token ids {bad[:5]} outside the vocabulary [0, {vocab})"
+            )
+        media = self.model_config.media_token_ids.intersection(prompt_token_ids)
+        if media:
+            raise ValueError(
+                f"request {request_id}: prompt holds image/video placeholder ids {sorted(media)}; "
+                f"hybridkv runs only the text model of {self.model_config.architecture}"
             )
         hasher = BlockHasher(self.layout.block_size, self._hash_fn, cache_salt)
         req = Request(request_id, prompt_token_ids, params, hasher, self.model_config.eos_token_ids)

@@ -87,6 +87,11 @@ class LLM:
         if isinstance(item, str):
             return item, self.tokenizer.encode(item)
         if isinstance(item, dict):
+            if item.get("multi_modal_data"):
+                raise ValueError(
+                    "image inputs (multi_modal_data) are not supported: hybridkv runs the text "
+                    "model of multimodal checkpoints"
+                )
             if "prompt_token_ids" in item:
                 return item.get("prompt"), [int(t) for t in item["prompt_token_ids"]]
             if "prompt" in item:
