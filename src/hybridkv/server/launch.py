@@ -47,7 +47,8 @@ def build_state(options: ServeOptions) -> ServerState:
         model_name=options.served_model_name or options.model or DEFAULT_NAME,
         max_model_len=engine.max_model_len,
         limits=options.limits,
-        max_prompt_chars=engine.max_model_len * engine.tokenizer.max_token_chars,
+        # x2: headroom for normalizers that shorten text (NFC composing "e" + U+0301)
+        max_prompt_chars=2 * engine.max_model_len * engine.tokenizer.max_token_chars,
     )
 
 
