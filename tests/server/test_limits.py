@@ -96,6 +96,18 @@ def test_health_fails_while_a_step_is_stuck(server: ThreadedServer) -> None:
     assert httpx.get(server.url + "/health").status_code == 200  # it recovered
 
 
+def test_tokenizing_runs_off_the_event_loop(server: ThreadedServer) -> None:
+    slow: list[httpx.Response] = []
+    worker = threading.Thread(target=lambda: slow.append(completion(server, "SLOWTOKENS")))
+    worker.start()
+    time.sleep(0.3)  # the slow prompt is being tokenized now
+    start = time.monotonic()
+    assert completion(server, "abc").json()["choices"][0]["text"] == "de"
+    assert time.monotonic() - start < 1.0  # not queued behind the 1.5 s tokenization
+    worker.join(30)
+    assert slow and slow[0].status_code == 200
+
+
 def test_api_key_from_file_or_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def args(**kw: object) -> argparse.Namespace:
         return argparse.Namespace(**{"api_key": None, "api_key_file": None, **kw})
