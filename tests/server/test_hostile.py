@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -195,3 +196,47 @@ def test_cache_salt_keeps_tenants_apart(server: SubprocessServer) -> None:
     chat = "/v1/chat/completions"
     assert cached("tenant-c", chat) == 0 and cached("tenant-d", chat) == 0
     assert cached("tenant-c", chat) > 0
+
+
+def plant_hostile(files: list[Path], outside: Path) -> None:
+    """Replace stored parts with a FIFO, a symlink out of the directory, a huge file with a
+    valid header, and a truncated file, in turn."""
+    for i, path in enumerate(sorted(files)):
+        data = path.read_bytes()
+        path.unlink()
+        if i % 4 == 0:
+            os.mkfifo(path)
+        elif i % 4 == 1:
+            path.symlink_to(outside)
+        elif i % 4 == 2:
+            path.write_bytes(data)
+            with path.open("ab") as f:
+                f.truncate(256 << 20)  # sparse: 256 MiB that must never be read
+        else:
+            path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.timeout(300)
+def test_file_connector_survives_a_hostile_directory(model_dir: Path, tmp_path: Path) -> None:
+    """A restarted server whose FileConnector directory now holds FIFOs, symlinks, huge and
+    truncated files: it stays responsive and answers as a clean run (loads fail, recompute)."""
+    kv = {"kv_connector": "FileConnector", "kv_connector_extra_config": {"path": str(tmp_path / "kv"), "load_mode": "sync"}}  # fmt: skip
+    args = ["--model", str(model_dir), "--served-model-name", NAME, *FLAGS]
+    args += ["--kv-transfer-config", json.dumps(kv)]
+    prompt = PROMPTS[0] * 12
+    with SubprocessServer(args, tmp_path / "a.log") as first:
+        want = complete(first, prompt=prompt, max_tokens=8).json()["choices"][0]["text"]
+    files = [p for p in (tmp_path / "kv").rglob("*") if p.suffix in (".kv", ".state")]
+    assert len(files) >= 4
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"not yours")
+    with SubprocessServer(args, tmp_path / "b.log") as second:  # indexes the good files
+        plant_hostile(files, outside)
+        start = time.monotonic()
+        r = complete(second, prompt=prompt, max_tokens=8, timeout=30)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == want
+        assert time.monotonic() - start < 10
+        assert_serving(second)
+        metrics = scrape(second.url)
+    assert outside.read_bytes() == b"not yours"
+    assert sum(v for k, v in metrics.items() if k.startswith("hybridkv:kv_load_failures")) >= 1
