@@ -82,6 +82,9 @@ METRICS: dict[str, MetricSpec] = {
 }
 
 
+REFUSAL_REASONS = ("overloaded", "too_large", "body_timeout")
+
+
 class ServerMetrics:
     """The registry of one server: the snapshot collector plus the per-request metrics."""
 
@@ -92,6 +95,18 @@ class ServerMetrics:
         self._snapshot = EngineStats()
         self.registry.register(_SnapshotCollector(lambda: self._snapshot))
         self.requests = RequestMetrics(_create_request_metrics(self.registry))
+        self._refused = Counter(
+            PREFIX + "requests_refused",
+            "requests refused before the engine saw them (server limits), by reason",
+            ("reason",),
+            registry=self.registry,
+        )
+        for reason in REFUSAL_REASONS:
+            self._refused.labels(reason)  # every reason shows, at zero until used
+
+    def on_refused(self, reason: str) -> None:
+        """Count a request refused by a server limit (one of ``REFUSAL_REASONS``)."""
+        self._refused.labels(reason).inc()
 
     def publish(self, snapshot: EngineStats) -> None:
         self._snapshot = snapshot  # one reference swap: scrapes see a whole snapshot

@@ -163,6 +163,14 @@ def test_scheduler_half_is_the_inner_one(tmp_path: Path) -> None:
         ({"load_timeout_seconds": 0}, "load_timeout_seconds"),
         ({"seed": 1.5}, "seed"),
         ({"seed": True}, "seed"),
+        # finding 16 (issue 18): NaN passes every range check, infinity a lower bound
+        ({"block_failure_rate": float("nan")}, "block_failure_rate"),
+        ({"corrupt_rate": float("nan")}, "corrupt_rate"),
+        ({"delay_seconds": float("inf")}, "delay_seconds"),
+        ({"delay_seconds": float("nan")}, "delay_seconds"),
+        ({"load_timeout_seconds": float("nan")}, "load_timeout_seconds"),
+        ({"load_timeout_seconds": float("inf")}, "load_timeout_seconds"),
+        ({"block_failure_rate": True}, "block_failure_rate"),
     ],
 )
 def test_bad_config_names_the_key(faults: dict[str, Any], key: str) -> None:

@@ -25,6 +25,8 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         if "BUG" in text:
             raise KeyError("a bug in the tokenizer")
+        if "SLOWTOKENS" in text:
+            time.sleep(1.5)  # a prompt that takes long to tokenize
         return [min(ord(c), 255) for c in text]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:

@@ -8,6 +8,7 @@ the typed config; nothing re-parses it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -49,6 +50,25 @@ class TierName(Choice):
     CPU = "cpu"
     DISK = "disk"
     REMOTE = "remote"
+
+
+def parse_number(
+    value: object, where: str, low: float, high: float, *, low_open: bool = False
+) -> float:
+    """``value`` as a finite float in ``[low, high]`` (``(low, high]`` if ``low_open``), or a
+    ValueError naming ``where``: NaN, infinities and bools are refused (NaN compares false
+    with every bound, so a plain range check lets it through)."""
+    ok = (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (low < value if low_open else low <= value)
+        and value <= high
+    )
+    if not ok:
+        bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise ValueError(f"{where}={value!r} must be a finite number in {bounds}")
+    return float(value)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,6 @@ when every group has what a resume at T needs (architecture principle 5)::
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from hybridkv.connectors.config import (
     KVTransferConfig,
     LoadMode,
     OptionsContext,
+    parse_number,
 )
 from hybridkv.connectors.file_store import (
     FileLoadKeys,
@@ -77,17 +77,14 @@ class FileConnectorConfig(ConnectorOptions):
         save = extra.get("save", True)
         if not isinstance(save, bool):
             raise ValueError(f"FileConnector: 'save'={save!r} must be true or false")
-        timeout = extra.get("load_timeout_seconds", 30.0)
-        if not _is_real(timeout) or not 0 < timeout <= MAX_LOAD_TIMEOUT_SECONDS:
-            raise ValueError(
-                f"FileConnector: 'load_timeout_seconds'={timeout!r} must be a number in "
-                f"(0, {MAX_LOAD_TIMEOUT_SECONDS:g}]"
-            )
-        return cls(str(os.fspath(path)), load_mode, save, float(timeout))
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        timeout = parse_number(
+            extra.get("load_timeout_seconds", 30.0),
+            "FileConnector: 'load_timeout_seconds'",
+            0.0,
+            MAX_LOAD_TIMEOUT_SECONDS,
+            low_open=True,
+        )
+        return cls(str(os.fspath(path)), load_mode, save, timeout)
 
 
 @dataclass(slots=True)
