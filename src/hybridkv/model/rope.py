@@ -76,8 +76,8 @@ def parse_rope(raw: Mapping[str, Any], head_dim: int) -> tuple[RopeConfig, RopeC
         params = dict(raw.get("rope_scaling") or {})
         if raw.get("partial_rotary_factor") is not None:  # legacy top-level spelling
             params["partial_rotary_factor"] = raw["partial_rotary_factor"]
-        if raw.get("model_type") == "bamba":  # transformers fixes it for Bamba
-            params.setdefault("partial_rotary_factor", 0.5)
+    if raw.get("model_type") == "bamba":  # transformers fixes it for Bamba
+        params = {**params, "partial_rotary_factor": params.get("partial_rotary_factor", 0.5)}
     theta = params.get("rope_theta", raw.get("rope_theta", _DEFAULT_THETA))
     return _one(params, float(theta), head_dim), None
 
