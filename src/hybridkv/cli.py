@@ -11,7 +11,17 @@ from typing import Any
 
 from hybridkv.config import BF16_MATMUL_CHOICES, CacheConfig, EngineConfig, SchedulerConfig
 
-ARCH_CHOICES = ("qwen3", "gemma3", "granitemoehybrid")
+ARCH_CHOICES = (  # hybridkv.model.make_model.ARCHS (not imported: it pulls in torch)
+    "qwen3",
+    "gemma3",
+    "granitemoehybrid",
+    "bamba",
+    "nemotron_h",
+    "falcon_h1",
+    "qwen3_next",
+    "qwen3_5",
+    "gpt_oss",
+)
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
