@@ -34,10 +34,15 @@ if TYPE_CHECKING:
 
 
 class KVConnectorRequest(KVRequest, Protocol):
-    """What a connector reads of a request: the KV core's view plus its token ids."""
+    """What a connector reads of a request: the KV core's view, its token ids, and the
+    client's ``kv_transfer_params`` (None if none were sent; connectors that do not use them
+    ignore them)."""
 
     @property
     def all_token_ids(self) -> list[int]: ...
+
+    @property
+    def kv_transfer_params(self) -> dict[str, object] | None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ class _SamplingFields(BaseModel):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None  # cosmetic: accepted and ignored
+    kv_transfer_params: dict[str, Any] | None = None  # extension (vLLM's P/D handshake data)
 
     @field_validator("stop", mode="before")
     @classmethod
