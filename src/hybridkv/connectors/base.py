@@ -218,6 +218,12 @@ class BaseConnectorScheduler(ABC):
         (delay_free_blocks, kv_transfer_params). With True the blocks stay allocated until the
         request id comes back in ``finished_sending``."""
 
+    def get_kept_tokens(self, request: KVConnectorRequest) -> int | None:
+        """For a request whose free ``request_finished`` delayed: the position its kept KV
+        serves. Sliding-window groups release at once the blocks no step resuming there reads;
+        None keeps every block until ``finished_sending``."""
+        return None
+
     def get_step_interval(self, request: KVConnectorRequest) -> int:
         """Token interval at which this request's steps must end (0: no constraint), so the
         live state at each multiple can be saved (e.g. a restore unit's state checkpoint).

@@ -78,6 +78,9 @@ class FaultInjectionScheduler(BaseConnectorScheduler):
     def get_step_interval(self, request: KVConnectorRequest) -> int:
         return self.inner.get_step_interval(request)
 
+    def get_kept_tokens(self, request: KVConnectorRequest) -> int | None:
+        return self.inner.get_kept_tokens(request)
+
     def take_stats(self) -> ConnectorStats:
         return self.inner.take_stats()
 

@@ -14,6 +14,7 @@ _REGISTRY: dict[str, str] = {
     "FileConnector": "hybridkv.connectors.file_connector:create_file_connector",
     "FaultInjection": "hybridkv.connectors.fault_injection:create_fault_injection",
     "OffloadingConnector": "hybridkv.connectors.offloading.connector:create_offloading_connector",
+    "NixlConnector": "hybridkv.connectors.nixl.connector:create_nixl_connector",
 }
 
 
@@ -25,6 +26,7 @@ class ConnectorContext:
     fingerprint: str  # layout + model identity; salts every key that leaves the process
     num_blocks: int
     num_state_slots: int
+    model_id: str = ""  # architecture, weights identity and dtype (handshake compatibility)
 
 
 Factory = Callable[[KVTransferConfig, ConnectorContext], KVConnectorPair]

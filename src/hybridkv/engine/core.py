@@ -113,13 +113,13 @@ class EngineCore:
         if self.config.kv_transfer_config is None:
             return None
         transfer_config = KVTransferConfig.parse(self.config.kv_transfer_config)
+        model_id = f"{self.model_config.architecture}:{self._weights_id()}:{self.dtype}"
         context = ConnectorContext(
             layout=self.layout,
-            fingerprint=self.layout.fingerprint(
-                f"{self.model_config.architecture}:{self._weights_id()}:{self.dtype}"
-            ),
+            fingerprint=self.layout.fingerprint(model_id),
             num_blocks=self.sizing.num_blocks,
             num_state_slots=self.sizing.num_state_slots,
+            model_id=model_id,
         )
         pair = create_connector(transfer_config, context)
         cache = self.runner.cache

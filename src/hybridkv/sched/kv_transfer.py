@@ -172,6 +172,9 @@ class KVTransfer:
             return
         if delay:
             self.delayed_free[rid] = req
+            kept = self.connector.get_kept_tokens(req)
+            if kept is not None:
+                self.kv.release_out_of_window(req, kept)
         else:
             self.kv.free(req)
         self.forget(rid)
