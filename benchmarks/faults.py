@@ -223,7 +223,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def default_cache_dir() -> Path:
-    from hybridkv.engine.default_model import cache_dir
+    from hybridkv.paths import cache_dir
 
     return cache_dir() / "bench-checkpoints"
 

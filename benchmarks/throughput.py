@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from bench_common import machine_info
-from hybridkv.engine.default_model import cache_dir as hybridkv_cache_dir
 from hybridkv.model.matmul import cpu_has_native_bf16
+from hybridkv.paths import cache_dir as hybridkv_cache_dir
 
 ARCHS = ("qwen3", "gemma3", "granitemoehybrid")
 FIRST_TOKEN_ID = 3  # 0..2 are the tiny tokenizer's special tokens

@@ -7,30 +7,10 @@ the option.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
-          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
-          "tb": 1000**4, "tib": 1024**4}  # fmt: skip
-
-
-def parse_bytes(value: int | str, name: str = "size") -> int:
-    """``4096``, ``"512MiB"``, ``"4GiB"``, ``"1.5GB"`` -> bytes."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        n = value
-    else:
-        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
-        if m is None or m.group(2).lower() not in _UNITS:
-            raise ValueError(
-                f"invalid {name} {value!r}: expected bytes like 4096, '512MiB' or '4GiB'"
-            )
-        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if n <= 0:
-        raise ValueError(f"invalid {name} {value!r}: must be positive")
-    return n
-
+from hybridkv.paths import parse_bytes
 
 # where a bfloat16 model's products run (``hybridkv.model.matmul``)
 BF16_MATMUL_CHOICES = ("auto", "native", "float32")

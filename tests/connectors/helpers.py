@@ -10,12 +10,7 @@ from typing import Any
 
 import torch
 
-from hybridkv.connectors.base import (
-    ConnectorMetadata,
-    KVConnectorOutput,
-    KVConnectorPair,
-    RequestBlocks,
-)
+from hybridkv.connectors.base import KVConnectorPair, RequestBlocks
 from hybridkv.connectors.config import KVTransferConfig
 from hybridkv.connectors.file_worker import FileConnectorWorker
 from hybridkv.connectors.registry import ConnectorContext, create_connector
@@ -30,6 +25,7 @@ from hybridkv.kv.spec import (
     create_layout,
 )
 from hybridkv.model.cache_tensors import CacheTensors
+from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 
 B = 4
 WINDOW = 8

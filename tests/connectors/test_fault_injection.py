@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from hybridkv.connectors.base import KVConnectorOutput, LoadSpec
 from hybridkv.connectors.config import KVTransferConfig
 from hybridkv.connectors.fault_injection import FaultInjectionWorker
 from hybridkv.connectors.fault_plan import FaultConfig, plan_faults
+from hybridkv.step_io import KVConnectorOutput, LoadSpec
 
 from .helpers import Engine, fault_config, file_config, make_layout, make_request, table
 

@@ -18,10 +18,9 @@ from typing import Any
 import pytest
 
 from hybridkv import LLM
-from hybridkv.connectors.base import LoadSpec
 from hybridkv.connectors.config import KVTransferConfig
 from hybridkv.connectors.fault_plan import FaultConfig, plan_faults
-from hybridkv.sched.output import SchedulerOutput
+from hybridkv.step_io import LoadSpec, SchedulerOutput
 
 from .conftest import Builder
 from .workload import (

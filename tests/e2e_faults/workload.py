@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from hybridkv import LLM, SamplingParams
-from hybridkv.connectors.base import ConnectorMetadata, LoadSpec
 from hybridkv.connectors.fault_injection import FaultInjectionWorker
 from hybridkv.connectors.fault_plan import TIMEOUT, plan_faults
 from hybridkv.engine.output import RequestOutput
+from hybridkv.step_io import ConnectorMetadata, LoadSpec
 
 OPTIONS: dict[str, Any] = {"dtype": "float32", "block_size": 16, "kv_cache_memory": "32MiB"}
 MAX_TOKENS = 8

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridkv.sched.output import StateCopy
+from hybridkv.step_io import StateCopy
 from tests.model.conftest import make_runner
 from tests.support.checkpoints import hf_logits
 from tests.support.driver import RunnerDriver

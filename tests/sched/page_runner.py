@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from hybridkv.kv.block_pool import NULL_BLOCK
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec
-from hybridkv.sched.output import RunnerOutput, ScheduledRequest, SchedulerOutput
+from hybridkv.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput
 
 VOCAB = 997
 

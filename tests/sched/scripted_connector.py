@@ -14,12 +14,10 @@ from dataclasses import dataclass, field
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
     BaseConnectorWorker,
-    ConnectorMetadata,
-    KVConnectorOutput,
     KVConnectorRequest,
-    LoadSpec,
     RequestBlocks,
 )
+from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
 from tests.sched.page_runner import PageRunner
 
 GARBAGE = 10**6

@@ -14,7 +14,7 @@ import torch
 from hybridkv.kv.spec import SlidingWindowSpec
 from hybridkv.model.runner import ModelRunner
 from hybridkv.sampling_params import SamplingParams
-from hybridkv.sched.output import RunnerOutput, ScheduledRequest, SchedulerOutput, StateCopy
+from hybridkv.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput, StateCopy
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
 

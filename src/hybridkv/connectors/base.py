@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hybridkv.kv.coordinator import KVRequest
+from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 
 if TYPE_CHECKING:
     from hybridkv.native import PageTable
@@ -55,33 +56,6 @@ class RequestBlocks:
     state_slots: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class LoadSpec:
-    """One request's load: tokens [start, end) into the blocks and live slots named.
-
-    ``block_ids[g]`` lists, per attention group, the table entries covering [start, end) that
-    must be filled (null entries, outside a window, are left out); ``block_indices[g]`` gives
-    their positions in the table (entry k holds tokens [k*B, (k+1)*B)). ``state_slots`` are the
-    live slots that must receive the state at ``end``."""
-
-    request_id: str
-    start: int
-    end: int
-    block_ids: tuple[list[int], ...]
-    block_indices: tuple[list[int], ...]
-    state_slots: tuple[int, ...]
-    is_async: bool
-    keys: Any = None  # connector-specific addressing (hashes, file names...)
-
-
-@dataclass(slots=True)
-class ConnectorMetadata:
-    """The per-step metadata every connector emits; ``saves`` is connector-specific."""
-
-    loads: list[LoadSpec] = field(default_factory=list)
-    saves: list[Any] = field(default_factory=list)
-
-
 @dataclass(slots=True)
 class ConnectorStats:
     """Counters a connector accumulates; the engine merges them into its metrics."""
@@ -107,27 +81,6 @@ class StatsCounter:
         with self._lock:
             stats, self._stats = self._stats, ConnectorStats()
         return stats
-
-
-@dataclass(slots=True)
-class KVConnectorOutput:
-    """What the worker half reports after a step (all sets of request ids unless noted)."""
-
-    finished_sending: set[str] = field(default_factory=set)
-    finished_recving: set[str] = field(default_factory=set)
-    failed_recving: dict[str, str] = field(default_factory=dict)  # req id -> reason
-    invalid_block_ids: dict[int, str] = field(default_factory=dict)  # block id -> reason
-    invalid_state: dict[str, str] = field(default_factory=dict)  # req id -> reason (state part)
-
-    @property
-    def is_empty(self) -> bool:
-        return not (
-            self.finished_sending
-            or self.finished_recving
-            or self.failed_recving
-            or self.invalid_block_ids
-            or self.invalid_state
-        )
 
 
 @dataclass(slots=True)

@@ -26,19 +26,17 @@ import torch
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
     BaseConnectorWorker,
-    ConnectorMetadata,
     ConnectorStats,
     KVCacheAccess,
-    KVConnectorOutput,
     KVConnectorPair,
     KVConnectorRequest,
-    LoadSpec,
     RequestBlocks,
 )
 from hybridkv.connectors.config import KVTransferConfig
 from hybridkv.connectors.fault_plan import TIMEOUT, FaultConfig, fault_draw, plan_faults
 from hybridkv.connectors.registry import ConnectorContext, create_connector
 from hybridkv.kv.spec import KVCacheLayout
+from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
 
 
 class FaultInjectionScheduler(BaseConnectorScheduler):

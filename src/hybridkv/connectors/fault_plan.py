@@ -10,8 +10,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridkv.connectors.base import LoadSpec
 from hybridkv.connectors.config import KVTransferConfig
+from hybridkv.step_io import LoadSpec
 
 INJECTED = "injected"
 CORRUPT = "corrupt"

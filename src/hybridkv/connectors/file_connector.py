@@ -23,11 +23,9 @@ from typing import Any
 
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
-    ConnectorMetadata,
     ConnectorStats,
     KVConnectorPair,
     KVConnectorRequest,
-    LoadSpec,
     RequestBlocks,
 )
 from hybridkv.connectors.config import KVTransferConfig
@@ -40,6 +38,7 @@ from hybridkv.connectors.file_store import (
 )
 from hybridkv.connectors.registry import ConnectorContext
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, SpecKind
+from hybridkv.step_io import ConnectorMetadata, LoadSpec
 
 LOAD_MODES = ("async", "sync")
 

@@ -20,17 +20,15 @@ import torch
 
 from hybridkv.connectors.base import (
     BaseConnectorWorker,
-    ConnectorMetadata,
     ConnectorStats,
-    KVConnectorOutput,
     LoadResult,
-    LoadSpec,
     StatsCounter,
     output_from_results,
 )
 from hybridkv.connectors.file_format import IO_ERROR, MISSING, PartError, read_part, write_part
 from hybridkv.connectors.file_store import FileLoadKeys, FileSave, FileStore
 from hybridkv.kv.spec import KVCacheLayout
+from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
 
 _Part = tuple[str, tuple[int, int], Any]  # (key, token span, CPU uint8 tensor snapshot)
 

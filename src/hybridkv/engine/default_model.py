@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
+from hybridkv.paths import cache_dir
+
 DEFAULT_ARCH = "granitemoehybrid"
 DEFAULT_NAME = "default-granite-4.0-h-tiny-v1"
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("HYBRIDKV_CACHE_DIR") or Path.home() / ".cache" / "hybridkv"
-    return Path(root)
 
 
 def ensure_default_model() -> Path:

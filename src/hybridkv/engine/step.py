@@ -14,8 +14,8 @@ from typing import Protocol
 
 from hybridkv.connectors.base import BaseConnectorWorker
 from hybridkv.request import Request
-from hybridkv.sched.output import RunnerOutput, SchedulerOutput
 from hybridkv.sched.scheduler import Scheduler
+from hybridkv.step_io import RunnerOutput, SchedulerOutput
 
 IDLE_WAIT_SECONDS = 0.05
 

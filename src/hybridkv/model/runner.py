@@ -1,6 +1,6 @@
 """The model runner: one ``SchedulerOutput`` in, one ``RunnerOutput`` out.
 
-Step order (the contract of ``hybridkv.sched.output.SchedulerOutput``): drop finished
+Step order (the contract of ``hybridkv.step_io.SchedulerOutput``): drop finished
 requests' sampler state; restore state checkpoints into live slots; zero the live slots of
 requests with ``reset_state``; forward pass; save state checkpoints; sample.
 """
@@ -15,7 +15,7 @@ from hybridkv.model.config import ModelConfig
 from hybridkv.model.models.common import CausalLM
 from hybridkv.model.sampler import Sampler, SampleRequest
 from hybridkv.model.step_builder import build_step
-from hybridkv.sched.output import RunnerOutput, ScheduledRequest, SchedulerOutput, StateCopy
+from hybridkv.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput, StateCopy
 
 
 class ModelRunner:

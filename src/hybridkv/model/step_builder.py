@@ -17,7 +17,7 @@ import torch
 
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, StateSpec
 from hybridkv.model.step_context import AttnMeta, AttnSubBatch, StateMeta, StepContext
-from hybridkv.sched.output import ScheduledRequest
+from hybridkv.step_io import ScheduledRequest
 
 
 @dataclass(frozen=True, slots=True)

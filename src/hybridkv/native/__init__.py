@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from hybridkv.engine.default_model import cache_dir
+from hybridkv.paths import cache_dir
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("pagecopy.c")

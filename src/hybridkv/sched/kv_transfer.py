@@ -16,14 +16,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from hybridkv.connectors.base import (
-    BaseConnectorScheduler,
-    ConnectorMetadata,
-    KVConnectorOutput,
-    RequestBlocks,
-)
+from hybridkv.connectors.base import BaseConnectorScheduler, RequestBlocks
 from hybridkv.kv.coordinator import KVCacheCoordinator
 from hybridkv.request import Request, RequestStatus
+from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 
 
 @dataclass(slots=True)

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hybridkv.connectors.base import KVConnectorOutput
 from hybridkv.request import Request, RequestStatus
 from hybridkv.sched.kv_transfer import Failure, KVTransfer
+from hybridkv.step_io import KVConnectorOutput
 
 if TYPE_CHECKING:
     from hybridkv.sched.scheduler import Scheduler

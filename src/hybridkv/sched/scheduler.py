@@ -18,8 +18,8 @@ from hybridkv.config import SchedulerConfig
 from hybridkv.kv.coordinator import CacheHit, KVCacheCoordinator
 from hybridkv.request import Request, RequestStatus
 from hybridkv.sched.kv_transfer import KVTransfer
-from hybridkv.sched.output import RunnerOutput, ScheduledRequest, SchedulerOutput
 from hybridkv.sched.recovery import Recovery
+from hybridkv.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput
 
 
 @dataclass(slots=True)

@@ -19,8 +19,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from hybridkv.config import parse_bytes
 from hybridkv.connectors.offloading.policies import policy_names
+from hybridkv.paths import parse_bytes
 
 LOAD_MODES = ("async", "sync")
 _KEYS = (

@@ -9,6 +9,8 @@ from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.cpu_tier import CpuTier
 from hybridkv.connectors.offloading.disk_tier import DiskTier
 from hybridkv.connectors.offloading.scheduler import OffloadingScheduler
+from hybridkv.connectors.offloading.stack import TierStack
+from hybridkv.connectors.offloading.tier_base import Tier
 from hybridkv.connectors.offloading.units import UnitGeometry
 from hybridkv.connectors.offloading.worker import OffloadingWorker
 from hybridkv.connectors.registry import ConnectorContext
@@ -24,7 +26,7 @@ def create_offloading_connector(
     unit_bytes = max(1, geometry.unit_nbytes(options.chunk_tokens * 2))
     cpu = None
     if options.cpu_bytes is not None:
-        cpu = CpuTier(options.cpu_bytes, options.eviction, unit_bytes, load_pagecopy())
+        cpu = CpuTier(options.cpu_bytes, options.eviction, unit_bytes, load_pagecopy(), geometry)
         if options.cpu_prealloc:
             cpu.preallocate(geometry.steady_part_sizes())
     disk = None
@@ -42,7 +44,8 @@ def create_offloading_connector(
                 f"OffloadingConnector: cannot use 'disk_path'={options.disk_path!r} as a KV "
                 f"directory: {exc.strerror or exc}"
             ) from None
-    ctx = OffloadContext(options, geometry, cpu, disk)
+    tiers: list[Tier] = [t for t in (cpu, disk) if t is not None]
+    ctx = OffloadContext(options, geometry, TierStack(tiers))
     scheduler = OffloadingScheduler(
         ctx, load=config.kv_role != "kv_producer", save=config.kv_role != "kv_consumer"
     )

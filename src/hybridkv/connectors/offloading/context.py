@@ -5,16 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridkv.connectors.offloading.config import OffloadingConfig
-from hybridkv.connectors.offloading.cpu_tier import CpuTier
-from hybridkv.connectors.offloading.disk_tier import DiskTier
+from hybridkv.connectors.offloading.stack import TierStack
 from hybridkv.connectors.offloading.units import UnitGeometry
 
 
 @dataclass(frozen=True, slots=True)
 class OffloadContext:
-    """The validated options, the unit geometry, and the tiers (None: not configured)."""
+    """The validated options, the unit geometry, and the configured tiers (fastest first)."""
 
     config: OffloadingConfig
     geometry: UnitGeometry
-    cpu: CpuTier | None
-    disk: DiskTier | None
+    stack: TierStack

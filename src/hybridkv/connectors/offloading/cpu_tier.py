@@ -23,10 +23,12 @@ import torch
 import xxhash
 
 from hybridkv.connectors.base import KVCacheAccess
-from hybridkv.connectors.file_format import MISSING, PartError
+from hybridkv.connectors.file_format import CORRUPT, MISSING, PartError
 from hybridkv.connectors.offloading.host_buffers import HostBuffers
 from hybridkv.connectors.offloading.policies import create_policy
 from hybridkv.connectors.offloading.tier import TierEntry, TierIndex, UnitState
+from hybridkv.connectors.offloading.tier_base import Tier
+from hybridkv.connectors.offloading.units import UnitGeometry
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.native import PageCopy
 
@@ -160,14 +162,25 @@ class CpuIndex(TierIndex):
         return entry
 
 
-class CpuTier:
+class CpuTier(Tier):
+    """Parts in CPU memory: no I/O, so ``submit`` runs on the caller's thread, and loads copy
+    the parts segment by segment (``in_memory``)."""
+
     name = "cpu"
+    in_memory = True
+    index: CpuIndex
 
     def __init__(
-        self, capacity: int, eviction: str, unit_bytes: int, kernel: PageCopy | None
+        self,
+        capacity: int,
+        eviction: str,
+        unit_bytes: int,
+        kernel: PageCopy | None,
+        geometry: UnitGeometry,
     ) -> None:
         self.index = CpuIndex(capacity, eviction, unit_bytes)
         self.kernel = kernel
+        self.geometry = geometry
 
     def preallocate(self, part_sizes: list[int]) -> int:
         """Fill the free buffers with sets of ``part_sizes`` (the parts of a typical unit),
@@ -205,18 +218,32 @@ class CpuTier:
         return parts
 
     def store(
-        self, unit_hash: BlockHash, parts: dict[int, CpuPart | torch.Tensor], pin: bool = False
+        self, unit_hash: BlockHash, parts: dict[int, CpuPart | torch.Tensor], pins: int = 0
     ) -> bool:
-        """Checksum (if not done yet) and commit a reserved unit's parts, pinned if ``pin``
-        (the caller still reads them: a disk write-behind; it unpins); False if the
+        """Checksum (if not done yet) and commit a reserved unit's parts, pinned ``pins``
+        times (once per write-behind still reading them; each unpins); False if the
         reservation is gone."""
         sealed = {
             gid: p if isinstance(p, CpuPart) else CpuPart.seal(p, self.kernel)
             for gid, p in parts.items()
         }
         with self.index.lock:  # no eviction between the commit and the pin
-            committed = self.index.commit(unit_hash, sealed)
-            return committed and (not pin or self.index.pin(unit_hash))
+            if not self.index.commit(unit_hash, sealed):
+                return False
+            return all(self.index.pin(unit_hash) for _ in range(pins))
+
+    def write(self, unit_hash: BlockHash, end: int, parts: dict[int, Any]) -> int:
+        """Commit a reserved unit (a promotion from a slower tier); 0 if the reservation is
+        gone."""
+        if not self.store(unit_hash, parts):
+            return 0
+        return sum(int(p.nbytes) if isinstance(p, torch.Tensor) else 0 for p in parts.values())
+
+    def read(self, unit_hash: BlockHash, end: int, group_id: int) -> torch.Tensor:
+        stored = self.get(unit_hash, group_id)
+        if not stored.verify_all():
+            raise PartError(CORRUPT, "cpu checksum mismatch")
+        return stored.data
 
     def get(self, unit_hash: BlockHash, group_id: int) -> CpuPart:
         """The stored part, **not verified yet**: the caller verifies every segment whose bytes

@@ -24,7 +24,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -32,6 +32,8 @@ import torch
 
 from hybridkv.connectors.file_format import (
     CORRUPT,
+    IO_ERROR,
+    MISSING,
     TRUNCATED,
     PartError,
     read_header,
@@ -40,20 +42,19 @@ from hybridkv.connectors.file_format import (
 )
 from hybridkv.connectors.offloading.policies import create_policy
 from hybridkv.connectors.offloading.tier import TierEntry, TierIndex
+from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, UnitRef
 from hybridkv.connectors.offloading.units import UnitGeometry, part_key
 from hybridkv.kv.hashing import BlockHash
-from hybridkv.kv.spec import SpecKind
 
 SUFFIX = ".kvu"
 STALE_SECONDS = 3600.0  # temporary files and incomplete units older than this are debris
 PROBE_RETRY_SECONDS = 1.0  # a unit probed and found absent is not probed again sooner
 MAX_ABSENT = 4096  # remembered absent units before the expired ones are forgotten
 
-Found = tuple[BlockHash, int, BlockHash | None]  # a unit probed complete: hash, end, parent
 
-
-class DiskTier:
+class DiskTier(Tier):
     name = "disk"
+    removed_counter = "files_removed"
 
     def __init__(
         self, root: str, fingerprint: str, capacity: int, eviction: str, geometry: UnitGeometry
@@ -85,7 +86,7 @@ class DiskTier:
 
     # -- bytes ---------------------------------------------------------------------------
 
-    def write(self, unit_hash: BlockHash, end: int, parts: dict[int, torch.Tensor]) -> int:
+    def write(self, unit_hash: BlockHash, end: int, parts: dict[int, Any]) -> int:
         """Write every part of a reserved unit (on the I/O thread) and commit it; returns the
         bytes written. On any failure the unit's files are removed and the error propagates."""
         written: list[str] = []
@@ -117,18 +118,6 @@ class DiskTier:
         payload = read_part(self.path(unit_hash, group_id), self.fingerprint, key, span, nbytes)
         return torch.frombuffer(payload, dtype=torch.uint8)  # [nbytes], shares the read buffer
 
-    def read_unit(self, unit_hash: BlockHash, end: int) -> dict[int, torch.Tensor]:
-        """Every part of a unit, read and verified, shaped as the CPU tier keeps them
-        (attention ``[n, G, layer_page_bytes]``, state flat); ``PartError`` otherwise."""
-        layout = self.geometry.layout
-        parts = {}
-        for group in layout.groups:
-            data = self.read(unit_hash, end, group.group_id)
-            if group.kind is not SpecKind.STATE:
-                data = data.view(-1, layout.group_size, layout.layer_page_bytes)
-            parts[group.group_id] = data
-        return parts
-
     def remove_files(self, unit_hash: BlockHash) -> int:
         """Delete a unit's files now; returns how many existed."""
         removed = 0
@@ -137,6 +126,13 @@ class DiskTier:
                 os.unlink(self.path(unit_hash, group.group_id))
                 removed += 1
         return removed
+
+    def discard_bad(self, unit_hash: BlockHash, reason: str) -> int:
+        self.index.remove(unit_hash)
+        return 0 if reason in (MISSING, IO_ERROR) else self.remove_files(unit_hash)
+
+    def evict(self, entries: list[TierEntry]) -> None:
+        self.discard(entries)
 
     def discard(self, entries: list[TierEntry]) -> None:
         """Delete evicted units' files on the I/O thread (after any earlier write)."""
@@ -159,7 +155,13 @@ class DiskTier:
 
     # -- units another process wrote (scheduler thread) ----------------------------------
 
-    def probe(self, unit_hash: BlockHash, end: int, parent: BlockHash | None) -> bool:
+    def probe(self, units: Sequence[UnitRef]) -> ProbeAnswer:
+        """``probe_unit`` of ``units[0]`` (files are read one unit at a time)."""
+        unit = units[0]
+        found = self.probe_unit(unit.unit_hash, unit.end, unit.parent)
+        return ProbeAnswer.FOUND if found else ProbeAnswer.ABSENT
+
+    def probe_unit(self, unit_hash: BlockHash, end: int, parent: BlockHash | None) -> bool:
         """Whether a unit the index misses is complete on disk: every group's part present,
         with a header of ours (fingerprint, key) and the span and size this layout expects.
         A unit found waits for ``take_found``; one found absent (or being deleted) is not
@@ -176,10 +178,13 @@ class DiskTier:
         self._found[unit_hash] = (end, parent)
         return True
 
-    def take_found(self) -> list[Found]:
+    def take_found(self) -> list[UnitRef]:
         """The units probed complete since the last call, in the order they were found."""
         found, self._found = self._found, {}
-        return [(unit_hash, end, parent) for unit_hash, (end, parent) in found.items()]
+        return [UnitRef(unit_hash, end, parent) for unit_hash, (end, parent) in found.items()]
+
+    def adopted_parts(self, unit: UnitRef) -> dict[int, Any]:
+        return dict(self.part_paths(unit.unit_hash))
 
     def mark_absent(self, unit_hash: BlockHash) -> None:
         """Do not probe the unit again for ``PROBE_RETRY_SECONDS``."""

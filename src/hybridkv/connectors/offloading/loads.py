@@ -20,18 +20,13 @@ from queue import Empty, SimpleQueue
 
 import torch
 
-from hybridkv.connectors.base import KVCacheAccess, LoadSpec
+from hybridkv.connectors.base import KVCacheAccess
 from hybridkv.connectors.file_format import CORRUPT, MISSING, PartError
 from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier, load_segments, write_rows
-from hybridkv.connectors.offloading.disk_tier import DiskTier
-from hybridkv.connectors.offloading.units import (
-    CPU,
-    DISK,
-    OffloadLoadKeys,
-    UnitGeometry,
-    UnitSource,
-)
+from hybridkv.connectors.offloading.stack import TierStack
+from hybridkv.connectors.offloading.units import OffloadLoadKeys, UnitGeometry, UnitSource
 from hybridkv.kv.spec import SpecKind
+from hybridkv.step_io import LoadSpec
 
 # Native loads: bytes of segments per kernel call (OpenMP spreads them over threads). A
 # timeout waits for at most the call in progress (~5 ms at this size on 2 cores).
@@ -156,16 +151,9 @@ class PartWriter:
 
     cache: KVCacheAccess  # set when the worker's caches are registered
 
-    def __init__(
-        self,
-        geometry: UnitGeometry,
-        cpu: CpuTier | None,
-        disk: DiskTier | None,
-        num_copy_helpers: int,
-    ) -> None:
+    def __init__(self, geometry: UnitGeometry, stack: TierStack, num_copy_helpers: int) -> None:
         self.layout = geometry.layout
-        self.cpu = cpu
-        self.disk = disk
+        self.stack = stack
         self._num_helpers = num_copy_helpers
         self._helpers = ThreadPoolExecutor(max(1, num_copy_helpers), "offload-copy")
 
@@ -193,16 +181,18 @@ class PartWriter:
     def _split(
         self, parts: list[LoadPart], failed: dict[LoadPart, str]
     ) -> tuple[list[CpuSegment], list[LoadPart]]:
-        """CPU attention parts as the segments the load needs; the other parts, read whole."""
+        """Attention parts of memory tiers as the segments the load needs; the other parts,
+        read whole."""
         segments: list[CpuSegment] = []
         whole: list[LoadPart] = []
         for part in parts:
             source = part.source
-            if source.tier != CPU or self.cpu is None or part.slot is not None:
+            tier = self.stack.get(source.tier)
+            if not isinstance(tier, CpuTier) or part.slot is not None:
                 whole.append(part)
                 continue
             try:
-                stored = self.cpu.get(source.unit_hash, part.group_id)
+                stored = tier.get(source.unit_hash, part.group_id)
             except PartError as err:
                 failed[part] = err.reason
                 continue
@@ -267,14 +257,10 @@ class PartWriter:
     def _read(self, part: LoadPart) -> torch.Tensor:
         """The part's payload, read whole and verified; ``PartError`` if it is bad or gone."""
         source = part.source
-        if source.tier == CPU and self.cpu is not None:
-            stored = self.cpu.get(source.unit_hash, part.group_id)
-            if not stored.verify_all():
-                raise PartError(CORRUPT, "cpu checksum mismatch")
-            return stored.data
-        if source.tier == DISK and self.disk is not None:
-            return self.disk.read(source.unit_hash, source.end, part.group_id)
-        raise PartError(MISSING, f"unit {source.unit_hash.hex()} in no tier")
+        tier = self.stack.get(source.tier)
+        if tier is None:
+            raise PartError(MISSING, f"unit {source.unit_hash.hex()} in no tier")
+        return tier.read(source.unit_hash, source.end, part.group_id)
 
     def _write_part(self, load: InflightLoad, part: LoadPart, payload: torch.Tensor) -> bool:
         """Write a verified whole part; False (nothing written) if the load was given up."""

@@ -7,15 +7,17 @@ some tier; a unit still being stored answers "ask later" (``None``)::
              | local  |   unit 1 ready | unit 2 ready | unit 3 missing
                       '-- reported: e2 - L (full parts of units 1-2, window + state of 2)
 
-A unit no tier holds may have been stored on disk by another process sharing the directory:
-the lookup probes its files (``DiskTier.probe``) and, if it is complete, answers "ask later";
-``build_connector_meta`` adopts it into the disk index and the next lookup reports it.
+A unit no tier holds may have been stored by another process sharing a tier (a disk directory,
+a remote store): the lookup probes the tiers (``TierStack.probe``) and, if one found it or is
+still asking, answers "ask later"; ``build_connector_meta`` adopts found units into that tier's
+index and the next lookup reports them.
 
 The load pins each unit in the fastest tier holding it (``update_state_after_alloc``); the
 worker unpins when it is done with the bytes. Saves are planned for units whose end a step
 reaches (with state groups: exactly at the step's end, where the live state is the state at
 T), reserving room in every tier first (write-through); reservations are the only place
-units are evicted, so nothing a lookup reported disappears before its load pins it.
+units are evicted, so nothing a lookup reported disappears before its load pins it. The
+scheduler half talks to the ``TierStack`` only, never to a tier by name.
 """
 
 from __future__ import annotations
@@ -24,17 +26,16 @@ from typing import Any
 
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
-    ConnectorMetadata,
     ConnectorStats,
     KVConnectorRequest,
-    LoadSpec,
     RequestBlocks,
 )
 from hybridkv.connectors.offloading.context import OffloadContext
-from hybridkv.connectors.offloading.tier import TierIndex, UnitState
+from hybridkv.connectors.offloading.cpu_tier import CpuTier
+from hybridkv.connectors.offloading.disk_tier import DiskTier
+from hybridkv.connectors.offloading.tier import UnitState
+from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, UnitRef
 from hybridkv.connectors.offloading.units import (
-    CPU,
-    DISK,
     OffloadLoadKeys,
     UnitPromotion,
     UnitSave,
@@ -43,25 +44,33 @@ from hybridkv.connectors.offloading.units import (
 from hybridkv.kv.block_pool import NULL_BLOCK
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import SpecKind
+from hybridkv.step_io import ConnectorMetadata, LoadSpec
 
 
 class OffloadingScheduler(BaseConnectorScheduler):
     def __init__(self, ctx: OffloadContext, load: bool = True, save: bool = True) -> None:
         self.config, self.geometry = ctx.config, ctx.geometry
-        self.cpu, self.disk = ctx.cpu, ctx.disk
-        self.tiers: dict[str, TierIndex] = {}
-        if ctx.cpu is not None:
-            self.tiers[CPU] = ctx.cpu.index
-        if ctx.disk is not None:
-            self.tiers[DISK] = ctx.disk.index
+        self.stack = ctx.stack
         self.load_enabled = load
         self.save_enabled = save
         self._loads: list[LoadSpec] = []
-        # disk hits to copy into the CPU tier: of this step, and of the step before (planned)
-        self._promote: list[tuple[BlockHash, int, BlockHash | None]] = []
-        self._promote_next: list[tuple[BlockHash, int, BlockHash | None]] = []
+        # hits of slower tiers to copy into the fastest: of this step, and of the step before
+        self._promote: list[tuple[UnitRef, str]] = []
+        self._promote_next: list[tuple[UnitRef, str]] = []
         self._sources: dict[str, dict[str, int]] = {}  # request id -> loaded tokens by tier
         self._stats = ConnectorStats()
+
+    @property
+    def cpu(self) -> CpuTier | None:
+        """The CPU tier, if configured (for tests and tools; the halves use ``stack``)."""
+        tier = self.stack.get("cpu")
+        return tier if isinstance(tier, CpuTier) else None
+
+    @property
+    def disk(self) -> DiskTier | None:
+        """The disk tier, if configured (for tests and tools)."""
+        tier = self.stack.get("disk")
+        return tier if isinstance(tier, DiskTier) else None
 
     # -- lookup --------------------------------------------------------------------------
 
@@ -80,17 +89,22 @@ class OffloadingScheduler(BaseConnectorScheduler):
     def _find_restore_end(self, request: KVConnectorRequest, local: int) -> int | None:
         """The end of the last unit of the READY run after ``local`` (0 if none); None if a
         unit of the run is still being stored, or was just found on disk (it is adopted in
-        ``build_connector_meta``). The walk probes the disk until a unit is absent there."""
+        ``build_connector_meta``) or a tier is still checking. The walk probes the tiers until
+        a unit is absent from all."""
         size, chunk = self.geometry.block_size, self.config.chunk_tokens
         limit = request.num_tokens - (0 if self.geometry.full_attention_only else 1)
         limit = min(limit, len(request.block_hashes) * size) // chunk * chunk
         best, found = 0, False
         for end in range((local // chunk + 1) * chunk, limit + 1, chunk):
             unit_hash = self.geometry.unit_hash(request.block_hashes, end)
-            state = self._unit_state(unit_hash)
-            if state is None and self._probe_disk(request, unit_hash, end):
-                found = True
-                continue
+            state = self.stack.state_of(unit_hash)
+            if state is None:
+                answer = self.stack.probe(self._run(request, end, limit))
+                if answer is ProbeAnswer.ASKING:
+                    return None
+                if answer is ProbeAnswer.FOUND:
+                    found = True
+                    continue
             if state is UnitState.PENDING:
                 return None
             if state is None:
@@ -98,32 +112,27 @@ class OffloadingScheduler(BaseConnectorScheduler):
             best = end
         return None if found else best
 
-    def _unit_state(self, unit_hash: BlockHash) -> UnitState | None:
-        """READY if some tier can serve the unit, else PENDING if one is storing it."""
-        states = {index.state_of(unit_hash) for index in self.tiers.values()}
-        if UnitState.READY in states:
-            return UnitState.READY
-        return UnitState.PENDING if UnitState.PENDING in states else None
-
-    def _probe_disk(self, request: KVConnectorRequest, unit_hash: BlockHash, end: int) -> bool:
-        """Whether another process stored the unit on disk (adopted at the next
-        ``build_connector_meta``)."""
-        if self.disk is None:
-            return False
-        return self.disk.probe(unit_hash, end, self._parent_hash(request, end))
+    def _run(self, request: KVConnectorRequest, end: int, limit: int) -> list[UnitRef]:
+        """The request's units from the one ending at ``end`` up to ``limit``."""
+        chunk = self.config.chunk_tokens
+        return [
+            UnitRef(
+                self.geometry.unit_hash(request.block_hashes, e), e, self._parent_hash(request, e)
+            )
+            for e in range(end, limit + 1, chunk)
+        ]
 
     def _adopt_found(self) -> None:
-        """Index the units lookups found on disk. NOTE: adopting reserves room and may evict,
-        so it happens here, with the saves' reservations, after this step's loads pinned
-        every unit a lookup reported — never inside a lookup."""
-        if self.disk is None:
-            return
-        for unit_hash, end, parent in self.disk.take_found():
-            if self._reserve(DISK, unit_hash, end, parent):
-                self.disk.index.commit(unit_hash, self.disk.part_paths(unit_hash))
-                self._stats.add("adopted.disk")
-            else:  # no room (pinned or pending units): a miss for a while
-                self.disk.mark_absent(unit_hash)
+        """Index the units lookups found stored by other processes. NOTE: adopting reserves
+        room and may evict, so it happens here, with the saves' reservations, after this
+        step's loads pinned every unit a lookup reported -- never inside a lookup."""
+        for tier in self.stack:
+            for unit in tier.take_found():
+                if self._reserve(tier, unit.unit_hash, unit.end, unit.parent):
+                    tier.index.commit(unit.unit_hash, tier.adopted_parts(unit))
+                    self._stats.add(f"adopted.{tier.name}")
+                else:  # no room (pinned or pending units): a miss for a while
+                    tier.mark_absent(unit.unit_hash)
 
     # -- loads ---------------------------------------------------------------------------
 
@@ -160,17 +169,18 @@ class OffloadingScheduler(BaseConnectorScheduler):
             if unit_end - chunk >= end:
                 break
             unit_hash = self.geometry.unit_hash(request.block_hashes, unit_end)
-            tier = next((n for n, ix in self.tiers.items() if ix.pin(unit_hash)), "none")
+            pinned = self.stack.pin_fastest(unit_hash)
+            tier = "none" if pinned is None else pinned.name
             sources.append(UnitSource(unit_end, unit_hash, tier))
-            if tier == DISK:
-                self._promote.append((unit_hash, unit_end, self._parent_hash(request, unit_end)))
+            if pinned is not None and self.stack.promotion_target(tier) is not None:
+                ref = UnitRef(unit_hash, unit_end, self._parent_hash(request, unit_end))
+                self._promote.append((ref, tier))
             tokens = min(unit_end, end) - max(unit_end - chunk, start)
             by_tier[tier] = by_tier.get(tier, 0) + tokens
             self._stats.add(f"hits.{tier}")
             self._stats.add(f"hit_tokens.{tier}", tokens)
         for source in reversed(sources):  # tail first: the head ends up most recent
-            for index in self.tiers.values():
-                index.touch(source.unit_hash, reuse=True)
+            self.stack.touch(source.unit_hash, reuse=True)
         self._sources[request.request_id] = by_tier
         return sources
 
@@ -219,21 +229,25 @@ class OffloadingScheduler(BaseConnectorScheduler):
         return ConnectorMetadata(loads=loads, saves=saves)
 
     def _plan_promotions(self) -> list[UnitPromotion]:
-        """Disk hits of the previous step to copy into the CPU tier (a step later, so their
-        reads do not compete with the loads' own), each reserved there and pinned on disk until
-        the worker is done. NOTE: reserving may evict, so it happens here with the saves'
-        reservations, after this step's loads pinned what their lookups reported."""
+        """Hits of slower tiers in the previous step to copy into the fastest tier (a step
+        later, so their reads do not compete with the loads' own), each reserved there and
+        pinned in its source until the worker is done. NOTE: reserving may evict, so it
+        happens here with the saves' reservations, after this step's loads pinned what their
+        lookups reported."""
         found, self._promote_next, self._promote = self._promote_next, self._promote, []
-        if self.cpu is None or self.disk is None or not self.save_enabled:
+        if not self.save_enabled:
             return []
         out: list[UnitPromotion] = []
-        for unit_hash, end, parent in found:
-            if self.cpu.index.state_of(unit_hash) is not None or not self.disk.index.pin(unit_hash):
-                continue  # in the CPU tier already (or being stored), or gone from disk
-            if self._reserve(CPU, unit_hash, end, parent):
-                out.append(UnitPromotion(unit_hash, end))
+        for unit, name in found:
+            source, target = self.stack.get(name), self.stack.promotion_target(name)
+            if source is None or target is None or target.lookup(unit.unit_hash) is not None:
+                continue  # in the target already (or being stored)
+            if not source.index.pin(unit.unit_hash):
+                continue  # gone from the source
+            if self._reserve(target, unit.unit_hash, unit.end, unit.parent):
+                out.append(UnitPromotion(unit.unit_hash, unit.end, name, target.name))
             else:
-                self.disk.index.unpin(unit_hash)
+                source.index.unpin(unit.unit_hash)
                 self._stats.add("promotions_skipped:no_room")
         return out
 
@@ -258,7 +272,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
         self, request: KVConnectorRequest, end: int, blocks: RequestBlocks
     ) -> UnitSave | None:
         unit_hash = self.geometry.unit_hash(request.block_hashes, end)
-        if any(ix.state_of(unit_hash) is not None for ix in self.tiers.values()):
+        if any(tier.lookup(unit_hash) is not None for tier in self.stack):
             return None  # stored, or being stored
         ids = self._part_block_ids(blocks, end)
         if ids is None:
@@ -266,7 +280,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
             self._stats.add("stores_skipped:null_block")
             return None
         parent = self._parent_hash(request, end)
-        tiers = [name for name in self.tiers if self._reserve(name, unit_hash, end, parent)]
+        tiers = [t.name for t in self.stack if self._reserve(t, unit_hash, end, parent)]
         if not tiers:
             self._stats.add("stores_skipped")
             self._stats.add("stores_skipped:no_room")
@@ -293,24 +307,21 @@ class OffloadingScheduler(BaseConnectorScheduler):
             out.append(ids)
         return tuple(out)
 
-    def _reserve(self, tier: str, unit_hash: BlockHash, end: int, parent: BlockHash | None) -> bool:
-        nbytes = self.geometry.unit_nbytes(end)
-        evicted = self.tiers[tier].reserve(unit_hash, end, nbytes, parent)
+    def _reserve(
+        self, tier: Tier, unit_hash: BlockHash, end: int, parent: BlockHash | None
+    ) -> bool:
+        evicted = self.stack.reserve(tier, unit_hash, end, self.geometry.unit_nbytes(end), parent)
         if evicted is None:
             return False
         if evicted:
-            self._stats.add(f"evictions.{tier}", len(evicted))
-            if tier == DISK and self.disk is not None:
-                self.disk.discard(evicted)
+            self._stats.add(f"evictions.{tier.name}", evicted)
         return True
 
     def _touch_head(self, request: KVConnectorRequest, end: int) -> None:
         """Keep the request's earlier units more recent than the one ending at ``end``."""
         chunk = self.config.chunk_tokens
         for earlier in range(end - chunk, 0, -chunk):
-            unit_hash = self.geometry.unit_hash(request.block_hashes, earlier)
-            for index in self.tiers.values():
-                index.touch(unit_hash)
+            self.stack.touch(self.geometry.unit_hash(request.block_hashes, earlier))
 
     def request_finished(
         self, request: KVConnectorRequest, blocks: RequestBlocks

@@ -1,12 +1,13 @@
-"""The store path: snapshots of units into the tiers, and disk units promoted into the CPU tier.
+"""The store path: snapshots of units into the tiers, and hits promoted into the fastest tier.
 
 ``save`` snapshots the unit's blocks and states (one copy, before the blocks can be reused;
-checksummed in the same pass for the CPU tier with native kernels), then a CPU-stage thread
-commits the unit to the CPU tier and hands it to the disk tier's I/O thread (write-through),
-the CPU unit pinned until its file is written. A ``UnitPromotion`` is read whole from disk,
-verified, and committed to the CPU tier on the disk I/O thread. Snapshots held by unfinished
-stores are bounded by ``max_inflight_io_bytes``: past it a store is skipped (its reservations
-aborted, counted). A failed store never becomes visible.
+checksummed in the same pass for the CPU tier with native kernels), then a stage thread
+commits the unit to the memory tier (if it was reserved there) and hands it to every slower
+reserved tier's I/O worker (write-through), the memory unit pinned once per write still reading
+its buffers. A ``UnitPromotion`` is read whole from its source tier on that tier's I/O worker,
+verified, and written to the target tier on the target's. Snapshots held by unfinished stores
+are bounded by ``max_inflight_io_bytes``: past it a store is skipped (its reservations aborted,
+counted). A failed store never becomes visible.
 """
 
 from __future__ import annotations
@@ -15,15 +16,33 @@ import functools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import torch
 
-from hybridkv.connectors.base import ConnectorMetadata, KVCacheAccess, StatsCounter
+from hybridkv.connectors.base import KVCacheAccess, StatsCounter
 from hybridkv.connectors.file_format import PartError
 from hybridkv.connectors.offloading.context import OffloadContext
-from hybridkv.connectors.offloading.cpu_tier import CpuPart
-from hybridkv.connectors.offloading.disk_tier import DiskTier
-from hybridkv.connectors.offloading.units import CPU, DISK, UnitPromotion, UnitSave
+from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier
+from hybridkv.connectors.offloading.tier_base import Tier
+from hybridkv.connectors.offloading.units import UnitPromotion, UnitSave
+from hybridkv.step_io import ConnectorMetadata
+
+
+class _Countdown:
+    """Runs ``done`` when the last of ``count`` write-behinds of one store ended."""
+
+    def __init__(self, count: int, done: Any) -> None:
+        self._lock = threading.Lock()
+        self._left = count
+        self._done = done
+
+    def tick(self) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._done()
 
 
 class StorePipeline:
@@ -33,7 +52,7 @@ class StorePipeline:
 
     def __init__(self, ctx: OffloadContext, stats: StatsCounter, cond: threading.Condition) -> None:
         self.config, self.geometry = ctx.config, ctx.geometry
-        self.cpu, self.disk = ctx.cpu, ctx.disk
+        self.stack = ctx.stack
         self.layout = ctx.geometry.layout
         self._stats = stats
         self._cond = cond
@@ -54,31 +73,67 @@ class StorePipeline:
             if not admitted:
                 self._abort(save, "stores_skipped:backpressure")
             elif isinstance(save, UnitPromotion):
-                assert self.disk is not None
-                self.disk.submit(functools.partial(self._promote, save, nbytes))
+                source = self._tier(save.source)
+                source.submit(functools.partial(self._promote, save, nbytes))
             else:
                 began = time.perf_counter()
                 parts = self._snapshot(save)
                 self._stager.submit(self._store, save, parts, nbytes, time.perf_counter() - began)
 
+    def _tier(self, name: str) -> Tier:
+        tier = self.stack.get(name)
+        if tier is None:
+            raise ValueError(f"OffloadingConnector has no {name!r} tier")
+        return tier
+
     def _promote(self, promotion: UnitPromotion, nbytes: int) -> None:
-        """Copy a disk unit into its CPU reservation (on the disk I/O thread), every part
-        read and verified first; a bad or missing part aborts the reservation."""
-        assert self.cpu is not None and self.disk is not None
+        """Read a unit whole from its source tier (on the source's I/O worker), every part
+        verified, then write it into the target on the target's; a bad or missing part
+        aborts the target's reservation."""
+        source, target = self._tier(promotion.source), self._tier(promotion.target)
         began = time.perf_counter()
         try:
-            parts = self.disk.read_unit(promotion.unit_hash, promotion.end)
-            if self.cpu.store(promotion.unit_hash, dict(parts)):
-                self._stats.add("promotions.cpu")
-                self._stats.add("offload_bytes.cpu.promote", nbytes)
-                self._stats.add("offload_seconds.cpu.promote", time.perf_counter() - began)
+            parts = source.read_unit(promotion.unit_hash, promotion.end)
         except Exception as exc:  # a failed store never becomes visible
-            self.cpu.index.abort(promotion.unit_hash)
+            target.index.abort(promotion.unit_hash)
+            reason = exc.reason if isinstance(exc, PartError) else "error"
+            self._stats.add(f"promotion_failures:{reason}")
+            self._store_done(nbytes)
+            return
+        finally:
+            source.index.unpin(promotion.unit_hash)
+        commit = functools.partial(self._commit_promotion, target, promotion, parts, nbytes, began)
+        target.submit(commit)
+
+    def _commit_promotion(
+        self,
+        target: Tier,
+        promotion: UnitPromotion,
+        parts: dict[int, torch.Tensor],
+        nbytes: int,
+        began: float,
+    ) -> None:
+        try:
+            if target.write(promotion.unit_hash, promotion.end, dict(parts)):
+                self._stats.add(f"promotions.{target.name}")
+                self._stats.add(f"offload_bytes.{target.name}.promote", nbytes)
+                self._stats.add(
+                    f"offload_seconds.{target.name}.promote", time.perf_counter() - began
+                )
+        except Exception as exc:
+            target.index.abort(promotion.unit_hash)
             reason = exc.reason if isinstance(exc, PartError) else "error"
             self._stats.add(f"promotion_failures:{reason}")
         finally:
-            self.disk.index.unpin(promotion.unit_hash)
             self._store_done(nbytes)
+
+    def _memory_tier(self, save: UnitSave) -> CpuTier | None:
+        """The memory tier the save was reserved in, if any (it is stored there first)."""
+        for name in save.tiers:
+            tier = self.stack.get(name)
+            if isinstance(tier, CpuTier):
+                return tier
+        return None
 
     def _snapshot(self, save: UnitSave) -> dict[int, CpuPart | torch.Tensor]:
         """Copy the unit's bytes out of the device cache now. A unit bound for the CPU tier
@@ -88,9 +143,8 @@ class StorePipeline:
             for gid, ids in zip(self.layout.attention_group_ids, save.block_ids, strict=True)
             if ids
         }
-        sealed = None
-        if CPU in save.tiers and self.cpu is not None:
-            sealed = self.cpu.snapshot(self.cache, ids_by_group)
+        memory = self._memory_tier(save)
+        sealed = None if memory is None else memory.snapshot(self.cache, ids_by_group)
         parts: dict[int, CpuPart | torch.Tensor] = {}
         for gid, ids in ids_by_group.items():
             parts[gid] = sealed[gid] if sealed is not None else self.cache.read_blocks(ids)
@@ -105,47 +159,52 @@ class StorePipeline:
         nbytes: int,
         snapshot_s: float,
     ) -> None:
-        disk = self.disk if DISK in save.tiers else None
-        pinned = False  # the CPU unit, while the disk write-behind reads its buffers
+        """On the stage thread: commit to the memory tier, then queue the write-behinds."""
+        memory = self._memory_tier(save)
+        behind = [self._tier(n) for n in save.tiers if memory is None or n != memory.name]
+        pinned = False  # the memory unit, once per write-behind reading its buffers
         try:
-            if CPU in save.tiers and self.cpu is not None:
+            if memory is not None:
                 began = time.perf_counter()
-                if self.cpu.store(save.unit_hash, parts, pin=disk is not None):
-                    pinned = disk is not None
-                    self._stats.add("offload_bytes.cpu.store", nbytes)
-                    self._stats.add("stores.cpu")
-                    self._stats.add(
-                        "offload_seconds.cpu.store", snapshot_s + time.perf_counter() - began
-                    )
+                if memory.store(save.unit_hash, parts, pins=len(behind)):
+                    pinned = bool(behind)
+                    self._stats.add(f"offload_bytes.{memory.name}.store", nbytes)
+                    self._stats.add(f"stores.{memory.name}")
+                    seconds = snapshot_s + time.perf_counter() - began
+                    self._stats.add(f"offload_seconds.{memory.name}.store", seconds)
         finally:
-            if disk is None:
+            if not behind:
                 self._store_done(nbytes)
-        if disk is not None:
-            data = {g: p.data if isinstance(p, CpuPart) else p for g, p in parts.items()}
-            disk.submit(lambda: self._write_disk(disk, save, data, nbytes, pinned))
+        if not behind:
+            return
+        data = {g: p.data if isinstance(p, CpuPart) else p for g, p in parts.items()}
+        countdown = _Countdown(len(behind), functools.partial(self._store_done, nbytes))
+        for tier in behind:
+            unpin = memory if pinned else None
+            tier.submit(functools.partial(self._write_behind, tier, save, data, unpin, countdown))
 
-    def _write_disk(
+    def _write_behind(
         self,
-        disk: DiskTier,
+        tier: Tier,
         save: UnitSave,
         parts: dict[int, torch.Tensor],
-        nbytes: int,
-        pinned: bool,
+        unpin: CpuTier | None,
+        countdown: _Countdown,
     ) -> None:
         began = time.perf_counter()
         try:
-            written = disk.write(save.unit_hash, save.end, parts)
+            written = tier.write(save.unit_hash, save.end, parts)
         except Exception:
-            disk.index.abort(save.unit_hash)
-            self._stats.add("store_failures.disk")
+            tier.index.abort(save.unit_hash)
+            self._stats.add(f"store_failures.{tier.name}")
         else:
-            self._stats.add("offload_bytes.disk.store", written)
-            self._stats.add("offload_seconds.disk.store", time.perf_counter() - began)
-            self._stats.add("stores.disk")
+            self._stats.add(f"offload_bytes.{tier.name}.store", written)
+            self._stats.add(f"offload_seconds.{tier.name}.store", time.perf_counter() - began)
+            self._stats.add(f"stores.{tier.name}")
         finally:
-            if pinned and self.cpu is not None:
-                self.cpu.index.unpin(save.unit_hash)
-            self._store_done(nbytes)
+            if unpin is not None:
+                unpin.index.unpin(save.unit_hash)
+            countdown.tick()
 
     def _store_done(self, nbytes: int) -> None:
         with self._cond:
@@ -155,13 +214,11 @@ class StorePipeline:
 
     def _abort(self, save: UnitSave | UnitPromotion, reason: str) -> None:
         if isinstance(save, UnitPromotion):
-            if self.cpu is not None and self.disk is not None:
-                self.cpu.index.abort(save.unit_hash)
-                self.disk.index.unpin(save.unit_hash)
+            self._tier(save.target).index.abort(save.unit_hash)
+            self._tier(save.source).index.unpin(save.unit_hash)
         else:
-            for tier in (self.cpu, self.disk):
-                if tier is not None and tier.name in save.tiers:
-                    tier.index.abort(save.unit_hash)
+            for name in save.tiers:
+                self._tier(name).index.abort(save.unit_hash)
         self._stats.add("stores_skipped")
         self._stats.add(reason)
 

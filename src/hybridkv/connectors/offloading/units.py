@@ -19,10 +19,6 @@ from dataclasses import dataclass
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, SpecKind
 
-CPU = "cpu"
-DISK = "disk"
-TIERS = (CPU, DISK)  # fastest first
-
 
 class UnitGeometry:
     """Part shapes of a layout's units (computed once)."""
@@ -100,12 +96,14 @@ class UnitSave:
 
 @dataclass(frozen=True, slots=True)
 class UnitPromotion:
-    """Copy a unit the disk tier holds into the CPU tier (an entry of ``ConnectorMetadata.
-    saves``): the scheduler half reserved it in the CPU tier and pinned it on disk; the worker
-    reads every part from disk, verified, commits it to the CPU tier and unpins."""
+    """Copy a unit a slower tier holds into a faster one (an entry of ``ConnectorMetadata.
+    saves``): the scheduler half reserved it in ``target`` and pinned it in ``source``; the
+    worker reads every part from ``source``, verified, commits it to ``target`` and unpins."""
 
     unit_hash: BlockHash
     end: int
+    source: str
+    target: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,24 +20,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 from hybridkv.connectors.base import (
     BaseConnectorWorker,
-    ConnectorMetadata,
     ConnectorStats,
     KVCacheAccess,
-    KVConnectorOutput,
     LoadResult,
-    LoadSpec,
     StatsCounter,
     output_from_results,
 )
-from hybridkv.connectors.file_format import IO_ERROR, MISSING
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.loads import InflightLoad, LoadPart, PartWriter, plan_parts
+from hybridkv.connectors.offloading.stack import TierStack
 from hybridkv.connectors.offloading.stores import StorePipeline
-from hybridkv.connectors.offloading.units import (
-    CPU,
-    DISK,
-    OffloadLoadKeys,
-)
+from hybridkv.connectors.offloading.units import OffloadLoadKeys
+from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
 
 TIMEOUT = "timeout"
 
@@ -47,7 +41,7 @@ class OffloadingWorker(BaseConnectorWorker):
         self, ctx: OffloadContext, num_load_threads: int = 2, num_copy_helpers: int = 1
     ) -> None:
         self.config, self.geometry = ctx.config, ctx.geometry
-        self.cpu, self.disk = ctx.cpu, ctx.disk
+        self.stack = ctx.stack
         self.layout = ctx.geometry.layout
         self._cond = threading.Condition()
         self._loads: dict[str, InflightLoad] = {}  # in flight
@@ -55,7 +49,7 @@ class OffloadingWorker(BaseConnectorWorker):
         self._stats = StatsCounter()
         self._loader = ThreadPoolExecutor(num_load_threads, thread_name_prefix="offload-load")
         # each load's thread copies CPU segments together with up to this many helpers
-        self._writer = PartWriter(ctx.geometry, ctx.cpu, ctx.disk, num_copy_helpers)
+        self._writer = PartWriter(ctx.geometry, ctx.stack, num_copy_helpers)
         self._stores = StorePipeline(ctx, self._stats, self._cond)
 
     # -- loads ---------------------------------------------------------------------------
@@ -65,7 +59,7 @@ class OffloadingWorker(BaseConnectorWorker):
             load = InflightLoad(spec, time.monotonic())
             with self._cond:
                 self._loads[spec.request_id] = load
-            if not spec.is_async and _from_cpu_only(spec):
+            if not spec.is_async and _from_memory_only(self.stack, spec):
                 # NOTE: on the caller's thread, without a timeout: memory copies only, no I/O
                 # to hang on. The native copies then run on the caller's OpenMP team (torch's,
                 # warm); a load thread's own team would fight it for the cores.
@@ -116,20 +110,21 @@ class OffloadingWorker(BaseConnectorWorker):
         else:
             result.state_reason = result.state_reason or reason
         source = part.source
-        tier = self.cpu if source.tier == CPU else self.disk
-        if tier is not None and tier.index.remove(source.unit_hash) is not None:
+        tier = self.stack.get(source.tier)
+        if tier is None:
+            return
+        if tier.index.get(source.unit_hash) is not None:
             self._stats.add(f"removed.{source.tier}")
-        if source.tier == DISK and self.disk is not None and reason not in (MISSING, IO_ERROR):
-            self._stats.add("files_removed", self.disk.remove_files(source.unit_hash))
+        removed = tier.discard_bad(source.unit_hash, reason)
+        if tier.removed_counter is not None:
+            self._stats.add(tier.removed_counter, removed)
 
     def _unpin(self, spec: LoadSpec) -> None:
         keys = spec.keys
         if not isinstance(keys, OffloadLoadKeys):
             return
         for source in keys.units:
-            tier = self.cpu if source.tier == CPU else self.disk if source.tier == DISK else None
-            if tier is not None:
-                tier.index.unpin(source.unit_hash)
+            self.stack.unpin(source.tier, source.unit_hash)
 
     def _count_load_time(self, parts: list[LoadPart], seconds: float) -> None:
         nbytes: dict[str, int] = {}
@@ -199,10 +194,13 @@ class OffloadingWorker(BaseConnectorWorker):
         self._loader.shutdown(wait=True)
         self._writer.shutdown()
         self._stores.shutdown()
-        if self.disk is not None:
-            self.disk.shutdown()
+        self.stack.shutdown()
 
 
-def _from_cpu_only(spec: LoadSpec) -> bool:
+def _from_memory_only(stack: TierStack, spec: LoadSpec) -> bool:
+    """Whether every unit of the load is in a tier without I/O (the CPU tier)."""
     keys = spec.keys
-    return isinstance(keys, OffloadLoadKeys) and all(u.tier == CPU for u in keys.units)
+    if not isinstance(keys, OffloadLoadKeys):
+        return False
+    tiers = [stack.get(u.tier) for u in keys.units]
+    return all(t is not None and t.in_memory for t in tiers)

@@ -1,6 +1,9 @@
-"""The seam between the scheduler and the model runner: plain data only, no tensors.
+"""The step's I/O: what the scheduler hands the runner and the connector's worker half, and
+what comes back. Plain data only (no tensors, no torch); imported by the scheduler, the model
+runner, the connectors and the engine, and importing none of them.
 
-One engine step is ``SchedulerOutput -> runner -> RunnerOutput``. A test can play either side.
+One engine step is ``SchedulerOutput -> runner (+ connector worker) -> RunnerOutput``. A test
+can play either side.
 
 A scheduled request computes ``token_ids`` at positions
 ``[start_pos, start_pos + len(token_ids))``::
@@ -19,11 +22,68 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridkv.connectors.base import KVConnectorOutput
 from hybridkv.kv.state_manager import StateCopy
 from hybridkv.sampling_params import SamplingParams
 
-__all__ = ["RunnerOutput", "ScheduledRequest", "SchedulerOutput", "StateCopy"]
+__all__ = [
+    "ConnectorMetadata",
+    "KVConnectorOutput",
+    "LoadSpec",
+    "RunnerOutput",
+    "ScheduledRequest",
+    "SchedulerOutput",
+    "StateCopy",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSpec:
+    """One request's load: tokens [start, end) into the blocks and live slots named.
+
+    ``block_ids[g]`` lists, per attention group, the table entries covering [start, end) that
+    must be filled (null entries, outside a window, are left out); ``block_indices[g]`` gives
+    their positions in the table (entry k holds tokens [k*B, (k+1)*B)). ``state_slots`` are the
+    live slots that must receive the state at ``end``."""
+
+    request_id: str
+    start: int
+    end: int
+    block_ids: tuple[list[int], ...]
+    block_indices: tuple[list[int], ...]
+    state_slots: tuple[int, ...]
+    is_async: bool
+    keys: Any = None  # connector-specific addressing (hashes, file names...)
+
+
+@dataclass(slots=True)
+class ConnectorMetadata:
+    """The per-step metadata a connector's scheduler half writes for its worker half: the
+    loads to start before the forward pass and the saves to make after it. Every connector
+    emits this type (or a subclass); ``saves`` entries are connector-specific plain data."""
+
+    loads: list[LoadSpec] = field(default_factory=list)
+    saves: list[Any] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class KVConnectorOutput:
+    """What the worker half reports after a step (all sets of request ids unless noted)."""
+
+    finished_sending: set[str] = field(default_factory=set)
+    finished_recving: set[str] = field(default_factory=set)
+    failed_recving: dict[str, str] = field(default_factory=dict)  # req id -> reason
+    invalid_block_ids: dict[int, str] = field(default_factory=dict)  # block id -> reason
+    invalid_state: dict[str, str] = field(default_factory=dict)  # req id -> reason (state part)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (
+            self.finished_sending
+            or self.finished_recving
+            or self.failed_recving
+            or self.invalid_block_ids
+            or self.invalid_state
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +109,16 @@ class SchedulerOutput:
     4. the forward pass over ``requests``, writing K/V pages and live states;
     5. ``state_saves``: copy live slots into checkpoint slots (the state at the step's end);
     6. sample one token for each request with ``sample``.
+
+    ``kv_connector_metadata`` is for the connector's worker half (None without a connector);
+    the engine hands it to ``start_load`` before the runner and to ``save`` after it.
     """
 
     requests: list[ScheduledRequest] = field(default_factory=list)
     state_restores: list[StateCopy] = field(default_factory=list)
     state_saves: list[StateCopy] = field(default_factory=list)
     finished_request_ids: list[str] = field(default_factory=list)
-    kv_connector_metadata: Any = None  # the connector's ConnectorMetadata, for its worker half
+    kv_connector_metadata: ConnectorMetadata | None = None
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -1,0 +1,101 @@
+"""``TierStack``: the configured tiers, fastest first, and what spans them.
+
+::
+
+    cpu  (memory)  -- write-through -->  disk (files)  -- write-through -->  remote (Valkey)
+         ^------------------------ promotion of a hit -------------------------'
+
+- **Lookup**: a unit is READY if some tier holds it, else PENDING if one is storing it.
+- **Loads** pin each unit in the fastest tier holding it.
+- **Write-through**: a save reserves the unit in every tier (the only place tiers evict); the
+  worker stores it in the fastest reserved tier first, then each slower one on its own I/O
+  worker (``stores.StorePipeline``).
+- **Promotion**: a unit loaded from a slower tier is copied into the fastest one the next step
+  (reserved there by the scheduler half, read whole and verified by the worker).
+- **Adoption**: units another process stored (found by a tier's ``probe``) enter that tier's
+  index in ``build_connector_meta``, where reservations may evict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from hybridkv.connectors.offloading.tier import UnitState
+from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, TierStats, UnitRef
+from hybridkv.kv.hashing import BlockHash
+
+
+class TierStack:
+    def __init__(self, tiers: Sequence[Tier]) -> None:
+        if not tiers:
+            raise ValueError("OffloadingConnector: at least one tier is required")
+        self.tiers = tuple(tiers)
+        self._by_name = {t.name: t for t in self.tiers}
+
+    def __iter__(self) -> Iterator[Tier]:
+        return iter(self.tiers)
+
+    def get(self, name: str) -> Tier | None:
+        return self._by_name.get(name)
+
+    @property
+    def fastest(self) -> Tier:
+        return self.tiers[0]
+
+    # -- scheduler thread ----------------------------------------------------------------
+
+    def state_of(self, unit_hash: BlockHash) -> UnitState | None:
+        """READY if some tier can serve the unit, else PENDING if one is storing it."""
+        states = {tier.lookup(unit_hash) for tier in self.tiers}
+        if UnitState.READY in states:
+            return UnitState.READY
+        return UnitState.PENDING if UnitState.PENDING in states else None
+
+    def probe(self, units: Sequence[UnitRef]) -> ProbeAnswer:
+        """Ask each tier (fastest first) whether another process stored ``units[0]``."""
+        answers = {tier.probe(units) for tier in self.tiers}
+        for answer in (ProbeAnswer.FOUND, ProbeAnswer.ASKING):
+            if answer in answers:
+                return answer
+        return ProbeAnswer.ABSENT
+
+    def pin_fastest(self, unit_hash: BlockHash) -> Tier | None:
+        return next((t for t in self.tiers if t.index.pin(unit_hash)), None)
+
+    def touch(self, unit_hash: BlockHash, reuse: bool = False) -> None:
+        for tier in self.tiers:
+            tier.index.touch(unit_hash, reuse)
+
+    def reserve(
+        self, tier: Tier, unit_hash: BlockHash, end: int, nbytes: int, parent: BlockHash | None
+    ) -> int | None:
+        """Reserve a unit in one tier; the number of units evicted for it (their bytes
+        dropped by the tier), or None if it could not be reserved."""
+        evicted = tier.reserve(unit_hash, end, nbytes, parent)
+        if evicted is None:
+            return None
+        if evicted:
+            tier.evict(evicted)
+        return len(evicted)
+
+    def promotion_target(self, source: str) -> Tier | None:
+        """Where a hit served by tier ``source`` is copied: the fastest tier, if slower."""
+        return None if source == self.fastest.name else self.fastest
+
+    # -- worker threads ------------------------------------------------------------------
+
+    def unpin(self, name: str, unit_hash: BlockHash) -> None:
+        tier = self._by_name.get(name)
+        if tier is not None:
+            tier.index.unpin(unit_hash)
+
+    def stats(self) -> list[TierStats]:
+        return [tier.stats() for tier in self.tiers]
+
+    def check_accounting(self) -> None:
+        for tier in self.tiers:
+            tier.index.check_accounting()
+
+    def shutdown(self) -> None:
+        for tier in self.tiers:
+            tier.shutdown()

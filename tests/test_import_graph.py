@@ -1,0 +1,127 @@
+"""The package import graph, read from the sources with ``ast`` (every import counts, also
+those under ``TYPE_CHECKING`` or inside functions): no cycle between packages, and the layering
+rules below hold. A node is a subpackage (``kv``, ``sched``...) or a top-level module
+(``config``, ``step_io``...)."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import hybridkv
+
+ROOT = Path(hybridkv.__file__).parent
+
+# node -> nodes it must never import
+FORBIDDEN: dict[str, set[str]] = {
+    "model": {"sched", "engine", "connectors", "server"},
+    "native": {"engine", "model", "connectors", "sched", "server"},
+}
+# node -> the only nodes it may import (leaves of the graph)
+ALLOWED_ONLY: dict[str, set[str]] = {
+    "kv": set(),
+    "paths": set(),
+    "step_io": {"kv", "sampling_params"},
+}
+
+
+def _node(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _module_name(path: Path, root: Path) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                found.add(f"{base}.{node.module}" if node.module else base)
+            elif node.module:
+                found.add(node.module)
+    return {m for m in found if m == "hybridkv" or m.startswith("hybridkv.")}
+
+
+def package_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for path in sorted(root.rglob("*.py")):
+        module = _module_name(path, root)
+        src = _node(module)
+        graph[src]  # every node shows, also one importing nothing
+        for target in _imports(path, module):
+            dst = _node(target)
+            if dst != src:
+                graph[src].add(dst)
+    return dict(graph)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as a path ``[a, b, ..., a]``, or None."""
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)) is not None:
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)) is not None:
+            return cycle
+    return None
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for src, targets in sorted(graph.items()):
+        if src in ALLOWED_ONLY:
+            bad += [f"{src} -> {t}" for t in sorted(targets - ALLOWED_ONLY[src])]
+        else:
+            bad += [f"{src} -> {t}" for t in sorted(targets & FORBIDDEN.get(src, set()))]
+    return bad
+
+
+def test_no_cycle_between_packages() -> None:
+    graph = package_graph()
+    assert {"kv", "sched", "model", "engine", "connectors", "step_io", "paths"} <= set(graph)
+    assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph) or [])}"
+
+
+def test_layering_rules() -> None:
+    assert violations(package_graph()) == []
+
+
+def test_the_checks_catch_what_they_guard(tmp_path: Path) -> None:
+    """The graph reader and both checks on a made-up tree with one of each fault."""
+    pkg = tmp_path / "hybridkv"
+    for name, text in {
+        "__init__.py": "",
+        "kv/__init__.py": "from hybridkv.sched import x\n",
+        "sched/__init__.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from hybridkv.kv import y\n",
+        "model/runner.py": "def f():\n    import hybridkv.sched.output\n",
+        "native/__init__.py": "from ..engine import default_model\n",
+        "engine/__init__.py": "",
+    }.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    graph = package_graph(pkg)
+    assert find_cycle(graph) in (["kv", "sched", "kv"], ["sched", "kv", "sched"])
+    assert violations(graph) == ["kv -> sched", "model -> sched", "native -> engine"]
