@@ -20,10 +20,7 @@ from typing import Any
 
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
-    ConnectorMetadata,
-    KVConnectorOutput,
     KVConnectorRequest,
-    LoadSpec,
     RequestBlocks,
 )
 from hybridkv.connectors.nixl.layout import GroupDesc
@@ -31,8 +28,10 @@ from hybridkv.connectors.nixl.meta import NotifyOnly, RemoteSource, StageState, 
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.plan import producer_first_block, producer_kept_tokens, transfer_end
 from hybridkv.request import RequestStatus
+from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
 
 log = logging.getLogger(__name__)
+
 
 _NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
 

@@ -21,12 +21,9 @@ import torch
 
 from hybridkv.connectors.base import (
     BaseConnectorWorker,
-    ConnectorMetadata,
     ConnectorStats,
     KVCacheAccess,
-    KVConnectorOutput,
     LoadResult,
-    LoadSpec,
     StatsCounter,
     output_from_results,
 )
@@ -44,6 +41,7 @@ from hybridkv.connectors.nixl.plan import (
 )
 from hybridkv.connectors.nixl.side_channel import SideChannelServer
 from hybridkv.kv.spec import KVCacheLayout
+from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
 
 log = logging.getLogger(__name__)
 
