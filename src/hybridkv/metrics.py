@@ -26,6 +26,8 @@ from prometheus_client import Histogram as _Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from hybridkv.connectors.nixl.metrics import nixl_families
+
 if TYPE_CHECKING:
     from hybridkv.engine.core import EngineCore
     from hybridkv.engine.output import RequestOutput
@@ -89,6 +91,7 @@ class EngineStatsSnapshot:
 
     num_running: int = 0
     num_waiting: int = 0
+    num_waiting_for_remote_kv: int = 0
     kv_usage: float = 0.0  # fraction of KV blocks in use, 0..1
     num_preemptions: int = 0
     prefix_cache_queries: int = 0  # lookups (one per admitted request)
@@ -110,6 +113,7 @@ def take_snapshot(engine: EngineCore) -> EngineStatsSnapshot:
     return EngineStatsSnapshot(
         num_running=sched.num_running,
         num_waiting=sched.num_waiting,
+        num_waiting_for_remote_kv=sched.num_waiting_for_remote_kv,
         kv_usage=float(sched.kv_usage),
         num_preemptions=sched.num_preemptions,
         prefix_cache_queries=cache.num_queries,
@@ -200,6 +204,12 @@ class _SnapshotCollector(Collector):
         )
         yield from _group_families(s.groups)
         yield from _transfer_families(s.transfer)
+        yield from nixl_families(s.transfer.other, PREFIX)
+        yield _gauge(
+            "num_requests_waiting_for_remote_kv",
+            "requests waiting for an asynchronous KV load (also counted as waiting)",
+            s.num_waiting_for_remote_kv,
+        )
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

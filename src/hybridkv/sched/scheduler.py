@@ -47,6 +47,7 @@ class SchedulerStats:
     num_waiting: int
     num_preemptions: int
     kv_usage: float
+    num_waiting_for_remote_kv: int = 0  # included in num_waiting
 
 
 class Scheduler:
@@ -101,8 +102,14 @@ class Scheduler:
         return bool(self.requests) or (self.transfer is not None and self.transfer.has_pending())
 
     def stats(self) -> SchedulerStats:
+        remote = len(self.transfer.holding) if self.transfer else 0
+        loaded = len(self.transfer.ready) if self.transfer else 0
         return SchedulerStats(
-            len(self.running), len(self.waiting), self.num_preemptions, self.kv.usage()
+            len(self.running),
+            len(self.waiting) + remote + loaded,
+            self.num_preemptions,
+            self.kv.usage(),
+            remote,
         )
 
     # -- one step ------------------------------------------------------------------------
