@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from hybridkv.connectors.base import KVConnectorPair
-from hybridkv.connectors.config import KVTransferConfig
+from hybridkv.connectors.config import KVRole, KVTransferConfig
 from hybridkv.connectors.nixl.layout import compat_digest, group_descs
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.scheduler import NixlScheduler
@@ -14,9 +14,9 @@ from hybridkv.connectors.registry import ConnectorContext
 
 
 def create_nixl_connector(config: KVTransferConfig, context: ConnectorContext) -> KVConnectorPair:
-    options = NixlOptions.parse(config.kv_connector_extra_config)
-    producer = config.kv_role in ("kv_producer", "kv_both")
-    consumer = config.kv_role in ("kv_consumer", "kv_both")
+    options = config.options_as(NixlOptions)
+    producer = config.kv_role is not KVRole.CONSUMER
+    consumer = config.kv_role.loads
     engine_id = f"hybridkv-{uuid.uuid4().hex[:16]}"
     layout = context.layout
     scheduler = NixlScheduler(

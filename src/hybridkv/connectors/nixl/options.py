@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from hybridkv.connectors.config import ConnectorOptions, OptionsContext
+
 
 @dataclass(frozen=True, slots=True)
-class NixlOptions:
+class NixlOptions(ConnectorOptions):
     """``side_channel_host``/``side_channel_port``: where a producer serves its handshake
     (two engines on one host need distinct ports). ``abort_timeout_seconds``: a producer frees
     a request's KV after this long if no consumer read it (its lease). ``load_timeout_seconds``:
@@ -36,7 +39,7 @@ class NixlOptions:
             )
 
     @classmethod
-    def parse(cls, extra: dict[str, Any]) -> NixlOptions:
+    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext | None = None) -> NixlOptions:
         known = {f.name for f in fields(cls)}
         unknown = set(extra) - known
         if unknown:

@@ -16,13 +16,14 @@ and of ~1 s per 1-2 GiB of start-up.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hybridkv.connectors.offloading.policies import policy_names
+from hybridkv.connectors.config import ConnectorOptions, LoadMode, OptionsContext, parse_choice
+from hybridkv.connectors.offloading.policies import Eviction
 from hybridkv.paths import parse_bytes
 
-LOAD_MODES = ("async", "sync")
 _KEYS = (
     "cpu_bytes",
     "disk_path",
@@ -38,20 +39,20 @@ _KEYS = (
 
 
 @dataclass(frozen=True, slots=True)
-class OffloadingConfig:
+class OffloadingConfig(ConnectorOptions):
     cpu_bytes: int | None = None  # None: no CPU tier
     disk_path: str | None = None  # None: no disk tier
     disk_bytes: int | None = None
     chunk_tokens: int = 256  # tokens per restore unit, a multiple of the block size
-    eviction: str = "lru"
+    eviction: Eviction = Eviction.LRU
     load_timeout_seconds: float = 30.0
     offload_prompt_only: bool = True
     max_inflight_io_bytes: int = 512 * 1024**2
-    load_mode: str = "async"
+    load_mode: LoadMode = LoadMode.ASYNC
     cpu_prealloc: bool = False
 
     @classmethod
-    def parse(cls, extra: dict[str, Any], block_size: int) -> OffloadingConfig:
+    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> OffloadingConfig:
         for name in extra:
             if name not in _KEYS:
                 raise ValueError(_err(name, f"unknown key; known: {sorted(_KEYS)}"))
@@ -70,7 +71,7 @@ class OffloadingConfig:
             raise ValueError(_err("disk_path", "is required with disk_bytes"))
         if "cpu_bytes" not in values and "disk_path" not in values:
             raise ValueError(_err("cpu_bytes", "give cpu_bytes, disk_path or both"))
-        values["chunk_tokens"] = _chunk_tokens(extra.get("chunk_tokens", 256), block_size)
+        values["chunk_tokens"] = _chunk_tokens(extra.get("chunk_tokens", 256), ctx.block_size)
         values.update(_choices(extra))
         return cls(**values)
 
@@ -84,16 +85,13 @@ def _chunk_tokens(value: Any, block_size: int) -> int:
     return int(value)
 
 
-def _choices(extra: dict[str, Any]) -> dict[str, Any]:
+def _choices(extra: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    eviction = extra.get("eviction", "lru")
-    if eviction not in policy_names():
-        raise ValueError(_err("eviction", f"{eviction!r} must be one of {policy_names()}"))
-    out["eviction"] = eviction
+    out["eviction"] = parse_choice(
+        Eviction, extra.get("eviction", "lru"), "OffloadingConnector: 'eviction'"
+    )
     mode = extra.get("load_mode", "async")
-    if mode not in LOAD_MODES:
-        raise ValueError(_err("load_mode", f"{mode!r} must be one of {LOAD_MODES}"))
-    out["load_mode"] = mode
+    out["load_mode"] = parse_choice(LoadMode, mode, "OffloadingConnector: 'load_mode'")
     timeout = extra.get("load_timeout_seconds", 30.0)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise ValueError(_err("load_timeout_seconds", f"{timeout!r} must be a number > 0"))
@@ -106,7 +104,7 @@ def _choices(extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _size(extra: dict[str, Any], name: str) -> int:
+def _size(extra: Mapping[str, Any], name: str) -> int:
     try:
         return parse_bytes(extra[name], name)
     except (ValueError, TypeError) as exc:

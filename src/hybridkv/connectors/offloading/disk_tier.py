@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from hybridkv.connectors.config import TierName
 from hybridkv.connectors.file_format import (
     CORRUPT,
     IO_ERROR,
@@ -40,7 +41,7 @@ from hybridkv.connectors.file_format import (
     read_part,
     write_part,
 )
-from hybridkv.connectors.offloading.policies import create_policy
+from hybridkv.connectors.offloading.policies import Eviction, create_policy
 from hybridkv.connectors.offloading.tier import TierEntry, TierIndex
 from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, UnitRef
 from hybridkv.connectors.offloading.units import UnitGeometry, part_key
@@ -53,11 +54,11 @@ MAX_ABSENT = 4096  # remembered absent units before the expired ones are forgott
 
 
 class DiskTier(Tier):
-    name = "disk"
+    name = TierName.DISK
     removed_counter = "files_removed"
 
     def __init__(
-        self, root: str, fingerprint: str, capacity: int, eviction: str, geometry: UnitGeometry
+        self, root: str, fingerprint: str, capacity: int, eviction: Eviction, geometry: UnitGeometry
     ) -> None:
         self.fingerprint = fingerprint
         self.geometry = geometry

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hybridkv.connectors.base import KVCacheAccess, StatsCounter
+from hybridkv.connectors.config import TierName
 from hybridkv.connectors.file_format import PartError
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier
@@ -80,7 +81,7 @@ class StorePipeline:
                 parts = self._snapshot(save)
                 self._stager.submit(self._store, save, parts, nbytes, time.perf_counter() - began)
 
-    def _tier(self, name: str) -> Tier:
+    def _tier(self, name: TierName) -> Tier:
         tier = self.stack.get(name)
         if tier is None:
             raise ValueError(f"OffloadingConnector has no {name!r} tier")
