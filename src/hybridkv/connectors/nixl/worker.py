@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from hybridkv.connectors.base import (
 from hybridkv.connectors.nixl.agent import NixlAgent, XferState
 from hybridkv.connectors.nixl.handshake import HandshakeFailed, Peer, Peers
 from hybridkv.connectors.nixl.layout import LayoutDescriptor, TensorDesc, group_descs
+from hybridkv.connectors.nixl.leases import Leases
 from hybridkv.connectors.nixl.meta import NotifyOnly, RemoteSource, StageState, StartLease
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.plan import (
@@ -56,14 +57,6 @@ class _Load:
     num_descs: int = 0
 
 
-@dataclass(slots=True)
-class _Sends:
-    """Producer: leases by request id, and notifications that came before their lease."""
-
-    leases: dict[str, float] = field(default_factory=dict)  # request id -> deadline
-    early: dict[str, int] = field(default_factory=dict)  # request id -> bytes read
-
-
 class NixlWorker(BaseConnectorWorker):
     def __init__(
         self,
@@ -83,7 +76,7 @@ class NixlWorker(BaseConnectorWorker):
         self._loads: list[_Load] = []
         self._notify: list[NotifyOnly] = []
         self._done: list[LoadResult] = []
-        self._sends = _Sends()
+        self.leases = Leases(self.stats)
         self._server: SideChannelServer | None = None
         self._staging: torch.Tensor | None = None
 
@@ -140,7 +133,7 @@ class NixlWorker(BaseConnectorWorker):
         now = time.monotonic()
         for item in metadata.saves:
             if isinstance(item, StartLease):
-                self._start_lease(item, now)
+                self.leases.start(item.request_id, item.seconds)
             elif isinstance(item, NotifyOnly):
                 self._notify.append(item)
         for spec in metadata.loads:
@@ -168,16 +161,20 @@ class NixlWorker(BaseConnectorWorker):
         self._progress()
         out = output_from_results(self._done)
         self._done = []
-        out.finished_sending |= self._finished_sends()
+        if self.producer:
+            self.leases.on_notifications(self.agent.notifications())
+        out.finished_sending |= self.leases.take_finished()
         return out
 
     def has_pending(self) -> bool:
-        return bool(self._loads or self._notify or self._sends.leases)
+        return bool(self._loads or self._notify or self.leases.deadlines)
 
     def wait_for_progress(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self._progress() or self._poll_notifications():
+            if self._progress() or (
+                self.producer and self.leases.on_notifications(self.agent.notifications())
+            ):
                 return
             time.sleep(0.001)
 
@@ -282,42 +279,6 @@ class NixlWorker(BaseConnectorWorker):
             if peer is not None:
                 self.agent.notify(peer.agent_name, f"{item.source.request_id}:0".encode())
                 self._notify.remove(item)
-
-    # -- producer ------------------------------------------------------------------------------
-
-    def _start_lease(self, item: StartLease, now: float) -> None:
-        if item.request_id in self._sends.early:
-            self._count_send(self._sends.early.pop(item.request_id))
-            self._sends.leases[item.request_id] = 0.0  # reported at the next poll
-            return
-        self._sends.leases[item.request_id] = now + item.seconds
-
-    def _poll_notifications(self) -> bool:
-        found = False
-        for message in self.agent.notifications():
-            rid, _, nbytes = message.decode(errors="replace").rpartition(":")
-            if rid in self._sends.leases:
-                self._sends.leases[rid] = 0.0
-                self._count_send(int(nbytes or 0))
-                found = True
-            else:
-                self._sends.early[rid] = int(nbytes or 0)
-        return found
-
-    def _count_send(self, nbytes: int) -> None:
-        self.stats.add("nixl_bytes.send", nbytes)
-        self.stats.add("nixl_transfers.send")
-
-    def _finished_sends(self) -> set[str]:
-        if self.producer:
-            self._poll_notifications()
-        now = time.monotonic()
-        done = {rid for rid, deadline in self._sends.leases.items() if deadline <= now}
-        for rid in done:
-            if self._sends.leases.pop(rid) > 0.0:
-                self.stats.add("nixl_leases_expired")
-                log.warning("NIXL: request %s was never read; lease expired, KV freed", rid)
-        return done
 
     def take_stats(self) -> ConnectorStats:
         return self.stats.take()
