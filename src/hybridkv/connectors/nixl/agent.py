@@ -8,6 +8,8 @@ read completed.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from enum import Enum
 from typing import Any
 
@@ -28,7 +30,20 @@ def _import_nixl() -> Any:
             raise ValueError(
                 "NixlConnector needs the NIXL Python package: pip install nixl-cu12==1.5.1"
             ) from None
+    _quiet_nixl_logging()
     return nixl
+
+
+def _quiet_nixl_logging() -> None:
+    """NIXL logs INFO lines to stdout, where they would corrupt a command's output (``generate
+    --json``, the benchmarks' JSON): send them to stderr, warnings and up unless NIXL_LOG_LEVEL
+    asks otherwise."""
+    nixl_log = logging.getLogger("nixl")
+    if not os.environ.get("NIXL_LOG_LEVEL"):
+        nixl_log.setLevel(logging.WARNING)
+    for handler in nixl_log.handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
+            handler.setStream(sys.stderr)
 
 
 class XferState(str, Enum):
