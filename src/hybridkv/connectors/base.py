@@ -50,10 +50,13 @@ class KVConnectorRequest(KVRequest, Protocol):
 class RequestBlocks:
     """A request's cache placement: ``block_ids[i]`` is its table in group
     ``layout.attention_group_ids[i]`` (null = 0) and ``state_slots[j]`` its live slot in
-    ``layout.state_group_ids[j]``."""
+    ``layout.state_group_ids[j]``. In ``build_connector_meta``, ``restored_slots`` names the
+    checkpoint slots restored into the live slots before this step's forward (None: no
+    restore); they keep that state until the step ends."""
 
     block_ids: tuple[list[int], ...]
     state_slots: tuple[int, ...]
+    restored_slots: tuple[int, ...] | None = None
 
 
 @dataclass(slots=True)

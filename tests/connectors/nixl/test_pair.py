@@ -181,3 +181,27 @@ def test_producer_gone_and_injected_faults_recompute(checkpoint: Checkpoint) -> 
         assert d.kv.is_idle() and fd.kv.is_idle()
     finally:
         shutdown(d, fd)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_producer_prefix_hit_at_the_transfer_end_still_stages_the_state(
+    checkpoint: Checkpoint,
+) -> None:
+    """A prompt the producer already holds up to E (an exact repeat): its state at E comes
+    from the restored checkpoint, so the consumer still reads instead of recomputing."""
+    model = checkpoint("granitemoehybrid")
+    plain, p, d = make_engine(model), producer(model), consumer(model)
+    try:
+        prompt = random_ids(75, 9)
+        run(p, prompt, greedy())  # caches the prompt (and its checkpoint at 64) on P
+        t = disaggregated(p, d, prompt)
+        assert t.prefill.cached_tokens["local"] == 64
+        assert t.prefill.kv_transfer_params["num_tokens"] == 64  # type: ignore[index]
+        assert t.decode.cached_tokens.get("nixl") == 64
+        assert t.decode.token_ids == run(plain, prompt, greedy()).token_ids
+        for e in (p, d):
+            e.kv.check_integrity()
+            assert e.kv.is_idle()
+    finally:
+        shutdown(p, d)

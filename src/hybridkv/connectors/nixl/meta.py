@@ -52,7 +52,8 @@ def _first(values: list[Any]) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class StageState:
-    """Producer: after this step, copy the request's live state slots to a staging entry."""
+    """Producer: after this step's forward, copy these state slots (the live ones when the step
+    ends at E, the checkpoint restored at E when it starts there) to a staging entry."""
 
     request_id: str
     index: int

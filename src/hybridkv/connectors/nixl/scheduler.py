@@ -136,12 +136,19 @@ class NixlScheduler(BaseConnectorScheduler):
         self, scheduled: list[tuple[KVConnectorRequest, int, int, RequestBlocks]]
     ) -> ConnectorMetadata:
         items = self._items
-        for request, _start, end, blocks in scheduled:
+        for request, start, end, blocks in scheduled:
             stage_at = self._end_if_producing(request)
-            if self.has_state and stage_at and end == stage_at:
-                index = self._stage_index(request.request_id)
-                if index is not None:
-                    items.append(StageState(request.request_id, index, blocks.state_slots))
+            if not (self.has_state and stage_at):
+                continue
+            if end == stage_at:  # the live state after this step's forward
+                slots = blocks.state_slots
+            elif start == stage_at and blocks.restored_slots is not None:
+                slots = blocks.restored_slots  # a local hit at E: the restored checkpoint
+            else:
+                continue
+            index = self._stage_index(request.request_id)
+            if index is not None:
+                items.append(StageState(request.request_id, index, slots))
         meta = ConnectorMetadata(loads=self._loads, saves=items)
         self._loads, self._items = [], []
         return meta
@@ -169,7 +176,7 @@ class NixlScheduler(BaseConnectorScheduler):
             self._release_staging(rid)
             return False, None
         if self.has_state and rid not in self._staged:
-            end = 0  # its state at E was never staged (e.g. a local hit past E): recompute
+            end = 0  # its state at E was never staged (no staging entry free): recompute
         if end <= 0:
             self._release_staging(rid)
             return False, self._params(rid, blocks, 0)
