@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
+import pytest
+
 from hybridkv.connectors.nixl.layout import GroupDesc, LayoutDescriptor, TensorDesc
+from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.plan import (
     GroupRead,
     attention_descs,
@@ -71,3 +76,16 @@ def test_state_reads_each_tensor_of_the_staged_entry() -> None:
     remote = LayoutDescriptor("p", "c", 16, 0, (), (), tensors, 9000, 96)
     # slot 2 on D; staged entry 1 on P: tensors at offsets 0 and 64 inside the entry
     assert state_descs(local, remote, 0, 2, 1) == [(1128, 9096, 64), (5064, 9160, 32)]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"side_channel_port": "x"}, "side_channel_port='x' must be a port number"),
+        ({"bogus": 1}, "unknown kv_connector_extra_config keys ['bogus']"),
+        ({"abort_timeout_seconds": -1}, "abort_timeout_seconds=-1 must be a positive number"),
+    ],
+)
+def test_bad_options_are_named(extra: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        NixlOptions.parse(extra)
