@@ -37,6 +37,7 @@ class TransferStats:
 class EngineStats:
     num_running: int = 0
     num_waiting: int = 0
+    num_waiting_for_remote_kv: int = 0  # included in num_waiting
     kv_usage: float = 0.0  # fraction of KV blocks in use, 0..1
     num_preemptions: int = 0
     prefix_cache_queries: int = 0  # lookups (one per admitted request)

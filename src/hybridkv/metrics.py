@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hybridkv.connectors.config import TierName
+from hybridkv.connectors.nixl.metrics import nixl_families
 from hybridkv.connectors.stats import Direction
 from hybridkv.engine_stats import EngineStats, GroupCacheStats, TransferStats
 
@@ -48,6 +49,9 @@ METRICS: dict[str, MetricSpec] = {
     # engine state, from EngineStats
     "num_requests_running": MetricSpec("gauge", (), "requests in the running batch"),
     "num_requests_waiting": MetricSpec("gauge", (), "requests waiting to be scheduled"),
+    "num_requests_waiting_for_remote_kv": MetricSpec(
+        "gauge", (), "requests waiting for an asynchronous KV load (also counted as waiting)"
+    ),
     "kv_cache_usage_perc": MetricSpec("gauge", (), "fraction of KV blocks in use (1 = 100%)"),
     "num_preemptions": MetricSpec("counter", (), "preemptions (requests sent back to wait)"),
     "prefix_cache_lookups": MetricSpec("counter", (), "prefix-cache lookups"),
@@ -157,6 +161,9 @@ class _SnapshotCollector(Collector):
         yield _family("prefix_cache_hit_tokens", s.prefix_cache_hit_tokens)
         yield from _group_families(s.groups)
         yield from _transfer_families(s.transfer)
+        events = s.transfer.connector.flatten().events if s.transfer.connector else {}
+        yield from nixl_families(events, PREFIX)
+        yield _family("num_requests_waiting_for_remote_kv", s.num_waiting_for_remote_kv)
 
 
 def _family(name: str, value: float | None = None) -> GaugeMetricFamily | CounterMetricFamily:

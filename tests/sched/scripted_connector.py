@@ -43,6 +43,7 @@ class ScriptedScheduler(BaseConnectorScheduler):
         self.pending: list[LoadSpec] = []
         self.finished_calls: list[str] = []
         self.finished_blocks: dict[str, RequestBlocks] = {}
+        self.params_seen: dict[str, dict[str, object] | None] = {}
         self.allocs: list[tuple[str, int]] = []
 
     def get_num_new_matched_tokens(
@@ -91,6 +92,7 @@ class ScriptedScheduler(BaseConnectorScheduler):
         self, request: KVConnectorRequest, blocks: RequestBlocks
     ) -> tuple[bool, dict[str, object] | None]:
         self.finished_calls.append(request.request_id)
+        self.params_seen[request.request_id] = request.kv_transfer_params
         self.finished_blocks[request.request_id] = blocks
         script = self.scripts.get(request.request_id)
         if script is None or script.send_steps == 0:

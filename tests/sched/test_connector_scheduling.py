@@ -254,6 +254,20 @@ def test_producer_keeps_blocks_until_the_send_finishes() -> None:
     h.assert_no_leaks()
 
 
+def test_kv_transfer_params_reach_the_connector_and_come_back() -> None:
+    """The client's kv_transfer_params (SamplingParams.extra_args) reach the connector with the
+    request; what request_finished returns replaces them for the final output."""
+    h = make_harness("full", scripts={"a": Script(external=0, send_steps=1)})
+    sent = {"do_remote_decode": True}
+    req = h.add("a", random_prompt(82, 9), max_tokens=1, kv_transfer_params=sent)
+    assert req.kv_transfer_params == sent
+    h.add("b", random_prompt(83, 9), max_tokens=2)
+    h.run()
+    assert h.connector.params_seen == {"a": sent, "b": None}
+    assert isinstance(req.kv_transfer_params, dict) and "remote_block_ids" in req.kv_transfer_params
+    h.assert_no_leaks()
+
+
 def test_producer_short_prompt_hands_over_its_partial_block() -> None:
     """P/D item 20: a prompt shorter than one block still hands over that (partial) block."""
     h = make_harness("full", scripts={"a": Script(external=0, send_steps=1)})

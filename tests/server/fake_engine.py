@@ -132,7 +132,14 @@ class FakeEngine:
         out = CompletionOutput(0, req.detok.text, list(req.out_ids), req.status, logprobs=lps,
                                stable_text_len=stable)  # fmt: skip
         return RequestOutput(req.request_id, None, req.prompt_ids, [out], req.status is not None,
-                             len(req.prompt_ids), cached_tokens={"local": 0}, error=req.error)  # fmt: skip
+                             len(req.prompt_ids), cached_tokens={"local": 0}, error=req.error,
+                             kv_transfer_params=self._transfer_params(req))  # fmt: skip
+
+    @staticmethod
+    def _transfer_params(req: _Req) -> dict[str, object] | None:
+        """Finished requests echo the client's kv_transfer_params (as a connector would)."""
+        sent = req.params.kv_transfer_params
+        return {"echo": sent} if sent is not None and req.status is not None else None
 
     def stats(self) -> EngineStats:
         used = sum(-(-(len(r.prompt_ids) + len(r.out_ids)) // BLOCK) for r in self.reqs.values())

@@ -35,20 +35,28 @@ if TYPE_CHECKING:
 
 
 class KVConnectorRequest(KVRequest, Protocol):
-    """What a connector reads of a request: the KV core's view plus its token ids."""
+    """What a connector reads of a request: the KV core's view, its token ids, and the
+    client's ``kv_transfer_params`` (None if none were sent; connectors that do not use them
+    ignore them)."""
 
     @property
     def all_token_ids(self) -> list[int]: ...
+
+    @property
+    def kv_transfer_params(self) -> dict[str, object] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
 class RequestBlocks:
     """A request's cache placement: ``block_ids[i]`` is its table in group
     ``layout.attention_group_ids[i]`` (null = 0) and ``state_slots[j]`` its live slot in
-    ``layout.state_group_ids[j]``."""
+    ``layout.state_group_ids[j]``. In ``build_connector_meta``, ``restored_slots`` names the
+    checkpoint slots restored into the live slots before this step's forward (None: no
+    restore); they keep that state until the step ends."""
 
     block_ids: tuple[list[int], ...]
     state_slots: tuple[int, ...]
+    restored_slots: tuple[int, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -138,6 +146,12 @@ class BaseConnectorScheduler(ABC):
         """Called exactly once per finished request, before its blocks are freed. Returns
         (delay_free_blocks, kv_transfer_params). With True the blocks stay allocated until the
         request id comes back in ``finished_sending``."""
+
+    def get_kept_tokens(self, request: KVConnectorRequest) -> int | None:
+        """For a request whose free ``request_finished`` delayed: the position its kept KV
+        serves. Sliding-window groups release at once the blocks no step resuming there reads;
+        None keeps every block until ``finished_sending``."""
+        return None
 
     def get_step_interval(self, request: KVConnectorRequest) -> int:
         """Token interval at which this request's steps must end (0: no constraint), so the

@@ -90,6 +90,9 @@ class FaultInjectionScheduler(BaseConnectorScheduler):
     def get_step_interval(self, request: KVConnectorRequest) -> int:
         return self.inner.get_step_interval(request)
 
+    def get_kept_tokens(self, request: KVConnectorRequest) -> int | None:
+        return self.inner.get_kept_tokens(request)
+
     def take_stats(self) -> FaultStats:
         return _wrap(self.inner.take_stats())
 

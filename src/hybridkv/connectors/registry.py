@@ -54,6 +54,10 @@ _REGISTRY: dict[str, ConnectorEntry] = {
         "hybridkv.connectors.offloading.config:OffloadingConfig",
         "hybridkv.connectors.offloading.connector:create_offloading_connector",
     ),
+    "NixlConnector": ConnectorEntry(
+        "hybridkv.connectors.nixl.options:NixlOptions",
+        "hybridkv.connectors.nixl.connector:create_nixl_connector",
+    ),
 }
 
 
@@ -65,6 +69,7 @@ class ConnectorContext:
     fingerprint: str  # layout + model identity; salts every key that leaves the process
     num_blocks: int
     num_state_slots: int
+    model_id: str = ""  # architecture, weights identity and dtype (handshake compatibility)
 
 
 Factory = Callable[[KVTransferConfig, ConnectorContext], KVConnectorPair]

@@ -117,13 +117,13 @@ class EngineCore:
         transfer_config = self.config.kv_transfer_config
         if transfer_config is None:
             return None
+        model_id = f"{self.model_config.architecture}:{self._weights_id()}:{self.dtype}"
         context = ConnectorContext(
             layout=self.layout,
-            fingerprint=self.layout.fingerprint(
-                f"{self.model_config.architecture}:{self._weights_id()}:{self.dtype}"
-            ),
+            fingerprint=self.layout.fingerprint(model_id),
             num_blocks=self.sizing.num_blocks,
             num_state_slots=self.sizing.num_state_slots,
+            model_id=model_id,
         )
         pair = create_connector(transfer_config, context)
         cache = self.runner.cache
@@ -164,6 +164,7 @@ class EngineCore:
         return EngineStats(
             num_running=sched.num_running,
             num_waiting=sched.num_waiting,
+            num_waiting_for_remote_kv=sched.num_waiting_for_remote_kv,
             kv_usage=float(sched.kv_usage),
             num_preemptions=sched.num_preemptions,
             prefix_cache_queries=cache.num_queries,

@@ -34,6 +34,7 @@ class RequestOutput:
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     logits: list[list[float]] | None = None  # per generated token, only if the engine keeps them
+    kv_transfer_params: dict[str, object] | None = None  # the connector's, once finished
 
     @property
     def text(self) -> str:
@@ -99,6 +100,7 @@ def make_output(req: Request, state: TextState, keep_logits: bool) -> RequestOut
         error=req.error,
         metrics=metrics,
         logits=list(state.logits) if keep_logits else None,
+        kv_transfer_params=req.kv_transfer_params if finished else None,
     )
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from hybridkv.connectors.base import BaseConnectorScheduler, RequestBlocks
 from hybridkv.connectors.config import LoadFailurePolicy
 from hybridkv.kv.coordinator import KVCacheCoordinator
+from hybridkv.kv.state_manager import StateCopy
 from hybridkv.request import Request, RequestStatus
 from hybridkv.step_io import ConnectorMetadata, FailureReason, KVConnectorOutput
 
@@ -100,8 +101,20 @@ class KVTransfer:
             req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
             self.holding[req.request_id] = req
 
-    def build_meta(self, scheduled: list[tuple[Request, int, int]]) -> ConnectorMetadata:
-        items = [(req, start, end, self.blocks_of(req)) for req, start, end in scheduled]
+    def build_meta(
+        self, scheduled: list[tuple[Request, int, int]], restores: list[StateCopy]
+    ) -> ConnectorMetadata:
+        """The connector's metadata for this step; ``restores`` (this step's checkpoint
+        restores) tell it which checkpoint a request's live state starts from."""
+        source = {(c.group_id, c.dst_slot): c.src_slot for c in restores}
+        items = []
+        for req, start, end in scheduled:
+            blocks = self.blocks_of(req)
+            keys = list(zip(self.kv.layout.state_group_ids, blocks.state_slots, strict=True))
+            if keys and all(k in source for k in keys):
+                restored = tuple(source[k] for k in keys)
+                blocks = RequestBlocks(blocks.block_ids, blocks.state_slots, restored)
+            items.append((req, start, end, blocks))
         return self.connector.build_connector_meta(items)  # type: ignore[arg-type]
 
     # -- after the step ------------------------------------------------------------------
@@ -193,6 +206,9 @@ class KVTransfer:
             return False
         if delay:
             self.delayed_free[rid] = req
+            kept = self.connector.get_kept_tokens(req)
+            if kept is not None:
+                self.kv.release_out_of_window(req, kept)
         self.forget(rid)
         return not delay
 

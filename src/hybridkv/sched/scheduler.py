@@ -47,6 +47,7 @@ class SchedulerStats:
     num_waiting: int
     num_preemptions: int
     kv_usage: float
+    num_waiting_for_remote_kv: int = 0  # included in num_waiting
 
 
 class Scheduler:
@@ -104,8 +105,14 @@ class Scheduler:
         return bool(self.requests) or (self.transfer is not None and self.transfer.has_pending())
 
     def stats(self) -> SchedulerStats:
+        remote = len(self.transfer.holding) if self.transfer else 0
+        loaded = len(self.ready)
         return SchedulerStats(
-            len(self.running), len(self.waiting), self.num_preemptions, self.kv.usage()
+            len(self.running),
+            len(self.waiting) + remote + loaded,
+            self.num_preemptions,
+            self.kv.usage(),
+            remote,
         )
 
     # -- one step ------------------------------------------------------------------------
@@ -119,7 +126,7 @@ class Scheduler:
         out = self._build_output(plan.slices)
         if self.transfer is not None:
             out.kv_connector_metadata = self.transfer.build_meta(
-                [(x.request, x.start, x.end) for x in plan.slices]
+                [(x.request, x.start, x.end) for x in plan.slices], out.state_restores
             )
         return out
 

@@ -82,7 +82,7 @@ async def stream_events(
             if text or end > start or out.finished or first:
                 lp = token_logprobs(out, start, end, tracker.num_sent_chars - len(text), tokenizer)
                 choice = fmt.chunk_choice(text, lp, finish_reason(out), first)
-                yield sse(chunk(fmt, header, choice))
+                yield sse(chunk(fmt, header, choice, out.kv_transfer_params))
                 first = False
             last = out
         if prepared.include_usage and last is not None:
