@@ -25,6 +25,7 @@ class ConnectorContext:
     fingerprint: str  # layout + model identity; salts every key that leaves the process
     num_blocks: int
     num_state_slots: int
+    max_model_len: int = 0  # 0: not known
 
 
 Factory = Callable[[KVTransferConfig, ConnectorContext], KVConnectorPair]

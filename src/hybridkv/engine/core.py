@@ -120,6 +120,7 @@ class EngineCore:
             ),
             num_blocks=self.sizing.num_blocks,
             num_state_slots=self.sizing.num_state_slots,
+            max_model_len=self.max_model_len,
         )
         pair = create_connector(transfer_config, context)
         cache = self.runner.cache

@@ -92,12 +92,13 @@ def test_pinned_units_are_never_evicted() -> None:
     a = make_request("a", 18)
     store(engine, a)
     index = engine.cpu.index
-    assert index.pin(a.block_hashes[1]) and index.pin(a.block_hashes[3])
+    head, tail = index.pin(a.block_hashes[1]), index.pin(a.block_hashes[3])
+    assert head and tail
     store(engine, make_request("b", 10, first_token=300), first_block=10)
     counters = engine.counters()
     assert counters["stores_skipped:no_room"] == 1 and "evictions.cpu" not in counters
-    index.unpin(a.block_hashes[1])
-    index.unpin(a.block_hashes[3])
+    index.unpin(a.block_hashes[1], head)
+    index.unpin(a.block_hashes[3], tail)
     engine.assert_clean()
 
 

@@ -104,6 +104,7 @@ class UnitPromotion:
     end: int
     source: str
     target: str
+    source_pin: int | None = None  # the serial of the source entry pinned
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,7 @@ class UnitSource:
     end: int
     unit_hash: BlockHash
     tier: str
+    pin: int | None = None  # the serial of the entry pinned (``TierIndex.pin``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,7 +124,7 @@ class OffloadingWorker(BaseConnectorWorker):
         if not isinstance(keys, OffloadLoadKeys):
             return
         for source in keys.units:
-            self.stack.unpin(source.tier, source.unit_hash)
+            self.stack.unpin(source.tier, source.unit_hash, source.pin)
 
     def _count_load_time(self, parts: list[LoadPart], seconds: float) -> None:
         nbytes: dict[str, int] = {}
@@ -188,13 +188,19 @@ class OffloadingWorker(BaseConnectorWorker):
     # -- misc ----------------------------------------------------------------------------
 
     def take_stats(self) -> ConnectorStats:
+        for tier in self.stack:
+            for name, value in tier.take_counters().items():
+                self._stats.add(name, value)
         return self._stats.take()
 
     def shutdown(self) -> None:
-        self._loader.shutdown(wait=True)
-        self._writer.shutdown()
+        """Bounded whatever the storage does: the tiers fail the I/O still outstanding after
+        their grace, which frees load threads waiting on it."""
+        self._loader.shutdown(wait=False, cancel_futures=True)
         self._stores.shutdown()
         self.stack.shutdown()
+        self._loader.shutdown(wait=True)
+        self._writer.shutdown()
 
 
 def _from_memory_only(stack: TierStack, spec: LoadSpec) -> bool:
