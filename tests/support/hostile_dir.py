@@ -13,22 +13,28 @@ from hybridkv.connectors.offloading.disk_format import tmp_owner
 KINDS = ("fifo", "symlink", "forged", "foreign", "truncated", "huge", "half_written")
 KEY_ID = slice(12, 20)  # disk_format v3: which directory key signed the part
 DIGEST_BYTE = 50  # inside the MAC'd payload digest
+HUGE = 5 << 30
 
 
 def make_hostile(directory: Path, outside: Path) -> dict[str, int]:
     """Corrupt every stored part under ``directory`` (one kind each, in turn); ``outside`` is a
     file the symlinks point at, which nothing may touch. Returns how many of each kind."""
     planted = dict.fromkeys(KINDS, 0)
-    parts = sorted(directory.rglob("*.kvu"))
+    parts = sorted(
+        p
+        for p in directory.rglob("*.kvu")
+        if p.is_file() and not p.is_symlink() and p.stat().st_size < HUGE  # not planted yet
+    )
     for n, part in enumerate(parts):
         kind = KINDS[n % len(KINDS)]
         _plant(part, kind, outside)
         planted[kind] += 1
     subdirs = sorted({p.parent for p in parts})
     for k, sub in enumerate(subdirs[:4]):
-        os.mkfifo(sub / f"junk{k}.kvu")
-        os.mkfifo(sub / f".junk{k}.kvu.00000000-1.abcd.tmp")
-    if parts:
+        for junk in (sub / f"junk{k}.kvu", sub / f".junk{k}.kvu.00000000-1.abcd.tmp"):
+            if not os.path.lexists(junk):
+                os.mkfifo(junk)
+    if parts and not os.path.lexists(parts[0].parent.parent / "zz"):
         (parts[0].parent.parent / "zz").symlink_to(outside.parent, target_is_directory=True)
     return planted
 
@@ -54,7 +60,7 @@ def _plant(part: Path, kind: str, outside: Path) -> None:
         part.write_bytes(data[: len(data) // 2])
     elif kind == "huge":  # a valid header, then gigabytes (sparse: free on disk)
         with open(part, "r+b") as f:
-            f.truncate(5 << 30)
+            f.truncate(HUGE)
 
 
 def snapshot(path: Path) -> dict[str, tuple[int, float, bytes]]:
