@@ -92,6 +92,7 @@ def test_a_huge_body_behind_a_valid_header_is_refused_before_reading(tmp_path: P
     began = time.monotonic()
     assert load(e, a) == {40: "corrupt", 41: "corrupt"}
     assert time.monotonic() - began < 2.0
+    assert e.disk.drain(5.0)
     assert not os.path.exists(head)  # a file of ours that is broken is removed
 
 
@@ -316,3 +317,21 @@ def test_numeric_options_are_checked_at_start_up(extra: dict[str, object], key: 
     context = ConnectorContext(make_layout("full"), "fp", 64, 4, max_model_len=32)
     with pytest.raises(ValueError, match=key):
         create_connector(KVTransferConfig.parse(config), context)
+
+
+@pytest.mark.timeout(60)
+def test_shutdown_is_quick_while_a_write_is_stuck(tmp_path: Path) -> None:
+    """Finding 4 (SIGTERM took 35 s): the engine's shutdown (wait for saves, then stop) ends
+    within seconds although a disk write never returns, and releases the CPU pins."""
+    e = engine(tmp_path, cpu=8 * UNIT, load_timeout_seconds=60)  # the watchdog stays quiet
+    stuck = threading.Event()
+    e.disk.fault = lambda op, path: stuck.wait() if op == "write" else None
+    a = make_request("a", 18)
+    blocks = table(e.layout, {0: [1, 2, 3, 4, 5]})
+    e.worker.save(e.scheduler.build_connector_meta([(a, 0, 16, blocks)]))
+    began = time.monotonic()
+    assert not e.offload_worker.wait_for_saves(30.0)  # as ``EngineCore.shutdown`` waits
+    e.worker.shutdown()
+    assert time.monotonic() - began < 10.0
+    assert e.cpu.index.num_pinned() == 0 and e.disk.index.num_pending() == 0
+    stuck.set()

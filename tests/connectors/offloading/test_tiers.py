@@ -190,6 +190,7 @@ def test_bad_disk_file_is_a_counted_failure_and_removed(
     assert num == 16
     out = engine.finish("l") if mode == "async" else engine.worker.get_finished([])
     assert out.invalid_block_ids == {42: reason, 43: reason} and not out.failed_recving
+    assert engine.disk.drain(5.0)  # bad files are deleted on the I/O pool
     assert not victim.exists()
     counters = engine.counters()
     assert counters[f"load_failures:{reason}"] == 1

@@ -169,10 +169,16 @@ class DiskTier(Tier):
         return removed
 
     def discard_bad(self, unit_hash: BlockHash, reason: str) -> int:
+        """Forget the unit; its files are deleted on the pool (counted there, in
+        ``files_removed``) unless gone or unreadable."""
         self.index.remove(unit_hash)
-        if reason in (MISSING, IO_ERROR, UNSAFE):  # gone, or unreadable: leave it be
-            return 0
-        return self.remove_files(unit_hash)
+        if reason not in (MISSING, IO_ERROR, UNSAFE):
+            self.submit(functools.partial(self._remove_bad, unit_hash), unit_hash)
+        return 0
+
+    def _remove_bad(self, unit_hash: BlockHash) -> None:
+        self._hook("delete", self.path(unit_hash, 0))
+        self.counters.add("files_removed", self.remove_files(unit_hash))
 
     def evict(self, entries: list[TierEntry]) -> None:
         self.discard(entries)

@@ -34,6 +34,8 @@ from hybridkv.connectors.offloading.units import UnitPromotion, UnitSave
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.step_io import ConnectorMetadata
 
+STALL_SECONDS = 5.0  # ``wait_for_saves`` gives up when no store ended for this long
+
 
 class _Once:
     """Whichever comes first of a job's own end and its tier giving up on it (stuck, shut
@@ -90,6 +92,7 @@ class StorePipeline:
         self._stats = stats
         self._cond = cond
         self.num_stores = 0  # unfinished, under ``cond``
+        self._num_ended = 0  # stores ended so far, under ``cond``
         self._inflight_bytes = 0
         self._stager = ThreadPoolExecutor(1, thread_name_prefix="offload-store")
         self._log = RateLimitedLog("OffloadingConnector stores")
@@ -294,6 +297,7 @@ class StorePipeline:
         with self._cond:
             self._inflight_bytes -= nbytes
             self.num_stores -= 1
+            self._num_ended += 1
             self._cond.notify_all()
 
     def _abort(self, save: UnitSave | UnitPromotion, reason: str) -> None:
@@ -310,8 +314,22 @@ class StorePipeline:
         self._stager.shutdown(wait=True)
 
     def wait_for_saves(self, timeout: float | None = None) -> bool:
+        """Wait for every store to end; False on ``timeout``, or as soon as none has ended for
+        ``STALL_SECONDS`` (a stuck disk: its watchdog fails those stores later), so a
+        shutdown never waits on a disk that does not answer."""
+        began = time.monotonic()
+        deadline = float("inf") if timeout is None else began + timeout
         with self._cond:
-            return self._cond.wait_for(lambda: self.num_stores == 0, timeout)
+            seen, progress_at = self._num_ended, began
+            while self.num_stores:
+                now = time.monotonic()
+                if self._num_ended != seen:
+                    seen, progress_at = self._num_ended, now
+                limit = min(deadline, progress_at + STALL_SECONDS)
+                if now >= limit:
+                    return False
+                self._cond.wait(limit - now)
+            return True
 
     def inflight_bytes(self) -> int:
         with self._cond:
