@@ -145,6 +145,8 @@ class IOPool:
                     self._busy.add(job.key)
                 job.started, job.worker, worker.job = time.monotonic(), worker, job
                 self._running.append(job)
+                if len(self._running) == 1:
+                    self._cond.notify_all()  # the watchdog sleeps while nothing runs
             self._call(job)
             with self._cond:
                 worker.job = None
@@ -179,6 +181,9 @@ class IOPool:
     def _watch(self) -> None:
         period = max(0.01, min(0.25, self.timeout / 4))
         while True:
+            with self._cond:  # idle pools cost no wake-ups
+                while not self._running and not self._closed:
+                    self._cond.wait()
             time.sleep(period)
             now = time.monotonic()
             with self._cond:
