@@ -33,8 +33,11 @@ from bench_common import machine_info
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from hybridkv.connectors.config import KVTransferConfig  # noqa: E402
-from hybridkv.connectors.registry import ConnectorContext, create_connector  # noqa: E402
+from hybridkv.connectors.registry import (  # noqa: E402
+    ConnectorContext,
+    create_connector,
+    parse_kv_transfer_config,
+)
 from hybridkv.engine.cache_access import DeviceCacheAccess  # noqa: E402
 from hybridkv.kv.hashing import BlockHasher, get_hash_fn  # noqa: E402
 from hybridkv.kv.spec import FullAttentionSpec, SlidingWindowSpec, create_layout  # noqa: E402
@@ -83,8 +86,9 @@ class Rig:
         self.tensors = CacheTensors(layout, self.num_blocks, 0)
         for t in self.tensors.backing:
             t.copy_(torch.randint(0, 256, t.shape, dtype=torch.uint8))
-        cfg = KVTransferConfig.parse(
-            {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": extra}
+        cfg = parse_kv_transfer_config(
+            {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": extra},
+            layout.block_size,
         )
         pair = create_connector(cfg, ConnectorContext(layout, "bench", self.num_blocks, 0))
         self.sched, self.worker = pair.scheduler, pair.worker

@@ -9,7 +9,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
-from hybridkv.config import BF16_MATMUL_CHOICES, CacheConfig, SchedulerConfig
+from hybridkv.config import BF16_MATMUL_CHOICES, CacheConfig, EngineConfig, SchedulerConfig
 
 ARCH_CHOICES = ("qwen3", "gemma3", "granitemoehybrid")
 
@@ -55,10 +55,16 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine options given, checked: ``kv_transfer_config`` comes back parsed (with its
+    connector's options), so a bad option fails here, before torch or any weight loads."""
     names = ["dtype", "bf16_matmul", "seed", "kv_transfer_config"] + [
         f.name for sub in (CacheConfig, SchedulerConfig) for f in fields(sub)
     ]
-    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    options = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    config = EngineConfig.create(getattr(args, "model", None) or "", **options)
+    if config.kv_transfer_config is not None:
+        options["kv_transfer_config"] = config.kv_transfer_config
+    return options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,6 +160,7 @@ def read_prompts_file(path: Path) -> list[dict[str, Any]]:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    options = engine_options(args)  # before the imports below load torch
     from hybridkv import LLM, SamplingParams
 
     prompts: list[Any] = (
@@ -162,7 +169,7 @@ def _generate(args: argparse.Namespace) -> int:
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
     )
-    llm = LLM(args.model, **engine_options(args))
+    llm = LLM(args.model, **options)
     outputs = llm.generate(prompts, params, use_tqdm=not args.json and len(prompts) > 1)
     failed = 0
     for out in outputs:

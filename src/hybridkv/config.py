@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from hybridkv.connectors.config import KVTransferConfig
+from hybridkv.connectors.registry import parse_kv_transfer_config
 from hybridkv.paths import parse_bytes
 
 # where a bfloat16 model's products run (``hybridkv.model.matmul``)
@@ -83,7 +85,7 @@ class EngineConfig:
     seed: int = 0
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    kv_transfer_config: dict[str, Any] | str | None = None
+    kv_transfer_config: KVTransferConfig | None = None  # parsed by ``create`` (see below)
 
     def __post_init__(self) -> None:
         _require(
@@ -98,21 +100,14 @@ class EngineConfig:
             self.bf16_matmul,
             ", ".join(BF16_MATMUL_CHOICES),
         )
-        if self.kv_transfer_config is not None:
-            from hybridkv.connectors.config import KVTransferConfig
-
-            parsed = KVTransferConfig.parse(self.kv_transfer_config)  # errors name the bad key
-            normal = {
-                "kv_connector": parsed.kv_connector,
-                "kv_role": parsed.kv_role,
-                "kv_connector_extra_config": parsed.kv_connector_extra_config,
-                "kv_load_failure_policy": parsed.kv_load_failure_policy,
-            }
-            object.__setattr__(self, "kv_transfer_config", normal)
+        if not isinstance(self.kv_transfer_config, KVTransferConfig | None):
+            raise TypeError("kv_transfer_config must be parsed: build with EngineConfig.create")
 
     @classmethod
     def create(cls, model: str, **options: Any) -> EngineConfig:
-        """Build from flat vLLM-style options; unknown names are errors."""
+        """Build from flat vLLM-style options; unknown names are errors. A
+        ``kv_transfer_config`` (dict, JSON string or ``KVTransferConfig``) is parsed here with
+        its connector's options, so a bad connector option fails before the model loads."""
         sub: dict[type[Any], dict[str, Any]] = {CacheConfig: {}, SchedulerConfig: {}}
         top: dict[str, Any] = {}
         for name, value in options.items():
@@ -122,8 +117,13 @@ class EngineConfig:
             if name == "kv_cache_memory":
                 value = parse_bytes(value, "kv_cache_memory")
             (top if target is None else sub[target])[name] = value
-        return cls(model=model, cache=CacheConfig(**sub[CacheConfig]),
-                   scheduler=SchedulerConfig(**sub[SchedulerConfig]), **top)  # fmt: skip
+        cache = CacheConfig(**sub[CacheConfig])
+        if "kv_transfer_config" in top:
+            top["kv_transfer_config"] = parse_kv_transfer_config(
+                top["kv_transfer_config"], cache.block_size
+            )
+        return cls(model=model, cache=cache, scheduler=SchedulerConfig(**sub[SchedulerConfig]),
+                   **top)  # fmt: skip
 
 
 _TOP_LEVEL = {"dtype", "bf16_matmul", "seed", "kv_transfer_config"}

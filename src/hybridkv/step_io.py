@@ -131,9 +131,11 @@ class SchedulerOutput:
 
 @dataclass(slots=True)
 class RunnerOutput:
-    """Sampled tokens of the requests that asked to sample, keyed by request id."""
+    """Sampled tokens of the requests that asked to sample, keyed by request id; ``errors``
+    names the requests the runner could not sample for (non-finite logits): they fail."""
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
     logprobs: dict[str, float] = field(default_factory=dict)  # only where sampling_params.logprobs
     logits: dict[str, list[float]] = field(default_factory=dict)  # only if the runner keeps logits
     kv_connector_output: KVConnectorOutput | None = None  # filled by the engine after the step

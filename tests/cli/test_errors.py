@@ -85,3 +85,16 @@ def test_bad_prompts_fail_alone(checkpoints: dict[str, Path], tmp_path: Path) ->
     for rec, prompt in zip([records[0], records[3]], good, strict=True):
         assert rec["token_ids"] == hf_reference(model_dir, prompt, MAX_TOKENS)[0]
         assert "error" not in rec
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-request-bytes", "0"], "invalid --max-request-bytes"),
+        (["--max-queued-requests", "0"], "--max-queued-requests must be an integer >= 1"),
+        (["--engine-stall-seconds", "nan"], "--engine-stall-seconds must be a finite number"),
+        (["--api-key", "k", "--api-key-file", "f"], "give --api-key or --api-key-file"),
+    ],
+)
+def test_bad_serve_limits_fail_before_the_model_loads(args: list[str], message: str) -> None:
+    assert_clean_error(run_cli("serve", "--port", "1", *args), message)

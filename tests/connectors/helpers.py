@@ -11,9 +11,12 @@ from typing import Any
 import torch
 
 from hybridkv.connectors.base import KVConnectorPair, RequestBlocks
-from hybridkv.connectors.config import KVTransferConfig
 from hybridkv.connectors.file_worker import FileConnectorWorker
-from hybridkv.connectors.registry import ConnectorContext, create_connector
+from hybridkv.connectors.registry import (
+    ConnectorContext,
+    create_connector,
+    parse_kv_transfer_config,
+)
 from hybridkv.engine.cache_access import DeviceCacheAccess
 from hybridkv.kv.hashing import BlockHash, BlockHasher, get_hash_fn
 from hybridkv.kv.spec import (
@@ -121,7 +124,9 @@ class Engine:
                 raw.copy_(torch.randint(0, 128, raw.shape, generator=generator, dtype=torch.uint8))
         self.cache = DeviceCacheAccess(layout, self.tensors.backing, self.tensors.states)
         context = ConnectorContext(layout, fingerprint, NUM_BLOCKS, NUM_SLOTS)
-        pair: KVConnectorPair = create_connector(KVTransferConfig.parse(config), context)
+        pair: KVConnectorPair = create_connector(
+            parse_kv_transfer_config(config, layout.block_size), context
+        )
         self.scheduler, self.worker = pair.scheduler, pair.worker
         self.worker.register_kv_caches(self.cache)
 

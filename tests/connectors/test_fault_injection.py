@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from hybridkv.connectors.config import KVTransferConfig
+from hybridkv.connectors.config import OptionsContext
 from hybridkv.connectors.fault_injection import FaultInjectionWorker
 from hybridkv.connectors.fault_plan import FaultConfig, plan_faults
+from hybridkv.connectors.registry import parse_kv_transfer_config
 from hybridkv.step_io import KVConnectorOutput, LoadSpec
 
 from .helpers import Engine, fault_config, file_config, make_layout, make_request, table
@@ -23,7 +24,7 @@ SRC_OF = {11: 1, 12: 2, 13: 3, 14: 4, 16: 8, 17: 9}
 
 
 def config(**faults: Any) -> FaultConfig:
-    return FaultConfig.parse({"inner": file_config("/unused"), **faults})
+    return FaultConfig.parse({"inner": file_config("/unused"), **faults}, OptionsContext(16))
 
 
 def big_spec(rid: str = "r", num_blocks: int = 2000) -> LoadSpec:
@@ -170,9 +171,9 @@ def test_bad_config_names_the_key(faults: dict[str, Any], key: str) -> None:
 
 def test_bad_inner_config_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="inner"):
-        FaultConfig.parse({"block_failure_rate": 0.1})
+        FaultConfig.parse({"block_failure_rate": 0.1}, OptionsContext(16))
     with pytest.raises(ValueError, match="inner"):
-        FaultConfig.parse({"inner": {"kv_role": "kv_both"}})
+        FaultConfig.parse({"inner": {"kv_role": "kv_both"}}, OptionsContext(16))
     with pytest.raises(ValueError, match="NoSuchConnector"):
         Engine(
             {
@@ -183,7 +184,7 @@ def test_bad_inner_config_is_an_error(tmp_path: Path) -> None:
         )
     with pytest.raises(ValueError, match="load_mode"):
         Engine(fault_config(tmp_path, {"load_mode": "never"}), make_layout())
-    assert KVTransferConfig.parse(fault_config(tmp_path)).kv_connector == "FaultInjection"
+    assert parse_kv_transfer_config(fault_config(tmp_path), 16).kv_connector == "FaultInjection"
 
 
 def test_the_wrapper_forwards_every_hook_of_the_contract() -> None:

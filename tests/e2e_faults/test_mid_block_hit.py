@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from hybridkv import LLM
-from hybridkv.connectors.config import KVTransferConfig
 from hybridkv.connectors.fault_plan import FaultConfig, plan_faults
+from hybridkv.connectors.registry import parse_kv_transfer_config
 from hybridkv.step_io import LoadSpec, SchedulerOutput
 
 from .conftest import Builder
@@ -128,7 +128,10 @@ def _seed_failing_first_at(block: int, rate: float) -> int:
     """A FaultInjection seed whose first failed block of req-0's 4-block load is ``block``."""
     spec = LoadSpec("req-0", 0, 4 * B - 1, ([1, 2, 3, 4],), ([0, 1, 2, 3],), (), False)
     for seed in range(10_000):
-        config = FaultConfig(KVTransferConfig("FileConnector"), block_failure_rate=rate, seed=seed)
+        inner = parse_kv_transfer_config(
+            {"kv_connector": "FileConnector", "kv_connector_extra_config": {"path": "/unused"}}, B
+        )
+        config = FaultConfig(inner, block_failure_rate=rate, seed=seed)
         bad = plan_faults(config, spec, ()).blocks
         if bad and min(bad) == block + 1:  # block ids are 1..4 for indices 0..3
             return seed

@@ -89,12 +89,32 @@ def test_bad_engine_option_is_named(
         {"top_k": -2},
         {"stop": [""]},
         {"stop_token_ids": [-1]},
+        # hostile values (issue 18): non-finite numbers, bools as ints, huge stop lists
+        {"temperature": float("inf")},
+        {"temperature": float("nan")},
+        {"top_p": float("nan")},
+        {"max_tokens": True},
+        {"max_tokens": 2.0},
+        {"top_k": True},
+        {"seed": 1.5},
+        {"logprobs": 1},
+        {"stop": ["x"] * 300_000},
+        {"stop": ["x" * 5000]},
+        {"stop_token_ids": list(range(2000))},
     ],
 )
 def test_invalid_sampling_parameter_is_named(params: dict[str, Any]) -> None:
     (name,) = params
-    with pytest.raises(ValueError, match=f"invalid sampling parameter {name}="):
+    with pytest.raises(ValueError, match=f"invalid sampling parameter {name}=") as info:
         SamplingParams(**params)
+    assert len(str(info.value)) < 300  # a hostile value is not echoed whole
+
+
+def test_tiny_temperatures_are_greedy_or_raised_like_vllm() -> None:
+    assert SamplingParams(temperature=1e-40).greedy  # 1e-40 once sampled token 0 every time
+    assert SamplingParams(temperature=1e-6).temperature == 0.0
+    assert SamplingParams(temperature=1e-3).temperature == 1e-2  # no overflow to inf
+    assert SamplingParams(temperature=0.7).temperature == 0.7
 
 
 # -- one bad request in a batch ----------------------------------------------------------
@@ -110,6 +130,8 @@ def test_bad_requests_fail_alone_in_a_batch(checkpoints: dict[str, Path]) -> Non
         4: ([5, -1], r"token ids \[-1\] outside the vocabulary"),
         6: ([], "the prompt is empty"),
         7: ({"text": "hi"}, "a prompt dict needs 'prompt' or 'prompt_token_ids'"),
+        8: ("lone \ud800 surrogate", "not valid Unicode: a lone surrogate U\\+D800"),
+        9: ({"prompt": "hi", "cache_salt": ""}, "cache_salt must be a non-empty string"),
     }
     batch: list[Any] = []
     good_at = []
@@ -142,3 +164,26 @@ def test_a_long_running_engine_does_not_accumulate_kv_events(
     pools = [llm.engine.kv.pool, *(sm.pool for sm in llm.engine.kv.state)]
     assert all(not p.events for p in pools)
     assert llm.engine.kv.pool.cached  # prefix caching itself still works
+
+
+def test_non_finite_logits_fail_that_request_alone(
+    checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    """A NaN embedding row for token 999: a prompt holding it gets NaN logits (as a forged KV
+    unit would give); it fails with a clear error and no token, the others are unchanged."""
+    from safetensors.torch import load_file, save_file
+
+    model_dir = copy_checkpoint(checkpoints["granitemoehybrid"], tmp_path / "m")
+    path = model_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    tensors["model.embed_tokens.weight"][999] = float("nan")
+    save_file(tensors, str(path), {"format": "pt"})
+    good = [random_ids(20, 50), random_ids(30, 51)]
+    poisoned = [t for t in random_ids(25, 52) if t != 999] + [999, 5]
+    llm = make_llm(model_dir)
+    outs = llm.generate([good[0], poisoned, good[1]], greedy(logprobs=True), use_tqdm=False)
+    assert outs[1].finish_reason == "error" and outs[1].token_ids == []
+    assert outs[1].error is not None and "non-finite logits" in outs[1].error
+    assert_matches_hf(checkpoints["granitemoehybrid"], good, [outs[0], outs[2]], "beside NaN")
+    assert all(lp == lp for o in (outs[0], outs[2]) for lp in o.outputs[0].logprobs or [])
+    assert_no_leaks(llm.engine)

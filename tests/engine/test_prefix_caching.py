@@ -100,3 +100,20 @@ def test_granite_4h_system_prompt_of_64_tokens_hits(checkpoints: dict[str, Path]
     conv.send(system + random_ids(3, 18), greedy(6))
     assert conv.hits() == [0, 64, 64]
     conv.close()
+
+
+def test_cache_salt_separates_tenants(checkpoints: dict[str, Path]) -> None:
+    """vLLM's ``cache_salt``: a prefix is only shared between requests with the same salt (it
+    salts block 0's hash, so every later hash, local or external, differs too)."""
+    llm = make_llm(checkpoints["granitemoehybrid"])
+    prompt = random_ids(48, 15)
+
+    def hit(salt: str | None) -> int:
+        item: dict[str, Any] = {"prompt_token_ids": prompt}
+        if salt is not None:
+            item["cache_salt"] = salt
+        (out,) = llm.generate([item], greedy(2), use_tqdm=False)
+        return out.cached_tokens["local"]
+
+    assert [hit("alice"), hit("bob"), hit(None), hit("alice"), hit(None)] == [0, 0, 0, 32, 32]
+    assert_no_leaks(llm.engine)

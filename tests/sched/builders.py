@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass, field
 
 from hybridkv.config import SchedulerConfig
+from hybridkv.connectors.config import LoadFailurePolicy
 from hybridkv.engine.step import run_step
 from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHasher, get_hash_fn
@@ -78,7 +79,7 @@ def make_harness(
     if scripts is None:
         return Harness(Scheduler(config, max_model_len, kv), kv, runner)
     connector = ScriptedScheduler(scripts)
-    transfer = KVTransfer(connector, policy, kv)
+    transfer = KVTransfer(connector, LoadFailurePolicy(policy), kv)
     scheduler = Scheduler(config, max_model_len, kv, transfer)
     return Harness(
         scheduler, kv, runner, connector=connector, worker=ScriptedWorker(runner, scripts)

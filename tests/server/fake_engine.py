@@ -64,6 +64,7 @@ class FakeEngine:
         self.tokenizer = CharTokenizer()
         self.max_model_len = max_model_len
         self.step_delay = step_delay
+        self.stall_seconds = 1.5
         self.model_config = SimpleNamespace(vocab_size=256)
         self.layout = SimpleNamespace(
             groups=[SimpleNamespace(group_id=0, kind=SimpleNamespace(value="full_attention"))]
@@ -111,6 +112,8 @@ class FakeEngine:
             prompt = self.tokenizer.decode(req.prompt_ids)
             if "CRASH" in prompt:
                 raise RuntimeError("the fake engine crashed")
+            if "STALL" in prompt and not req.out_ids:
+                time.sleep(self.stall_seconds)  # one stuck step (a disk that does not answer)
             if "FAIL" in prompt and req.out_ids:
                 req.status, req.error = "error", "KV load failed (fake)"
                 del self.reqs[req.request_id]

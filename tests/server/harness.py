@@ -24,12 +24,14 @@ def free_port() -> int:
 class ThreadedServer:
     """uvicorn serving ``app`` on a free port in a background thread."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, **config_kw: Any) -> None:
         import uvicorn
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", **config_kw
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -36,6 +36,14 @@ def served() -> Iterator[tuple[ThreadedServer, FakeEngine]]:
         yield server, fake
 
 
+@pytest.fixture(scope="module")
+def long_served() -> Iterator[tuple[ThreadedServer, FakeEngine]]:
+    """Room for requests that run until their client goes away (max_tokens within context)."""
+    app, fake = make_app(step_delay=0.002, max_model_len=1 << 20)
+    with ThreadedServer(app) as server:
+        yield server, fake
+
+
 @pytest.fixture
 def client(served: tuple[ThreadedServer, FakeEngine]) -> openai.OpenAI:
     return openai.OpenAI(base_url=served[0].url + "/v1", api_key="unused", max_retries=0)
@@ -162,6 +170,42 @@ BAD_REQUESTS = [
         "messages",
     ),  # fmt: skip
     ("/v1/nothing", {}, 404, None),
+    # hostile values (issue 18): no coercion, finite numbers, valid Unicode, bounded lists
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": True}, 422, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": "5"}, 422, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "top_p": "0.5"}, 422, "top_p"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "stream": 1}, 422, "stream"),
+    (
+        "/v1/completions",
+        b'{"model": "fake-model", "prompt": "a", "temperature": Infinity}',
+        422,
+        "temperature",
+    ),  # fmt: skip
+    ("/v1/completions", b'{"model": "fake-model", "prompt": "a", "top_p": NaN}', 422, "top_p"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "logprobs": -1}, 400, "logprobs"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 64}, 400, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "stop": ["x"] * 65}, 400, "stop"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "logit_bias": {"1": 5}}, 400, "logit_bias"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "cache_salt": ""}, 400, "cache_salt"),
+    ("/v1/completions", b'{"model": "fake-model", "prompt": "a\\ud800b"}', 400, "prompt"),
+    (
+        "/v1/chat/completions",
+        b'{"model": "fake-model", "messages": [{"role": "user", "content": "\\ud800"}]}',
+        400,
+        "messages",
+    ),  # fmt: skip
+    (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": -2},
+        400,
+        "top_logprobs",
+    ),  # fmt: skip
+    (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 100},
+        400,
+        "max_tokens",
+    ),  # fmt: skip
 ]
 
 
@@ -189,8 +233,8 @@ def test_engine_calls_stay_on_the_engine_thread(served, client) -> None:  # noqa
     assert served[1].threads == {"hybridkv-engine"}
 
 
-def test_stream_disconnect_aborts(served) -> None:  # noqa: ANN001
-    server, fake = served
+def test_stream_disconnect_aborts(long_served) -> None:  # noqa: ANN001
+    server, fake = long_served
     body = {"model": MODEL, "prompt": "a", "max_tokens": 10_000, "stream": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
         lines = r.iter_lines()
@@ -203,8 +247,8 @@ def test_stream_disconnect_aborts(served) -> None:  # noqa: ANN001
     assert m["hybridkv:requests_finished_total{finish_reason=abort}"] >= 1
 
 
-def test_non_stream_disconnect_aborts(served) -> None:  # noqa: ANN001
-    server, fake = served
+def test_non_stream_disconnect_aborts(long_served) -> None:  # noqa: ANN001
+    server, fake = long_served
     body = {"model": MODEL, "prompt": "a", "max_tokens": 100_000}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/completions", json=body, timeout=0.5)

@@ -1,53 +1,126 @@
-"""``kv_transfer_config``: vLLM's keys, validated at start-up."""
+"""``kv_transfer_config``: vLLM's keys, parsed once at the boundary into typed values.
+
+``parse_kv_transfer_config`` (in ``registry.py``) turns a dict or a JSON string into a
+``KVTransferConfig`` whose ``options`` is the connector's own frozen dataclass, parsed by the
+connector's registry entry before any model weight is read. Everything past the boundary reads
+the typed config; nothing re-parses it.
+"""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
-ROLES = ("kv_producer", "kv_consumer", "kv_both")
-POLICIES = ("recompute", "fail")
-_KEYS = {"kv_connector", "kv_role", "kv_connector_extra_config", "kv_load_failure_policy"}
+KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config", "kv_load_failure_policy")
+
+
+class Choice(str, Enum):
+    """A string option's choices: equal to, printed and formatted as its value (``StrEnum``
+    without needing Python 3.11)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class KVRole(Choice):
+    PRODUCER = "kv_producer"  # saves only
+    CONSUMER = "kv_consumer"  # loads only
+    BOTH = "kv_both"
+
+    @property
+    def loads(self) -> bool:
+        return self is not KVRole.PRODUCER
+
+    @property
+    def saves(self) -> bool:
+        return self is not KVRole.CONSUMER
+
+
+class LoadFailurePolicy(Choice):
+    """What the scheduler does with a request whose external KV failed to load."""
+
+    RECOMPUTE = "recompute"  # compute the tokens again (never a wrong token)
+    FAIL = "fail"  # finish the request with an error
+
+
+class LoadMode(Choice):
+    ASYNC = "async"  # the request waits (WAITING_FOR_REMOTE_KVS) while its bytes land
+    SYNC = "sync"  # bytes land before the step's forward pass
+
+
+class TierName(Choice):
+    """Where external KV lives; the ``tier`` label of the offload metrics."""
+
+    CPU = "cpu"
+    DISK = "disk"
+    REMOTE = "remote"
+
+
+E = TypeVar("E", bound=Enum)
+
+
+def parse_choice(kind: type[E], value: object, where: str) -> E:
+    """``value`` as a member of ``kind`` (by value), or a ValueError naming ``where``."""
+    try:
+        return kind(value)
+    except ValueError:
+        choices = [m.value for m in kind]
+        raise ValueError(f"{where}={value!r} must be one of {choices}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class OptionsContext:
+    """What an options parser may check against: engine options known before the model loads."""
+
+    block_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorOptions:
+    """Base of every connector's parsed ``kv_connector_extra_config`` (a frozen dataclass).
+
+    A subclass adds its fields and a classmethod
+    ``parse(extra: Mapping[str, Any], ctx: OptionsContext) -> Self`` that rejects unknown keys
+    and bad values with a ValueError naming the option; it must not import torch or touch
+    files (it runs at the boundary, before the model loads)."""
+
+    @classmethod
+    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> ConnectorOptions:
+        raise NotImplementedError(f"{cls.__name__}.parse")
+
+
+@dataclass(frozen=True, slots=True)
+class NoOptions(ConnectorOptions):
+    """For a connector that takes no ``kv_connector_extra_config``."""
+
+    @classmethod
+    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> NoOptions:
+        if extra:
+            raise ValueError(f"unknown keys {sorted(extra)} in kv_connector_extra_config")
+        return cls()
+
+
+Opt = TypeVar("Opt", bound=ConnectorOptions)
 
 
 @dataclass(frozen=True, slots=True)
 class KVTransferConfig:
     kv_connector: str
-    kv_role: str = "kv_both"
-    kv_connector_extra_config: dict[str, Any] = field(default_factory=dict)
-    kv_load_failure_policy: str = "recompute"
+    options: ConnectorOptions  # the connector's parsed kv_connector_extra_config
+    kv_role: KVRole = KVRole.BOTH
+    kv_load_failure_policy: LoadFailurePolicy = LoadFailurePolicy.RECOMPUTE
+    kv_connector_extra_config: Mapping[str, Any] = field(default_factory=dict)  # as given
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.kv_connector, str) or not self.kv_connector:
-            raise ValueError("kv_transfer_config: 'kv_connector' must name a connector")
-        if self.kv_role not in ROLES:
-            raise ValueError(f"kv_transfer_config: kv_role={self.kv_role!r} must be one of {ROLES}")
-        if self.kv_load_failure_policy not in POLICIES:
-            raise ValueError(
-                f"kv_transfer_config: kv_load_failure_policy={self.kv_load_failure_policy!r} "
-                f"must be one of {POLICIES}"
+    def options_as(self, kind: type[Opt]) -> Opt:
+        """``options`` as the connector's own type (a factory's first line)."""
+        if not isinstance(self.options, kind):
+            raise TypeError(
+                f"{self.kv_connector}: options are {type(self.options).__name__}, "
+                f"expected {kind.__name__}"
             )
-        if not isinstance(self.kv_connector_extra_config, dict):
-            raise ValueError("kv_transfer_config: 'kv_connector_extra_config' must be an object")
-
-    @classmethod
-    def parse(cls, value: KVTransferConfig | dict[str, Any] | str) -> KVTransferConfig:
-        """From a dict, a JSON string (the CLI's ``--kv-transfer-config``) or itself."""
-        if isinstance(value, KVTransferConfig):
-            return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"kv_transfer_config is not valid JSON: {exc.msg}") from None
-        if not isinstance(value, dict):
-            raise ValueError("kv_transfer_config must be a JSON object")
-        unknown = set(value) - _KEYS
-        if unknown:
-            raise ValueError(
-                f"kv_transfer_config: unknown keys {sorted(unknown)}; known: {sorted(_KEYS)}"
-            )
-        if "kv_connector" not in value:
-            raise ValueError("kv_transfer_config: 'kv_connector' is required")
-        return cls(**value)
+        return self.options

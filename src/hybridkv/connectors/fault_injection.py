@@ -232,7 +232,7 @@ def _merge(into: KVConnectorOutput, other: KVConnectorOutput) -> None:
 
 
 def create_fault_injection(config: KVTransferConfig, context: ConnectorContext) -> KVConnectorPair:
-    faults = FaultConfig.parse(config.kv_connector_extra_config)
+    faults = config.options_as(FaultConfig)
     inner = create_connector(faults.inner, context)
     worker = FaultInjectionWorker(inner.worker, faults, context.layout)
     return KVConnectorPair(FaultInjectionScheduler(inner.scheduler), worker)

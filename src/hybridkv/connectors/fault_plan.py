@@ -7,10 +7,12 @@ timing or call order, so the same seed and requests break the same parts in ever
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridkv.connectors.config import KVTransferConfig
+from hybridkv.connectors.config import ConnectorOptions, KVTransferConfig, OptionsContext
+from hybridkv.connectors.registry import parse_kv_transfer_config
 from hybridkv.step_io import LoadSpec
 
 INJECTED = "injected"
@@ -21,7 +23,7 @@ _KEYS = {"inner", *_RATES, "delay_seconds", "load_timeout_seconds", "seed"}
 
 
 @dataclass(frozen=True, slots=True)
-class FaultConfig:
+class FaultConfig(ConnectorOptions):
     inner: KVTransferConfig
     block_failure_rate: float = 0.0
     request_failure_rate: float = 0.0
@@ -31,14 +33,14 @@ class FaultConfig:
     seed: int = 0
 
     @classmethod
-    def parse(cls, extra: dict[str, Any]) -> FaultConfig:
+    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> FaultConfig:
         for name in extra:
             if name not in _KEYS:
                 raise ValueError(f"FaultInjection: unknown key {name!r}; known: {sorted(_KEYS)}")
         if "inner" not in extra:
             raise ValueError("FaultInjection: 'inner' (the wrapped kv_transfer_config) is required")
         try:
-            inner = KVTransferConfig.parse(extra["inner"])
+            inner = parse_kv_transfer_config(extra["inner"], ctx.block_size)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"FaultInjection: 'inner': {exc}") from None
         values: dict[str, Any] = {}
@@ -55,7 +57,7 @@ class FaultConfig:
 
 
 def _number(
-    extra: dict[str, Any], name: str, default: float, low: float, high: float | None = None
+    extra: Mapping[str, Any], name: str, default: float, low: float, high: float | None = None
 ) -> float:
     value = extra.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int | float):

@@ -2,7 +2,8 @@
 
 Config (``kv_connector_extra_config``)::
 
-    {"path": DIR (required), "load_mode": "async" | "sync" (default "async"), "save": true}
+    {"path": DIR (required), "load_mode": "async" | "sync" (default "async"), "save": true,
+     "load_timeout_seconds": 30.0}
 
 The scheduler half (here) decides from the store's index; the worker half
 (``file_worker.py``) reads and writes the files (``file_format.py``). A hit at T is reported only
@@ -17,7 +18,9 @@ when every group has what a resume at T needs (architecture principle 5)::
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +31,13 @@ from hybridkv.connectors.base import (
     KVConnectorRequest,
     RequestBlocks,
 )
-from hybridkv.connectors.config import KVTransferConfig
+from hybridkv.connectors.config import (
+    ConnectorOptions,
+    KVTransferConfig,
+    LoadMode,
+    OptionsContext,
+    parse_choice,
+)
 from hybridkv.connectors.file_store import (
     FileLoadKeys,
     FileSave,
@@ -40,18 +49,19 @@ from hybridkv.connectors.registry import ConnectorContext
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, SpecKind
 from hybridkv.step_io import ConnectorMetadata, LoadSpec
 
-LOAD_MODES = ("async", "sync")
+MAX_LOAD_TIMEOUT_SECONDS = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
-class FileConnectorConfig:
+class FileConnectorConfig(ConnectorOptions):
     path: str
-    load_mode: str = "async"
+    load_mode: LoadMode = LoadMode.ASYNC
     save: bool = True
+    load_timeout_seconds: float = 30.0  # a load still reading then fails (reason "timeout")
 
     @classmethod
-    def parse(cls, extra: dict[str, Any]) -> FileConnectorConfig:
-        known = {"path", "load_mode", "save"}
+    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> FileConnectorConfig:
+        known = {"path", "load_mode", "save", "load_timeout_seconds"}
         for name in extra:
             if name not in known:
                 raise ValueError(
@@ -61,15 +71,23 @@ class FileConnectorConfig:
         path = extra.get("path")
         if not isinstance(path, str | os.PathLike) or not os.fspath(path):
             raise ValueError("FileConnector: 'path' (a directory) is required")
-        load_mode = extra.get("load_mode", "async")
-        if load_mode not in LOAD_MODES:
-            raise ValueError(
-                f"FileConnector: 'load_mode'={load_mode!r} must be one of {LOAD_MODES}"
-            )
+        load_mode = parse_choice(
+            LoadMode, extra.get("load_mode", "async"), "FileConnector: 'load_mode'"
+        )
         save = extra.get("save", True)
         if not isinstance(save, bool):
             raise ValueError(f"FileConnector: 'save'={save!r} must be true or false")
-        return cls(str(os.fspath(path)), load_mode, save)
+        timeout = extra.get("load_timeout_seconds", 30.0)
+        if not _is_real(timeout) or not 0 < timeout <= MAX_LOAD_TIMEOUT_SECONDS:
+            raise ValueError(
+                f"FileConnector: 'load_timeout_seconds'={timeout!r} must be a number in "
+                f"(0, {MAX_LOAD_TIMEOUT_SECONDS:g}]"
+            )
+        return cls(str(os.fspath(path)), load_mode, save, float(timeout))
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class FileConnectorScheduler(BaseConnectorScheduler):
@@ -223,7 +241,7 @@ class FileConnectorScheduler(BaseConnectorScheduler):
 def create_file_connector(config: KVTransferConfig, context: ConnectorContext) -> KVConnectorPair:
     from hybridkv.connectors.file_worker import FileConnectorWorker
 
-    options = FileConnectorConfig.parse(config.kv_connector_extra_config)
+    options = config.options_as(FileConnectorConfig)
     try:
         store = FileStore(options.path, context.fingerprint)
     except OSError as exc:  # not a directory, no permission...: a config error, said at start-up
@@ -234,8 +252,11 @@ def create_file_connector(config: KVTransferConfig, context: ConnectorContext) -
     scheduler = FileConnectorScheduler(
         context.layout,
         store,
-        load_async=options.load_mode == "async",
-        save=options.save and config.kv_role != "kv_consumer",
-        load=config.kv_role != "kv_producer",
+        load_async=options.load_mode is LoadMode.ASYNC,
+        save=options.save and config.kv_role.saves,
+        load=config.kv_role.loads,
     )
-    return KVConnectorPair(scheduler, FileConnectorWorker(context.layout, store))
+    worker = FileConnectorWorker(
+        context.layout, store, load_timeout_seconds=options.load_timeout_seconds
+    )
+    return KVConnectorPair(scheduler, worker)

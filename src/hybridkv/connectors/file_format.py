@@ -18,16 +18,21 @@ tiers (the offloading connector's disk tier) can verify every load; readers acce
 
 A file is written under a temporary name in its final directory and renamed into place, so a
 reader sees either nothing or a whole file. A reader checks everything it can: a file that fails
-any check is a ``PartError`` with a reason, never bytes.
+any check is a ``PartError`` with a reason, never bytes. Readers open regular files only
+(``O_NOFOLLOW | O_NONBLOCK``) and check sizes against the header before reading a payload.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import io
 import os
+import stat
 import struct
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import xxhash
@@ -70,6 +75,7 @@ class PartHeader:
     span: tuple[int, int]
     payload_len: int
     payload_offset: int
+    checksum: bytes = b""
 
 
 def write_part(
@@ -114,42 +120,86 @@ def write_part(
 def read_part(
     path: str, fingerprint: str, key: str, span: tuple[int, int], payload_len: int
 ) -> memoryview:
-    """Read and verify the whole part at ``path``; returns its payload or raises ``PartError``."""
-    try:
-        with open(path, "rb", buffering=0) as f:
-            data = bytearray(os.fstat(f.fileno()).st_size)  # writable: tensors can share it
-            size = f.readinto(data)
-    except FileNotFoundError:
-        raise PartError(MISSING, path) from None
-    except OSError as exc:
-        raise PartError(IO_ERROR, str(exc)) from None
-    return _parse(memoryview(data)[:size], fingerprint, key, span, payload_len)
+    """Read and verify the part at ``path``; returns its payload or raises ``PartError``.
+
+    Only a regular file is opened, never through a symlink and never blocking (a FIFO planted
+    at ``path`` is refused at once, not waited on). The header is checked against what the
+    caller expects before the payload is read, and the file's size against the header: no
+    more than ``payload_len`` bytes are ever allocated, whatever the file says."""
+    with _open_regular(path) as f:
+        head = _read_head(f)
+        if (head.fingerprint, head.key, head.span) != (fingerprint, key, span):
+            raise PartError(MISMATCH, f"holds {head.fingerprint}/{head.key} {list(head.span)}")
+        if head.payload_len != payload_len:
+            raise PartError(
+                MISMATCH, f"payload of {head.payload_len} bytes, layout needs {payload_len}"
+            )
+        _check_size(f, head)
+        data = bytearray(payload_len)  # writable: tensors can share it
+        try:
+            got = f.readinto(data)
+        except OSError as exc:
+            raise PartError(IO_ERROR, str(exc)) from None
+        if got != payload_len:
+            raise PartError(TRUNCATED, f"payload cut short at {got} of {payload_len} bytes")
+    payload = memoryview(data)
+    if _digest(head.version, payload) != head.checksum:
+        raise PartError(CORRUPT, "checksum mismatch")
+    return payload
 
 
 def read_header(path: str) -> PartHeader:
     """Read and check only the header at ``path`` (start-up indexing); the file's size must be
     the one the header announces. Raises ``PartError``."""
+    with _open_regular(path) as f:
+        head = _read_head(f)
+        _check_size(f, head)
+    return head
+
+
+@contextlib.contextmanager
+def _open_regular(path: str) -> Iterator[io.FileIO]:
+    """``path`` opened for reading if it is a regular file, not a symlink; ``PartError``
+    otherwise (a FIFO, device, directory or symlink is ``CORRUPT``: not a part)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        with open(path, "rb") as f:
-            head = f.read(_HEAD.size)
-            magic, version, fp_len, key_len, start, end, length, _ = _unpack(head)
-            names = f.read(fp_len + key_len)
-            size = os.fstat(f.fileno()).st_size
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise PartError(MISSING, path) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PartError(CORRUPT, "a symlink, not a part") from None
+        raise PartError(IO_ERROR, str(exc)) from None
+    with io.FileIO(fd, "rb", closefd=True) as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PartError(CORRUPT, "not a regular file")
+        yield f
+
+
+def _read_head(f: io.FileIO) -> PartHeader:
+    try:
+        raw = f.read(_HEAD.size)
+        magic, version, fp_len, key_len, start, end, length, checksum = _unpack(raw)
+        names = f.read(fp_len + key_len)
     except OSError as exc:
         raise PartError(IO_ERROR, str(exc)) from None
     if len(names) < fp_len + key_len:
         raise PartError(TRUNCATED, "header names cut short")
-    offset = _HEAD.size + fp_len + key_len
-    if size != offset + length:
-        reason = TRUNCATED if size < offset + length else CORRUPT
-        raise PartError(reason, f"{size} bytes, header says {offset + length}")
     try:
         fp, key = names[:fp_len].decode(), names[fp_len:].decode()
     except UnicodeDecodeError:
         raise PartError(CORRUPT, "undecodable header") from None
-    return PartHeader(version, fp, key, (start, end), length, offset)
+    offset = _HEAD.size + fp_len + key_len
+    return PartHeader(version, fp, key, (start, end), length, offset, checksum)
+
+
+def _check_size(f: io.FileIO, head: PartHeader) -> None:
+    size = os.fstat(f.fileno()).st_size
+    want = head.payload_offset + head.payload_len
+    if size < want:
+        raise PartError(TRUNCATED, f"{size} bytes, header says {want}")
+    if size > want:
+        raise PartError(CORRUPT, f"trailing bytes: {size} bytes, header says {want}")
 
 
 def _unpack(head: bytes) -> tuple[bytes, int, int, int, int, int, int, bytes]:
@@ -161,30 +211,6 @@ def _unpack(head: bytes) -> tuple[bytes, int, int, int, int, int, int, bytes]:
     if fields[1] not in CHECKSUM_VERSIONS.values():
         raise PartError(MISMATCH, f"format version {fields[1]}, expected one of (1, 2)")
     return fields
-
-
-def _parse(
-    data: memoryview, fingerprint: str, key: str, span: tuple[int, int], payload_len: int
-) -> memoryview:
-    _, version, fp_len, key_len, start, end, length, digest = _unpack(bytes(data[: _HEAD.size]))
-    names_end = _HEAD.size + fp_len + key_len
-    if data.nbytes < names_end + length:
-        raise PartError(TRUNCATED, f"{data.nbytes} bytes, header says {names_end + length}")
-    if data.nbytes > names_end + length:
-        raise PartError(CORRUPT, "trailing bytes")
-    try:
-        file_fp = bytes(data[_HEAD.size : _HEAD.size + fp_len]).decode()
-        file_key = bytes(data[_HEAD.size + fp_len : names_end]).decode()
-    except UnicodeDecodeError:
-        raise PartError(CORRUPT, "undecodable header") from None
-    if (file_fp, file_key, (start, end)) != (fingerprint, key, span):
-        raise PartError(MISMATCH, f"holds {file_fp}/{file_key} [{start}, {end})")
-    payload = data[names_end:]
-    if _digest(version, payload) != digest:
-        raise PartError(CORRUPT, "checksum mismatch")
-    if length != payload_len:
-        raise PartError(MISMATCH, f"payload of {length} bytes, layout needs {payload_len}")
-    return payload
 
 
 def _unlink_quietly(path: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -86,7 +87,12 @@ class FileStore:
             return len(self._present)
 
     def prepare_dir(self, key: str) -> None:
-        os.makedirs(os.path.dirname(self.path(key)), exist_ok=True)
+        """Create ``key``'s group directory; OSError if it is not a real directory (a symlink
+        planted there must not send writes outside the store)."""
+        directory = os.path.dirname(self.path(key))
+        os.makedirs(directory, exist_ok=True)
+        if not stat.S_ISDIR(os.lstat(directory).st_mode):
+            raise NotADirectoryError(f"{directory} is not a directory (a symlink?)")
 
     def mark_present(self, key: str) -> None:
         with self._lock:
@@ -109,11 +115,13 @@ class FileStore:
         """Re-read the directory (start-up); deletes temporary files of long-dead writers."""
         present: set[str] = set()
         now = time.time()
-        for group_dir in os.scandir(self.directory):
-            if not (group_dir.is_dir() and group_dir.name.startswith("g")):
+        for group_dir in os.scandir(self.directory):  # symlinks are never followed
+            if not (group_dir.is_dir(follow_symlinks=False) and group_dir.name.startswith("g")):
                 continue
             for entry in os.scandir(group_dir.path):
-                if entry.name.endswith((BLOCK_SUFFIX, STATE_SUFFIX)) and entry.is_file():
+                if not entry.is_file(follow_symlinks=False):
+                    continue  # a FIFO, device or symlink is never a part
+                if entry.name.endswith((BLOCK_SUFFIX, STATE_SUFFIX)):
                     present.add(f"{group_dir.name}/{entry.name}")
                 elif entry.name.endswith(".tmp") and _older_than(entry, now, _STALE_TMP_SECONDS):
                     _unlink(entry.path)

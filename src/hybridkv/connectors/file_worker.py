@@ -1,9 +1,14 @@
 """The worker half of ``FileConnector``: reads files into the device cache and writes saves.
 
-Loads: a sync load runs inside ``start_load``; an async one on a small thread pool, whose
+Loads run on a small thread pool (a sync load's ``start_load`` waits for its own), whose
 threads write only the blocks and live slots of a request that waits for them. Each load reads
-whole files, verifies them, and writes all good blocks of the request with one ``write_blocks``.
-A bad file is removed (and forgotten by the index) and reported with its reason.
+and verifies its files first, then writes all good blocks of the request with one
+``write_blocks``. A bad file is removed (and forgotten by the index) and reported with its
+reason. A load still reading after ``load_timeout_seconds`` fails with reason ``timeout``; when
+its reads finally return it writes nothing (its blocks may belong to another request by then)::
+
+    start_load -> _Flight(deadline) -> pool: read + verify files -> under the lock:
+        flight still open?  yes: write blocks/states, report     no (timed out): drop it
 
 Saves: ``save`` snapshots the bytes from the cache before it returns; a background thread then
 writes one file per part, atomically, and marks it present in the index.
@@ -14,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,14 +37,39 @@ from hybridkv.kv.spec import KVCacheLayout
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
 
 _Part = tuple[str, tuple[int, int], Any]  # (key, token span, CPU uint8 tensor snapshot)
+TIMEOUT = "timeout"
+
+
+@dataclass(slots=True)
+class _Flight:
+    """One load in flight: its spec and when it times out."""
+
+    spec: LoadSpec
+    deadline: float
+
+
+@dataclass(slots=True)
+class _ReadLoad:
+    """A load's verified payloads, not yet written to the cache."""
+
+    block_ids: list[int] = field(default_factory=list)
+    block_bytes: bytearray = field(default_factory=bytearray)
+    states: list[tuple[int, int, memoryview]] = field(default_factory=list)  # gid, slot, bytes
 
 
 class FileConnectorWorker(BaseConnectorWorker):
-    def __init__(self, layout: KVCacheLayout, store: FileStore, num_load_threads: int = 2) -> None:
+    def __init__(
+        self,
+        layout: KVCacheLayout,
+        store: FileStore,
+        num_load_threads: int = 2,
+        load_timeout_seconds: float = 30.0,
+    ) -> None:
         self.layout = layout
         self.store = store
+        self.load_timeout_seconds = load_timeout_seconds
         self._cond = threading.Condition()
-        self._loading: set[str] = set()  # async loads in flight
+        self._flights: dict[str, _Flight] = {}  # loads in flight (sync and async)
         self._saving: set[str] = set()  # keys being written
         self._num_saves = 0  # save jobs in flight
         self._results: list[LoadResult] = []  # finished, not yet reported
@@ -50,67 +81,89 @@ class FileConnectorWorker(BaseConnectorWorker):
 
     def start_load(self, metadata: ConnectorMetadata) -> None:
         for spec in metadata.loads:
-            if not spec.is_async:
-                self._finish_load(self._load(spec))
-                continue
+            flight = _Flight(spec, time.monotonic() + self.load_timeout_seconds)
             with self._cond:
-                self._loading.add(spec.request_id)
-            self._loader.submit(self._load_async, spec)
+                self._flights[spec.request_id] = flight
+            self._loader.submit(self._load, flight)
+            if not spec.is_async:
+                self._wait_for(spec.request_id)
 
-    def _load_async(self, spec: LoadSpec) -> None:
-        self._finish_load(self._load(spec))
-
-    def _finish_load(self, result: LoadResult) -> None:
+    def _wait_for(self, request_id: str) -> None:
+        """Until the (sync) load of ``request_id`` finished or timed out: the step waits for
+        it, but not forever."""
         with self._cond:
-            self._loading.discard(result.request_id)
-            self._results.append(result)
-            self._cond.notify_all()
+            while request_id in self._flights:
+                if not self._expire():
+                    wait = self._flights[request_id].deadline - time.monotonic()
+                    self._cond.wait(max(0.0, wait))
 
-    def _load(self, spec: LoadSpec) -> LoadResult:
+    def _load(self, flight: _Flight) -> None:
+        spec = flight.spec
         result = LoadResult(spec.request_id, spec.is_async)
         began = time.perf_counter()
         try:
-            self._load_blocks(spec, result)
-            self._load_states(spec, result)
+            read = self._read_load(spec, result)
+            with self._cond:
+                if self._flights.get(spec.request_id) is not flight:
+                    self._stats.add("late_loads_dropped")
+                    return  # timed out: its blocks are no longer its own
+                self._write_load(read)
         except Exception as exc:  # a device or programming error: fail the whole request
             result.request_reason = f"error: {type(exc).__name__}"
             self._stats.add("load_failures:error")
         self._stats.add("offload_seconds.disk.load", time.perf_counter() - began)
-        return result
+        with self._cond:
+            if self._flights.get(spec.request_id) is flight:
+                del self._flights[spec.request_id]
+                self._results.append(result)
+                self._cond.notify_all()
 
-    def _load_blocks(self, spec: LoadSpec, result: LoadResult) -> None:
+    def _expire(self) -> bool:
+        """Fail every load past its deadline (call with ``_cond`` held); True if any."""
+        now = time.monotonic()
+        late = [f for f in self._flights.values() if f.deadline <= now]
+        for flight in late:
+            del self._flights[flight.spec.request_id]
+            self._results.append(
+                LoadResult(flight.spec.request_id, flight.spec.is_async, request_reason=TIMEOUT)
+            )
+            self._stats.add(f"load_failures:{TIMEOUT}")
+        return bool(late)
+
+    def _read_load(self, spec: LoadSpec, result: LoadResult) -> _ReadLoad:
+        read = _ReadLoad()
         keys = _load_keys(spec)
         size, span_len = self.layout.page_bytes, self.layout.block_size
-        good_ids: list[int] = []
-        payloads = bytearray()
         for ids, indices, group_keys in zip(
             spec.block_ids, spec.block_indices, keys.block_keys, strict=True
         ):
             for block_id, k, key in zip(ids, indices, group_keys, strict=True):
-                span = (k * span_len, (k + 1) * span_len)
-                payload = self._read(key, span, size)
+                payload = self._read(key, (k * span_len, (k + 1) * span_len), size)
                 if isinstance(payload, str):
                     result.invalid_blocks[block_id] = payload
                     continue
-                good_ids.append(block_id)
-                payloads += payload
-        if good_ids:
-            data = torch.frombuffer(payloads, dtype=torch.uint8)
-            # [n, G, layer_page_bytes], one device write for the whole request
-            data = data.view(len(good_ids), self.layout.group_size, self.layout.layer_page_bytes)
-            self.cache.write_blocks(good_ids, data)
-        self._stats.add("load_blocks", len(good_ids))
-        self._stats.add("offload_bytes.disk.load", len(payloads))
-
-    def _load_states(self, spec: LoadSpec, result: LoadResult) -> None:
-        keys = _load_keys(spec)
+                read.block_ids.append(block_id)
+                read.block_bytes += payload
         groups = self.layout.state_group_ids
         for gid, slot, key in zip(groups, spec.state_slots, keys.state_keys, strict=True):
             payload = self._read(key, (0, spec.end), self.layout.state_slot_bytes(gid))
             if isinstance(payload, str):
                 result.state_reason = result.state_reason or payload
                 continue
-            data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)  # [slot_bytes]
+            read.states.append((gid, slot, payload))
+        return read
+
+    def _write_load(self, read: _ReadLoad) -> None:
+        if read.block_ids:
+            data = torch.frombuffer(read.block_bytes, dtype=torch.uint8)
+            # [n, G, layer_page_bytes], one device write for the whole request
+            shape = (len(read.block_ids), self.layout.group_size, self.layout.layer_page_bytes)
+            data = data.view(shape)
+            self.cache.write_blocks(read.block_ids, data)
+        self._stats.add("load_blocks", len(read.block_ids))
+        self._stats.add("offload_bytes.disk.load", len(read.block_bytes))
+        for gid, slot, payload in read.states:
+            data = torch.frombuffer(payload, dtype=torch.uint8)  # [slot_bytes]
             self.cache.write_state(gid, slot, data)
             self._stats.add("load_states")
             self._stats.add("offload_bytes.disk.load", len(payload))
@@ -129,17 +182,20 @@ class FileConnectorWorker(BaseConnectorWorker):
 
     def get_finished(self, finished_request_ids: list[str]) -> KVConnectorOutput:
         with self._cond:
+            self._expire()
             results, self._results = self._results, []
         return output_from_results(results)
 
     def has_pending(self) -> bool:
         with self._cond:
-            return bool(self._loading or self._results)
+            return bool(self._flights or self._results)
 
     def wait_for_progress(self, timeout: float) -> None:
         with self._cond:
-            if self._loading and not self._results:
-                self._cond.wait(timeout)
+            if self._flights and not self._results:
+                first = min(f.deadline for f in self._flights.values())
+                self._cond.wait(max(0.0, min(timeout, first - time.monotonic())))
+                self._expire()
 
     # -- saves -------------------------------------------------------------------------------
 
@@ -237,7 +293,7 @@ class FileConnectorWorker(BaseConnectorWorker):
         return self._stats.take()
 
     def shutdown(self) -> None:
-        self._loader.shutdown(wait=True)
+        self._loader.shutdown(wait=False, cancel_futures=True)  # a stuck read must not hold us
         self._writer.shutdown(wait=True)
 
 

@@ -1,19 +1,59 @@
-"""Connectors found by name; modules are imported only when a connector is created."""
+"""Connectors found by name. An entry names two things, both imported only when used:
+
+- ``options``: the connector's ``ConnectorOptions`` subclass, whose ``parse`` checks
+  ``kv_connector_extra_config`` at the boundary (``parse_kv_transfer_config``, called when the
+  ``EngineConfig`` is built: before any weight is read). Keep its module free of torch.
+- ``factory``: ``create(config: KVTransferConfig, context: ConnectorContext) ->
+  KVConnectorPair``, called once the engine knows its layout; it reads
+  ``config.options_as(ItsOptions)``.
+
+A connector that wraps or combines others (``FaultInjection``, a ``MultiConnector``) parses each
+child's ``kv_transfer_config`` in its own ``parse`` with ``parse_kv_transfer_config`` and
+creates each child in its factory with ``create_connector``.
+"""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from hybridkv.connectors.base import KVConnectorPair
-from hybridkv.connectors.config import KVTransferConfig
+from hybridkv.connectors.config import (
+    KEYS,
+    ConnectorOptions,
+    KVRole,
+    KVTransferConfig,
+    LoadFailurePolicy,
+    OptionsContext,
+    parse_choice,
+)
 from hybridkv.kv.spec import KVCacheLayout
 
-_REGISTRY: dict[str, str] = {
-    "FileConnector": "hybridkv.connectors.file_connector:create_file_connector",
-    "FaultInjection": "hybridkv.connectors.fault_injection:create_fault_injection",
-    "OffloadingConnector": "hybridkv.connectors.offloading.connector:create_offloading_connector",
+
+@dataclass(frozen=True, slots=True)
+class ConnectorEntry:
+    """``"module.path:attr"`` of the connector's options class and of its factory."""
+
+    options: str
+    factory: str
+
+
+_REGISTRY: dict[str, ConnectorEntry] = {
+    "FileConnector": ConnectorEntry(
+        "hybridkv.connectors.file_connector:FileConnectorConfig",
+        "hybridkv.connectors.file_connector:create_file_connector",
+    ),
+    "FaultInjection": ConnectorEntry(
+        "hybridkv.connectors.fault_plan:FaultConfig",
+        "hybridkv.connectors.fault_injection:create_fault_injection",
+    ),
+    "OffloadingConnector": ConnectorEntry(
+        "hybridkv.connectors.offloading.config:OffloadingConfig",
+        "hybridkv.connectors.offloading.connector:create_offloading_connector",
+    ),
 }
 
 
@@ -31,26 +71,72 @@ class ConnectorContext:
 Factory = Callable[[KVTransferConfig, ConnectorContext], KVConnectorPair]
 
 
-def register_connector(name: str, target: str) -> None:
-    """Register ``"module.path:factory"`` under ``name`` (for out-of-tree connectors)."""
-    _REGISTRY[name] = target
+def register_connector(name: str, options: str, factory: str) -> None:
+    """Register an (out-of-tree) connector: ``options`` and ``factory`` as ``"module:attr"``."""
+    _REGISTRY[name] = ConnectorEntry(options, factory)
 
 
 def connector_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def create_connector(config: KVTransferConfig, context: ConnectorContext) -> KVConnectorPair:
-    target = _REGISTRY.get(config.kv_connector)
-    if target is None:
+def parse_kv_transfer_config(
+    value: KVTransferConfig | Mapping[str, Any] | str, block_size: int
+) -> KVTransferConfig:
+    """From a dict, a JSON string (the CLI's ``--kv-transfer-config``) or itself; the
+    connector's extra config is parsed by its entry. Errors name the bad key."""
+    if isinstance(value, KVTransferConfig):
+        return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"kv_transfer_config is not valid JSON: {exc.msg}") from None
+    if not isinstance(value, Mapping):
+        raise ValueError("kv_transfer_config must be a JSON object")
+    unknown = set(value) - set(KEYS)
+    if unknown:
         raise ValueError(
-            f"unknown kv_connector {config.kv_connector!r}; available: {', '.join(connector_names())}"
+            f"kv_transfer_config: unknown keys {sorted(unknown)}; known: {sorted(KEYS)}"
         )
+    name = value.get("kv_connector")
+    if not isinstance(name, str) or not name:
+        raise ValueError("kv_transfer_config: 'kv_connector' is required (a connector name)")
+    role = parse_choice(KVRole, value.get("kv_role", "kv_both"), "kv_transfer_config: kv_role")
+    policy = parse_choice(
+        LoadFailurePolicy,
+        value.get("kv_load_failure_policy", "recompute"),
+        "kv_transfer_config: kv_load_failure_policy",
+    )
+    extra = value.get("kv_connector_extra_config", {})
+    if not isinstance(extra, Mapping):
+        raise ValueError("kv_transfer_config: 'kv_connector_extra_config' must be an object")
+    options = _options_class(name).parse(extra, OptionsContext(block_size))
+    return KVTransferConfig(name, options, role, policy, dict(extra))
+
+
+def create_connector(config: KVTransferConfig, context: ConnectorContext) -> KVConnectorPair:
+    factory: Factory = _load(config.kv_connector, _entry(config.kv_connector).factory)
+    return factory(config, context)
+
+
+def _options_class(name: str) -> type[ConnectorOptions]:
+    kind: type[ConnectorOptions] = _load(name, _entry(name).options)
+    return kind
+
+
+def _entry(name: str) -> ConnectorEntry:
+    entry = _REGISTRY.get(name)
+    if entry is None:
+        raise ValueError(
+            f"unknown kv_connector {name!r}; available: {', '.join(connector_names())}"
+        )
+    return entry
+
+
+def _load(name: str, target: str) -> Any:
     module_name, _, attr = target.partition(":")
     try:
-        factory: Factory = getattr(importlib.import_module(module_name), attr)
+        return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(
-            f"kv_connector {config.kv_connector!r} is not available here: {exc}"
-        ) from None
-    return factory(config, context)
+        raise ValueError(f"kv_connector {name!r} is not available here: {exc}") from None

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from hybridkv.config import EngineConfig
 from hybridkv.connectors.base import KVConnectorPair
-from hybridkv.connectors.config import KVTransferConfig
 from hybridkv.connectors.registry import ConnectorContext, create_connector
 from hybridkv.engine.cache_access import DeviceCacheAccess
 from hybridkv.engine.output import RequestOutput, TextState, make_output
@@ -68,12 +67,14 @@ def resolve_dtype(dtype: str, raw_config: dict[str, object]) -> str:
 class EngineCore:
     def __init__(self, config: EngineConfig, *, keep_logits: bool = False) -> None:
         from hybridkv.model import ModelRunner, Tokenizer, load_model, load_model_config
+        from hybridkv.model.hub import resolve_model_dir
 
         self.config = config
         self.keep_logits = keep_logits
-        self.dtype = resolve_dtype(config.dtype, dict(load_model_config(config.model).raw))
-        self.model, self.model_config = load_model(config.model, self.dtype, config.bf16_matmul)
-        self.tokenizer = Tokenizer(config.model, eos_token_ids=self.model_config.eos_token_ids)
+        self.model_dir = resolve_model_dir(config.model)  # a directory, or org/name in the cache
+        self.dtype = resolve_dtype(config.dtype, dict(load_model_config(self.model_dir).raw))
+        self.model, self.model_config = load_model(self.model_dir, self.dtype, config.bf16_matmul)
+        self.tokenizer = Tokenizer(self.model_dir, eos_token_ids=self.model_config.eos_token_ids)
         self.max_model_len = (
             config.scheduler.max_model_len or self.model_config.max_position_embeddings
         )
@@ -99,8 +100,8 @@ class EngineCore:
         )
         self.connector = self._create_connector()
         transfer = None
-        if self.connector is not None:
-            policy = KVTransferConfig.parse(config.kv_transfer_config or {}).kv_load_failure_policy
+        if self.connector is not None and config.kv_transfer_config is not None:
+            policy = config.kv_transfer_config.kv_load_failure_policy
             transfer = KVTransfer(self.connector.scheduler, policy, self.kv)
         self.scheduler = Scheduler(config.scheduler, self.max_model_len, self.kv, transfer)
         self.connector_counters: dict[str, float] = {}
@@ -110,9 +111,9 @@ class EngineCore:
         self._ids = itertools.count()
 
     def _create_connector(self) -> KVConnectorPair | None:
-        if self.config.kv_transfer_config is None:
+        transfer_config = self.config.kv_transfer_config
+        if transfer_config is None:
             return None
-        transfer_config = KVTransferConfig.parse(self.config.kv_transfer_config)
         context = ConnectorContext(
             layout=self.layout,
             fingerprint=self.layout.fingerprint(
@@ -128,18 +129,16 @@ class EngineCore:
         return pair
 
     def _weights_id(self) -> str:
-        """Identity of the weights: KV from other weights must never be loaded."""
-        import hashlib
-        from pathlib import Path
+        """Identity of the weights, tokenizer and config (every byte, digests cached per file
+        version), plus how this process multiplies: KV from other numbers is never loaded."""
+        import torch
 
-        root = Path(self.config.model)
-        h = hashlib.sha256()
-        for f in sorted(root.glob("*.safetensors")) + [root / "config.json"]:
-            st = f.stat()
-            h.update(f"{f.name}:{st.st_size}".encode())
-            with f.open("rb") as fh:
-                h.update(fh.read(1 << 16))  # header + first tensors: cheap and distinctive
-        return h.hexdigest()[:16]
+        from hybridkv.engine.weights_id import weights_identity
+        from hybridkv.model.matmul import matmul_dtype
+        from hybridkv.paths import cache_dir
+
+        compute = matmul_dtype(getattr(torch, self.dtype), self.config.bf16_matmul)
+        return f"{weights_identity(self.model_dir, cache_dir())}:matmul={compute}"
 
     def _collect_connector_stats(self) -> None:
         """Running totals of the connector's counters (``offload_bytes.<tier>.<direction>``,
@@ -175,6 +174,12 @@ class EngineCore:
         if bad:
             raise ValueError(
                 f"request {request_id}: token ids {bad[:5]} outside the vocabulary [0, {vocab})"
+            )
+        media = self.model_config.media_token_ids.intersection(prompt_token_ids)
+        if media:
+            raise ValueError(
+                f"request {request_id}: prompt holds image/video placeholder ids {sorted(media)}; "
+                f"hybridkv runs only the text model of {self.model_config.architecture}"
             )
         hasher = BlockHasher(self.layout.block_size, self._hash_fn, cache_salt)
         req = Request(request_id, prompt_token_ids, params, hasher, self.model_config.eos_token_ids)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,11 +27,12 @@ class LLM:
     def __init__(
         self, model: str | None = None, *, keep_logits: bool = False, **options: Any
     ) -> None:
+        config = EngineConfig.create(str(model or ""), **options)  # bad options fail here
         if model is None:
             from hybridkv.engine.default_model import ensure_default_model
 
-            model = str(ensure_default_model())
-        self.config = EngineConfig.create(str(model), **options)
+            config = dataclasses.replace(config, model=str(ensure_default_model()))
+        self.config = config
         self.engine = EngineCore(self.config, keep_logits=keep_logits)
         self.tokenizer = self.engine.tokenizer
 
@@ -43,8 +45,11 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run every prompt to completion as one batch; outputs in prompt order.
 
-        A prompt that cannot run (too long, bad token ids) gets an output with
-        ``finish_reason == "error"`` and ``error`` saying why; the others run normally."""
+        A prompt is a string, token ids, or a dict with ``prompt`` or ``prompt_token_ids`` and
+        optionally ``cache_salt`` (vLLM's: prefix-cache entries are only shared between
+        requests with the same salt). A prompt that cannot run (too long, bad token ids)
+        gets an output with ``finish_reason == "error"`` and ``error`` saying why; the others
+        run normally."""
         items = _as_list(prompts)
         params = _params_for(items, sampling_params)
         results: dict[int, RequestOutput] = {}
@@ -54,7 +59,8 @@ class LLM:
             ids: list[int] = []
             try:  # a malformed prompt fails alone, like one that is too long
                 text, ids = self._tokenize(item)
-                req = self.engine.add_request(ids, p, prompt=text)
+                salt = _cache_salt(item)
+                req = self.engine.add_request(ids, p, prompt=text, cache_salt=salt)
                 order[req.request_id] = i
             except (ValueError, TypeError) as exc:
                 results[i] = error_output(f"rejected-{i}", text, ids, str(exc))
@@ -81,6 +87,11 @@ class LLM:
         if isinstance(item, str):
             return item, self.tokenizer.encode(item)
         if isinstance(item, dict):
+            if item.get("multi_modal_data"):
+                raise ValueError(
+                    "image inputs (multi_modal_data) are not supported: hybridkv runs the text "
+                    "model of multimodal checkpoints"
+                )
             if "prompt_token_ids" in item:
                 return item.get("prompt"), [int(t) for t in item["prompt_token_ids"]]
             if "prompt" in item:
@@ -102,6 +113,13 @@ class LLM:
                     results[order[out.request_id]] = out
                     bar.update(1)
         bar.close()
+
+
+def _cache_salt(item: PromptInput) -> str | None:
+    salt = item.get("cache_salt") if isinstance(item, dict) else None
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ValueError(f"cache_salt must be a non-empty string, got {salt!r}")
+    return salt
 
 
 def _as_list(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:

@@ -7,6 +7,9 @@ Layer kinds are normalised from every spelling the Hub has used::
     layers_block_type      attention / mamba (legacy Granite / Bamba)
     attn_layer_indices     attention layers listed, the rest mamba
     hybrid_override_pattern  Nemotron-H: M mamba, * attention, - mlp, E moe
+    falcon_h1              every decoder layer holds a Mamba2 mixer AND attention: two cache
+                           layers each (2i mamba, 2i + 1 attention), so ``num_hidden_layers``
+                           (and ``layer_kinds``) count cache layers, twice the decoder layers
     use_sliding_window + max_window_layers   Qwen2/3: layers >= max_window_layers slide
     sliding_window_pattern Gemma 3: every n-th layer is full, the others slide
 
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridkv.kv.spec import FullAttentionSpec, LayerSpec, SlidingWindowSpec, StateSpec
+from hybridkv.model.config_gdn import GdnConfig, parse_gdn
 from hybridkv.model.errors import ModelLoadError
 from hybridkv.model.rope import RopeConfig, parse_rope
 
@@ -33,6 +37,7 @@ class LayerKind(str, Enum):
     FULL = "full_attention"
     SLIDING = "sliding_attention"
     MAMBA = "mamba"
+    GDN = "gated_deltanet"  # Qwen3-Next / Qwen3.5 "linear_attention"
     MLP = "mlp"  # no mixer, no cache (Nemotron-H '-' / 'E')
 
 
@@ -43,13 +48,27 @@ _LAYER_TYPE_NAMES: dict[str, LayerKind] = {
     "linear_attention": LayerKind.MAMBA,
     "mamba": LayerKind.MAMBA,
     "mamba2": LayerKind.MAMBA,
+    "mlp": LayerKind.MLP,  # Nemotron-H 5.x names
+    "moe": LayerKind.MLP,
 }
+# model types whose "linear_attention" layers are Gated DeltaNet (elsewhere: Mamba2)
+_GDN_MODEL_TYPES = frozenset(
+    {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
+)
 _PATTERN_CHARS: dict[str, LayerKind] = {
     "M": LayerKind.MAMBA,
     "*": LayerKind.FULL,
     "-": LayerKind.MLP,
     "E": LayerKind.MLP,
 }
+
+
+class MambaOutNorm(str, Enum):
+    """How the scan output meets the gate ``z`` before ``out_proj``."""
+
+    GATE_THEN_NORM = "gate_then_norm"  # rmsnorm(y * silu(z)) per group (Mamba2, Granite)
+    NORM_THEN_GATE = "norm_then_gate"  # rmsnorm(y) * silu(z) (Falcon-H1 norm_before_gate)
+    GATE_ONLY = "gate_only"  # y * silu(z), no norm (Falcon-H1 mamba_rms_norm=false)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +85,7 @@ class MambaConfig:
     proj_bias: bool
     dt_min: float
     dt_max: float
+    out_norm: MambaOutNorm = MambaOutNorm.GATE_THEN_NORM
 
     @property
     def intermediate_size(self) -> int:
@@ -96,7 +116,13 @@ class ModelConfig:
     rope: RopeConfig
     local_rope: RopeConfig | None  # sliding layers' RoPE when it differs (Gemma 3)
     mamba: MambaConfig | None
+    gdn: GdnConfig | None
     raw: Mapping[str, Any] = field(compare=False, repr=False)  # config.json, for arch extras
+
+    @property
+    def media_token_ids(self) -> frozenset[int]:
+        """Image/video placeholder ids of a multimodal checkpoint (we run its text model)."""
+        return frozenset(self.raw.get("media_token_ids") or ())
 
     def layer_specs(self, block_size: int, kv_dtype: str) -> list[LayerSpec | None]:
         """One spec per layer. Mamba state: conv state in ``kv_dtype``, ssm state float32
@@ -120,7 +146,13 @@ class ModelConfig:
                 raise ModelLoadError(f"{self.architecture}: mamba layers but no mamba_* config")
             shapes = ((m.conv_dim, m.d_conv - 1), (m.num_heads, m.head_dim, m.d_state))
             return StateSpec("mamba2", shapes, (kv_dtype, "float32"))
+        if kind is LayerKind.GDN:
+            assert self.gdn is not None
+            return self.gdn.state_spec(kv_dtype)
         return None
+
+
+_MEDIA_TOKEN_KEYS = ("image_token_index", "image_token_id", "video_token_id")
 
 
 def read_config_json(model_dir: Path) -> dict[str, Any]:
@@ -138,7 +170,9 @@ def read_config_json(model_dir: Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ModelLoadError(f"{path} must hold a JSON object")
     if isinstance(raw.get("text_config"), dict):  # multimodal wrapper: read the text part
+        media = [raw[k] for k in _MEDIA_TOKEN_KEYS if isinstance(raw.get(k), int)]
         raw = {**raw["text_config"], "architectures": raw.get("architectures")}
+        raw["media_token_ids"] = media  # placeholders only the vision tower could fill
     return raw
 
 
@@ -153,7 +187,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
 
 
 def build_model_config(arch: str, raw: Mapping[str, Any], gen_eos: tuple[int, ...]) -> ModelConfig:
-    num_layers = _int(raw, "num_hidden_layers")
+    num_layers = _num_layers(raw)
     heads = _int(raw, "num_attention_heads")
     hidden = _int(raw, "hidden_size")
     kinds = parse_layer_kinds(raw, num_layers)
@@ -170,7 +204,7 @@ def build_model_config(arch: str, raw: Mapping[str, Any], gen_eos: tuple[int, ..
         num_kv_heads=int(raw.get("num_key_value_heads") or heads),
         head_dim=int(head_dim),
         max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=float(raw.get("rms_norm_eps", raw.get("layer_norm_epsilon", 1e-6))),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         eos_token_ids=gen_eos or _as_ids(raw.get("eos_token_id")),
         bos_token_id=raw.get("bos_token_id"),
@@ -179,8 +213,18 @@ def build_model_config(arch: str, raw: Mapping[str, Any], gen_eos: tuple[int, ..
         rope=rope,
         local_rope=local_rope,
         mamba=_parse_mamba(raw, hidden) if LayerKind.MAMBA in kinds else None,
+        gdn=parse_gdn(raw) if LayerKind.GDN in kinds else None,
         raw=dict(raw),
     )
+
+
+def _num_layers(raw: Mapping[str, Any]) -> int:
+    """Cache layers: decoder layers, twice them for Falcon-H1, or Nemotron-H's list length."""
+    if raw.get("model_type") == "falcon_h1":
+        return 2 * _int(raw, "num_hidden_layers")
+    if raw.get("num_hidden_layers") is None and isinstance(raw.get("layers_block_type"), list):
+        return len(raw["layers_block_type"])
+    return _int(raw, "num_hidden_layers")
 
 
 def parse_layer_kinds(raw: Mapping[str, Any], num_layers: int) -> tuple[LayerKind, ...]:
@@ -191,6 +235,8 @@ def parse_layer_kinds(raw: Mapping[str, Any], num_layers: int) -> tuple[LayerKin
         raise ModelLoadError(
             f"config describes {len(kinds)} layer types but num_hidden_layers is {num_layers}"
         )
+    if raw.get("model_type") in _GDN_MODEL_TYPES:
+        kinds = [LayerKind.GDN if k is LayerKind.MAMBA else k for k in kinds]
     if LayerKind.SLIDING in kinds and (
         not raw.get("sliding_window") or raw.get("use_sliding_window") is False
     ):
@@ -200,6 +246,8 @@ def parse_layer_kinds(raw: Mapping[str, Any], num_layers: int) -> tuple[LayerKin
 
 
 def _explicit_kinds(raw: Mapping[str, Any], num_layers: int) -> list[LayerKind] | None:
+    if raw.get("model_type") == "falcon_h1":
+        return [LayerKind.MAMBA, LayerKind.FULL] * (num_layers // 2)
     names = raw.get("layer_types") or raw.get("layers_block_type")
     if names:
         unknown = sorted({n for n in names if n not in _LAYER_TYPE_NAMES})
@@ -233,10 +281,13 @@ def _implicit_kinds(raw: Mapping[str, Any], num_layers: int) -> list[LayerKind]:
 
 
 def _parse_mamba(raw: Mapping[str, Any], hidden: int) -> MambaConfig:
+    if raw.get("model_type") == "nemotron_h":
+        return _parse_nemotron_mamba(raw)
     heads = _int(raw, "mamba_n_heads")
     head_dim = raw.get("mamba_d_head", "auto")
     if head_dim in (None, "auto"):
-        head_dim = int(raw.get("mamba_expand", 2)) * hidden // heads
+        inner = raw.get("mamba_d_ssm") or int(raw.get("mamba_expand", 2)) * hidden
+        head_dim = int(inner) // heads
     limit = raw.get("time_step_limit") or (0.0, float("inf"))
     return MambaConfig(
         num_heads=heads,
@@ -249,6 +300,33 @@ def _parse_mamba(raw: Mapping[str, Any], hidden: int) -> MambaConfig:
         proj_bias=bool(raw.get("mamba_proj_bias", False)),
         dt_min=_json_float(limit[0]),
         dt_max=_json_float(limit[1]),
+        out_norm=_falcon_out_norm(raw),
+    )
+
+
+def _falcon_out_norm(raw: Mapping[str, Any]) -> MambaOutNorm:
+    if raw.get("model_type") != "falcon_h1":
+        return MambaOutNorm.GATE_THEN_NORM
+    if not raw.get("mamba_rms_norm", False):
+        return MambaOutNorm.GATE_ONLY
+    if raw.get("mamba_norm_before_gate", True):
+        return MambaOutNorm.NORM_THEN_GATE
+    return MambaOutNorm.GATE_THEN_NORM
+
+
+def _parse_nemotron_mamba(raw: Mapping[str, Any]) -> MambaConfig:
+    """Nemotron-H's names; its mixer clamps dt to ``[time_step_min, inf)`` (transformers 5.23)."""
+    return MambaConfig(
+        num_heads=_int(raw, "mamba_num_heads"),
+        head_dim=_int(raw, "mamba_head_dim"),
+        d_state=_int(raw, "ssm_state_size"),
+        n_groups=int(raw.get("n_groups", 8)),
+        d_conv=int(raw.get("conv_kernel", 4)),
+        chunk_size=int(raw.get("chunk_size", 128)),
+        conv_bias=bool(raw.get("use_conv_bias", True)),
+        proj_bias=bool(raw.get("use_bias", False)),
+        dt_min=float(raw.get("time_step_min", 0.001)),
+        dt_max=float("inf"),
     )
 
 

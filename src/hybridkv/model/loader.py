@@ -7,6 +7,7 @@ tensor (shape-checked, cast to the requested dtype), so nothing is initialised t
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -21,6 +22,8 @@ from hybridkv.model.errors import ModelLoadError
 from hybridkv.model.matmul import matmul_dtype, upcast_matmuls
 from hybridkv.model.models.common import CausalLM
 from hybridkv.model.registry import get_model_class
+
+log = logging.getLogger(__name__)
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -57,10 +60,12 @@ def load_model(
         for name, module, attr in _parameters(model):
             if cfg.tie_word_embeddings and name == "lm_head.weight":
                 continue
-            tensor = _read(index, name, tuple(getattr(module, attr).shape))
+            shape = tuple(getattr(module, attr).shape)
+            tensor = _read(index, _spellings(name, model.checkpoint_prefixes), shape)
             module._parameters[attr] = nn.Parameter(tensor.to(target), requires_grad=False)
+        _log_ignored(index, model.ignored_prefixes, cfg.architecture)
     if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight  # type: ignore[union-attr,assignment]
+        model.lm_head.weight = model.embedding().weight
     if compute != target:
         upcast_matmuls(model, compute)
     return model.eval(), cfg
@@ -108,21 +113,47 @@ def _shard_files(model_dir: Path, index_path: Path) -> list[Path]:
     return files
 
 
-def _read(index: dict[str, Any], name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    for candidate in _spellings(name):
-        if candidate in index:
-            tensor: torch.Tensor = index[candidate].get_tensor(candidate)
-            if tuple(tensor.shape) != shape:
-                raise ModelLoadError(
-                    f"weight {candidate!r} has shape {tuple(tensor.shape)}, expected {shape}"
-                )
-            return tensor
-    raise ModelLoadError(f"weight {name!r} is missing from the checkpoint")
+def _log_ignored(index: dict[str, Any], prefixes: tuple[str, ...], arch: str) -> None:
+    if not prefixes:
+        return
+    skipped = [k for k in index if k.startswith(prefixes)]
+    if skipped:
+        log.warning("%s: skipped %d vision-tower weights (text model only)", arch, len(skipped))
 
 
-def _spellings(name: str) -> list[str]:
+def _read(index: dict[str, Any], names: list[str], shape: tuple[int, ...]) -> torch.Tensor:
+    for candidate in names:
+        tensor = _lookup(index, candidate)
+        if tensor is None:
+            continue
+        if tuple(tensor.shape) != shape:
+            raise ModelLoadError(
+                f"weight {candidate!r} has shape {tuple(tensor.shape)}, expected {shape}"
+            )
+        return tensor
+    raise ModelLoadError(f"weight {names[0]!r} is missing from the checkpoint")
+
+
+def _lookup(index: dict[str, Any], name: str) -> torch.Tensor | None:
+    """``name`` itself, or an ``[E, ...]`` stack of per-expert tensors: ``a.experts.w`` from
+    ``a.experts.{e}.w.weight`` (the layout Nemotron-H and older MoE checkpoints use)."""
+    if name in index:
+        tensor: torch.Tensor = index[name].get_tensor(name)
+        return tensor
+    head, sep, leaf = name.rpartition(".experts.")
+    if not sep or "." in leaf:
+        return None
+    parts: list[torch.Tensor] = []
+    while (key := f"{head}.experts.{len(parts)}.{leaf}.weight") in index:
+        parts.append(index[key].get_tensor(key))
+    return torch.stack(parts) if parts else None
+
+
+def _spellings(name: str, prefixes: tuple[tuple[str, str], ...] = ()) -> list[str]:
     names = [name]
     for ours, others in _ALIASES.items():
         if name.endswith(ours):
             names += [name[: -len(ours)] + other for other in others]
+    for ours_prefix, theirs in prefixes:
+        names += [theirs + n[len(ours_prefix) :] for n in names if n.startswith(ours_prefix)]
     return names

@@ -48,7 +48,7 @@ def matmul_dtype(model_dtype: torch.dtype, bf16_matmul: str) -> torch.dtype:
 
 def upcast_matmuls(model: CausalLM, dtype: torch.dtype) -> None:
     """Hold every matmul weight of ``model`` in ``dtype`` and attend in ``dtype``."""
-    if model.lm_head.weight is model.model.embed_tokens.weight:  # type: ignore[union-attr]
+    if model.lm_head.weight is model.embedding().weight:
         model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach(), requires_grad=False)
     for module in model.modules():
         if isinstance(module, Linear):

@@ -13,6 +13,20 @@ if TYPE_CHECKING:
 _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3ForCausalLM": ("hybridkv.model.models.qwen3", "Qwen3ForCausalLM"),
     "Gemma3ForCausalLM": ("hybridkv.model.models.gemma3", "Gemma3ForCausalLM"),
+    "Gemma3ForConditionalGeneration": (
+        "hybridkv.model.models.gemma3",
+        "Gemma3ForConditionalGeneration",
+    ),
+    "BambaForCausalLM": ("hybridkv.model.models.bamba", "BambaForCausalLM"),
+    "NemotronHForCausalLM": ("hybridkv.model.models.nemotron_h", "NemotronHForCausalLM"),
+    "FalconH1ForCausalLM": ("hybridkv.model.models.falcon_h1", "FalconH1ForCausalLM"),
+    "Qwen3NextForCausalLM": ("hybridkv.model.models.qwen3_next", "Qwen3NextForCausalLM"),
+    "Qwen3_5ForCausalLM": ("hybridkv.model.models.qwen3_next", "Qwen3_5ForCausalLM"),
+    "Qwen3_5ForConditionalGeneration": (
+        "hybridkv.model.models.qwen3_next",
+        "Qwen3_5ForConditionalGeneration",
+    ),
+    "Qwen3_5MoeForCausalLM": ("hybridkv.model.models.qwen3_next", "Qwen3_5ForCausalLM"),
     "GraniteMoeHybridForCausalLM": (
         "hybridkv.model.models.granitemoehybrid",
         "GraniteMoeHybridForCausalLM",

@@ -14,7 +14,8 @@ _GEMMA3_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
 
 @dataclass(frozen=True, slots=True)
 class RopeConfig:
-    """``inv_freq[i] = 1 / (theta ** (2i / dim)) / linear_factor``."""
+    """``inv_freq[i] = 1 / (theta ** (2i / dim)) / linear_factor``; ``dim`` is the number of
+    rotated dims of a head (less than the head with a ``partial_rotary_factor``)."""
 
     theta: float
     dim: int
@@ -27,7 +28,11 @@ def parse_rope(raw: Mapping[str, Any], head_dim: int) -> tuple[RopeConfig, RopeC
     if raw.get("model_type") in ("gemma3", "gemma3_text"):
         return _gemma3(raw, params, head_dim)
     if not isinstance(params, dict) or not params:
-        params = raw.get("rope_scaling") or {}
+        params = dict(raw.get("rope_scaling") or {})
+        if raw.get("partial_rotary_factor") is not None:  # legacy top-level spelling
+            params["partial_rotary_factor"] = raw["partial_rotary_factor"]
+        if raw.get("model_type") == "bamba":  # transformers fixes it for Bamba
+            params.setdefault("partial_rotary_factor", 0.5)
     theta = params.get("rope_theta", raw.get("rope_theta", _DEFAULT_THETA))
     return _one(params, float(theta), head_dim), None
 
@@ -47,6 +52,7 @@ def _gemma3(raw: Mapping[str, Any], params: Any, head_dim: int) -> tuple[RopeCon
 
 def _one(params: Mapping[str, Any], theta: float, head_dim: int) -> RopeConfig:
     kind = params.get("rope_type", params.get("type", "default"))
+    head_dim = int(head_dim * float(params.get("partial_rotary_factor", 1.0)))  # rotated dims
     if kind == "default":
         return RopeConfig(theta, head_dim)
     if kind == "linear":

@@ -103,7 +103,14 @@ class ModelRunner:
             SampleRequest(r.request_id, r.sampling_params, r.num_output_tokens) for r in sampling
         ]
         sampled = self.sampler.sample(logits, reqs)
+        for i in sampled.invalid_rows:
+            result.errors[sampling[i].request_id] = (
+                "the model produced non-finite logits (NaN or infinity) for this request: "
+                "no token can be sampled (a corrupt KV cache entry or numerically broken weights)"
+            )
         for i, req in enumerate(sampling):
+            if req.request_id in result.errors:
+                continue
             result.sampled_token_ids[req.request_id] = sampled.token_ids[i]
             logprob = sampled.logprobs[i]
             if logprob is not None:

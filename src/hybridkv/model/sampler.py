@@ -26,8 +26,12 @@ class SampleRequest:
 
 @dataclass(frozen=True, slots=True)
 class SampleResult:
+    """``invalid_rows``: rows whose logits hold NaN or +inf (or only -inf): nothing can be
+    sampled from them; their token and log-probability are meaningless."""
+
     token_ids: list[int]
     logprobs: list[float | None]
+    invalid_rows: list[int]
 
 
 class Sampler:
@@ -44,6 +48,10 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, reqs: list[SampleRequest]) -> SampleResult:
         """``logits [S, V]`` float32, one row per request in ``reqs``."""
+        invalid = invalid_logit_rows(logits)
+        if invalid:
+            logits = logits.clone()
+            logits[invalid] = 0.0  # sample something harmless; the caller fails these rows
         temps = torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32)
         greedy = temps == 0.0  # [S]
         chosen = logits.argmax(dim=-1)  # [S]
@@ -58,7 +66,7 @@ class Sampler:
             values = torch.log_softmax(logits[rows], dim=-1)[torch.arange(len(want)), chosen[rows]]
             for i, value in zip(want, values.tolist(), strict=True):
                 logprobs[i] = value
-        return SampleResult(chosen.tolist(), logprobs)
+        return SampleResult(chosen.tolist(), logprobs, invalid)
 
     def _sample_random(
         self, logits: torch.Tensor, temps: torch.Tensor, reqs: list[SampleRequest]
@@ -80,6 +88,14 @@ class Sampler:
         assert req.params.seed is not None
         gen.manual_seed((req.params.seed * _SEED_MIX + req.num_output_tokens) % (1 << 63))
         return gen
+
+
+def invalid_logit_rows(logits: torch.Tensor) -> list[int]:
+    """Rows of ``logits [S, V]`` with a NaN or +inf, or nothing above -inf (a forged KV unit
+    or a numerically broken model gives them); one pass over the batch's logits."""
+    bad = torch.isnan(logits).any(dim=-1) | torch.isposinf(logits).any(dim=-1)  # [S]
+    bad |= torch.isneginf(logits).all(dim=-1)
+    return [int(i) for i in torch.nonzero(bad).flatten().tolist()]
 
 
 def _apply_top_k(logits: torch.Tensor, top_ks: list[int]) -> torch.Tensor:

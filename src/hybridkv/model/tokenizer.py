@@ -38,8 +38,20 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return int(self._tok.get_vocab_size(with_added_tokens=True))
 
+    @property
+    def max_token_chars(self) -> int:
+        """An upper bound on the characters of text one token stands for (its vocabulary entry
+        has one character per byte or more): a text longer than ``n * max_token_chars`` has
+        more than ``n`` tokens."""
+        return max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+        if not text.isascii():
+            _check_unicode(text)
+        # NOTE: encode_batch releases the GIL (encode does not): a long text tokenized on a
+        # worker thread then does not stop the server's event loop. Same ids.
+        batch = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)
+        return list(batch[0].ids)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
@@ -61,6 +73,16 @@ class Tokenizer:
 
     def _id_of(self, token: str | None) -> int | None:
         return None if token is None else self._tok.token_to_id(token)
+
+
+def _check_unicode(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"the text is not valid Unicode: a lone surrogate U+{ord(text[exc.start]):04X} "
+            f"at character {exc.start}"
+        ) from None
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from hybridkv.connectors.base import BaseConnectorScheduler, RequestBlocks
+from hybridkv.connectors.config import LoadFailurePolicy
 from hybridkv.kv.coordinator import KVCacheCoordinator
 from hybridkv.request import Request, RequestStatus
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
@@ -38,7 +39,10 @@ class Failure:
 
 class KVTransfer:
     def __init__(
-        self, connector: BaseConnectorScheduler, policy: str, kv: KVCacheCoordinator
+        self,
+        connector: BaseConnectorScheduler,
+        policy: LoadFailurePolicy,
+        kv: KVCacheCoordinator,
     ) -> None:
         self.connector = connector
         self.policy = policy

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hybridkv.connectors.config import LoadFailurePolicy
 from hybridkv.request import Request, RequestStatus
 from hybridkv.sched.kv_transfer import Failure, KVTransfer
 from hybridkv.step_io import KVConnectorOutput
@@ -56,7 +57,7 @@ class Recovery:
     def recover(self, req: Request, failure: Failure) -> None:
         t = self.transfer
         t.stats.failed_requests += 1
-        if t.policy == "fail":
+        if t.policy is LoadFailurePolicy.FAIL:
             req.error = (
                 f"loading KV from the connector failed ({failure.reason}); "
                 "kv_load_failure_policy is 'fail'"

@@ -97,6 +97,10 @@ class Scheduler:
         else:
             self.transfer.release(req)
 
+    def _fail(self, req: Request, message: str) -> None:
+        req.error = message
+        self.finish_request(req.request_id, RequestStatus.FINISHED_ERROR)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests) or (self.transfer is not None and self.transfer.has_pending())
 
@@ -260,6 +264,10 @@ class Scheduler:
             req = self.requests.get(s.request_id)
             if req is None or req.status is not RequestStatus.RUNNING or s.request_id in discarded:
                 continue  # finished (aborted) while the step ran, or its KV failed to load
+            if s.request_id in result.errors:  # its KV of this step is not cached either
+                self._fail(req, result.errors[s.request_id])
+                updated.append(req)
+                continue
             req.num_computed_tokens = s.start_pos + len(s.token_ids)
             self.kv.cache(req, req.num_computed_tokens)
             token = result.sampled_token_ids.get(s.request_id) if s.sample else None

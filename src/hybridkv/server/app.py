@@ -12,12 +12,14 @@ from fastapi.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hybridkv.server.errors import APIError, install_error_handlers
+from hybridkv.server.limits import BodyLimit
 from hybridkv.server.routes import router
 from hybridkv.server.state import ServerState
 
 
 def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
-    """The app; its lifespan starts and stops the engine thread."""
+    """The app; its lifespan starts and stops the engine thread. Bodies are bounded by
+    ``state.limits`` before the API key check and the routes see them."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -33,16 +35,30 @@ def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
     app.include_router(router)
     app.add_api_route("/health", _health, methods=["GET"])
     app.add_api_route("/metrics", _metrics, methods=["GET"])
+    limits = state.limits
+    app.add_middleware(
+        BodyLimit, max_bytes=limits.max_request_bytes, timeout=limits.body_timeout_seconds
+    )
     if api_key:
-        app.add_middleware(BearerAuth, api_key=api_key)
+        app.add_middleware(BearerAuth, api_key=api_key)  # outermost: no body read without a key
     return app
 
 
 async def _health(request: Request) -> Response:
-    engine = ServerState.of(request).engine
+    """200, or 503 if the engine thread is gone or has been in one step for longer than
+    ``--engine-stall-seconds`` (a stuck step: every request would wait forever)."""
+    state = ServerState.of(request)
+    engine, limit = state.engine, state.limits.engine_stall_seconds
     if not engine.is_healthy:
         reason = engine.error or "the engine thread is not running"
         raise APIError(503, reason, type="service_unavailable", code="engine_unavailable")
+    stalled = engine.stalled_seconds
+    if stalled > limit:
+        message = (
+            f"the engine is stalled: its current step has run for {stalled:.1f} s "
+            f"(--engine-stall-seconds={limit:g})"
+        )
+        raise APIError(503, message, type="service_unavailable", code="engine_stalled")
     return Response(status_code=200)
 
 

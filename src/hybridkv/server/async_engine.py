@@ -9,7 +9,10 @@
 
 The thread sleeps on a condition while it has no request and no command (no busy waiting).
 After each step it publishes a stats snapshot for /metrics. If a step raises, the engine is
-dead: every open request gets ``EngineDead`` and new ones are refused (503).
+dead: every open request gets ``EngineDead`` and new ones are refused (503). While
+``max_queued_requests`` requests wait (in the inbox or the scheduler's waiting queue), new ones
+are refused with ``Overloaded`` (503 + Retry-After); ``stalled_seconds`` says how long the
+current iteration has run (/health fails once it exceeds ``--engine-stall-seconds``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ class Rejected(Exception):
 
 class EngineDead(Exception):
     """The engine thread stopped (a step failed, or the server is shutting down)."""
+
+
+class Overloaded(Exception):
+    """``max_queued_requests`` requests already wait; nothing was queued."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +100,15 @@ class _Abort:
 
 
 class AsyncEngine:
-    def __init__(self, engine: EngineCore, metrics: ServerMetrics) -> None:
+    def __init__(
+        self, engine: EngineCore, metrics: ServerMetrics, max_queued_requests: int = 1024
+    ) -> None:
         self.engine = engine
         self.metrics = metrics
+        self.max_queued_requests = max_queued_requests
         self.error: str | None = None
+        self._num_queued = 0  # adds in the inbox + the scheduler's waiting queue (under _cond)
+        self._iteration_start: float | None = None  # set while the engine thread works
         self._cond = threading.Condition()
         self._inbox: deque[_Add | _Abort] = deque()
         self._stopping = False
@@ -120,6 +132,12 @@ class AsyncEngine:
     def is_healthy(self) -> bool:
         return self._thread.is_alive() and self.error is None and not self._stopping
 
+    @property
+    def stalled_seconds(self) -> float:
+        """How long the engine thread has been in its current iteration (0 while idle)."""
+        start = self._iteration_start
+        return 0.0 if start is None else time.monotonic() - start
+
     async def submit(self, prepared: PreparedRequest, request_id: str) -> RequestStream:
         """Queue a request; returns once the engine accepted it, raises ``Rejected`` if not."""
         stream = RequestStream(request_id, asyncio.get_running_loop())
@@ -140,6 +158,13 @@ class AsyncEngine:
         with self._cond:
             if self.error is not None or self._stopping:
                 raise EngineDead(self.error or "the server is shutting down")
+            if isinstance(command, _Add):
+                if self._num_queued >= self.max_queued_requests:
+                    raise Overloaded(
+                        f"the server is overloaded: {self._num_queued} requests are waiting "
+                        f"(--max-queued-requests={self.max_queued_requests}); retry later"
+                    )
+                self._num_queued += 1
             self._inbox.append(command)
             self._cond.notify()
 
@@ -148,10 +173,11 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             while self._wait_for_work():
+                self._iteration_start = time.monotonic()
                 self._handle_inbox()
                 if self.engine.has_unfinished_requests() or self._needs_flush:
                     self._step()
-                self.metrics.publish(take_snapshot(self.engine))
+                self._publish()
         except Exception as exc:
             logger.exception("engine step failed; the engine is stopped")
             self._fail_all(f"the engine failed: {type(exc).__name__}: {exc}")
@@ -172,6 +198,14 @@ class AsyncEngine:
                 self._cond.wait()
             return not self._stopping
 
+    def _publish(self) -> None:
+        snapshot = take_snapshot(self.engine)
+        self.metrics.publish(snapshot)
+        with self._cond:  # the adds still in the inbox, plus the engine's waiting queue
+            num_adds = sum(isinstance(c, _Add) for c in self._inbox)
+            self._num_queued = num_adds + snapshot.num_waiting
+            self._iteration_start = None
+
     def _handle_inbox(self) -> None:
         with self._cond:
             commands = list(self._inbox)
@@ -186,7 +220,9 @@ class AsyncEngine:
     def _add(self, command: _Add) -> None:
         p, stream = command.prepared, command.stream
         try:
-            self.engine.add_request(p.prompt_token_ids, p.params, stream.request_id, p.prompt)
+            self.engine.add_request(
+                p.prompt_token_ids, p.params, stream.request_id, p.prompt, cache_salt=p.cache_salt
+            )
         except ValueError as exc:
             stream.put(Rejected(str(exc)))
             return

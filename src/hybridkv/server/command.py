@@ -4,10 +4,13 @@ importing it does not import the web stack)."""
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+API_KEY_ENV = "HYBRIDKV_API_KEY"
 
 
 def add_serve_parser(
@@ -22,7 +25,13 @@ def add_serve_parser(
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind (default: 8000)")
     p.add_argument(
-        "--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* routes"
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1/* routes (visible in ps: prefer "
+        f"--api-key-file or the {API_KEY_ENV} environment variable)",
+    )
+    p.add_argument(
+        "--api-key-file", type=Path, default=None, help="read the API key from this file"
     )
     p.add_argument(
         "--served-model-name",
@@ -30,21 +39,69 @@ def add_serve_parser(
         help="the model name clients send (default: --model, or the embedded model's name)",
     )
     p.add_argument("--uvicorn-log-level", choices=LOG_LEVELS, default="info")
+    _add_limit_flags(p)
     add_engine_flags(p)  # includes --kv-transfer-config
     return p
 
 
+def _add_limit_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("limits (what one client may cost)")
+    g.add_argument(
+        "--max-request-bytes",
+        default="16MiB",
+        help="largest request body; larger ones get 413 (default: 16MiB)",
+    )
+    g.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=1024,
+        help="requests that may wait for the engine; more get 503 + Retry-After (default: 1024)",
+    )
+    g.add_argument(
+        "--engine-stall-seconds",
+        type=float,
+        default=30.0,
+        help="/health answers 503 once one engine step has run this long (default: 30)",
+    )
+
+
+def resolve_api_key(args: argparse.Namespace) -> str | None:
+    """--api-key, else --api-key-file's content, else $HYBRIDKV_API_KEY, else none."""
+    if args.api_key is not None and args.api_key_file is not None:
+        raise ValueError("give --api-key or --api-key-file, not both")
+    if args.api_key_file is not None:
+        try:
+            key = args.api_key_file.read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read --api-key-file {args.api_key_file}: {exc}") from None
+        if not key:
+            raise ValueError(f"--api-key-file {args.api_key_file} is empty")
+        return str(key)
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    if key is not None and not key:
+        raise ValueError("the API key is empty")
+    return key
+
+
 def run_serve(args: argparse.Namespace, engine_options: dict[str, Any]) -> int:
+    from hybridkv.paths import parse_bytes
     from hybridkv.server.launch import ServeOptions, run_server
+    from hybridkv.server.limits import ServerLimits
 
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} is not a port number (1..65535)")
+    limits = ServerLimits(
+        max_request_bytes=parse_bytes(args.max_request_bytes, "--max-request-bytes"),
+        max_queued_requests=args.max_queued_requests,
+        engine_stall_seconds=args.engine_stall_seconds,
+    )
     return run_server(
         ServeOptions(
             model=args.model,
             host=args.host,
             port=args.port,
-            api_key=args.api_key,
+            api_key=resolve_api_key(args),
+            limits=limits,
             served_model_name=args.served_model_name,
             log_level=args.uvicorn_log_level,
             engine_options=engine_options,

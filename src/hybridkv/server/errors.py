@@ -5,9 +5,12 @@
 | 400    | invalid_request_error | malformed JSON; a well-typed value the engine cannot serve  |
 | 401    | authentication_error  | missing or wrong ``Authorization: Bearer <key>``            |
 | 404    | invalid_request_error | unknown model (code ``model_not_found``) or route           |
+| 408    | invalid_request_error | the body took longer than ``body_timeout_seconds`` to send  |
+| 413    | invalid_request_error | the body is larger than ``--max-request-bytes``             |
 | 422    | invalid_request_error | the body does not match the schema (missing field, type)    |
 | 500    | server_error          | the engine failed this request; a bug in the server         |
-| 503    | service_unavailable   | the engine thread is not running                            |
+| 503    | service_unavailable   | the engine is not running or stalled; the queue is full     |
+|        |                       | (``Retry-After`` then says when to try again)               |
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ class APIError(Exception):
         type: str = INVALID_REQUEST,
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers
         self.status = status
         self.message = message
         self.type = type
@@ -52,7 +57,7 @@ class APIError(Exception):
         }
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:

@@ -6,11 +6,12 @@ import asyncio
 import json
 import shlex
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hybridkv.metrics import ServerMetrics
 from hybridkv.server.async_engine import AsyncEngine
+from hybridkv.server.limits import GuardedH11Protocol, ServerLimits
 from hybridkv.server.state import ServerState
 
 EXAMPLE_PROMPT = "The key to a fast inference engine is"
@@ -24,6 +25,7 @@ class ServeOptions:
     api_key: str | None = None
     served_model_name: str | None = None
     log_level: str = "info"
+    limits: ServerLimits = field(default_factory=ServerLimits)
     engine_options: dict[str, Any] = field(default_factory=dict)  # incl. kv_transfer_config
 
 
@@ -33,15 +35,19 @@ def build_state(options: ServeOptions) -> ServerState:
     from hybridkv.engine.core import EngineCore
     from hybridkv.engine.default_model import DEFAULT_NAME, ensure_default_model
 
-    model_dir = options.model or str(ensure_default_model())
-    engine = EngineCore(EngineConfig.create(model_dir, **options.engine_options))
+    config = EngineConfig.create(options.model or "", **options.engine_options)  # fails fast
+    if not options.model:
+        config = replace(config, model=str(ensure_default_model()))
+    engine = EngineCore(config)
     metrics = ServerMetrics()
     return ServerState(
-        engine=AsyncEngine(engine, metrics),
+        engine=AsyncEngine(engine, metrics, options.limits.max_queued_requests),
         metrics=metrics,
         tokenizer=engine.tokenizer,
         model_name=options.served_model_name or options.model or DEFAULT_NAME,
         max_model_len=engine.max_model_len,
+        limits=options.limits,
+        max_prompt_chars=engine.max_model_len * engine.tokenizer.max_token_chars,
     )
 
 
@@ -55,7 +61,13 @@ def run_server(options: ServeOptions) -> int:
     sock = bind_socket(options.host, options.port)  # fail fast, before loading the model
     state = build_state(options)
     app = create_app(state, options.api_key)
-    config = uvicorn.Config(app, log_level=options.log_level, timeout_graceful_shutdown=5)
+    GuardedH11Protocol.header_timeout = options.limits.header_timeout_seconds
+    config = uvicorn.Config(
+        app,
+        log_level=options.log_level,
+        timeout_graceful_shutdown=5,
+        **options.limits.uvicorn_options(),
+    )
     server = uvicorn.Server(config)
     banner = ready_message(options, state.model_name)
     asyncio.run(_serve_and_announce(server, sock, banner))

@@ -1,7 +1,10 @@
 """From a validated request body to what the engine takes: prompt token ids + SamplingParams.
 
 Everything here raises ``APIError`` (400) naming the parameter at fault; value checks are
-``SamplingParams``'s own, so the server and ``LLM.generate`` accept the same values.
+``SamplingParams``'s own, so the server and ``LLM.generate`` accept the same values. The
+functions here tokenize, so routes run them off the event loop (``Tokenizer.encode`` releases
+the GIL); a text longer than any prompt of ``max_model_len`` tokens can be is refused before
+it is tokenized (``PromptLimits.max_prompt_chars``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,15 @@ class PromptTokenizer(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class PromptLimits:
+    """How long a prompt may be: ``max_model_len`` tokens, so at most ``max_prompt_chars``
+    characters (``max_model_len`` times the longest token's text; None: no early check)."""
+
+    max_model_len: int
+    max_prompt_chars: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedRequest:
     """One request ready for the engine, plus how to answer it."""
 
@@ -36,33 +48,37 @@ class PreparedRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool
+    cache_salt: str | None = None
 
 
 def prepare_completion(
-    body: CompletionRequest, tokenizer: PromptTokenizer, max_model_len: int
+    body: CompletionRequest, tokenizer: PromptTokenizer, limits: PromptLimits
 ) -> PreparedRequest:
     _refuse_unsupported(body)
     _refuse(body.echo, "echo", "echo=true (prompt log-probabilities) is not supported")
     _refuse((body.best_of or 1) > 1, "best_of", "best_of > 1 is not supported")
     _refuse(body.suffix is not None, "suffix", "suffix (insertion) is not supported")
+    _refuse((body.logprobs or 0) < 0, "logprobs", "logprobs must be >= 0")
     _refuse(
         (body.logprobs or 0) > 0,
         "logprobs",
         "only logprobs=0 (the chosen tokens' log-probabilities) is supported",
     )
     if isinstance(body.prompt, str):
-        text, ids = body.prompt, tokenizer.encode(body.prompt)
+        text, ids = body.prompt, encode_prompt(tokenizer, body.prompt, limits, "prompt")
     else:
         text, ids = None, list(body.prompt)
     max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
+    check_context(len(ids), max_tokens, limits.max_model_len, "prompt")
     params = build_sampling_params(body, max_tokens, logprobs=body.logprobs is not None)
     return _prepared(body, text, ids, params)
 
 
 def prepare_chat(
-    body: ChatCompletionRequest, tokenizer: PromptTokenizer, max_model_len: int
+    body: ChatCompletionRequest, tokenizer: PromptTokenizer, limits: PromptLimits
 ) -> PreparedRequest:
     _refuse_unsupported(body)
+    _refuse((body.top_logprobs or 0) < 0, "top_logprobs", "top_logprobs must be >= 0")
     _refuse(
         (body.top_logprobs or 0) > 0,
         "top_logprobs",
@@ -73,14 +89,58 @@ def prepare_chat(
         text = tokenizer.apply_chat_template(messages, body.add_generation_prompt)
     except (ValueError, jinja2.TemplateError) as exc:
         raise bad_request(f"cannot apply the chat template: {exc}", "messages") from None
-    ids = tokenizer.encode(text)
+    ids = encode_prompt(tokenizer, text, limits, "messages")
     max_tokens = body.max_completion_tokens
     if max_tokens is None:
         max_tokens = body.max_tokens
     if max_tokens is None:  # OpenAI's chat default: whatever room the context leaves
-        max_tokens = max(max_model_len - len(ids), 1)
+        max_tokens = max(limits.max_model_len - len(ids), 1)
+    check_context(len(ids), max_tokens, limits.max_model_len, "messages")
     params = build_sampling_params(body, max_tokens, logprobs=body.logprobs)
     return _prepared(body, text, ids, params)
+
+
+def encode_prompt(
+    tokenizer: PromptTokenizer, text: str, limits: PromptLimits, param: str
+) -> list[int]:
+    """Token ids of a valid Unicode text no longer than a prompt can be (400 otherwise)."""
+    check_unicode(text, param)
+    if limits.max_prompt_chars is not None and len(text) > limits.max_prompt_chars:
+        raise bad_request(
+            f"the prompt has {len(text)} characters: more than {limits.max_prompt_chars}, "
+            f"so more than max_model_len={limits.max_model_len} tokens",
+            param,
+        )
+    return tokenizer.encode(text)
+
+
+def check_unicode(text: str, param: str) -> None:
+    """A lone surrogate (JSON ``"\\ud800"``) is not text: no tokenizer can encode it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad_request(
+            f"{param} is not valid Unicode: a lone surrogate U+{ord(text[exc.start]):04X} "
+            f"at character {exc.start}",
+            param,
+        ) from None
+
+
+def check_context(num_prompt_tokens: int, max_tokens: int, max_model_len: int, param: str) -> None:
+    """vLLM's rule: the prompt and every token asked for must fit the context (400 if not)."""
+    if num_prompt_tokens >= max_model_len:
+        raise bad_request(
+            f"the prompt has {num_prompt_tokens} tokens: it does not fit max_model_len="
+            f"{max_model_len} (room is needed for at least one output token)",
+            param,
+        )
+    if num_prompt_tokens + max_tokens > max_model_len:
+        raise bad_request(
+            f"this model's maximum context length is {max_model_len} tokens (max_model_len), "
+            f"but {num_prompt_tokens + max_tokens} were requested ({num_prompt_tokens} in the "
+            f"prompt, {max_tokens} in the completion): lower max_tokens",
+            "max_tokens",
+        )
 
 
 def build_sampling_params(body: _SamplingFields, max_tokens: int, logprobs: bool) -> SamplingParams:
@@ -106,12 +166,16 @@ def _prepared(
     options = body.stream_options
     if options is not None and not body.stream:
         raise bad_request("stream_options is only allowed with stream=true", "stream_options")
+    if body.cache_salt is not None:
+        _refuse(not body.cache_salt, "cache_salt", "cache_salt must be a non-empty string")
+        check_unicode(body.cache_salt, "cache_salt")
     return PreparedRequest(
         prompt=text,
         prompt_token_ids=ids,
         params=params,
         stream=body.stream,
         include_usage=bool(options and options.include_usage),
+        cache_salt=body.cache_salt,
     )
 
 

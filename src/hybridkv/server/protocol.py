@@ -2,7 +2,8 @@
 
 Unknown fields are rejected (422 naming them) rather than silently ignored; fields OpenAI has
 but we cannot honour are declared here and refused with a 400 in ``params.py`` unless they hold
-their no-op value. Value checks (``max_tokens >= 1``, ranges) live in ``SamplingParams``, so
+their no-op value. Types are strict (``true`` is not an integer, ``"5"`` is not a number) and
+numbers finite (``Infinity``/``NaN``, which Python's JSON parser accepts, are refused). Value checks (``max_tokens >= 1``, ranges) live in ``SamplingParams``, so
 the server and the offline API agree on them.
 """
 
@@ -15,8 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 Prompt = str | list[int]
 
 
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     include_usage: bool = False
 
@@ -24,7 +28,7 @@ class StreamOptions(BaseModel):
 class _SamplingFields(BaseModel):
     """Fields both endpoints share."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     model: str
     max_tokens: int | None = None
@@ -42,6 +46,7 @@ class _SamplingFields(BaseModel):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None  # cosmetic: accepted and ignored
+    cache_salt: str | None = None  # extension (vLLM's): prefix-cache entries only shared per salt
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -82,12 +87,15 @@ def _is_int(value: Any) -> bool:
 
 
 class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")  # name, tool_call_id...: passed to the template
+    # name, tool_call_id...: passed to the template
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     role: str
     content: str | list[TextPart] | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -9,8 +10,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from hybridkv.server.async_engine import EngineDead, Rejected
-from hybridkv.server.errors import bad_request
+from hybridkv.server.async_engine import EngineDead, Overloaded, Rejected
+from hybridkv.server.errors import APIError, bad_request
 from hybridkv.server.params import PreparedRequest, prepare_chat, prepare_completion
 from hybridkv.server.protocol import ChatCompletionRequest, CompletionRequest
 from hybridkv.server.responses import (
@@ -26,13 +27,17 @@ from hybridkv.server.streaming import engine_error, stream_events, wait_for_fina
 router = APIRouter(prefix="/v1")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+RETRY_AFTER_SECONDS = 1
 
 
 @router.post("/completions")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     state = ServerState.of(request)
     state.check_model(body.model)
-    prepared = prepare_completion(body, state.tokenizer, state.max_model_len)
+    # off the event loop: tokenizing a long prompt must not hold up other requests
+    prepared = await asyncio.to_thread(
+        prepare_completion, body, state.tokenizer, state.prompt_limits
+    )
     return await _serve(request, state, prepared, CompletionFormat(), body.model)
 
 
@@ -40,7 +45,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     state = ServerState.of(request)
     state.check_model(body.model)
-    prepared = prepare_chat(body, state.tokenizer, state.max_model_len)
+    prepared = await asyncio.to_thread(prepare_chat, body, state.tokenizer, state.prompt_limits)
     return await _serve(request, state, prepared, ChatFormat(), body.model)
 
 
@@ -64,6 +69,14 @@ async def _serve(
         stream = await state.engine.submit(prepared, request_id)
     except Rejected as exc:
         raise bad_request(str(exc), fmt.prompt_param) from None
+    except Overloaded as exc:
+        raise APIError(
+            503,
+            str(exc),
+            type="service_unavailable",
+            code="overloaded",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        ) from None
     except EngineDead as exc:
         raise engine_error(exc) from None
     header = ResponseHeader(request_id, int(time.time()), model)

@@ -11,6 +11,8 @@ from starlette.requests import Request
 from hybridkv.metrics import ServerMetrics
 from hybridkv.server.async_engine import AsyncEngine
 from hybridkv.server.errors import APIError
+from hybridkv.server.limits import ServerLimits
+from hybridkv.server.params import PromptLimits
 
 
 @dataclass(slots=True)
@@ -20,12 +22,18 @@ class ServerState:
     tokenizer: Any  # PromptTokenizer + decode; the engine's (thread-safe: no engine state)
     model_name: str
     max_model_len: int
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    max_prompt_chars: int | None = None  # None: no check before tokenizing
     created: int = field(default_factory=lambda: int(time.time()))
 
     @staticmethod
     def of(request: Request) -> ServerState:
         state: ServerState = request.app.state.hybridkv
         return state
+
+    @property
+    def prompt_limits(self) -> PromptLimits:
+        return PromptLimits(self.max_model_len, self.max_prompt_chars)
 
     def check_model(self, name: str) -> None:
         if name != self.model_name:

@@ -65,7 +65,9 @@ class DeltaTracker:
 
 
 def sse(data: dict[str, Any] | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+    """One event; ``allow_nan=False``: a bare ``NaN`` is not JSON (the engine fails a request
+    whose logits are not finite rather than send one)."""
+    return f"data: {data if isinstance(data, str) else json.dumps(data, allow_nan=False)}\n\n"
 
 
 async def stream_events(

@@ -307,8 +307,11 @@ def test_eviction_cost_does_not_grow_with_the_tier(policy: str) -> None:
 )
 def test_numeric_options_are_checked_at_start_up(extra: dict[str, object], key: str) -> None:
     """Finding 16: each is a clear error naming the option (max_model_len is 32 here)."""
-    from hybridkv.connectors.config import KVTransferConfig
-    from hybridkv.connectors.registry import ConnectorContext, create_connector
+    from hybridkv.connectors.registry import (
+        ConnectorContext,
+        create_connector,
+        parse_kv_transfer_config,
+    )
 
     config = {
         "kv_connector": "OffloadingConnector",
@@ -316,7 +319,7 @@ def test_numeric_options_are_checked_at_start_up(extra: dict[str, object], key: 
     }
     context = ConnectorContext(make_layout("full"), "fp", 64, 4, max_model_len=32)
     with pytest.raises(ValueError, match=key):
-        create_connector(KVTransferConfig.parse(config), context)
+        create_connector(parse_kv_transfer_config(config, 4), context)
 
 
 @pytest.mark.timeout(60)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hybridkv.connectors.offloading.policies import policy_names
+from hybridkv.connectors.config import ConnectorOptions, LoadMode, OptionsContext, parse_choice
+from hybridkv.connectors.offloading.policies import Eviction
 from hybridkv.paths import parse_bytes
 
-LOAD_MODES = ("async", "sync")
 MAX_TIMEOUT_SECONDS = 3600.0
 _KEYS = (
     "cpu_bytes",
@@ -40,20 +41,20 @@ _KEYS = (
 
 
 @dataclass(frozen=True, slots=True)
-class OffloadingConfig:
+class OffloadingConfig(ConnectorOptions):
     cpu_bytes: int | None = None  # None: no CPU tier
     disk_path: str | None = None  # None: no disk tier
     disk_bytes: int | None = None
     chunk_tokens: int = 256  # tokens per restore unit, a multiple of the block size
-    eviction: str = "lru"
+    eviction: Eviction = Eviction.LRU
     load_timeout_seconds: float = 30.0
     offload_prompt_only: bool = True
     max_inflight_io_bytes: int = 512 * 1024**2
-    load_mode: str = "async"
+    load_mode: LoadMode = LoadMode.ASYNC
     cpu_prealloc: bool = False
 
     @classmethod
-    def parse(cls, extra: dict[str, Any], block_size: int) -> OffloadingConfig:
+    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> OffloadingConfig:
         for name in extra:
             if name not in _KEYS:
                 raise ValueError(_err(name, f"unknown key; known: {sorted(_KEYS)}"))
@@ -72,15 +73,17 @@ class OffloadingConfig:
             raise ValueError(_err("disk_path", "is required with disk_bytes"))
         if "cpu_bytes" not in values and "disk_path" not in values:
             raise ValueError(_err("cpu_bytes", "give cpu_bytes, disk_path or both"))
-        values["chunk_tokens"] = _chunk_tokens(extra.get("chunk_tokens", 256), block_size)
+        values["chunk_tokens"] = _chunk_tokens(extra.get("chunk_tokens", 256), ctx.block_size)
         values.update(_choices(extra))
-        return cls(**values)
+        options = cls(**values)
+        _check_memory(options)
+        return options
 
 
 def check_sizes(options: OffloadingConfig, unit_bytes: int, max_model_len: int) -> None:
-    """What the options must satisfy once the layout is known: each tier holds at least one
-    restore unit (``unit_bytes``), a unit fits in the context, and the CPU tier's
-    memory exists. ``ValueError`` naming the option otherwise."""
+    """What the options must satisfy once the layout is known (at connector creation): each
+    tier holds at least one restore unit (``unit_bytes``) and a unit fits in the context.
+    ``ValueError`` naming the option otherwise."""
     what = f"one restore unit ({unit_bytes} bytes at chunk_tokens={options.chunk_tokens})"
     for name in ("cpu_bytes", "disk_bytes"):
         value = getattr(options, name)
@@ -95,6 +98,12 @@ def check_sizes(options: OffloadingConfig, unit_bytes: int, max_model_len: int) 
                 f"{options.chunk_tokens} is above max_model_len={max_model_len}: no unit could ever be stored",
             )
         )
+
+
+def _check_memory(options: OffloadingConfig) -> None:
+    """The CPU tier's memory must exist (before the model loads): at most the machine's
+    memory, or its available memory with ``cpu_prealloc`` (issue 18: memory grew until
+    the process was killed)."""
     if options.cpu_bytes is not None:
         total, available = memory_limits()
         limit, which = (available, "available") if options.cpu_prealloc else (total, "total")
@@ -140,16 +149,13 @@ def _chunk_tokens(value: Any, block_size: int) -> int:
     return int(value)
 
 
-def _choices(extra: dict[str, Any]) -> dict[str, Any]:
+def _choices(extra: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    eviction = extra.get("eviction", "lru")
-    if eviction not in policy_names():
-        raise ValueError(_err("eviction", f"{eviction!r} must be one of {policy_names()}"))
-    out["eviction"] = eviction
+    out["eviction"] = parse_choice(
+        Eviction, extra.get("eviction", "lru"), "OffloadingConnector: 'eviction'"
+    )
     mode = extra.get("load_mode", "async")
-    if mode not in LOAD_MODES:
-        raise ValueError(_err("load_mode", f"{mode!r} must be one of {LOAD_MODES}"))
-    out["load_mode"] = mode
+    out["load_mode"] = parse_choice(LoadMode, mode, "OffloadingConnector: 'load_mode'")
     timeout = extra.get("load_timeout_seconds", 30.0)
     number = not isinstance(timeout, bool) and isinstance(timeout, int | float)
     if not number or not math.isfinite(timeout) or not 0 < timeout <= MAX_TIMEOUT_SECONDS:
@@ -168,7 +174,7 @@ def _choices(extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _size(extra: dict[str, Any], name: str) -> int:
+def _size(extra: Mapping[str, Any], name: str) -> int:
     try:
         return parse_bytes(extra[name], name)
     except (ValueError, TypeError) as exc:

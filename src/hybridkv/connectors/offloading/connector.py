@@ -21,7 +21,7 @@ def create_offloading_connector(
     config: KVTransferConfig, context: ConnectorContext
 ) -> KVConnectorPair:
     layout = context.layout
-    options = OffloadingConfig.parse(config.kv_connector_extra_config, layout.block_size)
+    options = config.options_as(OffloadingConfig)
     geometry = UnitGeometry(layout, options.chunk_tokens)
     unit_bytes = max(1, geometry.unit_nbytes(options.chunk_tokens * 2))
     check_sizes(options, unit_bytes, context.max_model_len)

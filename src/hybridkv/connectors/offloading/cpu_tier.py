@@ -23,9 +23,10 @@ import torch
 import xxhash
 
 from hybridkv.connectors.base import KVCacheAccess
+from hybridkv.connectors.config import TierName
 from hybridkv.connectors.file_format import CORRUPT, MISSING, PartError
 from hybridkv.connectors.offloading.host_buffers import HostBuffers
-from hybridkv.connectors.offloading.policies import create_policy
+from hybridkv.connectors.offloading.policies import Eviction, create_policy
 from hybridkv.connectors.offloading.tier import TierEntry, TierIndex, UnitState
 from hybridkv.connectors.offloading.tier_base import Tier
 from hybridkv.connectors.offloading.units import UnitGeometry
@@ -125,7 +126,7 @@ class CpuIndex(TierIndex):
     Free buffers fit in the room that stored parts leave (reserved units hold no memory yet:
     their snapshots will take the buffers their reservations evicted)."""
 
-    def __init__(self, capacity: int, eviction: str, unit_bytes: int) -> None:
+    def __init__(self, capacity: int, eviction: Eviction, unit_bytes: int) -> None:
         super().__init__("cpu", capacity, create_policy(eviction, capacity // unit_bytes))
         self.buffers = HostBuffers()
         self.num_pending_bytes = 0
@@ -166,14 +167,14 @@ class CpuTier(Tier):
     """Parts in CPU memory: no I/O, so ``submit`` runs on the caller's thread, and loads copy
     the parts segment by segment (``in_memory``)."""
 
-    name = "cpu"
+    name = TierName.CPU
     in_memory = True
     index: CpuIndex
 
     def __init__(
         self,
         capacity: int,
-        eviction: str,
+        eviction: Eviction,
         unit_bytes: int,
         kernel: PageCopy | None,
         geometry: UnitGeometry,

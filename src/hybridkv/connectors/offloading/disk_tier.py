@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from hybridkv.connectors.base import StatsCounter
+from hybridkv.connectors.config import TierName
 from hybridkv.connectors.offloading import disk_scan
 from hybridkv.connectors.offloading.disk_format import (
     IO_ERROR,
@@ -46,7 +47,7 @@ from hybridkv.connectors.offloading.disk_format import (
     write_verified,
 )
 from hybridkv.connectors.offloading.disk_io import IOPool, StuckIO
-from hybridkv.connectors.offloading.policies import create_policy
+from hybridkv.connectors.offloading.policies import Eviction, create_policy
 from hybridkv.connectors.offloading.tier import TierEntry, TierIndex
 from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, UnitRef
 from hybridkv.connectors.offloading.units import UnitGeometry, part_key
@@ -59,7 +60,7 @@ NUM_IO_WORKERS = 4
 
 
 class DiskTier(Tier):
-    name = "disk"
+    name = TierName.DISK
     removed_counter = "files_removed"
 
     def __init__(
@@ -67,7 +68,7 @@ class DiskTier(Tier):
         root: str,
         fingerprint: str,
         capacity: int,
-        eviction: str,
+        eviction: Eviction,
         geometry: UnitGeometry,
         io_timeout: float = 30.0,
     ) -> None:

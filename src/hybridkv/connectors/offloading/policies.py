@@ -1,4 +1,4 @@
-"""Eviction order of a tier's units: LRU, and ARC as an option (a registry by name).
+"""Eviction order of a tier's units: LRU, and ARC as an option (``Eviction``).
 
 A policy only orders unit keys; the tier decides which candidates may go (never a pinned unit
 or one still being stored). ``touch(key, reuse=False)`` only refreshes recency: the scheduler
@@ -13,6 +13,8 @@ import itertools
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
+
+from hybridkv.connectors.config import Choice
 
 
 class BaseEvictionPolicy(ABC):
@@ -114,16 +116,18 @@ class ARCPolicy(BaseEvictionPolicy):
         return itertools.chain(self.t2, self.t1)
 
 
-_POLICIES: dict[str, Callable[[int], BaseEvictionPolicy]] = {"lru": LRUPolicy, "arc": ARCPolicy}
+class Eviction(Choice):
+    """The ``eviction`` option: which policy orders a tier's units."""
+
+    LRU = "lru"
+    ARC = "arc"
 
 
-def register_policy(name: str, factory: Callable[[int], BaseEvictionPolicy]) -> None:
-    _POLICIES[name] = factory
+_POLICIES: dict[Eviction, Callable[[int], BaseEvictionPolicy]] = {
+    Eviction.LRU: LRUPolicy,
+    Eviction.ARC: ARCPolicy,
+}
 
 
-def policy_names() -> list[str]:
-    return sorted(_POLICIES)
-
-
-def create_policy(name: str, capacity_units: int) -> BaseEvictionPolicy:
-    return _POLICIES[name](capacity_units)
+def create_policy(eviction: Eviction, capacity_units: int) -> BaseEvictionPolicy:
+    return _POLICIES[eviction](capacity_units)

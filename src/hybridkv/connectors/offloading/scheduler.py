@@ -30,6 +30,7 @@ from hybridkv.connectors.base import (
     KVConnectorRequest,
     RequestBlocks,
 )
+from hybridkv.connectors.config import LoadMode, TierName
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.cpu_tier import CpuTier
 from hybridkv.connectors.offloading.disk_tier import DiskTier
@@ -55,21 +56,21 @@ class OffloadingScheduler(BaseConnectorScheduler):
         self.save_enabled = save
         self._loads: list[LoadSpec] = []
         # hits of slower tiers to copy into the fastest: of this step, and of the step before
-        self._promote: list[tuple[UnitRef, str]] = []
-        self._promote_next: list[tuple[UnitRef, str]] = []
+        self._promote: list[tuple[UnitRef, TierName]] = []
+        self._promote_next: list[tuple[UnitRef, TierName]] = []
         self._sources: dict[str, dict[str, int]] = {}  # request id -> loaded tokens by tier
         self._stats = ConnectorStats()
 
     @property
     def cpu(self) -> CpuTier | None:
         """The CPU tier, if configured (for tests and tools; the halves use ``stack``)."""
-        tier = self.stack.get("cpu")
+        tier = self.stack.get(TierName.CPU)
         return tier if isinstance(tier, CpuTier) else None
 
     @property
     def disk(self) -> DiskTier | None:
         """The disk tier, if configured (for tests and tools)."""
-        tier = self.stack.get("disk")
+        tier = self.stack.get(TierName.DISK)
         return tier if isinstance(tier, DiskTier) else None
 
     # -- lookup --------------------------------------------------------------------------
@@ -84,7 +85,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
             return None
         if end <= num_local_computed:
             return 0, False
-        return end - num_local_computed, self.config.load_mode == "async"
+        return end - num_local_computed, self.config.load_mode is LoadMode.ASYNC
 
     def _find_restore_end(self, request: KVConnectorRequest, local: int) -> int | None:
         """The end of the last unit of the READY run after ``local`` (0 if none); None if a
@@ -155,7 +156,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
                 block_ids=ids,
                 block_indices=indices,
                 state_slots=tuple(blocks.state_slots),
-                is_async=self.config.load_mode == "async",
+                is_async=self.config.load_mode is LoadMode.ASYNC,
                 keys=OffloadLoadKeys(tuple(sources)),
             )
         )
@@ -170,16 +171,17 @@ class OffloadingScheduler(BaseConnectorScheduler):
                 break
             unit_hash = self.geometry.unit_hash(request.block_hashes, unit_end)
             pinned = self.stack.pin_fastest(unit_hash)
-            tier = "none" if pinned is None else pinned[0].name
+            tier = None if pinned is None else pinned[0].name
             serial = None if pinned is None else pinned[1]
             sources.append(UnitSource(unit_end, unit_hash, tier, serial))
-            if pinned is not None and self.stack.promotion_target(tier) is not None:
+            if tier is not None and self.stack.promotion_target(tier) is not None:
                 ref = UnitRef(unit_hash, unit_end, self._parent_hash(request, unit_end))
                 self._promote.append((ref, tier))
             tokens = min(unit_end, end) - max(unit_end - chunk, start)
-            by_tier[tier] = by_tier.get(tier, 0) + tokens
-            self._stats.add(f"hits.{tier}")
-            self._stats.add(f"hit_tokens.{tier}", tokens)
+            name = "none" if tier is None else tier.value  # none: gone since the lookup
+            by_tier[name] = by_tier.get(name, 0) + tokens
+            self._stats.add(f"hits.{name}")
+            self._stats.add(f"hit_tokens.{name}", tokens)
         for source in reversed(sources):  # tail first: the head ends up most recent
             self.stack.touch(source.unit_hash, reuse=True)
         self._sources[request.request_id] = by_tier

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from hybridkv.connectors.config import TierName
 from hybridkv.connectors.offloading.tier import UnitState
 from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, TierStats, UnitRef
 from hybridkv.kv.hashing import BlockHash
@@ -35,8 +36,8 @@ class TierStack:
     def __iter__(self) -> Iterator[Tier]:
         return iter(self.tiers)
 
-    def get(self, name: str) -> Tier | None:
-        return self._by_name.get(name)
+    def get(self, name: TierName | None) -> Tier | None:
+        return None if name is None else self._by_name.get(name)
 
     @property
     def fastest(self) -> Tier:
@@ -83,14 +84,14 @@ class TierStack:
             tier.evict(evicted)
         return len(evicted)
 
-    def promotion_target(self, source: str) -> Tier | None:
+    def promotion_target(self, source: TierName) -> Tier | None:
         """Where a hit served by tier ``source`` is copied: the fastest tier, if slower."""
         return None if source == self.fastest.name else self.fastest
 
     # -- worker threads ------------------------------------------------------------------
 
-    def unpin(self, name: str, unit_hash: BlockHash, serial: int | None) -> None:
-        tier = self._by_name.get(name)
+    def unpin(self, name: TierName | None, unit_hash: BlockHash, serial: int | None) -> None:
+        tier = self.get(name)
         if tier is not None:
             tier.index.unpin(unit_hash, serial)
 

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from hybridkv.connectors.config import TierName
 from hybridkv.connectors.offloading.tier import TierEntry, TierIndex, UnitState
 from hybridkv.connectors.offloading.units import UnitGeometry
 from hybridkv.kv.hashing import BlockHash
@@ -67,7 +68,7 @@ class UnitRef:
 class TierStats:
     """A tier's residency now (a gauge, not a counter)."""
 
-    name: str
+    name: TierName
     units: int
     used_bytes: int
     capacity_bytes: int
@@ -79,7 +80,7 @@ class Tier(ABC):
     """One storage tier. Subclasses set ``name``, ``index`` and ``geometry`` (see the module docstring for
     which thread may call what)."""
 
-    name: str
+    name: TierName
     index: TierIndex
     geometry: UnitGeometry
     # parts are CPU tensors checksummed per segment (``cpu_tier.CpuPart``): loads copy them

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridkv.connectors.config import TierName
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, SpecKind
 
@@ -91,7 +92,7 @@ class UnitSave:
     end: int
     block_ids: tuple[tuple[int, ...], ...]
     state_slots: tuple[int, ...]
-    tiers: tuple[str, ...]
+    tiers: tuple[TierName, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +103,8 @@ class UnitPromotion:
 
     unit_hash: BlockHash
     end: int
-    source: str
-    target: str
+    source: TierName
+    target: TierName
     source_pin: int | None = None  # the serial of the source entry pinned
 
 
@@ -113,7 +114,7 @@ class UnitSource:
 
     end: int
     unit_hash: BlockHash
-    tier: str
+    tier: TierName | None  # None: no tier held the unit any more when it was pinned
     pin: int | None = None  # the serial of the entry pinned (``TierIndex.pin``)
 
 

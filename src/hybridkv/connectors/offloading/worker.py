@@ -26,6 +26,7 @@ from hybridkv.connectors.base import (
     StatsCounter,
     output_from_results,
 )
+from hybridkv.connectors.config import TierName
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.loads import InflightLoad, LoadPart, PartWriter, plan_parts
 from hybridkv.connectors.offloading.stack import TierStack
@@ -127,8 +128,10 @@ class OffloadingWorker(BaseConnectorWorker):
             self.stack.unpin(source.tier, source.unit_hash, source.pin)
 
     def _count_load_time(self, parts: list[LoadPart], seconds: float) -> None:
-        nbytes: dict[str, int] = {}
+        nbytes: dict[TierName, int] = {}
         for part in parts:
+            if part.source.tier is None:
+                continue  # no tier held the unit: nothing was read
             if part.slot is not None:
                 size = self.layout.state_slot_bytes(part.group_id)
             else:

@@ -6,6 +6,10 @@ recurrent step; prefill chunks are padded to ``[R, L]`` and run the chunked scan
 the slot's state, so a chunk that continues a previous one (or a restored checkpoint) gives
 the same result as one long prefill. Padding gets ``dt = 0``: it neither decays nor feeds the
 state.
+
+Variants: ``MambaConfig.out_norm`` says how the scan output meets the gate (Falcon-H1 may skip
+the norm or normalise before gating), ``proj_scale`` multiplies the input projection per
+channel (Falcon-H1's MuP vector; None elsewhere).
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridkv.model.config import MambaConfig
+from hybridkv.model.config import MambaConfig, MambaOutNorm
 from hybridkv.model.layers.linear import Linear
 from hybridkv.model.layers.norm import GatedRMSNorm
+from hybridkv.model.layers.short_conv import conv_chunk_, conv_step_
 from hybridkv.model.layers.ssd import ssd_chunk_scan, ssd_step_
 from hybridkv.model.step_context import StateMeta, StepContext
 
@@ -32,8 +37,11 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(cfg.num_heads))
         self.A_log = nn.Parameter(torch.zeros(cfg.num_heads))
         self.D = nn.Parameter(torch.ones(cfg.num_heads))
-        self.norm = GatedRMSNorm(inner, cfg.n_groups, eps)
+        if cfg.out_norm is not MambaOutNorm.GATE_ONLY:
+            before = cfg.out_norm is MambaOutNorm.NORM_THEN_GATE
+            self.norm = GatedRMSNorm(inner, cfg.n_groups, eps, norm_before_gate=before)
         self.out_proj = Linear(inner, hidden, bias=cfg.proj_bias)
+        self.proj_scale: torch.Tensor | None = None  # [inner + conv_dim + heads]
 
     def forward(self, hidden: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """``[T, hidden]`` -> ``[T, hidden]``; updates this layer's live state slots."""
@@ -41,13 +49,19 @@ class Mamba2Mixer(nn.Module):
         meta = ctx.state_meta[self.layer_id]
         cfg = self.cfg
         proj = self.in_proj(hidden)  # [T, inner + conv_dim + heads]
+        if self.proj_scale is not None:
+            proj = proj * self.proj_scale.to(proj.dtype)
         gate, xbc, dt = proj.split([cfg.intermediate_size, cfg.conv_dim, cfg.num_heads], dim=-1)
         y = hidden.new_empty(hidden.shape[0], cfg.intermediate_size)  # [T, inner]
         if meta.has_decode:
             y[meta.decode_token_idx] = self._decode(xbc, dt, conv_state, ssm_state, meta)
         if meta.has_prefill:
             y[meta.prefill_token_idx] = self._prefill(xbc, dt, conv_state, ssm_state, meta)
-        out: torch.Tensor = self.out_proj(self.norm(y, gate))
+        if self.cfg.out_norm is MambaOutNorm.GATE_ONLY:
+            gated = (y.float() * F.silu(gate.float())).to(y.dtype)
+            out: torch.Tensor = self.out_proj(gated)
+        else:
+            out = self.out_proj(self.norm(y, gate))
         return out
 
     def _decode(
@@ -61,12 +75,7 @@ class Mamba2Mixer(nn.Module):
         idx = meta.decode_token_idx
         # a contiguous run of slots is updated in place through a view; else gather/scatter
         live = meta.decode_slot_run or meta.decode_slots
-        window = torch.cat([conv_state[live], xbc[idx, :, None].to(conv_state.dtype)], dim=-1)
-        conv_state[live] = window[..., 1:]  # [Rd, conv_dim, d_conv - 1]
-        weight = self.conv1d.weight[:, 0, :]  # [conv_dim, d_conv]
-        conv = (window.to(weight.dtype) * weight).sum(-1)  # [Rd, conv_dim]
-        if self.conv1d.bias is not None:
-            conv = conv + self.conv1d.bias
+        conv = conv_step_(xbc[idx], conv_state, live, self.conv1d)  # [Rd, conv_dim]
         x, b, c = self._split_heads(F.silu(conv))  # [Rd, h, p], [Rd, h, n], [Rd, h, n]
         step_dt = self._dt(dt[idx])  # [Rd, h]
         state = ssm_state[live]  # [Rd, h, p, n]: a view for a run of slots
@@ -85,15 +94,12 @@ class Mamba2Mixer(nn.Module):
         meta: StateMeta,
     ) -> torch.Tensor:
         slots, valid = meta.prefill_slots, meta.prefill_valid
-        k = self.cfg.d_conv - 1
         # NOTE: padding gathers some other request's token; masked_fill (not `* valid`) so a
         # NaN there (a request computing on a failed load) cannot leak into this row.
         pad = ~valid[..., None]
         padded = xbc[meta.prefill_gather].masked_fill(pad, 0.0)  # [Rp, L, conv_dim]
-        seq = torch.cat([conv_state[slots].to(xbc.dtype), padded.transpose(1, 2)], dim=-1)
-        conv_state[slots] = _last_inputs(seq, meta.prefill_lens, k).to(conv_state.dtype)
-        conv = F.conv1d(seq, self.conv1d.weight, self.conv1d.bias, groups=self.cfg.conv_dim)
-        x, b, c = self._split_heads(F.silu(conv.transpose(1, 2)))  # [Rp, L, h, ...]
+        conv = conv_chunk_(padded, conv_state, slots, meta.prefill_lens, self.conv1d)
+        x, b, c = self._split_heads(F.silu(conv))  # [Rp, L, h, ...]
         scan_dt = self._dt(dt[meta.prefill_gather]).masked_fill(pad, 0.0)  # [Rp, L, h]
         y, final = ssd_chunk_scan(
             x, scan_dt, self._a(), b, c, ssm_state[slots], self.cfg.chunk_size
@@ -119,9 +125,3 @@ class Mamba2Mixer(nn.Module):
 
     def _a(self) -> torch.Tensor:
         return -torch.exp(self.A_log.float())  # [h]
-
-
-def _last_inputs(seq: torch.Tensor, lens: torch.Tensor, k: int) -> torch.Tensor:
-    """The last ``k`` real inputs of each row of ``seq`` ``[R, C, k + L]`` -> ``[R, C, k]``."""
-    idx = lens[:, None] + torch.arange(k, device=seq.device)  # [R, k]
-    return seq.gather(2, idx[:, None, :].expand(-1, seq.shape[1], -1))

@@ -18,8 +18,10 @@ def activation(name: str):  # type: ignore[no-untyped-def]
         return lambda x: F.gelu(x, approximate="tanh")
     if name == "gelu":
         return F.gelu
+    if name == "relu2":  # Nemotron-H
+        return lambda x: torch.square(F.relu(x))
     raise ModelLoadError(
-        f"unsupported activation {name!r}; supported: silu, gelu, gelu_pytorch_tanh"
+        f"unsupported activation {name!r}; supported: silu, gelu, gelu_pytorch_tanh, relu2"
     )
 
 

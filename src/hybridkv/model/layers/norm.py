@@ -51,17 +51,26 @@ class OffsetRMSNorm(nn.Module):
 
 
 class GatedRMSNorm(nn.Module):
-    """Mamba2 output norm: ``x * silu(gate)``, then RMS-normalised per group of channels."""
+    """Mamba2 output norm: ``x * silu(gate)``, then RMS-normalised per group of channels;
+    with ``norm_before_gate`` (Falcon-H1) normalised and scaled first, then gated."""
 
-    def __init__(self, dim: int, num_groups: int, eps: float) -> None:
+    def __init__(
+        self, dim: int, num_groups: int, eps: float, norm_before_gate: bool = False
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.num_groups = num_groups
         self.eps = eps
+        self.norm_before_gate = norm_before_gate
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        x32 = x.float() * F.silu(gate.float())
+        x32 = x.float()
+        if not self.norm_before_gate:
+            x32 = x32 * F.silu(gate.float())
         grouped = x32.view(*x32.shape[:-1], self.num_groups, -1)  # [..., groups, dim / groups]
         grouped = F.rms_norm(grouped, grouped.shape[-1:], eps=self.eps)
+        if self.norm_before_gate:
+            gated = self.weight.float() * grouped.flatten(-2) * F.silu(gate.float())
+            return gated.to(x.dtype)
         out: torch.Tensor = self.weight * grouped.flatten(-2).to(x.dtype)
         return out

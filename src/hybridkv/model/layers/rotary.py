@@ -56,7 +56,14 @@ class RotaryCosSin:
         self.signed_sin = signed_sin
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x`` ``[T, heads, dim]`` by its tokens' positions."""
+        """Rotate ``x`` ``[T, heads, head_dim]`` by its tokens' positions: all of each head, or
+        its first ``dim`` dims (partial rotary), the rest passing through."""
+        dim = self.cos.shape[-1]
+        if dim < x.shape[-1]:
+            return torch.cat((self._rotate(x[..., :dim]), x[..., dim:]), dim=-1)
+        return self._rotate(x)
+
+    def _rotate(self, x: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # [T, heads, dim]
         return x * self.cos + swapped * self.signed_sin

@@ -94,10 +94,19 @@ class CausalLM(nn.Module):
 
     config: ModelConfig
     lm_head: Linear
+    # (our prefix, checkpoint prefix): other places the checkpoint may keep our weights
+    checkpoint_prefixes: tuple[tuple[str, str], ...] = ()
+    # checkpoint tensors deliberately not loaded (a vision tower); one log line says how many
+    ignored_prefixes: tuple[str, ...] = ()
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """``[T]`` token ids -> final hidden states ``[T, hidden]``."""
         raise NotImplementedError
+
+    def embedding(self) -> nn.Embedding:
+        """The input embedding (``lm_head`` shares its weight when tied)."""
+        emb: nn.Embedding = self.model.embed_tokens  # type: ignore[union-attr,assignment]
+        return emb
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[n, hidden]`` -> float32 logits ``[n, vocab]`` (model-specific scaling applied)."""

@@ -78,3 +78,28 @@ class Gemma3ForCausalLM(CausalLM):
             cap = float(self.final_softcap)
             logits = torch.tanh(logits / cap) * cap
         return logits.float()
+
+
+class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
+    """A Gemma 3 multimodal checkpoint (>= 4B) run as its text model: the language model's
+    weights under ``model.language_model.`` (transformers 5) or ``language_model.model.``
+    (4.x); the vision tower and projector are skipped. Image placeholder ids are rejected at
+    ``add_request`` (``ModelConfig.media_token_ids``)."""
+
+    checkpoint_prefixes = (
+        ("model.", "model.language_model."),
+        ("model.", "language_model.model."),
+        ("lm_head.", "language_model.lm_head."),
+    )
+    ignored_prefixes = (
+        "model.vision_tower.",
+        "model.multi_modal_projector.",
+        "vision_tower.",
+        "multi_modal_projector.",
+    )
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        # NOTE: transformers 5.23's Gemma3ForConditionalGeneration never applies
+        # final_logit_softcapping (the released checkpoints set it to null anyway); neither do we.
+        self.final_softcap = None

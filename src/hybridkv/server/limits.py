@@ -1,0 +1,152 @@
+"""What one client may cost the server: body size, time to send a request, queue room.
+
+::
+
+    socket -- GuardedH11Protocol: headers within header_timeout_seconds, else closed
+           -- BodyLimit: body <= max_request_bytes (413), sent within body_timeout_seconds (408)
+           -- routes: tokenize off the event loop; AsyncEngine.submit refuses a request while
+              max_queued_requests wait (503 + Retry-After)
+
+uvicorn (0.54, h11) bounds header size (``h11_max_incomplete_event_size``) and idle keep-alive
+connections, but not how long a client may take to send its headers or its body: both are
+bounded here, so half-sent requests cannot pile up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from hybridkv.server.errors import APIError
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """Per-server limits (``hybridkv serve`` flags of the same names)."""
+
+    max_request_bytes: int = 16 * MiB
+    max_queued_requests: int = 1024
+    engine_stall_seconds: float = 30.0
+    header_timeout_seconds: float = 10.0
+    body_timeout_seconds: float = 30.0
+    keep_alive_seconds: int = 5
+    max_header_bytes: int = 16 * 1024  # h11's own default, made explicit
+
+    def __post_init__(self) -> None:
+        _positive_int(self.max_request_bytes, "--max-request-bytes")
+        _positive_int(self.max_queued_requests, "--max-queued-requests")
+        _positive_int(self.keep_alive_seconds, "--keep-alive-seconds")
+        _positive_int(self.max_header_bytes, "max_header_bytes")
+        for name in ("engine_stall_seconds", "header_timeout_seconds", "body_timeout_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number > 0")
+
+    def uvicorn_options(self) -> dict[str, Any]:
+        return {
+            "http": GuardedH11Protocol,
+            "timeout_keep_alive": self.keep_alive_seconds,
+            "h11_max_incomplete_event_size": self.max_header_bytes,
+        }
+
+
+def _positive_int(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose request headers do not arrive within
+    ``header_timeout`` seconds of it opening (or of its previous response)."""
+
+    header_timeout: float = 10.0  # set by run_server from ServerLimits
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_header_timer()
+
+    def _arm_header_timer(self) -> None:
+        waiting_after = self.cycle  # a new request replaces the cycle
+        self.loop.call_later(self.header_timeout, self._maybe_close, waiting_after)
+
+    def _maybe_close(self, waiting_after: object) -> None:
+        if self.cycle is waiting_after and not self.transport.is_closing():
+            self.transport.close()
+
+
+class BodyLimit:
+    """Reads a request's body before the app does, refusing it with 413 once it is larger than
+    ``max_bytes`` (a ``Content-Length`` that says so is refused before reading) and with 408
+    when it takes longer than ``timeout`` seconds; the app then reads the body from memory."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout: float) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.timeout = timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await self._too_large().response()(scope, receive, send)
+            return
+        try:
+            body = await asyncio.wait_for(self._read(receive), self.timeout)
+        except TimeoutError:
+            late = APIError(408, f"the request body did not arrive within {self.timeout:g} s")
+            await late.response()(scope, receive, send)
+            return
+        except APIError as error:
+            await error.response()(scope, receive, send)
+            return
+        if body is None:
+            return  # the client went away
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _read(self, receive: Receive) -> bytes | None:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise self._too_large()
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _too_large(self) -> APIError:
+        return APIError(
+            413,
+            f"the request body is larger than --max-request-bytes={self.max_bytes}",
+            code="request_too_large",
+        )
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The body once, then the connection's own messages (a disconnect, for watchers)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
