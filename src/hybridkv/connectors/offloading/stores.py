@@ -19,8 +19,7 @@ import functools
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -30,55 +29,10 @@ from hybridkv.connectors.file_format import PartError
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier
 from hybridkv.connectors.offloading.rate_log import RateLimitedLog
+from hybridkv.connectors.offloading.store_jobs import STALL_SECONDS, Countdown, Once, on_tier
 from hybridkv.connectors.offloading.tier_base import Tier
 from hybridkv.connectors.offloading.units import UnitPromotion, UnitSave
-from hybridkv.kv.hashing import BlockHash
 from hybridkv.step_io import ConnectorMetadata
-
-STALL_SECONDS = 5.0  # ``wait_for_saves`` gives up when no store ended for this long
-
-
-class _Once:
-    """Whichever comes first of a job's own end and its tier giving up on it (stuck, shut
-    down) does the job's bookkeeping; the other does nothing."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._claimed = False
-
-    def claim(self) -> bool:
-        with self._lock:
-            first, self._claimed = not self._claimed, True
-            return first
-
-
-def _on_tier(tier: Tier, job: Any, key: BlockHash, given_up: Any) -> None:
-    """Run ``job(once)`` on the tier's I/O; ``given_up()`` instead if the tier fails it (stuck,
-    shut down) before the job claimed its bookkeeping."""
-    once = _Once()
-    future = tier.submit(functools.partial(job, once), key)
-
-    def check(done: Future[Any]) -> None:
-        if done.exception() is not None and once.claim():
-            given_up()
-
-    future.add_done_callback(check)
-
-
-class _Countdown:
-    """Runs ``done`` when the last of ``count`` write-behinds of one store ended."""
-
-    def __init__(self, count: int, done: Any) -> None:
-        self._lock = threading.Lock()
-        self._left = count
-        self._done = done
-
-    def tick(self) -> None:
-        with self._lock:
-            self._left -= 1
-            last = self._left == 0
-        if last:
-            self._done()
 
 
 class StorePipeline:
@@ -114,7 +68,7 @@ class StorePipeline:
                 source = self._tier(save.source)
                 job = functools.partial(self._promote, save, nbytes)
                 given_up = functools.partial(self._promotion_failed, save, nbytes, True)
-                _on_tier(source, job, save.unit_hash, given_up)
+                on_tier(source, job, save.unit_hash, given_up)
             else:
                 try:
                     began = time.perf_counter()
@@ -138,7 +92,7 @@ class StorePipeline:
             self._stats.add(f"store_failures.{name}")
         self._log.warn(f"a store failed ({', '.join(tiers)}): {exc!r}")
 
-    def _promote(self, promotion: UnitPromotion, nbytes: int, once: _Once) -> None:
+    def _promote(self, promotion: UnitPromotion, nbytes: int, once: Once) -> None:
         """Read a unit whole from its source tier (on the source's I/O worker), every part
         verified, then write it into the target on the target's; a bad or missing part
         aborts the target's reservation."""
@@ -156,7 +110,7 @@ class StorePipeline:
         source.index.unpin(promotion.unit_hash, promotion.source_pin)
         commit = functools.partial(self._commit_promotion, target, promotion, parts, nbytes, began)
         given_up = functools.partial(self._promotion_failed, promotion, nbytes, False)
-        _on_tier(target, commit, promotion.unit_hash, given_up)
+        on_tier(target, commit, promotion.unit_hash, given_up)
 
     def _promotion_failed(
         self, promotion: UnitPromotion, nbytes: int, pinned: bool, reason: str = "io_error"
@@ -174,7 +128,7 @@ class StorePipeline:
         parts: dict[int, torch.Tensor],
         nbytes: int,
         began: float,
-        once: _Once,
+        once: Once,
     ) -> None:
         try:
             written = target.write(promotion.unit_hash, promotion.end, dict(parts))
@@ -248,12 +202,12 @@ class StorePipeline:
         if not behind:
             self._store_done(nbytes)
             return
-        countdown = _Countdown(len(behind), functools.partial(self._store_done, nbytes))
+        countdown = Countdown(len(behind), functools.partial(self._store_done, nbytes))
         for tier in behind:
             pin = (memory, serial) if memory is not None and serial is not None else None
             job = functools.partial(self._write_behind, tier, save, data, pin, countdown)
             given_up = functools.partial(self._write_given_up, tier, save, pin, countdown)
-            _on_tier(tier, job, save.unit_hash, given_up)
+            on_tier(tier, job, save.unit_hash, given_up)
 
     def _write_behind(
         self,
@@ -261,8 +215,8 @@ class StorePipeline:
         save: UnitSave,
         parts: dict[int, torch.Tensor],
         pin: tuple[CpuTier, int] | None,
-        countdown: _Countdown,
-        once: _Once,
+        countdown: Countdown,
+        once: Once,
     ) -> None:
         began = time.perf_counter()
         try:
@@ -285,7 +239,7 @@ class StorePipeline:
         tier: Tier,
         save: UnitSave,
         pin: tuple[CpuTier, int] | None,
-        countdown: _Countdown,
+        countdown: Countdown,
         exc: BaseException | None = None,
     ) -> None:
         """A write-behind failed, or its tier gave up on it: abort, unpin, count."""
