@@ -338,3 +338,23 @@ def test_shutdown_is_quick_while_a_write_is_stuck(tmp_path: Path) -> None:
     assert time.monotonic() - began < 10.0
     assert e.cpu.index.num_pinned() == 0 and e.disk.index.num_pending() == 0
     stuck.set()
+
+
+@pytest.mark.timeout(30)
+def test_a_stuck_probe_answers_later_then_absent(tmp_path: Path) -> None:
+    """A lookup whose probe hangs never blocks the scheduler: "ask again" until the watchdog
+    gives up on the probe, then a miss (the request is computed, not kept waiting)."""
+    e = engine(tmp_path, load_timeout_seconds=0.5)
+    e.disk.probe_wait = 0.01
+    stuck = threading.Event()
+    e.disk.fault = lambda op, path: stuck.wait() if op == "probe" else None
+    a = make_request("a", 18)
+    began = time.monotonic()
+    assert lookup(e, a) is None
+    assert time.monotonic() - began < 0.5
+    deadline = time.monotonic() + 5.0
+    while lookup(e, a) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert lookup(e, a) == (0, False)
+    stuck.set()

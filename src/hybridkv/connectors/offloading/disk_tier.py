@@ -215,6 +215,7 @@ class DiskTier(Tier):
             unit_hash = BlockHash(tag)
             with self._lock:
                 self.quarantined.add(unit_hash)
+                self._probing.discard(unit_hash)  # a stuck probe: absent from now on
             self.index.remove(unit_hash)
             self.counters.add("quarantined.disk")
 
