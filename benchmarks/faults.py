@@ -240,6 +240,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", default=None, help="comma-separated: tiny,small (default: both)")
     p.add_argument("--rounds", type=int, default=None, help="measured rounds (default 5)")
     p.add_argument("--cache-dir", type=Path, default=None, help="where checkpoints are built")
+    p.add_argument(
+        "--only-hostile", action="store_true", help="only the disk-tier clean/hostile rows"
+    )
     return p.parse_args(argv)
 
 
@@ -293,7 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     for size, work in workloads.items():
         model = ensure_checkpoint(cache_dir, args.arch, size)
-        result = bench_checkpoint(model, work, configs)
+        if args.only_hostile:
+            result: dict[str, Any] = {"workload": dataclasses.asdict(work), "configs": {}}
+        else:
+            result = bench_checkpoint(model, work, configs)
         result.update(hostile_rows(model, work))
         doc["results"][f"{args.arch}-{size}"] = result
     doc["seconds"] = time.perf_counter() - started
