@@ -47,6 +47,9 @@ class FailureReason(Choice):
     CORRUPT = "corrupt"  # bad magic, checksum mismatch, trailing bytes, undecodable header
     MISMATCH = "mismatch"  # valid, but of another version, fingerprint, key, span or size
     IO_ERROR = "io_error"  # could not be read
+    FORGED = "forged"  # a header the cache directory's key did not authenticate
+    FOREIGN = "foreign"  # authenticated by another directory's key
+    UNSAFE = "unsafe"  # not a regular file (symlink, FIFO, device...)
     TIMEOUT = "timeout"  # did not finish in time
     INJECTED = "injected"  # FaultInjection failed it on purpose
     ERROR = "error"  # an exception (device or programming error)

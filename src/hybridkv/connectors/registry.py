@@ -70,6 +70,7 @@ class ConnectorContext:
     num_blocks: int
     num_state_slots: int
     model_id: str = ""  # architecture, weights identity and dtype (handshake compatibility)
+    max_model_len: int = 0  # 0: not known
 
 
 Factory = Callable[[KVTransferConfig, ConnectorContext], KVConnectorPair]

@@ -124,6 +124,7 @@ class EngineCore:
             num_blocks=self.sizing.num_blocks,
             num_state_slots=self.sizing.num_state_slots,
             model_id=model_id,
+            max_model_len=self.max_model_len,
         )
         pair = create_connector(transfer_config, context)
         cache = self.runner.cache

@@ -47,6 +47,8 @@ class OffloadEngine(Engine):
         seed: int = 0,
     ) -> None:
         super().__init__(config, layout, fingerprint, seed)
+        if self.sched.disk is not None:  # a loaded test machine: wait for probes' answers
+            self.disk.probe_wait = 5.0
 
     @property
     def sched(self) -> OffloadingScheduler:
@@ -81,7 +83,7 @@ class OffloadEngine(Engine):
             assert self.offload_worker.wait_for_saves(5.0)
             start = end
         if self.sched.disk is not None:
-            self.disk.submit(lambda: None).result(5.0)  # deletions queued behind the writes
+            assert self.disk.drain(5.0)  # deletions queued behind the writes
 
     def counters(self) -> dict[str, float]:
         totals: dict[str, float] = {}

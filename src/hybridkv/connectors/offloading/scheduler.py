@@ -172,11 +172,12 @@ class OffloadingScheduler(BaseConnectorScheduler):
                 break
             unit_hash = self.geometry.unit_hash(request.block_hashes, unit_end)
             pinned = self.stack.pin_fastest(unit_hash)
-            tier = None if pinned is None else pinned.name
-            sources.append(UnitSource(unit_end, unit_hash, tier))
-            if pinned is not None and self.stack.promotion_target(pinned.name) is not None:
+            tier = None if pinned is None else pinned[0].name
+            serial = None if pinned is None else pinned[1]
+            sources.append(UnitSource(unit_end, unit_hash, tier, serial))
+            if tier is not None and self.stack.promotion_target(tier) is not None:
                 ref = UnitRef(unit_hash, unit_end, self._parent_hash(request, unit_end))
-                self._promote.append((ref, pinned.name))
+                self._promote.append((ref, tier))
             tokens = min(unit_end, end) - max(unit_end - chunk, start)
             self._count_hit(tier, tokens)
             if tier is not None:  # None: gone from every tier since the lookup (fails the load)
@@ -244,12 +245,13 @@ class OffloadingScheduler(BaseConnectorScheduler):
             source, target = self.stack.get(name), self.stack.promotion_target(name)
             if source is None or target is None or target.lookup(unit.unit_hash) is not None:
                 continue  # in the target already (or being stored)
-            if not source.index.pin(unit.unit_hash):
+            serial = source.index.pin(unit.unit_hash)
+            if serial is None:
                 continue  # gone from the source
             if self._reserve(target, unit.unit_hash, unit.end, unit.parent):
-                out.append(UnitPromotion(unit.unit_hash, unit.end, name, target.name))
+                out.append(UnitPromotion(unit.unit_hash, unit.end, name, target.name, serial))
             else:
-                source.index.unpin(unit.unit_hash)
+                source.index.unpin(unit.unit_hash, serial)
                 self._stats.promotions_skipped_no_room += 1
         return out
 

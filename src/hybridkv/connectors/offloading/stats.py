@@ -43,4 +43,6 @@ class OffloadingStats(ConnectorStats):
     removed: dict[TierName, int] = counter("removed.{}")  # bad units dropped on load
     # stored objects a bad unit's discard deleted, by the tier's ``removed_counter`` name
     objects_removed: dict[str, int] = counter("{}")
+    # what a tier's own I/O threads counted (stuck or quarantined I/O...), by the tier's names
+    tier_counters: dict[str, float] = counter("{}")
     timeouts: int = counter("timeouts")

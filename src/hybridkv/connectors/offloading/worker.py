@@ -129,7 +129,7 @@ class OffloadingWorker(BaseConnectorWorker):
         if not isinstance(keys, OffloadLoadKeys):
             return
         for source in keys.units:
-            self.stack.unpin(source.tier, source.unit_hash)
+            self.stack.unpin(source.tier, source.unit_hash, source.pin)
 
     def _count_load_time(self, parts: list[LoadPart], seconds: float) -> None:
         nbytes: dict[TierName, int] = {}
@@ -197,13 +197,22 @@ class OffloadingWorker(BaseConnectorWorker):
     # -- misc ----------------------------------------------------------------------------
 
     def take_stats(self) -> OffloadingStats:
+        for tier in self.stack:
+            counted = tier.take_counters()
+            if counted:
+                with self._stats.update() as s:
+                    for name, value in counted.items():
+                        bump(s.tier_counters, name, value)
         return self._stats.take()
 
     def shutdown(self) -> None:
-        self._loader.shutdown(wait=True)
-        self._writer.shutdown()
+        """Bounded whatever the storage does: the tiers fail the I/O still outstanding after
+        their grace, which frees load threads waiting on it."""
+        self._loader.shutdown(wait=False, cancel_futures=True)
         self._stores.shutdown()
         self.stack.shutdown()
+        self._loader.shutdown(wait=True)
+        self._writer.shutdown()
 
 
 def _from_memory_only(stack: TierStack, spec: LoadSpec) -> bool:
