@@ -83,6 +83,12 @@ METRICS: dict[str, MetricSpec] = {
     "time_to_first_token_seconds": MetricSpec("histogram", (), "arrival to first token"),
     "inter_token_latency_seconds": MetricSpec("histogram", (), "time between output tokens"),
     "e2e_request_latency_seconds": MetricSpec("histogram", (), "arrival to finish"),
+    # server limits, from the HTTP layer
+    "requests_refused": MetricSpec(
+        "counter",
+        ("reason",),
+        "requests refused before the engine saw them (server limits), by reason",
+    ),
 }
 
 
@@ -99,11 +105,9 @@ class ServerMetrics:
         self._snapshot = EngineStats()
         self.registry.register(_SnapshotCollector(lambda: self._snapshot))
         self.requests = RequestMetrics(_create_request_metrics(self.registry))
+        spec = METRICS["requests_refused"]
         self._refused = Counter(
-            PREFIX + "requests_refused",
-            "requests refused before the engine saw them (server limits), by reason",
-            ("reason",),
-            registry=self.registry,
+            PREFIX + "requests_refused", spec.help, spec.labels, registry=self.registry
         )
         for reason in REFUSAL_REASONS:
             self._refused.labels(reason)  # every reason shows, at zero until used

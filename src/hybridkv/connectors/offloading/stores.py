@@ -42,7 +42,9 @@ class StorePipeline:
 
     cache: KVCacheAccess  # set when the worker's caches are registered
 
-    def __init__(self, ctx: OffloadContext, stats: StatsCounter[OffloadingStats], cond: threading.Condition) -> None:
+    def __init__(
+        self, ctx: OffloadContext, stats: StatsCounter[OffloadingStats], cond: threading.Condition
+    ) -> None:
         self.config, self.geometry = ctx.config, ctx.geometry
         self.stack = ctx.stack
         self.layout = ctx.geometry.layout
@@ -116,7 +118,11 @@ class StorePipeline:
         on_tier(target, commit, promotion.unit_hash, given_up)
 
     def _promotion_failed(
-        self, promotion: UnitPromotion, nbytes: int, pinned: bool, reason: FailureReason = FailureReason.IO_ERROR
+        self,
+        promotion: UnitPromotion,
+        nbytes: int,
+        pinned: bool,
+        reason: FailureReason = FailureReason.IO_ERROR,
     ) -> None:
         self._tier(promotion.target).index.abort(promotion.unit_hash)
         if pinned:
