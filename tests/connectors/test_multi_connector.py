@@ -18,8 +18,9 @@ from hybridkv.connectors.multi_select import (
     choose,
     load_bytes,
 )
-from tests.connectors.helpers import FakeRequest, make_layout, make_request, table
-from tests.connectors.offloading.helpers import DST, SRC, OffloadEngine, offload_config
+from tests.connectors.helpers import Engine, FakeRequest, make_layout, make_request, table
+from tests.connectors.offloading.helpers import DST, SRC, offload_config
+from tests.support.stats import counters_with_children
 
 LAYOUT = make_layout("hybrid")
 
@@ -104,12 +105,21 @@ def child(name: str, **extra: Any) -> dict[str, Any]:
     return {**offload_config(**extra), "name": name}
 
 
-def sched(engine: OffloadEngine) -> MultiConnectorScheduler:
+def counters(engine: Engine) -> dict[str, float]:
+    """Both halves' counters, each child's also as ``connector.<name>.<counter>``."""
+    totals: dict[str, float] = {}
+    for half in (engine.scheduler, engine.worker):
+        for name, value in counters_with_children(half.take_stats()).items():
+            totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
+def sched(engine: Engine) -> MultiConnectorScheduler:
     assert isinstance(engine.scheduler, MultiConnectorScheduler)
     return engine.scheduler
 
 
-def save_prompt(engine: OffloadEngine, req: FakeRequest) -> None:
+def save_prompt(engine: Engine, req: FakeRequest) -> None:
     start, blocks = 0, table(LAYOUT, SRC, {2: 0})
     for end in (8, 16, 18):
         engine.worker.save(engine.scheduler.build_connector_meta([(req, start, end, blocks)]))
@@ -120,25 +130,25 @@ def save_prompt(engine: OffloadEngine, req: FakeRequest) -> None:
 @pytest.mark.parametrize(("selection", "chosen"), [("first", "a"), ("cost", "b")])
 def test_loads_come_from_the_chosen_child_and_saves_go_to_all(selection: str, chosen: str) -> None:
     config = multi(selection, child("a"), child("b"))
-    engine = OffloadEngine(config, LAYOUT, seed=1)
+    engine = Engine(config, LAYOUT, seed=1)
     sched(engine).estimates[0] = LoadEstimate(10.0, 1e9)  # a: very slow
     sched(engine).prefill.s_per_token = 1.0  # recompute is slower still
     req = make_request("a", 18)
     save_prompt(engine, req)
     want = engine.blocks_bytes([1, 2, 3, 4, 8, 9]).clone()
-    counters = engine.counters()
-    assert counters["connector.a.stores.cpu"] == 2 == counters["connector.b.stores.cpu"]
+    got = counters(engine)
+    assert got["connector.a.stores.cpu"] == 2 == got["connector.b.stores.cpu"]
     load = FakeRequest("l", req.all_token_ids)
     num, _, _ = engine.load(load, table(LAYOUT, DST, {2: 3}))
     assert num == 16 and engine.scheduler.get_hit_sources(load, 16) == {"cpu": 16}
     out = engine.finish("l")
     assert not out.invalid_block_ids and not out.invalid_state
     assert torch.equal(engine.blocks_bytes([11, 12, 13, 14, 16, 17]), want)
-    counters = engine.counters()
-    assert counters[f"connector.{chosen}.selected_tokens"] == 16
-    assert counters[f"connector.{chosen}.hits.cpu"] == 2
+    got = counters(engine)
+    assert got[f"selected_tokens.{chosen}"] == 16
+    assert got[f"connector.{chosen}.hits.cpu"] == 2
     other = "b" if chosen == "a" else "a"
-    assert f"connector.{other}.hits.cpu" not in counters
+    assert f"connector.{other}.hits.cpu" not in got
 
 
 @pytest.mark.parametrize(
@@ -163,4 +173,4 @@ def test_loads_come_from_the_chosen_child_and_saves_go_to_all(selection: str, ch
 def test_bad_config_is_a_clear_start_up_error(extra: dict[str, Any], message: str) -> None:
     config = {"kv_connector": "MultiConnector", "kv_connector_extra_config": extra}
     with pytest.raises(ValueError, match=message):
-        OffloadEngine(config, LAYOUT)
+        Engine(config, LAYOUT)

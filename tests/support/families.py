@@ -170,6 +170,18 @@ _BUILDERS: dict[str, Callable[[], Any]] = {
     ),
     "qwen3_5": _auto("qwen3_5_text", **_QWEN_GDN),  # dense, separate projections
     "qwen3_5_mm": _qwen3_5_mm,
+    # sliding (window 24) / full alternating, head_dim 24, sinks, YaRN, 5 experts top-2
+    "gpt_oss": _auto(
+        "gpt_oss",
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        num_local_experts=5,
+        num_experts_per_tok=2,
+        sliding_window=24,
+    ),
     "qwen3_5_moe": _auto(  # MoE on every layer (5 experts, top-2, not renormalised)
         "qwen3_5_moe_text",
         **_QWEN_GDN,
@@ -188,8 +200,8 @@ _MULTIMODAL = {
 FAMILIES = tuple(_BUILDERS)
 # one family per distinct model code path: these also run staggered and prefix-hit tests (the
 # multimodal wrappers and Qwen3.5-MoE reuse a covered path and run the batch test only)
-CORE_FAMILIES = ("bamba", "nemotron_h", "falcon_h1", "qwen3_next", "qwen3_5")
-STATE_FAMILIES = frozenset(FAMILIES) - {"gemma3_mm"}
+CORE_FAMILIES = ("bamba", "nemotron_h", "falcon_h1", "qwen3_next", "qwen3_5", "gpt_oss")
+STATE_FAMILIES = frozenset(FAMILIES) - {"gemma3_mm", "gpt_oss"}
 
 
 def make_family_checkpoint(family: str, out_dir: Path, seed: int = 0) -> Path:

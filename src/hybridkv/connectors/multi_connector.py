@@ -33,7 +33,6 @@ from typing import Any
 
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
-    ConnectorStats,
     KVConnectorPair,
     KVConnectorRequest,
     RequestBlocks,
@@ -50,6 +49,7 @@ from hybridkv.connectors.multi_select import (
 from hybridkv.connectors.multi_worker import (
     MultiConnectorWorker,
     MultiMetadata,
+    MultiStats,
     merge_child_stats,
 )
 from hybridkv.connectors.registry import (
@@ -57,6 +57,7 @@ from hybridkv.connectors.registry import (
     create_connector,
     parse_kv_transfer_config,
 )
+from hybridkv.connectors.stats import ConnectorStats, bump
 from hybridkv.kv.spec import KVCacheLayout
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 
@@ -151,7 +152,7 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
         self._chosen: dict[str, Hit] = {}  # request id -> the child loading it
         self._loading: dict[str, _Loading] = {}
         self._steps = _Clock()
-        self._stats = ConnectorStats()
+        self._stats = MultiStats()
 
     def get_num_new_matched_tokens(
         self, request: KVConnectorRequest, num_local_computed: int
@@ -189,8 +190,8 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
             )
         if chosen >= 0:
             name = self.names[chosen]
-            self._stats.add(f"connector.{name}.selected")
-            self._stats.add(f"connector.{name}.selected_tokens", num_external_tokens)
+            bump(self._stats.selected, name)
+            bump(self._stats.selected_tokens, name, num_external_tokens)
             nbytes = load_bytes(self.layout, num_external_tokens)
             self._loading[request.request_id] = _Loading(chosen, nbytes)
 
@@ -251,7 +252,7 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
         return delay, params
 
     def take_stats(self) -> ConnectorStats:
-        stats, self._stats = self._stats, ConnectorStats()
+        stats, self._stats = self._stats, MultiStats()
         merge_child_stats(stats, self.names, [c.take_stats() for c in self.children])
         return stats
 

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 
 from hybridkv.connectors.base import (
     BaseConnectorWorker,
-    ConnectorStats,
     KVCacheAccess,
     merge_output,
 )
+from hybridkv.connectors.stats import ConnectorStats, counter
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 
 
@@ -62,7 +62,7 @@ class MultiConnectorWorker(BaseConnectorWorker):
         return all([child.wait_for_saves(timeout) for child in self.children])
 
     def take_stats(self) -> ConnectorStats:
-        stats = ConnectorStats()
+        stats = MultiStats()
         merge_child_stats(stats, self.names, [c.take_stats() for c in self.children])
         return stats
 
@@ -71,9 +71,19 @@ class MultiConnectorWorker(BaseConnectorWorker):
             child.shutdown()
 
 
+@dataclass(slots=True)
+class MultiStats(ConnectorStats):
+    """The MultiConnector's own counts (which child loaded how much); each child's stats are
+    under ``children`` by name (the ``connector`` label in ``/metrics``)."""
+
+    selected: dict[str, int] = counter("selected.{}")
+    selected_tokens: dict[str, int] = counter("selected_tokens.{}")
+
+
 def merge_child_stats(into: ConnectorStats, names: list[str], stats: list[ConnectorStats]) -> None:
-    """Each child's counters under their own names (summed) and as ``connector.<name>.<c>``."""
+    """Each child's stats under ``children`` by its name."""
     for name, child in zip(names, stats, strict=True):
-        for counter, value in child.counters.items():
-            into.add(counter, value)
-            into.add(f"connector.{name}.{counter}", value)
+        if name in into.children:
+            into.children[name].merge(child)
+        else:
+            into.children[name] = child

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hybridkv.choice import parse_choice
 from hybridkv.connectors.base import KVConnectorPair
 from hybridkv.connectors.config import (
     KEYS,
@@ -28,7 +29,6 @@ from hybridkv.connectors.config import (
     KVTransferConfig,
     LoadFailurePolicy,
     OptionsContext,
-    parse_choice,
 )
 from hybridkv.kv.spec import KVCacheLayout
 
@@ -58,6 +58,10 @@ _REGISTRY: dict[str, ConnectorEntry] = {
         "hybridkv.connectors.multi_connector:MultiConfig",
         "hybridkv.connectors.multi_connector:create_multi_connector",
     ),
+    "NixlConnector": ConnectorEntry(
+        "hybridkv.connectors.nixl.options:NixlOptions",
+        "hybridkv.connectors.nixl.connector:create_nixl_connector",
+    ),
 }
 
 
@@ -69,6 +73,8 @@ class ConnectorContext:
     fingerprint: str  # layout + model identity; salts every key that leaves the process
     num_blocks: int
     num_state_slots: int
+    model_id: str = ""  # architecture, weights identity and dtype (handshake compatibility)
+    max_model_len: int = 0  # 0: not known
 
 
 Factory = Callable[[KVTransferConfig, ConnectorContext], KVConnectorPair]

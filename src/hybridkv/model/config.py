@@ -204,7 +204,7 @@ def build_model_config(arch: str, raw: Mapping[str, Any], gen_eos: tuple[int, ..
         num_kv_heads=int(raw.get("num_key_value_heads") or heads),
         head_dim=int(head_dim),
         max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
-        rms_norm_eps=float(raw.get("rms_norm_eps", raw.get("layer_norm_epsilon", 1e-6))),
+        rms_norm_eps=_norm_eps(raw),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         eos_token_ids=gen_eos or _as_ids(raw.get("eos_token_id")),
         bos_token_id=raw.get("bos_token_id"),
@@ -216,6 +216,12 @@ def build_model_config(arch: str, raw: Mapping[str, Any], gen_eos: tuple[int, ..
         gdn=parse_gdn(raw) if LayerKind.GDN in kinds else None,
         raw=dict(raw),
     )
+
+
+def _norm_eps(raw: Mapping[str, Any]) -> float:
+    if raw.get("model_type") == "nemotron_h":  # its norms read layer_norm_epsilon only
+        return float(raw.get("layer_norm_epsilon", 1e-5))
+    return float(raw.get("rms_norm_eps", 1e-6))
 
 
 def _num_layers(raw: Mapping[str, Any]) -> int:

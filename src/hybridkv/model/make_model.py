@@ -18,10 +18,11 @@ import torch
 from safetensors.torch import save_file
 
 from hybridkv.model.config import build_model_config
+from hybridkv.model.make_model_families import FAMILY_CONFIGS
 from hybridkv.model.registry import get_model_class
 from hybridkv.model.tiny_tokenizer import EOS_TOKEN, PAD_TOKEN, special_token_ids, write_tokenizer
 
-ARCHS = ("qwen3", "gemma3", "granitemoehybrid")
+ARCHS = ("qwen3", "gemma3", "granitemoehybrid", *FAMILY_CONFIGS)
 SIZES = ("tiny", "small")
 INIT_STD = 0.02
 
@@ -165,7 +166,14 @@ def _granite(tiny: bool) -> dict[str, Any]:
     }
 
 
-_ARCH_CONFIGS = {"qwen3": _qwen3, "gemma3": _gemma3, "granitemoehybrid": _granite}
+_ARCH_CONFIGS = {
+    "qwen3": _qwen3,
+    "gemma3": _gemma3,
+    "granitemoehybrid": _granite,
+    **FAMILY_CONFIGS,
+}
+# (1 + w) norms stored around 0 (Gemma, Qwen3-Next / 3.5; not their DeltaNet output norm)
+_OFFSET_NORM_ARCHS = {"Gemma3ForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM"}
 
 
 def random_weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
@@ -177,8 +185,29 @@ def random_weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]
     if cfg.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)
     gen = torch.Generator().manual_seed(seed)
-    offset_norm = arch == "Gemma3ForCausalLM"
-    return {name: _init(name, shape, gen, offset_norm) for name, shape in sorted(shapes.items())}
+    offset = arch in _OFFSET_NORM_ARCHS
+    weights = {
+        name: _init(name, shape, gen, offset and "linear_attn.norm" not in name)
+        for name, shape in sorted(shapes.items())
+    }
+    return _checkpoint_layout(arch, weights)
+
+
+def _checkpoint_layout(arch: str, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The names transformers' ``save_pretrained`` writes (what it loads back): Nemotron-H
+    under ``backbone.``, and stacked Nemotron-H / Qwen3-Next experts one tensor per expert."""
+    if arch not in ("NemotronHForCausalLM", "Qwen3NextForCausalLM"):
+        return weights
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        if arch == "NemotronHForCausalLM" and name.startswith("model."):
+            name = "backbone." + name.removeprefix("model.")
+        head, sep, leaf = name.rpartition(".experts.")
+        if sep and "." not in leaf:
+            out.update({f"{head}.experts.{e}.{leaf}.weight": w for e, w in enumerate(tensor)})
+        else:
+            out[name] = tensor
+    return out
 
 
 def _init(

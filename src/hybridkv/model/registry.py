@@ -27,6 +27,7 @@ _ARCHITECTURES: dict[str, tuple[str, str]] = {
         "Qwen3_5ForConditionalGeneration",
     ),
     "Qwen3_5MoeForCausalLM": ("hybridkv.model.models.qwen3_next", "Qwen3_5ForCausalLM"),
+    "GptOssForCausalLM": ("hybridkv.model.models.gpt_oss", "GptOssForCausalLM"),
     "GraniteMoeHybridForCausalLM": (
         "hybridkv.model.models.granitemoehybrid",
         "GraniteMoeHybridForCausalLM",

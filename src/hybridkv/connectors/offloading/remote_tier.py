@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 import valkey
 
-from hybridkv.connectors.base import ConnectorStats, StatsCounter
 from hybridkv.connectors.config import TierName
 from hybridkv.connectors.file_format import (
     IO_ERROR,
@@ -87,7 +86,7 @@ class RemoteTier(Tier):
         self.index = TierIndex("remote", _UNBOUNDED, create_policy(Eviction.LRU, 1 << 20))
         self.io = ThreadPoolExecutor(NUM_IO_THREADS, thread_name_prefix="offload-remote")
         self._prober = ThreadPoolExecutor(1, thread_name_prefix="offload-remote-probe")
-        self.counters = StatsCounter()
+        self._counters: dict[str, float] = {}  # under ``_lock``
         self.clock: Callable[[], float] = time.monotonic
         self._lock = threading.Lock()
         self._down_until = 0.0
@@ -119,8 +118,7 @@ class RemoteTier(Tier):
         """A connection error or timeout: skip the server for ``RETRY_SECONDS``."""
         with self._lock:
             self._down_until = self.clock() + RETRY_SECONDS
-        self.counters.add("remote_errors")
-        self.counters.add(f"remote_errors:{type(exc).__name__}")
+        self._count("remote_errors", f"remote_errors:{type(exc).__name__}")
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         """Run one round trip, or raise ``PartError(IO_ERROR)`` (server down or failing)."""
@@ -132,7 +130,7 @@ class RemoteTier(Tier):
             self._failed(exc)
             raise PartError(IO_ERROR, f"remote: {type(exc).__name__}") from None
         except valkey.ValkeyError as exc:  # e.g. OOM: the server answers, but refuses
-            self.counters.add(f"remote_errors:{type(exc).__name__}")
+            self._count(f"remote_errors:{type(exc).__name__}")
             raise PartError(IO_ERROR, f"remote: {exc}") from None
 
     # -- bytes (I/O workers) -------------------------------------------------------------
@@ -184,7 +182,7 @@ class RemoteTier(Tier):
         keys = self.unit_keys(unit_hash, end)
         return int(self._call(lambda: self.client.delete(*keys)))
 
-    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+    def submit(self, fn: Callable[[], Any], key: Hashable | None = None) -> Future[Any]:
         return self.io.submit(fn)
 
     # -- units other processes stored (scheduler thread; checks on the probe worker) ---
@@ -247,8 +245,15 @@ class RemoteTier(Tier):
         with self._lock:
             self._absent[unit_hash] = self.clock() + PROBE_RETRY_SECONDS
 
-    def take_counters(self) -> ConnectorStats:
-        return self.counters.take()
+    def _count(self, *names: str) -> None:
+        with self._lock:
+            for name in names:
+                self._counters[name] = self._counters.get(name, 0) + 1
+
+    def take_counters(self) -> dict[str, float]:
+        with self._lock:
+            counters, self._counters = self._counters, {}
+        return counters
 
     def shutdown(self) -> None:
         self._prober.shutdown(wait=True)

@@ -30,9 +30,15 @@ class PagedAttention(nn.Module):
         self.compute_dtype: torch.dtype | None = None  # None: the queries' dtype (see matmul.py)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: StepContext
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        ctx: StepContext,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q ``[T, heads, d]``, k/v ``[T, kv_heads, d]`` -> ``[T, heads * d]``."""
+        """q ``[T, heads, d]``, k/v ``[T, kv_heads, d]`` -> ``[T, heads * d]``. ``sinks``
+        ``[heads]`` (gpt-oss): one more logit per head in every softmax, attending nothing."""
         pages = ctx.kv_pages[self.layer_id]  # [N, 2, B, kv_heads, d]
         meta = ctx.attn_meta[self.layer_id]
         # NOTE: write through the K and V views: ``pages[blocks, 0, offsets] = k`` (an integer
@@ -41,13 +47,15 @@ class PagedAttention(nn.Module):
         pages[:, 1][meta.write_blocks, meta.write_offsets] = v.to(pages.dtype)
         subs = meta.sub_batches
         if len(subs) == 1 and subs[0].dense:  # all prefill or all decode: no scatter
-            return self._attend(q, pages, subs[0]).flatten(1)
+            return self._attend(q, pages, subs[0], sinks).flatten(1)
         out = q.new_empty(q.shape)  # [T, heads, d]
         for sub in subs:
-            out[sub.token_idx] = self._attend(q, pages, sub)
+            out[sub.token_idx] = self._attend(q, pages, sub, sinks)
         return out.flatten(1)
 
-    def _attend(self, q: torch.Tensor, pages: torch.Tensor, sub: AttnSubBatch) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, pages: torch.Tensor, sub: AttnSubBatch, sinks: torch.Tensor | None
+    ) -> torch.Tensor:
         """Queries of one sub-batch -> their outputs ``[Tb, heads, d]``, in ``token_idx`` order."""
         dtype = self.compute_dtype or q.dtype
         q_pad = self._pad_queries(q, sub).to(dtype)  # [R, heads, Q, d]
@@ -58,7 +66,7 @@ class PagedAttention(nn.Module):
         # (NaN + -inf, 0 * NaN), so those slots are zeroed.
         k_ctx.masked_fill_(sub.hidden_keys, 0.0)
         v_ctx.masked_fill_(sub.hidden_keys, 0.0)
-        if self.softcap is None:
+        if self.softcap is None and sinks is None:
             out = F.scaled_dot_product_attention(
                 q_pad,
                 k_ctx,
@@ -69,7 +77,7 @@ class PagedAttention(nn.Module):
                 enable_gqa=True,
             )  # [R, heads, Q, d]
         else:
-            out = self._softcapped(q_pad, k_ctx, v_ctx, _mask_of(sub, k_ctx.shape[2]))
+            out = self._explicit(q_pad, k_ctx, v_ctx, _mask_of(sub, k_ctx.shape[2]), sinks)
         out = out.transpose(1, 2).to(q.dtype)  # [R, Q, heads, d]
         if sub.dense:
             return out.reshape(-1, self.num_heads, self.head_dim)
@@ -86,17 +94,28 @@ class PagedAttention(nn.Module):
         q_pad[sub.rows, sub.cols] = q[sub.token_idx]
         return q_pad.transpose(1, 2)
 
-    def _softcapped(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    def _explicit(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor,
+        sinks: torch.Tensor | None,
     ) -> torch.Tensor:
-        assert self.softcap is not None
+        """Scores written out: logit soft-capping and/or attention sinks."""
         groups = self.num_heads // self.num_kv_heads
         k = k.repeat_interleave(groups, dim=1)  # [R, heads, K, d]
         v = v.repeat_interleave(groups, dim=1)  # [R, heads, K, d]
         scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale  # [R, heads, Q, K]
-        scores = torch.tanh(scores / self.softcap) * self.softcap
+        if self.softcap is not None:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
         scores = scores.masked_fill(~mask, float("-inf"))
+        if sinks is not None:
+            sink = sinks.to(scores.dtype)[None, :, None, None].expand(*scores.shape[:3], 1)
+            scores = torch.cat([scores, sink], dim=-1)  # [R, heads, Q, K + 1]
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        if sinks is not None:
+            probs = probs[..., :-1]
         return torch.matmul(probs, v)  # [R, heads, Q, d]
 
 

@@ -9,6 +9,7 @@ from torch import nn
 from hybridkv.model.errors import ModelLoadError
 from hybridkv.model.layers.fused import FusedLinear
 from hybridkv.model.layers.linear import Linear, linear
+from hybridkv.model.layers.moe import dispatch
 
 
 def activation(name: str):  # type: ignore[no-untyped-def]
@@ -64,7 +65,7 @@ class Router(nn.Module):
 
 
 class TopKMoE(nn.Module):
-    """Softmax over the top-k router logits; tokens grouped by expert, one matmul per expert.
+    """Softmax over the top-k router logits; tokens grouped by expert (``moe.dispatch``).
 
     Weights (Granite MoE layout): ``input_linear.weight [E, 2I, H]`` (gate, up halves) and
     ``output_linear.weight [E, H, I]``.
@@ -83,19 +84,7 @@ class TopKMoE(nn.Module):
         logits = self.router.layer(x).float()  # [T, E]
         top_logits, top_idx = logits.topk(self.top_k, dim=-1)  # [T, k]
         weights = torch.softmax(top_logits, dim=-1).to(x.dtype)  # [T, k]
-        order = top_idx.flatten().argsort(stable=True)  # [T * k] (token, choice) by expert
-        counts = torch.bincount(top_idx.flatten(), minlength=self.num_experts).tolist()
-        tokens = order // self.top_k  # [T * k]
-        routed = x[tokens]  # [T * k, H]
-        out_rows = torch.empty_like(routed)
-        start = 0
-        for expert, count in enumerate(counts):
-            if count:
-                rows = slice(start, start + count)
-                out_rows[rows] = self._expert(expert, routed[rows])
-                start += count
-        out_rows = out_rows * weights.flatten()[order][:, None]
-        return torch.zeros_like(x).index_add_(0, tokens, out_rows)
+        return dispatch(x, top_idx, weights, self.num_experts, self._expert)
 
     def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
         gate, up = linear(x, self.input_linear.weight[expert]).chunk(2, dim=-1)

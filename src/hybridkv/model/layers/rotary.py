@@ -19,8 +19,9 @@ class RotaryTable(nn.Module):
     def __init__(self, cfg: RopeConfig, initial_len: int = 4096) -> None:
         super().__init__()
         cpu = torch.device("cpu")
-        exponents = torch.arange(0, cfg.dim, 2, dtype=torch.float32, device=cpu) / cfg.dim
-        self.inv_freq = 1.0 / (cfg.theta**exponents) / cfg.linear_factor  # [dim / 2]
+        with torch.device(cpu):
+            self.inv_freq = cfg.inv_freq()  # [dim / 2]
+        self.scaling = cfg.attention_scaling
         self.cos = torch.empty(0, cfg.dim, device=cpu)
         self.sin = torch.empty(0, cfg.dim, device=cpu)
         self._grow(initial_len)
@@ -30,6 +31,8 @@ class RotaryTable(nn.Module):
         freqs = pos[:, None] * self.inv_freq[None, :]  # [len, dim / 2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [len, dim]
         self.cos, self.sin = emb.cos(), emb.sin()
+        if self.scaling != 1.0:  # YaRN
+            self.cos, self.sin = self.cos * self.scaling, self.sin * self.scaling
         self.sin[:, : freqs.shape[1]].neg_()  # rotate_half's negation, folded into the table
 
     def lookup(self, positions: torch.Tensor, max_pos: int, dtype: torch.dtype) -> RotaryCosSin:

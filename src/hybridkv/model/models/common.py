@@ -29,6 +29,7 @@ class SelfAttention(nn.Module):
         scale: float,
         qk_norm: type[RMSNorm | OffsetRMSNorm] | None = None,
         softcap: float | None = None,
+        sinks: bool = False,
     ) -> None:
         super().__init__()
         heads, kv_heads, d = cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim
@@ -46,6 +47,7 @@ class SelfAttention(nn.Module):
         self.num_heads = heads
         self.head_dim = d
         self.attn = PagedAttention(layer_id, heads, kv_heads, d, scale, softcap)
+        self.sinks = nn.Parameter(torch.zeros(heads)) if sinks else None  # gpt-oss
 
     def forward(self, x: torch.Tensor, rope: RotaryCosSin | None, ctx: StepContext) -> torch.Tensor:
         qkv = self.qkv(x).view(x.shape[0], -1, self.head_dim)  # [T, heads + 2 * kv_heads, d]
@@ -56,7 +58,7 @@ class SelfAttention(nn.Module):
         if rope is not None:
             qk = rope.apply(qk)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        out: torch.Tensor = self.o_proj(self.attn(q, k, v, ctx))  # [T, hidden]
+        out: torch.Tensor = self.o_proj(self.attn(q, k, v, ctx, self.sinks))  # [T, hidden]
         return out
 
 
