@@ -13,6 +13,9 @@ configurations share the engine, its files and its warm caches::
     request N%    request_failure_rate N    (the whole load fails, as a timed-out transfer does)
     timeout       delay 40 ms > timeout 20 ms: every load times out (FaultInjection has no
                   per-load timeout rate; this is the all-loads worst case)
+    disk clean    (``faults_hostile``) the OffloadingConnector's disk tier instead, every
+    hostile dir   prompt a disk hit; then every stored part made a FIFO, symlink, forged,
+                  foreign, truncated, huge or half-written file before each run
 
 Rounds alternate the configurations (A, B, C, ..., A, B, C, ...) after one warm-up round.
 Every run's tokens are compared with the cold run's: the script exits 1 on any wrong token or
@@ -210,6 +213,24 @@ def bench_checkpoint(
     return {"workload": dataclasses.asdict(work), "configs": results}
 
 
+def hostile_rows(model: Path, work: Workload) -> dict[str, Any]:
+    """The disk tier on a clean and on a hostile directory (``faults_hostile``), as rows of
+    ``configs`` ("time/0%" of the hostile row is against the clean disk row)."""
+    from faults_hostile import bench_hostile
+    from hybridkv.model import load_model_config
+
+    prompts = make_prompts(load_model_config(str(model)).vocab_size, work)
+    llm_kw = {
+        "dtype": "float32",
+        "block_size": 16,
+        "kv_cache_memory": "512MiB",
+        "max_num_seqs": work.num_prompts,
+        "max_model_len": work.prompt_len + work.output_len + 16,
+    }
+    out = bench_hostile(model, prompts, work.output_len, work.rounds, llm_kw)
+    return {"hostile_startup_s": out["startup_s"], "hostile_configs": out["rows"]}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny checkpoint, one round (seconds)")
@@ -219,6 +240,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", default=None, help="comma-separated: tiny,small (default: both)")
     p.add_argument("--rounds", type=int, default=None, help="measured rounds (default 5)")
     p.add_argument("--cache-dir", type=Path, default=None, help="where checkpoints are built")
+    p.add_argument(
+        "--only-hostile", action="store_true", help="only the disk-tier clean/hostile rows"
+    )
     return p.parse_args(argv)
 
 
@@ -241,7 +265,7 @@ def print_table(doc: dict[str, Any]) -> None:
             f"{'failures':>9}{'recomp tok':>11}{'wrong':>7}",
             file=sys.stderr,
         )
-        for name, r in res["configs"].items():
+        for name, r in {**res["configs"], **res.get("hostile_configs", {})}.items():
             print(
                 f"{name:<13}{r['output_tok_s']['median']:>10.1f}{r['ttft_ms']['median']:>9.1f}"
                 f"{r['time_vs_0pct']['median']:>9.2f}{r['failures_per_run']:>9.1f}"
@@ -272,12 +296,20 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     for size, work in workloads.items():
         model = ensure_checkpoint(cache_dir, args.arch, size)
-        doc["results"][f"{args.arch}-{size}"] = bench_checkpoint(model, work, configs)
+        if args.only_hostile:
+            result: dict[str, Any] = {"workload": dataclasses.asdict(work), "configs": {}}
+        else:
+            result = bench_checkpoint(model, work, configs)
+        result.update(hostile_rows(model, work))
+        doc["results"][f"{args.arch}-{size}"] = result
     doc["seconds"] = time.perf_counter() - started
-    wrong = sum(c["wrong_tokens"] for r in doc["results"].values() for c in r["configs"].values())
-    errored = sum(
-        c["errored_requests"] for r in doc["results"].values() for c in r["configs"].values()
-    )
+    rows = [
+        c
+        for r in doc["results"].values()
+        for c in [*r["configs"].values(), *r.get("hostile_configs", {}).values()]
+    ]
+    wrong = sum(c["wrong_tokens"] for c in rows)
+    errored = sum(c["errored_requests"] for c in rows)
     doc["wrong_tokens"] = wrong
     doc["errored_requests"] = errored
     print(json.dumps(doc, indent=1))

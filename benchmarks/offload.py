@@ -137,9 +137,8 @@ class Rig:
 def moved_bytes(rig: Rig) -> dict[str, int]:
     """Bytes loaded and stored since the last call, per ``<tier>.<load|store>``."""
     rig.sched.take_stats()  # drained so the scheduler half's counters do not pile up
-    counters = rig.worker.take_stats().counters
-    prefix = "offload_bytes."
-    return {k[len(prefix) :]: int(v) for k, v in counters.items() if k.startswith(prefix)}
+    counters = rig.worker.take_stats().offload_bytes
+    return {f"{tier}.{direction}": int(v) for (tier, direction), v in counters.items()}
 
 
 def load_bytes(rig: Rig) -> int:

@@ -22,7 +22,8 @@ FORBIDDEN: dict[str, set[str]] = {
 ALLOWED_ONLY: dict[str, set[str]] = {
     "kv": set(),
     "paths": set(),
-    "step_io": {"kv", "sampling_params"},
+    "choice": set(),
+    "step_io": {"kv", "sampling_params", "choice"},
 }
 
 
@@ -125,3 +126,22 @@ def test_the_checks_catch_what_they_guard(tmp_path: Path) -> None:
     graph = package_graph(pkg)
     assert find_cycle(graph) in (["kv", "sched", "kv"], ["sched", "kv", "sched"])
     assert violations(graph) == ["kv -> sched", "model -> sched", "native -> engine"]
+
+
+def module_graph(package: str, root: Path = ROOT) -> dict[str, set[str]]:
+    """Imports between the modules of one package (``sched`` -> ``{"scheduler": {...}}``)."""
+    graph: dict[str, set[str]] = {}
+    prefix = f"hybridkv.{package}."
+    names = {p.stem for p in (root / package).glob("*.py")}
+    for path in sorted((root / package).glob("*.py")):
+        module = _module_name(path, root)
+        targets = {t.removeprefix(prefix).split(".")[0] for t in _imports(path, module)}
+        graph[path.stem] = (targets & names) - {path.stem}
+    return graph
+
+
+def test_no_cycle_between_the_scheduler_modules() -> None:
+    """The scheduler applies what ``KVTransfer`` and ``Recovery`` plan; they never import it."""
+    graph = module_graph("sched")
+    assert graph["recovery"] == {"kv_transfer"}
+    assert find_cycle(graph) is None, find_cycle(graph)

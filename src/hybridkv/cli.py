@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hybridkv.server.command import add_serve_parser
 
     add_serve_parser(subs, add_engine_flags)
+    from hybridkv.proxy.command import add_proxy_parser
+
+    add_proxy_parser(subs)
     for sub in subs.choices.values():
         sub.allow_abbrev = False  # a misspelled option must not pass as a prefix of a real one
     return parser
@@ -124,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
             return _make_model(args)
         if args.command == "generate":
             return _generate(args)
+        if args.command == "proxy":
+            from hybridkv.proxy.command import run_proxy
+
+            return run_proxy(args)
         if args.command == "serve":
             from hybridkv.server.command import run_serve
 

@@ -38,6 +38,7 @@ class CacheConfig:
     )
 
     def __post_init__(self) -> None:
+        _require_int_fields(self)
         _require(self.block_size >= 1, "block_size", self.block_size, "a positive integer")
         _require(self.prefix_caching_hash_algo in ("sha256", "xxh3_128"), "prefix_caching_hash_algo",
                  self.prefix_caching_hash_algo, "sha256 or xxh3_128")  # fmt: skip
@@ -62,6 +63,7 @@ class SchedulerConfig:
     max_model_len: int | None = _opt(None, "longest prompt + output (default: the model's)")
 
     def __post_init__(self) -> None:
+        _require_int_fields(self)
         _require(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "a positive integer")
         _require(
             self.max_num_batched_tokens >= 1,
@@ -88,6 +90,7 @@ class EngineConfig:
     kv_transfer_config: KVTransferConfig | None = None  # parsed by ``create`` (see below)
 
     def __post_init__(self) -> None:
+        _require_int_fields(self)
         _require(
             self.dtype in ("auto", "float32", "bfloat16"),
             "dtype",
@@ -137,6 +140,16 @@ def _owner_of(name: str) -> type[Any] | None:
         return None
     known = sorted({f.name for s in (CacheConfig, SchedulerConfig) for f in fields(s)} | _TOP_LEVEL)
     raise ValueError(f"unknown engine option {name!r}; known options: {', '.join(known)}")
+
+
+def _require_int_fields(config: Any) -> None:
+    """Integer options are integers: not ``True``, not ``2.5``, not NaN (which passes every
+    range check)."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if f.type in ("int", "int | None") and value is not None:
+            is_int = isinstance(value, int) and not isinstance(value, bool)
+            _require(is_int, f.name, value, "an integer")
 
 
 def _require(ok: bool, name: str, value: object, want: str) -> None:

@@ -3,22 +3,21 @@
 Two sources, each read in one place:
 
 - **Engine state** (running / waiting requests, KV usage, prefix cache, preemptions, connector
-  and offload counters) comes only from an ``EngineStatsSnapshot``. The engine thread takes one
-  with ``take_snapshot(engine)`` after every step and ``publish``-es it (a reference swap); at
-  scrape time a collector turns the latest snapshot into metric families. Counts in a snapshot
-  are totals since start, so they are exported as counters as they are.
+  and offload counters) comes only from an ``EngineStats`` (``hybridkv.engine_stats``). The
+  engine thread takes one with ``EngineCore.stats()`` after every step and ``publish``-es it (a
+  reference swap); at scrape time a collector turns the latest snapshot into metric families.
+  Counts in a snapshot are totals since start, so they are exported as counters as they are.
 - **Per-request facts** (finish reason, tokens, latencies, cached prompt tokens by source) are
   observed from each ``RequestOutput`` by ``RequestMetrics`` on the engine thread.
 
-Connector and offload metrics come from the scheduler's KV transfer stats (load failures,
-recomputed tokens) and from the connectors' counter totals by name (``KVTransferStats.
-from_counters``); without a connector every such metric reads zero.
+Every metric is listed once, in ``METRICS`` (name, type, labels, meaning); docs/architecture.md
+mirrors the table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
@@ -26,114 +25,74 @@ from prometheus_client import Histogram as _Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from hybridkv.connectors.config import TierName
+from hybridkv.connectors.nixl.metrics import nixl_families
+from hybridkv.connectors.stats import Direction
+from hybridkv.engine_stats import EngineStats, GroupCacheStats, TransferStats
+
 if TYPE_CHECKING:
-    from hybridkv.engine.core import EngineCore
     from hybridkv.engine.output import RequestOutput
 
 PREFIX = "hybridkv:"
 CACHE_SOURCES = ("local", "cpu", "disk", "remote", "peer")
-OFFLOAD_TIERS = ("cpu", "disk", "remote")
-OFFLOAD_DIRECTIONS = ("store", "load")
 
 
 @dataclass(frozen=True, slots=True)
-class KVTransferStats:
-    """Totals since start kept by the KV connectors; all zero without a connector."""
-
-    load_failures: Mapping[str, int] = field(default_factory=dict)  # by reason
-    recomputed_tokens: int = 0  # tokens recomputed after failed or invalid loads
-    offload_bytes: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (tier, dir)
-    offload_seconds: Mapping[tuple[str, str], float] = field(default_factory=dict)
-    other: Mapping[str, float] = field(default_factory=dict)  # counters without a metric
-
-    @classmethod
-    def from_counters(cls, counters: Mapping[str, float]) -> KVTransferStats:
-        """From connector counter totals named ``load_failures.<reason>``,
-        ``recomputed_tokens``, ``offload_bytes.<tier>.<store|load>`` and
-        ``offload_seconds.<tier>.<store|load>``; any other name lands in ``other``."""
-        failures: dict[str, int] = {}
-        nbytes: dict[tuple[str, str], int] = {}
-        seconds: dict[tuple[str, str], float] = {}
-        other: dict[str, float] = {}
-        recomputed = 0
-        for name, value in counters.items():
-            if name.startswith("load_failures:"):  # connectors write load_failures:<reason>
-                name = "load_failures." + name.removeprefix("load_failures:")
-            head, _, rest = name.partition(".")
-            tier, _, direction = rest.partition(".")
-            if head == "load_failures" and rest:
-                failures[rest] = int(value)
-            elif head == "recomputed_tokens" and not rest:
-                recomputed = int(value)
-            elif head in ("offload_bytes", "offload_seconds") and direction in OFFLOAD_DIRECTIONS:
-                if head == "offload_bytes":
-                    nbytes[(tier, direction)] = int(value)
-                else:
-                    seconds[(tier, direction)] = float(value)
-            else:
-                other[name] = value
-        return cls(failures, recomputed, nbytes, seconds, other)
+class MetricSpec:
+    kind: str  # gauge | counter | histogram
+    labels: tuple[str, ...]
+    help: str
 
 
-@dataclass(frozen=True, slots=True)
-class GroupCacheStats:
-    group_id: int
-    kind: str  # full_attention | sliding_window | state
-    queried_tokens: int
-    hit_tokens: int  # this group's own longest hits, summed
+# name (without the prefix) -> what it is; the one list of the server's metrics
+METRICS: dict[str, MetricSpec] = {
+    # engine state, from EngineStats
+    "num_requests_running": MetricSpec("gauge", (), "requests in the running batch"),
+    "num_requests_waiting": MetricSpec("gauge", (), "requests waiting to be scheduled"),
+    "num_requests_waiting_for_remote_kv": MetricSpec(
+        "gauge", (), "requests waiting for an asynchronous KV load (also counted as waiting)"
+    ),
+    "kv_cache_usage_perc": MetricSpec("gauge", (), "fraction of KV blocks in use (1 = 100%)"),
+    "num_preemptions": MetricSpec("counter", (), "preemptions (requests sent back to wait)"),
+    "prefix_cache_lookups": MetricSpec("counter", (), "prefix-cache lookups"),
+    "prefix_cache_hit_tokens": MetricSpec(
+        "counter", (), "prompt tokens hit in the prefix cache (valid in every group)"
+    ),
+    "prefix_cache_queries": MetricSpec(
+        "counter", ("group", "kind"), "prompt tokens looked up, per group"
+    ),
+    "prefix_cache_hits": MetricSpec(
+        "counter", ("group", "kind"), "each group's own prefix hits in tokens"
+    ),
+    "kv_load_failures": MetricSpec("counter", ("reason",), "KV connector load failures, by reason"),
+    "recomputed_tokens": MetricSpec("counter", (), "tokens recomputed after failed KV loads"),
+    "offload_bytes": MetricSpec(
+        "counter", ("tier", "direction"), "bytes moved to or from offload tiers"
+    ),
+    "offload_seconds": MetricSpec(
+        "counter", ("tier", "direction"), "seconds spent moving offloaded KV"
+    ),
+    "kv_connector_events": MetricSpec("counter", ("name",), "other KV connector counters, by name"),
+    # per request, from RequestOutputs
+    "requests_finished": MetricSpec("counter", ("finish_reason",), "finished requests"),
+    "prompt_tokens": MetricSpec("counter", (), "prompt tokens of finished requests"),
+    "generation_tokens": MetricSpec("counter", (), "generated tokens"),
+    "cached_prompt_tokens": MetricSpec(
+        "counter", ("source",), "prompt tokens not computed, by source"
+    ),
+    "time_to_first_token_seconds": MetricSpec("histogram", (), "arrival to first token"),
+    "inter_token_latency_seconds": MetricSpec("histogram", (), "time between output tokens"),
+    "e2e_request_latency_seconds": MetricSpec("histogram", (), "arrival to finish"),
+    # server limits, from the HTTP layer
+    "requests_refused": MetricSpec(
+        "counter",
+        ("reason",),
+        "requests refused before the engine saw them (server limits), by reason",
+    ),
+}
 
 
-@dataclass(frozen=True, slots=True)
-class EngineStatsSnapshot:
-    """Everything /metrics says about the engine's state, taken on the engine thread."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_usage: float = 0.0  # fraction of KV blocks in use, 0..1
-    num_preemptions: int = 0
-    prefix_cache_queries: int = 0  # lookups (one per admitted request)
-    prefix_cache_queried_tokens: int = 0
-    prefix_cache_hit_tokens: int = 0  # usable hits: valid in every group
-    groups: tuple[GroupCacheStats, ...] = ()
-    transfer: KVTransferStats = field(default_factory=KVTransferStats)
-
-
-def take_snapshot(engine: EngineCore) -> EngineStatsSnapshot:
-    """Read the engine's stats. NOTE: call on the engine thread only."""
-    sched = engine.scheduler.stats()
-    cache = engine.kv.stats
-    groups = tuple(
-        GroupCacheStats(g.group_id, g.kind.value, cache.queried_tokens, hits)
-        for g, hits in zip(engine.layout.groups, cache.group_hit_tokens, strict=False)
-    )
-    transfer = _transfer_stats(engine)
-    return EngineStatsSnapshot(
-        num_running=sched.num_running,
-        num_waiting=sched.num_waiting,
-        kv_usage=float(sched.kv_usage),
-        num_preemptions=sched.num_preemptions,
-        prefix_cache_queries=cache.num_queries,
-        prefix_cache_queried_tokens=cache.queried_tokens,
-        prefix_cache_hit_tokens=cache.hit_tokens,
-        groups=groups,
-        transfer=transfer,
-    )
-
-
-def _transfer_stats(engine: EngineCore) -> KVTransferStats:
-    """Load failures and recomputed tokens from the scheduler's KV transfer (when a connector
-    is configured); offload bytes and seconds from ``engine.connector_counters`` (totals by
-    name, see ``KVTransferStats.from_counters``) once the engine keeps them."""
-    counters = getattr(engine, "connector_counters", None) or {}
-    stats = KVTransferStats.from_counters(counters)
-    transfer = getattr(engine.scheduler, "transfer", None)
-    if transfer is None:
-        return stats
-    return replace(
-        stats,
-        load_failures={**stats.load_failures, **transfer.stats.load_failures},
-        recomputed_tokens=stats.recomputed_tokens + transfer.stats.recomputed_tokens,
-    )
+REFUSAL_REASONS = ("overloaded", "too_large", "body_timeout")
 
 
 class ServerMetrics:
@@ -143,15 +102,25 @@ class ServerMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._snapshot = EngineStatsSnapshot()
+        self._snapshot = EngineStats()
         self.registry.register(_SnapshotCollector(lambda: self._snapshot))
         self.requests = RequestMetrics(_create_request_metrics(self.registry))
+        spec = METRICS["requests_refused"]
+        self._refused = Counter(
+            PREFIX + "requests_refused", spec.help, spec.labels, registry=self.registry
+        )
+        for reason in REFUSAL_REASONS:
+            self._refused.labels(reason)  # every reason shows, at zero until used
 
-    def publish(self, snapshot: EngineStatsSnapshot) -> None:
+    def on_refused(self, reason: str) -> None:
+        """Count a request refused by a server limit (one of ``REFUSAL_REASONS``)."""
+        self._refused.labels(reason).inc()
+
+    def publish(self, snapshot: EngineStats) -> None:
         self._snapshot = snapshot  # one reference swap: scrapes see a whole snapshot
 
     @property
-    def snapshot(self) -> EngineStatsSnapshot:
+    def snapshot(self) -> EngineStats:
         return self._snapshot
 
     def render(self) -> bytes:
@@ -159,24 +128,26 @@ class ServerMetrics:
 
 
 def _create_request_metrics(registry: CollectorRegistry) -> dict[str, Any]:
-    def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
-        return Counter(PREFIX + name, doc, labels, registry=registry)
+    def counter(name: str) -> Counter:
+        spec = METRICS[name]
+        return Counter(PREFIX + name, spec.help, spec.labels, registry=registry)
 
-    def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> _Histogram:
-        return _Histogram(PREFIX + name, doc, registry=registry, buckets=buckets)
+    def histogram(name: str) -> _Histogram:
+        spec = METRICS[name]
+        return _Histogram(PREFIX + name, spec.help, registry=registry, buckets=latency)
 
     latency = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-    cached = counter("cached_prompt_tokens", "prompt tokens not computed, by source", ("source",))
+    cached = counter("cached_prompt_tokens")
     for source in CACHE_SOURCES:
         cached.labels(source)  # every source shows, at zero until used
     return {
-        "finished": counter("requests_finished", "finished requests", ("finish_reason",)),
-        "prompt_tokens": counter("prompt_tokens", "prompt tokens of finished requests"),
-        "generation_tokens": counter("generation_tokens", "generated tokens"),
+        "finished": counter("requests_finished"),
+        "prompt_tokens": counter("prompt_tokens"),
+        "generation_tokens": counter("generation_tokens"),
         "cached": cached,
-        "ttft": histogram("time_to_first_token_seconds", "arrival to first token", latency),
-        "itl": histogram("inter_token_latency_seconds", "time between output tokens", latency),
-        "e2e": histogram("e2e_request_latency_seconds", "arrival to finish", latency),
+        "ttft": histogram("time_to_first_token_seconds"),
+        "itl": histogram("inter_token_latency_seconds"),
+        "e2e": histogram("e2e_request_latency_seconds"),
     }
 
 
@@ -185,42 +156,30 @@ class _SnapshotCollector(Collector):
         self._latest = latest
 
     def collect(self) -> Iterator[Metric]:
-        s: EngineStatsSnapshot = self._latest()
-        yield _gauge("num_requests_running", "requests in the running batch", s.num_running)
-        yield _gauge("num_requests_waiting", "requests waiting to be scheduled", s.num_waiting)
-        yield _gauge("kv_cache_usage_perc", "fraction of KV blocks in use (1 = 100%)", s.kv_usage)
-        yield _counter(
-            "num_preemptions", "preemptions (requests sent back to wait)", s.num_preemptions
-        )
-        yield _counter("prefix_cache_lookups", "prefix-cache lookups", s.prefix_cache_queries)
-        yield _counter(
-            "prefix_cache_hit_tokens",
-            "prompt tokens hit in the prefix cache (valid in every group)",
-            s.prefix_cache_hit_tokens,
-        )
+        s: EngineStats = self._latest()
+        yield _family("num_requests_running", s.num_running)
+        yield _family("num_requests_waiting", s.num_waiting)
+        yield _family("kv_cache_usage_perc", s.kv_usage)
+        yield _family("num_preemptions", s.num_preemptions)
+        yield _family("prefix_cache_lookups", s.prefix_cache_queries)
+        yield _family("prefix_cache_hit_tokens", s.prefix_cache_hit_tokens)
         yield from _group_families(s.groups)
         yield from _transfer_families(s.transfer)
+        events = s.transfer.connector.flatten().events if s.transfer.connector else {}
+        yield from nixl_families(events, PREFIX)
+        yield _family("num_requests_waiting_for_remote_kv", s.num_waiting_for_remote_kv)
 
 
-def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(PREFIX + name, doc, value=value)
-
-
-def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-    return CounterMetricFamily(PREFIX + name, doc, value=value)
-
-
-def _labelled(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
-    return CounterMetricFamily(PREFIX + name, doc, labels=labels)
+def _family(name: str, value: float | None = None) -> GaugeMetricFamily | CounterMetricFamily:
+    spec = METRICS[name]
+    labels = list(spec.labels) if value is None else None
+    if spec.kind == "gauge":
+        return GaugeMetricFamily(PREFIX + name, spec.help, value=value, labels=labels)
+    return CounterMetricFamily(PREFIX + name, spec.help, value=value, labels=labels)
 
 
 def _group_families(groups: tuple[GroupCacheStats, ...]) -> Iterator[Metric]:
-    queries = _labelled(
-        "prefix_cache_queries", "prompt tokens looked up, per group", ["group", "kind"]
-    )
-    hits = _labelled(
-        "prefix_cache_hits", "each group's own prefix hits in tokens", ["group", "kind"]
-    )
+    queries, hits = _family("prefix_cache_queries"), _family("prefix_cache_hits")
     for g in groups:
         queries.add_metric([str(g.group_id), g.kind], g.queried_tokens)
         hits.add_metric([str(g.group_id), g.kind], g.hit_tokens)
@@ -228,29 +187,27 @@ def _group_families(groups: tuple[GroupCacheStats, ...]) -> Iterator[Metric]:
     yield hits
 
 
-def _transfer_families(t: KVTransferStats) -> Iterator[Metric]:
-    failures = _labelled("kv_load_failures", "KV connector load failures, by reason", ["reason"])
-    for reason, n in sorted(t.load_failures.items()):
-        failures.add_metric([reason], n)
+def _transfer_families(t: TransferStats) -> Iterator[Metric]:
+    flat = t.connector.flatten() if t.connector is not None else None
+    failures = _family("kv_load_failures")
+    # the scheduler's count where it saw the reason, else the connector's
+    by_reason = {**(flat.load_failures if flat else {}), **t.load_failures}
+    for reason, n in sorted(by_reason.items()):
+        failures.add_metric([str(reason)], n)
     yield failures
-    yield _counter(
-        "recomputed_tokens", "tokens recomputed after failed KV loads", t.recomputed_tokens
-    )
-    nbytes = _labelled(
-        "offload_bytes", "bytes moved to or from offload tiers", ["tier", "direction"]
-    )
-    seconds = _labelled(
-        "offload_seconds", "seconds spent moving offloaded KV", ["tier", "direction"]
-    )
-    keys = {(tier, d) for tier in OFFLOAD_TIERS for d in OFFLOAD_DIRECTIONS}
-    keys |= set(t.offload_bytes) | set(t.offload_seconds)
+    yield _family("recomputed_tokens", t.recomputed_tokens)
+    nbytes, seconds = _family("offload_bytes"), _family("offload_seconds")
+    moved = flat.offload_bytes if flat else {}
+    spent = flat.offload_seconds if flat else {}
+    keys = {(tier, d) for tier in TierName for d in Direction} | set(moved) | set(spent)
     for tier, direction in sorted(keys):
-        nbytes.add_metric([tier, direction], t.offload_bytes.get((tier, direction), 0))
-        seconds.add_metric([tier, direction], t.offload_seconds.get((tier, direction), 0.0))
+        labels = [str(tier), str(direction)]
+        nbytes.add_metric(labels, moved.get((tier, direction), 0))
+        seconds.add_metric(labels, spent.get((tier, direction), 0.0))
     yield nbytes
     yield seconds
-    events = _labelled("kv_connector_events", "other KV connector counters, by name", ["name"])
-    for name, value in sorted(t.other.items()):
+    events = _family("kv_connector_events")
+    for name, value in sorted((flat.events if flat else {}).items()):
         events.add_metric([name], value)
     yield events
 

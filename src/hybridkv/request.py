@@ -58,7 +58,8 @@ class Request:
         self.error: str | None = None
         self.num_preemptions = 0
         self.cached_tokens: dict[str, int] = {}  # prompt tokens not computed, by source
-        self.kv_transfer_params: dict[str, object] | None = None  # from the connector at finish
+        # in: the client's (sampling_params.extra_args); out: the connector's at finish
+        self.kv_transfer_params: dict[str, object] | None = sampling_params.kv_transfer_params
         self.arrival_time = time.monotonic()
         self.first_token_time: float | None = None
         self._hasher = hasher

@@ -39,6 +39,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     extra: dict[str, object] = field(default_factory=dict, compare=False)
+    extra_args: dict[str, object] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -49,6 +50,7 @@ class SamplingParams:
             object.__setattr__(self, "top_k", 0)
         self._check_numbers()
         self._check_stops()
+        self._check_extra_args()
         object.__setattr__(self, "temperature", _effective_temperature(self.temperature))
 
     def _check_numbers(self) -> None:
@@ -92,6 +94,30 @@ class SamplingParams:
             f"at most {MAX_STOP_TOKEN_IDS} ids",
         )
         _check(all(_is_int(t) and t >= 0 for t in ids), "stop_token_ids", ids, "token ids >= 0")
+
+    def _check_extra_args(self) -> None:
+        _check(
+            self.extra_args is None or isinstance(self.extra_args, dict),
+            "extra_args",
+            self.extra_args,
+            "a dict",
+        )
+        transfer = (self.extra_args or {}).get("kv_transfer_params")
+        _check(
+            transfer is None or isinstance(transfer, dict),
+            "kv_transfer_params",
+            transfer,
+            "an object (dict)",
+        )
+
+    @property
+    def kv_transfer_params(self) -> dict[str, object] | None:
+        """``extra_args["kv_transfer_params"]`` (vLLM's spelling): what a KV connector reads
+        of this request (P/D disaggregation), or None."""
+        if not self.extra_args:
+            return None
+        value = self.extra_args.get("kv_transfer_params")
+        return value if isinstance(value, dict) else None
 
     @property
     def greedy(self) -> bool:

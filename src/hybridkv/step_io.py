@@ -22,11 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridkv.choice import Choice
 from hybridkv.kv.state_manager import StateCopy
 from hybridkv.sampling_params import SamplingParams
 
 __all__ = [
     "ConnectorMetadata",
+    "FailureReason",
     "KVConnectorOutput",
     "LoadSpec",
     "RunnerOutput",
@@ -34,6 +36,33 @@ __all__ = [
     "SchedulerOutput",
     "StateCopy",
 ]
+
+
+class FailureReason(Choice):
+    """Why a load (or a part of it) failed. A reason in ``KVConnectorOutput`` is one of these
+    values, optionally followed by ``": detail"`` (``FailureReason.of`` reads it back)."""
+
+    MISSING = "missing"  # no such file / unit
+    TRUNCATED = "truncated"  # shorter than its header says
+    CORRUPT = "corrupt"  # bad magic, checksum mismatch, trailing bytes, undecodable header
+    MISMATCH = "mismatch"  # valid, but of another version, fingerprint, key, span or size
+    IO_ERROR = "io_error"  # could not be read
+    FORGED = "forged"  # a header the cache directory's key did not authenticate
+    FOREIGN = "foreign"  # authenticated by another directory's key
+    UNSAFE = "unsafe"  # not a regular file (symlink, FIFO, device...)
+    TIMEOUT = "timeout"  # did not finish in time
+    INJECTED = "injected"  # FaultInjection failed it on purpose
+    ERROR = "error"  # an exception (device or programming error)
+    REJECTED_PAST_LAST_TOKEN = "rejected_past_last_token"  # a hit past N-1 a state cannot use
+
+    @classmethod
+    def of(cls, reason: str) -> FailureReason:
+        """The reason a report's text starts with (``"error: OSError"`` -> ``ERROR``)."""
+        head = reason.partition(":")[0].strip()
+        try:
+            return cls(head)
+        except ValueError:
+            return cls.ERROR
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,3 +24,8 @@ def test_faults_quick(tmp_path: Path) -> None:
     # every load times out: all of it is recomputed
     assert configs["timeout"]["failed_requests_per_run"] == ckpt["workload"]["num_prompts"]
     assert configs["timeout"]["recomputed_tokens_per_run"] > 0
+    # the disk tier on a hostile directory (issue 18): damaged parts met, all recomputed
+    hostile = ckpt["hostile_configs"]
+    assert hostile["disk clean"]["disk_tokens_per_run"] > 0
+    assert hostile["hostile dir"]["failures_per_run"] > 0
+    assert all(c["wrong_tokens"] == 0 and c["errored_requests"] == 0 for c in hostile.values())

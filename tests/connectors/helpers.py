@@ -192,4 +192,7 @@ def table(
 
 
 def stored_files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.is_file())
+    """Stored parts under ``root`` (not the disk tier's key and budget files)."""
+    return sorted(
+        p for p in root.rglob("*") if p.is_file() and p.name not in (".hybridkv-key", "budget")
+    )

@@ -14,6 +14,7 @@ from hybridkv.connectors.fault_injection import FaultInjectionWorker
 from hybridkv.connectors.fault_plan import FaultConfig, plan_faults
 from hybridkv.connectors.registry import parse_kv_transfer_config
 from hybridkv.step_io import KVConnectorOutput, LoadSpec
+from tests.support.stats import flat_counters
 
 from .helpers import Engine, fault_config, file_config, make_layout, make_request, table
 
@@ -89,7 +90,7 @@ def test_failed_blocks_are_reported_and_overwritten_with_garbage(tmp_path: Path,
         same = torch.equal(dst.blocks_bytes([block_id]), src.blocks_bytes([SRC_OF[block_id]]))
         assert same == (block_id not in out.invalid_block_ids), block_id
     assert torch.equal(dst.state_bytes(3), src.state_bytes(0)) == ("b" not in out.invalid_state)
-    counters = dst.worker.take_stats().counters
+    counters = flat_counters(dst.worker.take_stats())
     broken = len(out.invalid_block_ids) + len(out.invalid_state)
     assert (
         counters.get("injected_failures:injected", 0) + counters.get("injected_failures:corrupt", 0)
@@ -141,7 +142,7 @@ def test_delay_beyond_the_timeout_fails_with_timeout(tmp_path: Path) -> None:
     assert 0.2 <= time.monotonic() - began < 2.0
     assert out.failed_recving == {"b": "timeout"}
     assert not torch.equal(dst.blocks_bytes([11]), src.blocks_bytes([1]))
-    assert dst.worker.take_stats().counters["injected_failures:timeout"] == 1
+    assert flat_counters(dst.worker.take_stats())["injected_failures:timeout"] == 1
 
 
 def test_scheduler_half_is_the_inner_one(tmp_path: Path) -> None:
@@ -162,6 +163,14 @@ def test_scheduler_half_is_the_inner_one(tmp_path: Path) -> None:
         ({"load_timeout_seconds": 0}, "load_timeout_seconds"),
         ({"seed": 1.5}, "seed"),
         ({"seed": True}, "seed"),
+        # finding 16 (issue 18): NaN passes every range check, infinity a lower bound
+        ({"block_failure_rate": float("nan")}, "block_failure_rate"),
+        ({"corrupt_rate": float("nan")}, "corrupt_rate"),
+        ({"delay_seconds": float("inf")}, "delay_seconds"),
+        ({"delay_seconds": float("nan")}, "delay_seconds"),
+        ({"load_timeout_seconds": float("nan")}, "load_timeout_seconds"),
+        ({"load_timeout_seconds": float("inf")}, "load_timeout_seconds"),
+        ({"block_failure_rate": True}, "block_failure_rate"),
     ],
 )
 def test_bad_config_names_the_key(faults: dict[str, Any], key: str) -> None:

@@ -10,6 +10,7 @@ import torch
 
 from hybridkv.connectors.file_format import write_part
 from hybridkv.connectors.file_store import FileLoadKeys, FileStore, block_key, state_key
+from tests.support.stats import flat_counters
 
 from .helpers import (
     Engine,
@@ -59,7 +60,7 @@ def test_round_trip_restores_identical_bytes_elsewhere(tmp_path: Path, mode: str
     assert torch.equal(dst.blocks_bytes([16, 17]), src.blocks_bytes([8, 9]))
     assert torch.equal(dst.state_bytes(3), src.state_bytes(0))
     assert not torch.equal(dst.blocks_bytes([15]), src.blocks_bytes([5]))  # not loaded
-    stats = dst.worker.take_stats().counters
+    stats = flat_counters(dst.worker.take_stats())
     assert stats["load_blocks"] == 6 and stats["load_states"] == 1
     assert stats[
         "offload_bytes.disk.load"
@@ -76,7 +77,7 @@ def test_saves_only_full_prompt_blocks_and_states_at_prompt_boundaries(tmp_path:
     expected = [f"g0/{h[k]}.kv" for k in range(4)] + [f"g1/{h[k]}.kv" for k in range(4)]
     expected += [f"g2/{h[1]}.state", f"g2/{h[3]}.state"]  # chunks ended at 8 and 16
     assert names == sorted(expected)
-    counters = src.worker.take_stats().counters
+    counters = flat_counters(src.worker.take_stats())
     assert counters["store_blocks"] == 8 and counters["store_states"] == 2
     # everything is stored now: the same step again plans no saves at all
     meta = src.scheduler.build_connector_meta([(req, 0, 16, table(src.layout, SRC_TABLES, {2: 0}))])
@@ -212,7 +213,7 @@ def test_bad_block_file_is_a_counted_failure_and_removed(
     assert not out.failed_recving and not out.invalid_state
     assert torch.equal(dst.blocks_bytes([11, 12, 14]), src.blocks_bytes([1, 2, 4]))
     assert not victim.exists()
-    counters = dst.worker.take_stats().counters
+    counters = flat_counters(dst.worker.take_stats())
     assert counters[f"load_failures:{reason}"] == 1
     assert counters.get("files_removed", 0) == removed
     assert counters["load_blocks"] == 5
@@ -230,7 +231,7 @@ def test_bad_state_file_reports_the_state_part(tmp_path: Path) -> None:
     dst.load(make_request("b", 18), table(src.layout, DST_TABLES, {2: 3}))
     out = dst.worker.get_finished([])
     assert out.invalid_state == {"b": "corrupt"} and not out.invalid_block_ids
-    assert dst.worker.take_stats().counters["files_removed"] == 1
+    assert flat_counters(dst.worker.take_stats())["files_removed"] == 1
 
 
 def test_file_under_another_key_is_a_mismatch(tmp_path: Path) -> None:
@@ -272,7 +273,7 @@ def test_atomic_writes_leave_no_temp_files_and_failed_writes_stay_invisible(
     src, req = saved_engine(tmp_path / "broken")
     monkeypatch.undo()
     assert stored_files(tmp_path / "broken") == []
-    counters = src.worker.take_stats().counters
+    counters = flat_counters(src.worker.take_stats())
     assert counters["store_failures"] == 10 and "store_blocks" not in counters
     assert src.scheduler.get_num_new_matched_tokens(make_request("b", 18), 0) == (0, False)
 

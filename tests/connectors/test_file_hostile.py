@@ -17,6 +17,7 @@ import torch
 from hybridkv.connectors import file_worker
 from hybridkv.connectors.file_format import write_part
 from hybridkv.connectors.file_store import block_key
+from tests.support.stats import flat_counters
 
 from .helpers import Engine, file_config, make_layout, make_request, table
 from .test_file_connector import DST_TABLES, saved_engine
@@ -114,7 +115,7 @@ def test_a_stuck_read_times_out_and_its_late_bytes_are_dropped(
     assert out.failed_recving == {"b": "timeout"}
     release.set()  # the read returns after all ...
     deadline = time.monotonic() + 10
-    while "late_loads_dropped" not in dst.worker.take_stats().counters:
+    while "late_loads_dropped" not in flat_counters(dst.worker.take_stats()):
         assert time.monotonic() < deadline
         time.sleep(0.02)
     # ... and writes nothing into blocks that may belong to another request by now

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from hybridkv.engine.output import RequestOutput
+from tests.support.stats import flat_counters
 
 from .conftest import Builder
 from .workload import (
@@ -76,7 +77,7 @@ def warm(
     writer.engine.shutdown()  # waits until every save is on disk
     assert [o.token_ids for o in first] == reference, "the warm-up run must not change outputs"
     assert all(o.cached_tokens.get("disk", 0) == 0 for o in first), "nothing stored yet"
-    assert writer.engine.connector_counters.get("store_blocks", 0) > 0
+    assert flat_counters(writer.engine.stats().transfer.connector).get("store_blocks", 0) > 0
     assert_no_leaks(writer)
     return Warm(arch, model, store, prompts, reference)
 
@@ -108,7 +109,7 @@ def test_faults_never_give_a_wrong_token(warm: Warm, mode: str, policy: str, fau
         assert exp.affected, f"{fault}: the fixed seed must inject at least one failure"
 
     stats = llm.engine.scheduler.transfer.stats
-    counters = llm.engine.connector_counters
+    counters = flat_counters(llm.engine.stats().transfer.connector)
     what = f"{warm.arch} {mode} {policy} {fault}"
     for i, out in enumerate(outs):
         rid = out.request_id

@@ -21,6 +21,7 @@ from hybridkv import LLM
 from hybridkv.connectors.fault_plan import FaultConfig, plan_faults
 from hybridkv.connectors.registry import parse_kv_transfer_config
 from hybridkv.step_io import LoadSpec, SchedulerOutput
+from tests.support.stats import flat_counters
 
 from .conftest import Builder
 from .workload import (
@@ -73,7 +74,7 @@ def stored(full_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     assert writer.engine.kv.is_full_attention_only
     generate(writer, [prompt])
     writer.engine.shutdown()
-    assert writer.engine.connector_counters["store_blocks"] == 4
+    assert flat_counters(writer.engine.stats().transfer.connector)["store_blocks"] == 4
     return store, prompt
 
 

@@ -15,6 +15,7 @@ from hybridkv import LLM, SamplingParams
 from hybridkv.connectors.offloading.scheduler import OffloadingScheduler
 from hybridkv.connectors.offloading.units import UnitGeometry
 from hybridkv.connectors.offloading.worker import OffloadingWorker
+from tests.support.stats import flat_counters
 
 C = 32  # chunk_tokens
 MAX_TOKENS = 6
@@ -101,7 +102,7 @@ def reset_device_cache(llm: LLM) -> None:
 
 
 def counters(llm: LLM) -> dict[str, float]:
-    return dict(llm.engine.connector_counters)
+    return flat_counters(llm.engine.stats().transfer.connector)
 
 
 def assert_clean(llm: LLM) -> None:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from tests.e2e_offload.helpers import PROMPTS, generate, make_llm, offload
+from tests.support.stats import flat_counters
 
 
 def main() -> None:
@@ -19,7 +20,7 @@ def main() -> None:
     result = {
         "token_ids": [o.token_ids for o in outs],
         "cached": [o.cached_tokens for o in outs],
-        "counters": llm.engine.connector_counters,
+        "counters": flat_counters(llm.engine.stats().transfer.connector),
     }
     llm.engine.shutdown()
     print(json.dumps(result))

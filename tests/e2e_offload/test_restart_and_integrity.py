@@ -43,7 +43,8 @@ def serve_in_subprocess(model: Path, disk: Path) -> dict[str, Any]:
 
 
 def files(root: Path) -> dict[Path, bytes]:
-    return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    """The stored parts (not the directory's key and budget files)."""
+    return {p: p.read_bytes() for p in sorted(root.rglob("*.kvu")) if p.is_file()}
 
 
 def test_a_new_process_gets_disk_hits_and_another_model_damages_nothing(

@@ -67,6 +67,10 @@ def test_missing_weights_file(checkpoints: dict[str, Path], tmp_path: Path) -> N
         ({"dtype": "float16"}, "dtype='float16'"),
         ({"kv_cache_memory": "lots"}, "kv_cache_memory 'lots'"),
         ({"state_checkpoint_interval": 20}, "state_checkpoint_interval=20"),
+        ({"max_num_seqs": float("nan")}, "max_num_seqs=nan: must be an integer"),
+        ({"block_size": True}, "block_size=True: must be an integer"),
+        ({"max_model_len": 64.5}, "max_model_len=64.5: must be an integer"),
+        ({"seed": 1.5}, "seed=1.5: must be an integer"),
     ],
 )
 def test_bad_engine_option_is_named(

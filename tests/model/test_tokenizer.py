@@ -75,3 +75,28 @@ def test_missing_template_and_tokenizer(hf_checkpoints: dict[str, Path], tmp_pat
     (model_dir / "tokenizer.json").unlink()
     with pytest.raises(ModelLoadError, match="no tokenizer.json"):
         Tokenizer(model_dir)
+
+
+def test_encode_lets_other_threads_run_and_bounds_token_length(
+    hf_checkpoints: dict[str, Path],
+) -> None:
+    """The server tokenizes on a worker thread: that only helps if encoding releases the GIL
+    (``tokenizers``' ``encode`` holds it, ``encode_batch`` does not). ``max_token_chars``
+    bounds how much text one token covers (the server's early length check)."""
+    import threading
+    import time
+
+    tok = Tokenizer(hf_checkpoints["qwen3"])
+    text = "the cache block is full, " * 40_000  # 1 MB: about a second to encode
+    done: list[list[int]] = []
+    worker = threading.Thread(target=lambda: done.append(tok.encode(text)))
+    ticks = 0
+    worker.start()
+    while worker.is_alive():
+        time.sleep(0.001)
+        ticks += 1
+    assert ticks >= 20, ticks  # the main thread kept running while it encoded
+    assert done[0] == tok.encode(text) and len(done[0]) > 0
+    assert len(text) <= len(done[0]) * tok.max_token_chars
+    with pytest.raises(ValueError, match="lone surrogate U\\+D800"):
+        tok.encode("a\ud800")

@@ -29,11 +29,17 @@ class Harness:
     connector: ScriptedScheduler | None = None
     worker: ScriptedWorker | None = None
 
-    def add(self, req_id: str, prompt: list[int], max_tokens: int = 8) -> Request:
+    def add(
+        self,
+        req_id: str,
+        prompt: list[int],
+        max_tokens: int = 8,
+        kv_transfer_params: dict[str, object] | None = None,
+    ) -> Request:
         hasher = BlockHasher(self.kv.block_size, get_hash_fn("sha256"))
-        req = Request(
-            req_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), hasher
-        )
+        extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, extra_args=extra)
+        req = Request(req_id, prompt, params, hasher)
         self.scheduler.add_request(req)
         return req
 

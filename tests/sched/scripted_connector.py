@@ -17,7 +17,7 @@ from hybridkv.connectors.base import (
     KVConnectorRequest,
     RequestBlocks,
 )
-from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
+from hybridkv.step_io import ConnectorMetadata, FailureReason, KVConnectorOutput, LoadSpec
 from tests.sched.page_runner import PageRunner
 
 GARBAGE = 10**6
@@ -43,6 +43,7 @@ class ScriptedScheduler(BaseConnectorScheduler):
         self.pending: list[LoadSpec] = []
         self.finished_calls: list[str] = []
         self.finished_blocks: dict[str, RequestBlocks] = {}
+        self.params_seen: dict[str, dict[str, object] | None] = {}
         self.allocs: list[tuple[str, int]] = []
 
     def get_num_new_matched_tokens(
@@ -91,6 +92,7 @@ class ScriptedScheduler(BaseConnectorScheduler):
         self, request: KVConnectorRequest, blocks: RequestBlocks
     ) -> tuple[bool, dict[str, object] | None]:
         self.finished_calls.append(request.request_id)
+        self.params_seen[request.request_id] = request.kv_transfer_params
         self.finished_blocks[request.request_id] = blocks
         script = self.scripts.get(request.request_id)
         if script is None or script.send_steps == 0:
@@ -170,10 +172,10 @@ class ScriptedWorker(BaseConnectorWorker):
     def _report_failures(self, spec: LoadSpec) -> None:
         script = self.scripts[spec.request_id]
         if script.fail_request:
-            self.report.failed_recving[spec.request_id] = "scripted"
+            self.report.failed_recving[spec.request_id] = FailureReason.INJECTED
         if script.fail_state:
-            self.report.invalid_state[spec.request_id] = "scripted"
+            self.report.invalid_state[spec.request_id] = FailureReason.INJECTED
         for table in spec.block_ids:
             for k in script.fail_indices:
                 if k < len(table) and table[k] != 0:
-                    self.report.invalid_block_ids[table[k]] = "scripted"
+                    self.report.invalid_block_ids[table[k]] = FailureReason.INJECTED

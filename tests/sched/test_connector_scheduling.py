@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from hybridkv.request import RequestStatus
+from hybridkv.step_io import FailureReason
 from tests.sched.builders import make_harness, random_prompt
 from tests.sched.page_runner import reference_generation
 from tests.sched.scripted_connector import Script
@@ -97,7 +98,7 @@ def test_full_attention_failure_resumes_at_the_first_bad_block(is_async: bool) -
     assert (20, 20) in computed  # resumed at block 5 -> token 20, recomputing the rest
     assert h.outputs["a"] == reference_generation(p, 4)
     stats = h.scheduler.transfer.stats
-    assert stats.load_failures == {"scripted": 2} and stats.recomputed_tokens == 16
+    assert stats.load_failures == {FailureReason.INJECTED: 2} and stats.recomputed_tokens == 16
     h.assert_no_leaks()
 
 
@@ -250,6 +251,20 @@ def test_producer_keeps_blocks_until_the_send_finishes() -> None:
     assert h.scheduler.has_unfinished_requests()
     h.run()
     assert h.connector.finished_calls == ["a"]
+    h.assert_no_leaks()
+
+
+def test_kv_transfer_params_reach_the_connector_and_come_back() -> None:
+    """The client's kv_transfer_params (SamplingParams.extra_args) reach the connector with the
+    request; what request_finished returns replaces them for the final output."""
+    h = make_harness("full", scripts={"a": Script(external=0, send_steps=1)})
+    sent = {"do_remote_decode": True}
+    req = h.add("a", random_prompt(82, 9), max_tokens=1, kv_transfer_params=sent)
+    assert req.kv_transfer_params == sent
+    h.add("b", random_prompt(83, 9), max_tokens=2)
+    h.run()
+    assert h.connector.params_seen == {"a": sent, "b": None}
+    assert isinstance(req.kv_transfer_params, dict) and "remote_block_ids" in req.kv_transfer_params
     h.assert_no_leaks()
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
+from hybridkv.engine.detokenizer import IncrementalDetokenizer
 from hybridkv.engine.output import CompletionOutput, RequestOutput
+from hybridkv.engine_stats import EngineStats, GroupCacheStats
 from hybridkv.sampling_params import SamplingParams
-from hybridkv.sched.scheduler import SchedulerStats
 
 BLOCK = 4
 NUM_BLOCKS = 64
@@ -25,6 +25,8 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         if "BUG" in text:
             raise KeyError("a bug in the tokenizer")
+        if "SLOWTOKENS" in text:
+            time.sleep(1.5)  # a prompt that takes long to tokenize
         return [min(ord(c), 255) for c in text]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -54,6 +56,7 @@ class _Req:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    detok: IncrementalDetokenizer
     out_ids: list[int] = field(default_factory=list)
     status: str | None = None
     error: str | None = None
@@ -65,16 +68,8 @@ class FakeEngine:
         self.max_model_len = max_model_len
         self.step_delay = step_delay
         self.stall_seconds = 1.5
-        self.model_config = SimpleNamespace(vocab_size=256)
-        self.layout = SimpleNamespace(
-            groups=[SimpleNamespace(group_id=0, kind=SimpleNamespace(value="full_attention"))]
-        )
-        self.kv = SimpleNamespace(
-            stats=SimpleNamespace(
-                num_queries=0, queried_tokens=0, hit_tokens=0, group_hit_tokens=[0]
-            )
-        )
-        self.scheduler = SimpleNamespace(stats=self._stats)
+        self.num_queries = 0
+        self.queried_tokens = 0
         self.reqs: dict[str, _Req] = {}
         self.done: list[_Req] = []
         self.threads: set[str] = set()  # names of the threads that called in
@@ -86,9 +81,10 @@ class FakeEngine:
         self._note()
         if len(prompt_token_ids) >= self.max_model_len:
             raise ValueError(f"request {request_id}: prompt of {len(prompt_token_ids)} tokens does not fit max_model_len={self.max_model_len}")  # fmt: skip
-        self.reqs[request_id] = _Req(request_id, list(prompt_token_ids), params)
-        self.kv.stats.num_queries += 1
-        self.kv.stats.queried_tokens += len(prompt_token_ids)
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop)  # the engine's text and stops
+        self.reqs[request_id] = _Req(request_id, list(prompt_token_ids), params, detok)
+        self.num_queries += 1
+        self.queried_tokens += len(prompt_token_ids)
 
     def abort_request(self, request_id: str) -> None:
         self._note()
@@ -121,8 +117,7 @@ class FakeEngine:
                 continue
             last = (req.out_ids or req.prompt_ids)[-1]
             req.out_ids.append(next_letter(last))
-            text = self.tokenizer.decode(req.out_ids)
-            if any(s in text for s in req.params.stop):
+            if req.detok.update(req.out_ids[-1:]) is not None:
                 req.status = "stop"
             elif len(req.out_ids) >= req.params.max_tokens:
                 req.status = "length"
@@ -132,15 +127,26 @@ class FakeEngine:
         return outs
 
     def _emit(self, req: _Req) -> RequestOutput:
-        text = self.tokenizer.decode(req.out_ids)
-        for s in req.params.stop:
-            if s in text:
-                text = text[: text.find(s)]
         lps = [-0.5] * len(req.out_ids) if req.params.logprobs else None
-        out = CompletionOutput(0, text, list(req.out_ids), req.status, logprobs=lps)
+        stable = req.detok.stable_length(req.status is not None)
+        out = CompletionOutput(0, req.detok.text, list(req.out_ids), req.status, logprobs=lps,
+                               stable_text_len=stable)  # fmt: skip
         return RequestOutput(req.request_id, None, req.prompt_ids, [out], req.status is not None,
-                             len(req.prompt_ids), cached_tokens={"local": 0}, error=req.error)  # fmt: skip
+                             len(req.prompt_ids), cached_tokens={"local": 0}, error=req.error,
+                             kv_transfer_params=self._transfer_params(req))  # fmt: skip
 
-    def _stats(self) -> SchedulerStats:
+    @staticmethod
+    def _transfer_params(req: _Req) -> dict[str, object] | None:
+        """Finished requests echo the client's kv_transfer_params (as a connector would)."""
+        sent = req.params.kv_transfer_params
+        return {"echo": sent} if sent is not None and req.status is not None else None
+
+    def stats(self) -> EngineStats:
         used = sum(-(-(len(r.prompt_ids) + len(r.out_ids)) // BLOCK) for r in self.reqs.values())
-        return SchedulerStats(len(self.reqs), 0, 0, used / NUM_BLOCKS)
+        return EngineStats(
+            num_running=len(self.reqs),
+            kv_usage=used / NUM_BLOCKS,
+            prefix_cache_queries=self.num_queries,
+            prefix_cache_queried_tokens=self.queried_tokens,
+            groups=(GroupCacheStats(0, "full_attention", self.queried_tokens, 0),),
+        )

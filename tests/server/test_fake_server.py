@@ -313,3 +313,24 @@ def test_unexpected_error_is_an_openai_500(served) -> None:  # noqa: ANN001
     assert r.json()["error"]["code"] == "internal_error"
     assert "a bug in the tokenizer" in r.json()["error"]["message"]
     assert post(served, "/v1/completions", json={"model": MODEL, "prompt": "a"}).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_kv_transfer_params_in_and_out(
+    served: tuple[ThreadedServer, FakeEngine], path: str
+) -> None:
+    """kv_transfer_params go to the engine and come back at the top level of the response,
+    and in the last streamed chunk only."""
+    sent = {"do_remote_decode": True}
+    body: dict[str, object] = {"model": MODEL, "max_tokens": 3, "kv_transfer_params": sent}
+    body.update({"prompt": "abc"} if "chat" not in path else {"messages": [
+        {"role": "user", "content": "abc"}]})  # fmt: skip
+    r = post(served, path, json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["kv_transfer_params"] == {"echo": sent}
+    plain = post(served, path, json={k: v for k, v in body.items() if k != "kv_transfer_params"})
+    assert plain.json()["kv_transfer_params"] is None
+    r = post(served, path, json={**body, "stream": True})
+    events = [json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: {")]
+    assert [e.get("kv_transfer_params") for e in events][-1] == {"echo": sent}
+    assert all("kv_transfer_params" not in e for e in events[:-1])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -129,6 +130,7 @@ def test_burst_of_400_with_a_queue_of_64(server: SubprocessServer) -> None:
     assert all(r.headers["retry-after"] and r.json()["error"]["code"] == "overloaded" for r in refused)  # fmt: skip
     for i, r in accepted:
         assert r.json()["choices"][0]["text"] == want[PROMPTS[i % 3]]
+    assert scrape(server.url)["hybridkv:requests_refused_total{reason=overloaded}"] == len(refused)
     wait_for(lambda: scrape(server.url)["hybridkv:num_requests_waiting"] == 0, what="an empty queue")  # fmt: skip
     assert_serving(server)
 
@@ -169,3 +171,72 @@ def test_hostile_values_are_400_not_500(server: SubprocessServer) -> None:
     tiny = complete(server, prompt=PROMPTS[2], max_tokens=8, temperature=1e-40)
     assert tiny.json()["choices"][0]["text"] == greedy
     assert_serving(server)
+
+
+@pytest.mark.timeout(120)
+def test_cache_salt_keeps_tenants_apart(server: SubprocessServer) -> None:
+    """vLLM's ``cache_salt``: a shared prefix cache is no timing channel between salts."""
+    prompt = "A long shared system prompt for every tenant of this server. " * 6
+
+    def cached(salt: str | None, path: str = "/v1/completions") -> int:
+        body: dict[str, Any] = {"model": NAME, "max_tokens": 1, "temperature": 0}
+        if path.endswith("chat/completions"):
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        if salt is not None:
+            body["cache_salt"] = salt
+        r = httpx.post(server.url + path, json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+    assert cached("tenant-a") == 0
+    assert cached("tenant-b") == 0 and cached(None) == 0  # another salt, or none: a miss
+    assert cached("tenant-a") > 0  # the same salt hits
+    chat = "/v1/chat/completions"
+    assert cached("tenant-c", chat) == 0 and cached("tenant-d", chat) == 0
+    assert cached("tenant-c", chat) > 0
+
+
+def plant_hostile(files: list[Path], outside: Path) -> None:
+    """Replace stored parts with a FIFO, a symlink out of the directory, a huge file with a
+    valid header, and a truncated file, in turn."""
+    for i, path in enumerate(sorted(files)):
+        data = path.read_bytes()
+        path.unlink()
+        if i % 4 == 0:
+            os.mkfifo(path)
+        elif i % 4 == 1:
+            path.symlink_to(outside)
+        elif i % 4 == 2:
+            path.write_bytes(data)
+            with path.open("ab") as f:
+                f.truncate(256 << 20)  # sparse: 256 MiB that must never be read
+        else:
+            path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.timeout(300)
+def test_file_connector_survives_a_hostile_directory(model_dir: Path, tmp_path: Path) -> None:
+    """A restarted server whose FileConnector directory now holds FIFOs, symlinks, huge and
+    truncated files: it stays responsive and answers as a clean run (loads fail, recompute)."""
+    kv = {"kv_connector": "FileConnector", "kv_connector_extra_config": {"path": str(tmp_path / "kv"), "load_mode": "sync"}}  # fmt: skip
+    args = ["--model", str(model_dir), "--served-model-name", NAME, *FLAGS]
+    args += ["--kv-transfer-config", json.dumps(kv)]
+    prompt = PROMPTS[0] * 12
+    with SubprocessServer(args, tmp_path / "a.log") as first:
+        want = complete(first, prompt=prompt, max_tokens=8).json()["choices"][0]["text"]
+    files = [p for p in (tmp_path / "kv").rglob("*") if p.suffix in (".kv", ".state")]
+    assert len(files) >= 4
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"not yours")
+    with SubprocessServer(args, tmp_path / "b.log") as second:  # indexes the good files
+        plant_hostile(files, outside)
+        start = time.monotonic()
+        r = complete(second, prompt=prompt, max_tokens=8, timeout=30)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == want
+        assert time.monotonic() - start < 10
+        assert_serving(second)
+        metrics = scrape(second.url)
+    assert outside.read_bytes() == b"not yours"
+    assert sum(v for k, v in metrics.items() if k.startswith("hybridkv:kv_load_failures")) >= 1

@@ -18,10 +18,10 @@ from hybridkv.metrics import ServerMetrics
 from hybridkv.server.app import create_app
 from hybridkv.server.async_engine import AsyncEngine
 from hybridkv.server.command import resolve_api_key
-from hybridkv.server.limits import GuardedH11Protocol, ServerLimits
+from hybridkv.server.limits import ServerLimits
 from hybridkv.server.state import ServerState
 from tests.server.fake_engine import FakeEngine
-from tests.server.harness import ThreadedServer
+from tests.server.harness import ThreadedServer, scrape
 
 MODEL = "fake-model"
 LIMITS = ServerLimits(
@@ -38,7 +38,6 @@ def server() -> Iterator[ThreadedServer]:
     metrics = ServerMetrics()
     engine = AsyncEngine(fake, metrics)  # type: ignore[arg-type]
     state = ServerState(engine, metrics, fake.tokenizer, MODEL, fake.max_model_len, LIMITS)
-    GuardedH11Protocol.header_timeout = LIMITS.header_timeout_seconds
     with ThreadedServer(create_app(state), **LIMITS.uvicorn_options()) as srv:
         yield srv
 
@@ -61,6 +60,7 @@ def test_body_over_the_limit_is_refused_while_reading(server: ThreadedServer) ->
 
     r = httpx.post(server.url + "/v1/completions", content=chunks(), timeout=30)
     assert r.status_code == 413
+    assert scrape(server.url)["hybridkv:requests_refused_total{reason=too_large}"] == 2
     assert completion(server, "abc").json()["choices"][0]["text"] == "de"
 
 
@@ -69,6 +69,7 @@ def test_slow_body_and_slow_headers_are_cut_off(server: ThreadedServer) -> None:
         head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
         sock.sendall(head.encode() + b'{"model": ')  # ... and the rest never comes
         assert sock.recv(4096).startswith(b"HTTP/1.1 408")
+    assert scrape(server.url)["hybridkv:requests_refused_total{reason=body_timeout}"] == 1
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # headers never end
         start = time.monotonic()
@@ -93,6 +94,18 @@ def test_health_fails_while_a_step_is_stuck(server: ThreadedServer) -> None:
         worker.join(30)
     assert done and done[0].status_code == 200
     assert httpx.get(server.url + "/health").status_code == 200  # it recovered
+
+
+def test_tokenizing_runs_off_the_event_loop(server: ThreadedServer) -> None:
+    slow: list[httpx.Response] = []
+    worker = threading.Thread(target=lambda: slow.append(completion(server, "SLOWTOKENS")))
+    worker.start()
+    time.sleep(0.3)  # the slow prompt is being tokenized now
+    start = time.monotonic()
+    assert completion(server, "abc").json()["choices"][0]["text"] == "de"
+    assert time.monotonic() - start < 1.0  # not queued behind the 1.5 s tokenization
+    worker.join(30)
+    assert slow and slow[0].status_code == 200
 
 
 def test_api_key_from_file_or_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from hybridkv.connectors.config import TierName
+from hybridkv.connectors.fault_injection import FaultStats
+from hybridkv.connectors.offloading.stats import OffloadingStats
+from hybridkv.connectors.stats import ConnectorStats, Direction
 from hybridkv.engine.output import CompletionOutput, RequestOutput
-from hybridkv.metrics import (
-    EngineStatsSnapshot,
-    GroupCacheStats,
-    KVTransferStats,
-    ServerMetrics,
-)
+from hybridkv.engine_stats import EngineStats, GroupCacheStats, TransferStats
+from hybridkv.metrics import ServerMetrics
+from hybridkv.step_io import FailureReason
 
 
 def parse(metrics: ServerMetrics) -> dict[str, float]:
@@ -22,22 +23,25 @@ def parse(metrics: ServerMetrics) -> dict[str, float]:
     return out
 
 
-def test_transfer_counters_by_name() -> None:
-    t = KVTransferStats.from_counters(
-        {
-            "load_failures.checksum": 2,
-            "load_failures.timeout": 1,
-            "recomputed_tokens": 48,
-            "offload_bytes.disk.store": 4096,
-            "offload_seconds.cpu.load": 0.25,
-            "lookups": 7,
-        }
+def test_connector_stats_fold_children_and_name_events() -> None:
+    """Typed stats in, the names /metrics shows out: failures by reason, bytes and seconds by
+    (tier, direction), a connector's own counters by their event names, children folded in."""
+    inner = OffloadingStats(
+        load_failures={FailureReason.CORRUPT: 2, FailureReason.TIMEOUT: 1},
+        offload_bytes={(TierName.DISK, Direction.STORE): 4096},
+        offload_seconds={(TierName.CPU, Direction.LOAD): 0.25},
+        hits={TierName.CPU: 7},
     )
-    assert t.load_failures == {"checksum": 2, "timeout": 1}
-    assert t.recomputed_tokens == 48
-    assert t.offload_bytes == {("disk", "store"): 4096}
-    assert t.offload_seconds == {("cpu", "load"): 0.25}
-    assert t.other == {"lookups": 7}
+    outer = FaultStats(injected_failures={FailureReason.INJECTED: 1}, children={"inner": inner})
+    flat = outer.flatten()
+    assert flat.load_failures == {"corrupt": 2, "timeout": 1}
+    assert flat.offload_bytes == {("disk", "store"): 4096}
+    assert flat.offload_seconds == {("cpu", "load"): 0.25}
+    assert flat.events == {"hits.cpu": 7, "injected_failures:injected": 1}
+    twice = outer.copy()
+    twice.merge(outer)
+    assert twice.flatten().events == {"hits.cpu": 14, "injected_failures:injected": 2}
+    assert outer.flatten().events["hits.cpu"] == 7  # the copy shares nothing
 
 
 def test_snapshot_is_the_one_source() -> None:
@@ -45,7 +49,7 @@ def test_snapshot_is_the_one_source() -> None:
     m = parse(metrics)
     assert m["hybridkv:num_requests_running"] == 0
     assert m["hybridkv:offload_bytes_total{direction=load,tier=remote}"] == 0
-    snap = EngineStatsSnapshot(
+    snap = EngineStats(
         num_running=3,
         num_waiting=2,
         kv_usage=0.25,
@@ -57,8 +61,12 @@ def test_snapshot_is_the_one_source() -> None:
             GroupCacheStats(0, "full_attention", 100, 48),
             GroupCacheStats(1, "state", 100, 32),
         ),
-        transfer=KVTransferStats.from_counters(
-            {"load_failures.checksum": 2, "offload_bytes.disk.store": 4096, "recomputed_tokens": 16}
+        transfer=TransferStats(
+            recomputed_tokens=16,
+            connector=ConnectorStats(
+                load_failures={FailureReason.CORRUPT: 2},
+                offload_bytes={(TierName.DISK, Direction.STORE): 4096},
+            ),
         ),
     )
     metrics.publish(snap)
@@ -70,7 +78,7 @@ def test_snapshot_is_the_one_source() -> None:
     assert m["hybridkv:prefix_cache_hit_tokens_total"] == 32
     assert m["hybridkv:prefix_cache_hits_total{group=0,kind=full_attention}"] == 48
     assert m["hybridkv:prefix_cache_queries_total{group=1,kind=state}"] == 100
-    assert m["hybridkv:kv_load_failures_total{reason=checksum}"] == 2
+    assert m["hybridkv:kv_load_failures_total{reason=corrupt}"] == 2
     assert m["hybridkv:offload_bytes_total{direction=store,tier=disk}"] == 4096
     assert m["hybridkv:recomputed_tokens_total"] == 16
 
@@ -102,5 +110,39 @@ def test_request_metrics() -> None:
 
 def test_registries_are_per_server() -> None:
     a, b = ServerMetrics(), ServerMetrics()  # a global registry would refuse the second
-    a.publish(EngineStatsSnapshot(num_running=5))
+    a.publish(EngineStats(num_running=5))
     assert parse(b)["hybridkv:num_requests_running"] == 0
+
+
+def test_every_metric_is_in_the_one_table() -> None:
+    """/metrics renders exactly the families ``METRICS`` lists, with the types and help it says."""
+    from hybridkv.metrics import METRICS, PREFIX
+
+    families = {
+        f.name.removeprefix(PREFIX): f
+        for f in text_string_to_metric_families(ServerMetrics().render().decode())
+        if not f.name.endswith("_created")  # the server turns these off (launch.py)
+    }
+    assert set(families) == set(METRICS)
+    for name, family in families.items():
+        assert (family.type, family.documentation) == (METRICS[name].kind, METRICS[name].help)
+
+
+def test_the_periodic_log_line_reads_the_snapshot() -> None:
+    from hybridkv.engine_stats import stats_line
+
+    line = stats_line(
+        EngineStats(
+            num_running=2,
+            num_waiting=1,
+            kv_usage=0.5,
+            prefix_cache_queried_tokens=100,
+            prefix_cache_hit_tokens=25,
+        )  # fmt: skip
+    )
+    assert line.startswith("running: 2 reqs, waiting: 1 reqs, KV cache usage: 50.0%")
+    assert "prefix cache hit rate: 25.0%" in line and "load failures" not in line
+    with_connector = EngineStats(
+        transfer=TransferStats({FailureReason.CORRUPT: 3}, connector=ConnectorStats())
+    )
+    assert "load failures: 3" in stats_line(with_connector)

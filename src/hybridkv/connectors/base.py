@@ -22,11 +22,11 @@ named per state group. A load is finished only when the worker reports it in
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from hybridkv.connectors.stats import ConnectorStats
 from hybridkv.kv.coordinator import KVRequest
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 
@@ -35,47 +35,28 @@ if TYPE_CHECKING:
 
 
 class KVConnectorRequest(KVRequest, Protocol):
-    """What a connector reads of a request: the KV core's view plus its token ids."""
+    """What a connector reads of a request: the KV core's view, its token ids, and the
+    client's ``kv_transfer_params`` (None if none were sent; connectors that do not use them
+    ignore them)."""
 
     @property
     def all_token_ids(self) -> list[int]: ...
+
+    @property
+    def kv_transfer_params(self) -> dict[str, object] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
 class RequestBlocks:
     """A request's cache placement: ``block_ids[i]`` is its table in group
     ``layout.attention_group_ids[i]`` (null = 0) and ``state_slots[j]`` its live slot in
-    ``layout.state_group_ids[j]``."""
+    ``layout.state_group_ids[j]``. In ``build_connector_meta``, ``restored_slots`` names the
+    checkpoint slots restored into the live slots before this step's forward (None: no
+    restore); they keep that state until the step ends."""
 
     block_ids: tuple[list[int], ...]
     state_slots: tuple[int, ...]
-
-
-@dataclass(slots=True)
-class ConnectorStats:
-    """Counters a connector accumulates; the engine merges them into its metrics."""
-
-    counters: dict[str, float] = field(default_factory=dict)
-
-    def add(self, name: str, value: float = 1.0) -> None:
-        self.counters[name] = self.counters.get(name, 0.0) + value
-
-
-class StatsCounter:
-    """Thread-safe counters for a connector half whose threads all count (``take`` drains)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._stats = ConnectorStats()
-
-    def add(self, name: str, value: float = 1.0) -> None:
-        with self._lock:
-            self._stats.add(name, value)
-
-    def take(self) -> ConnectorStats:
-        with self._lock:
-            stats, self._stats = self._stats, ConnectorStats()
-        return stats
+    restored_slots: tuple[int, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -166,6 +147,12 @@ class BaseConnectorScheduler(ABC):
         (delay_free_blocks, kv_transfer_params). With True the blocks stay allocated until the
         request id comes back in ``finished_sending``."""
 
+    def get_kept_tokens(self, request: KVConnectorRequest) -> int | None:
+        """For a request whose free ``request_finished`` delayed: the position its kept KV
+        serves. Sliding-window groups release at once the blocks no step resuming there reads;
+        None keeps every block until ``finished_sending``."""
+        return None
+
     def get_step_interval(self, request: KVConnectorRequest) -> int:
         """Token interval at which this request's steps must end (0: no constraint), so the
         live state at each multiple can be saved (e.g. a restore unit's state checkpoint).
@@ -180,6 +167,8 @@ class BaseConnectorScheduler(ABC):
         return {"external": num_external_tokens} if num_external_tokens else {}
 
     def take_stats(self) -> ConnectorStats:
+        """Counts since the previous call, as the connector's ``ConnectorStats`` subclass (the
+        same type from both halves; see ``connectors/stats.py``)."""
         return ConnectorStats()
 
 

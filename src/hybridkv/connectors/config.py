@@ -8,23 +8,14 @@ the typed config; nothing re-parses it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, TypeVar
 
+from hybridkv.choice import Choice
+
 KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config", "kv_load_failure_policy")
-
-
-class Choice(str, Enum):
-    """A string option's choices: equal to, printed and formatted as its value (``StrEnum``
-    without needing Python 3.11)."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
 
 
 class KVRole(Choice):
@@ -61,16 +52,23 @@ class TierName(Choice):
     REMOTE = "remote"
 
 
-E = TypeVar("E", bound=Enum)
-
-
-def parse_choice(kind: type[E], value: object, where: str) -> E:
-    """``value`` as a member of ``kind`` (by value), or a ValueError naming ``where``."""
-    try:
-        return kind(value)
-    except ValueError:
-        choices = [m.value for m in kind]
-        raise ValueError(f"{where}={value!r} must be one of {choices}") from None
+def parse_number(
+    value: object, where: str, low: float, high: float, *, low_open: bool = False
+) -> float:
+    """``value`` as a finite float in ``[low, high]`` (``(low, high]`` if ``low_open``), or a
+    ValueError naming ``where``: NaN, infinities and bools are refused (NaN compares false
+    with every bound, so a plain range check lets it through)."""
+    ok = (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (low < value if low_open else low <= value)
+        and value <= high
+    )
+    if not ok:
+        bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise ValueError(f"{where}={value!r} must be a finite number in {bounds}")
+    return float(value)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,6 @@ import torch
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
     BaseConnectorWorker,
-    ConnectorStats,
     KVCacheAccess,
     KVConnectorPair,
     KVConnectorRequest,
@@ -35,8 +34,23 @@ from hybridkv.connectors.base import (
 from hybridkv.connectors.config import KVTransferConfig
 from hybridkv.connectors.fault_plan import TIMEOUT, FaultConfig, fault_draw, plan_faults
 from hybridkv.connectors.registry import ConnectorContext, create_connector
+from hybridkv.connectors.stats import ConnectorStats, bump, counter
 from hybridkv.kv.spec import KVCacheLayout
-from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
+from hybridkv.step_io import ConnectorMetadata, FailureReason, KVConnectorOutput, LoadSpec
+
+
+@dataclass(slots=True)
+class FaultStats(ConnectorStats):
+    """What ``FaultInjection`` broke; the wrapped connector's stats are ``children["inner"]``."""
+
+    injected_failures: dict[FailureReason, int] = counter("injected_failures:{}")
+    injected_delay_seconds: float = counter("injected_delay_seconds")
+
+
+def _wrap(inner: ConnectorStats, own: FaultStats | None = None) -> FaultStats:
+    stats = own or FaultStats()
+    stats.children["inner"] = inner
+    return stats
 
 
 class FaultInjectionScheduler(BaseConnectorScheduler):
@@ -76,8 +90,11 @@ class FaultInjectionScheduler(BaseConnectorScheduler):
     def get_step_interval(self, request: KVConnectorRequest) -> int:
         return self.inner.get_step_interval(request)
 
-    def take_stats(self) -> ConnectorStats:
-        return self.inner.take_stats()
+    def get_kept_tokens(self, request: KVConnectorRequest) -> int | None:
+        return self.inner.get_kept_tokens(request)
+
+    def take_stats(self) -> FaultStats:
+        return _wrap(self.inner.take_stats())
 
 
 @dataclass(slots=True)
@@ -97,7 +114,7 @@ class FaultInjectionWorker(BaseConnectorWorker):
         self.layout = layout
         self._held: dict[str, _HeldLoad] = {}
         self._ready = KVConnectorOutput()  # sync-load faults, reported by the next get_finished
-        self._stats = ConnectorStats()
+        self._stats = FaultStats()
         self._sleeper = threading.Event()  # never set: a timed wait that is not a busy loop
 
     def register_kv_caches(self, cache: KVCacheAccess) -> None:
@@ -151,23 +168,23 @@ class FaultInjectionWorker(BaseConnectorWorker):
 
     def _release(self, held: _HeldLoad, now: float) -> KVConnectorOutput:
         if self.config.delay_seconds > self.config.load_timeout_seconds:
-            self._stats.add(f"injected_failures:{TIMEOUT}")
+            bump(self._stats.injected_failures, TIMEOUT)
             return self._break_request(held.spec, TIMEOUT)
         if self.config.delay_seconds > 0:
-            self._stats.add("injected_delay_seconds", now - held.started)
+            self._stats.injected_delay_seconds += now - held.started
         return self._inject(held.spec)
 
     def _inject(self, spec: LoadSpec) -> KVConnectorOutput:
         plan = plan_faults(self.config, spec, self.layout.state_group_ids)
         if plan.request_reason is not None:
-            self._stats.add(f"injected_failures:{plan.request_reason}")
+            bump(self._stats.injected_failures, plan.request_reason)
             return self._break_request(spec, plan.request_reason)
         output = KVConnectorOutput(invalid_block_ids=dict(plan.blocks))
         self._write_garbage(spec, list(plan.blocks), list(plan.states))
         for reason in plan.states.values():
             output.invalid_state.setdefault(spec.request_id, reason)
         for reason in (*plan.blocks.values(), *plan.states.values()):
-            self._stats.add(f"injected_failures:{reason}")
+            bump(self._stats.injected_failures, reason)
         return output
 
     def _break_request(self, spec: LoadSpec, reason: str) -> KVConnectorOutput:
@@ -206,11 +223,9 @@ class FaultInjectionWorker(BaseConnectorWorker):
         elif waiting and timeout > 0:
             self._sleeper.wait(timeout)
 
-    def take_stats(self) -> ConnectorStats:
-        stats, self._stats = self._stats, ConnectorStats()
-        for name, value in self.inner.take_stats().counters.items():
-            stats.add(name, value)
-        return stats
+    def take_stats(self) -> FaultStats:
+        stats, self._stats = self._stats, FaultStats()
+        return _wrap(self.inner.take_stats(), stats)
 
     def shutdown(self) -> None:
         self.inner.shutdown()

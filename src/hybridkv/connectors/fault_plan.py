@@ -11,15 +11,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridkv.connectors.config import ConnectorOptions, KVTransferConfig, OptionsContext
+from hybridkv.connectors.config import (
+    ConnectorOptions,
+    KVTransferConfig,
+    OptionsContext,
+    parse_number,
+)
 from hybridkv.connectors.registry import parse_kv_transfer_config
-from hybridkv.step_io import LoadSpec
+from hybridkv.step_io import FailureReason, LoadSpec
 
-INJECTED = "injected"
-CORRUPT = "corrupt"
-TIMEOUT = "timeout"
+INJECTED = FailureReason.INJECTED
+CORRUPT = FailureReason.CORRUPT
+TIMEOUT = FailureReason.TIMEOUT
 _RATES = ("block_failure_rate", "request_failure_rate", "corrupt_rate")
 _KEYS = {"inner", *_RATES, "delay_seconds", "load_timeout_seconds", "seed"}
+MAX_SECONDS = 3600.0  # delays and timeouts: finite and below an hour
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +51,11 @@ class FaultConfig(ConnectorOptions):
             raise ValueError(f"FaultInjection: 'inner': {exc}") from None
         values: dict[str, Any] = {}
         for name in _RATES:
-            values[name] = _number(extra, name, 0.0, low=0.0, high=1.0)
-        values["delay_seconds"] = _number(extra, "delay_seconds", 0.0, low=0.0)
-        values["load_timeout_seconds"] = _number(extra, "load_timeout_seconds", 30.0, low=0.0)
-        if values["load_timeout_seconds"] <= 0:
-            raise ValueError("FaultInjection: 'load_timeout_seconds' must be > 0")
+            values[name] = _number(extra, name, 0.0, high=1.0)
+        values["delay_seconds"] = _number(extra, "delay_seconds", 0.0, high=MAX_SECONDS)
+        values["load_timeout_seconds"] = _number(
+            extra, "load_timeout_seconds", 30.0, high=MAX_SECONDS, low_open=True
+        )
         seed = extra.get("seed", 0)
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise ValueError(f"FaultInjection: 'seed'={seed!r} must be an integer")
@@ -57,15 +63,10 @@ class FaultConfig(ConnectorOptions):
 
 
 def _number(
-    extra: Mapping[str, Any], name: str, default: float, low: float, high: float | None = None
+    extra: Mapping[str, Any], name: str, default: float, high: float, low_open: bool = False
 ) -> float:
-    value = extra.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"FaultInjection: {name!r}={value!r} must be a number")
-    if value < low or (high is not None and value > high):
-        bounds = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"FaultInjection: {name!r}={value!r} must be in {bounds}")
-    return float(value)
+    where = f"FaultInjection: {name!r}"
+    return parse_number(extra.get(name, default), where, 0.0, high, low_open=low_open)
 
 
 def fault_draw(seed: int, request_id: str, *where: object) -> float:
@@ -79,9 +80,9 @@ class FaultPlan:
     """What to break in one load: the whole request, or some blocks (id -> reason) and states
     (state group id -> reason)."""
 
-    request_reason: str | None = None
-    blocks: dict[int, str] = field(default_factory=dict)
-    states: dict[int, str] = field(default_factory=dict)
+    request_reason: FailureReason | None = None
+    blocks: dict[int, FailureReason] = field(default_factory=dict)
+    states: dict[int, FailureReason] = field(default_factory=dict)
 
 
 def plan_faults(config: FaultConfig, spec: LoadSpec, state_group_ids: tuple[int, ...]) -> FaultPlan:
@@ -101,7 +102,7 @@ def plan_faults(config: FaultConfig, spec: LoadSpec, state_group_ids: tuple[int,
     return plan
 
 
-def _part_reason(config: FaultConfig, rid: str, *where: object) -> str | None:
+def _part_reason(config: FaultConfig, rid: str, *where: object) -> FailureReason | None:
     if fault_draw(config.seed, rid, "fail", *where) < config.block_failure_rate:
         return INJECTED
     if fault_draw(config.seed, rid, "corrupt", *where) < config.corrupt_rate:

@@ -18,15 +18,14 @@ when every group has what a resume at T needs (architecture principle 5)::
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hybridkv.choice import parse_choice
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
-    ConnectorStats,
     KVConnectorPair,
     KVConnectorRequest,
     RequestBlocks,
@@ -36,7 +35,7 @@ from hybridkv.connectors.config import (
     KVTransferConfig,
     LoadMode,
     OptionsContext,
-    parse_choice,
+    parse_number,
 )
 from hybridkv.connectors.file_store import (
     FileLoadKeys,
@@ -46,6 +45,7 @@ from hybridkv.connectors.file_store import (
     state_key,
 )
 from hybridkv.connectors.registry import ConnectorContext
+from hybridkv.connectors.stats import ConnectorStats, counter
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, SpecKind
 from hybridkv.step_io import ConnectorMetadata, LoadSpec
 
@@ -77,17 +77,29 @@ class FileConnectorConfig(ConnectorOptions):
         save = extra.get("save", True)
         if not isinstance(save, bool):
             raise ValueError(f"FileConnector: 'save'={save!r} must be true or false")
-        timeout = extra.get("load_timeout_seconds", 30.0)
-        if not _is_real(timeout) or not 0 < timeout <= MAX_LOAD_TIMEOUT_SECONDS:
-            raise ValueError(
-                f"FileConnector: 'load_timeout_seconds'={timeout!r} must be a number in "
-                f"(0, {MAX_LOAD_TIMEOUT_SECONDS:g}]"
-            )
-        return cls(str(os.fspath(path)), load_mode, save, float(timeout))
+        timeout = parse_number(
+            extra.get("load_timeout_seconds", 30.0),
+            "FileConnector: 'load_timeout_seconds'",
+            0.0,
+            MAX_LOAD_TIMEOUT_SECONDS,
+            low_open=True,
+        )
+        return cls(str(os.fspath(path)), load_mode, save, timeout)
 
 
-def _is_real(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+@dataclass(slots=True)
+class FileStats(ConnectorStats):
+    """``FileConnector``'s own counters (both halves)."""
+
+    load_requests: int = counter("load_requests")
+    load_tokens: int = counter("load_tokens")
+    load_blocks: int = counter("load_blocks")
+    load_states: int = counter("load_states")
+    files_removed: int = counter("files_removed")  # bad files deleted on load
+    store_blocks: int = counter("store_blocks")
+    store_states: int = counter("store_states")
+    store_failures: int = counter("store_failures")
+    late_loads_dropped: int = counter("late_loads_dropped")  # read after their timeout
 
 
 class FileConnectorScheduler(BaseConnectorScheduler):
@@ -101,7 +113,7 @@ class FileConnectorScheduler(BaseConnectorScheduler):
         self.load_enabled = load
         self.block_size = layout.block_size
         self._loads: list[LoadSpec] = []
-        self._stats = ConnectorStats()
+        self._stats = FileStats()
 
     # -- lookup ------------------------------------------------------------------------------
 
@@ -181,8 +193,8 @@ class FileConnectorScheduler(BaseConnectorScheduler):
                 keys=FileLoadKeys(tuple(keys), state_keys),
             )
         )
-        self._stats.add("load_requests")
-        self._stats.add("load_tokens", num_external_tokens)
+        self._stats.load_requests += 1
+        self._stats.load_tokens += num_external_tokens
 
     # -- saves -------------------------------------------------------------------------------
 
@@ -233,8 +245,8 @@ class FileConnectorScheduler(BaseConnectorScheduler):
     ) -> dict[str, int]:
         return {"disk": num_external_tokens} if num_external_tokens else {}
 
-    def take_stats(self) -> ConnectorStats:
-        stats, self._stats = self._stats, ConnectorStats()
+    def take_stats(self) -> FileStats:
+        stats, self._stats = self._stats, FileStats()
         return stats
 
 

@@ -37,24 +37,26 @@ from dataclasses import dataclass
 
 import xxhash
 
+from hybridkv.step_io import FailureReason
+
 MAGIC = b"HKVF"
 FORMAT_VERSION = 1  # SHA-256 checksum
 FORMAT_VERSION_XXH3 = 2  # xxh3-128 checksum
 CHECKSUM_VERSIONS = {"sha256": FORMAT_VERSION, "xxh3": FORMAT_VERSION_XXH3}
 _HEAD = struct.Struct("<4sHHHQQQ32s")
 
-# Load failure reasons (also the suffix of the ``load_failures:<reason>`` counters).
-MISSING = "missing"  # no such file
-TRUNCATED = "truncated"  # shorter than its header says
-CORRUPT = "corrupt"  # bad magic, checksum mismatch, trailing bytes, undecodable header
-MISMATCH = "mismatch"  # a valid file of another version, fingerprint, key, span or size
-IO_ERROR = "io_error"  # the file could not be read
+# Load failure reasons (``FailureReason`` members; stats count them by reason).
+MISSING = FailureReason.MISSING  # no such file
+TRUNCATED = FailureReason.TRUNCATED
+CORRUPT = FailureReason.CORRUPT
+MISMATCH = FailureReason.MISMATCH
+IO_ERROR = FailureReason.IO_ERROR
 
 
 class PartError(Exception):
     """A stored part that cannot be used; ``reason`` is one of the constants above."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: FailureReason, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
 

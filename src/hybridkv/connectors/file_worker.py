@@ -26,18 +26,19 @@ import torch
 
 from hybridkv.connectors.base import (
     BaseConnectorWorker,
-    ConnectorStats,
     LoadResult,
-    StatsCounter,
     output_from_results,
 )
+from hybridkv.connectors.config import TierName
+from hybridkv.connectors.file_connector import FileStats
 from hybridkv.connectors.file_format import IO_ERROR, MISSING, PartError, read_part, write_part
 from hybridkv.connectors.file_store import FileLoadKeys, FileSave, FileStore
+from hybridkv.connectors.stats import Direction, StatsCounter, bump
 from hybridkv.kv.spec import KVCacheLayout
-from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
+from hybridkv.step_io import ConnectorMetadata, FailureReason, KVConnectorOutput, LoadSpec
 
 _Part = tuple[str, tuple[int, int], Any]  # (key, token span, CPU uint8 tensor snapshot)
-TIMEOUT = "timeout"
+TIMEOUT = FailureReason.TIMEOUT
 
 
 @dataclass(slots=True)
@@ -73,7 +74,7 @@ class FileConnectorWorker(BaseConnectorWorker):
         self._saving: set[str] = set()  # keys being written
         self._num_saves = 0  # save jobs in flight
         self._results: list[LoadResult] = []  # finished, not yet reported
-        self._stats = StatsCounter()
+        self._stats = StatsCounter(FileStats)
         self._loader = ThreadPoolExecutor(num_load_threads, thread_name_prefix="file-load")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="file-save")
 
@@ -105,13 +106,16 @@ class FileConnectorWorker(BaseConnectorWorker):
             read = self._read_load(spec, result)
             with self._cond:
                 if self._flights.get(spec.request_id) is not flight:
-                    self._stats.add("late_loads_dropped")
+                    with self._stats.update() as s:
+                        s.late_loads_dropped += 1
                     return  # timed out: its blocks are no longer its own
                 self._write_load(read)
         except Exception as exc:  # a device or programming error: fail the whole request
             result.request_reason = f"error: {type(exc).__name__}"
-            self._stats.add("load_failures:error")
-        self._stats.add("offload_seconds.disk.load", time.perf_counter() - began)
+            with self._stats.update() as s:
+                bump(s.load_failures, FailureReason.ERROR)
+        with self._stats.update() as s:
+            bump(s.offload_seconds, (TierName.DISK, Direction.LOAD), time.perf_counter() - began)
         with self._cond:
             if self._flights.get(spec.request_id) is flight:
                 del self._flights[spec.request_id]
@@ -127,7 +131,8 @@ class FileConnectorWorker(BaseConnectorWorker):
             self._results.append(
                 LoadResult(flight.spec.request_id, flight.spec.is_async, request_reason=TIMEOUT)
             )
-            self._stats.add(f"load_failures:{TIMEOUT}")
+            with self._stats.update() as s:
+                bump(s.load_failures, TIMEOUT)
         return bool(late)
 
     def _read_load(self, spec: LoadSpec, result: LoadResult) -> _ReadLoad:
@@ -160,24 +165,29 @@ class FileConnectorWorker(BaseConnectorWorker):
             shape = (len(read.block_ids), self.layout.group_size, self.layout.layer_page_bytes)
             data = data.view(shape)
             self.cache.write_blocks(read.block_ids, data)
-        self._stats.add("load_blocks", len(read.block_ids))
-        self._stats.add("offload_bytes.disk.load", len(read.block_bytes))
+        nbytes = len(read.block_bytes)
         for gid, slot, payload in read.states:
             data = torch.frombuffer(payload, dtype=torch.uint8)  # [slot_bytes]
             self.cache.write_state(gid, slot, data)
-            self._stats.add("load_states")
-            self._stats.add("offload_bytes.disk.load", len(payload))
+            nbytes += len(payload)
+        with self._stats.update() as s:
+            s.load_blocks += len(read.block_ids)
+            s.load_states += len(read.states)
+            bump(s.offload_bytes, (TierName.DISK, Direction.LOAD), nbytes)
 
     def _read(self, key: str, span: tuple[int, int], payload_len: int) -> memoryview | str:
         """The verified payload of ``key``, or the failure reason (a bad file is removed)."""
         try:
             return read_part(self.store.path(key), self.store.fingerprint, key, span, payload_len)
         except PartError as err:
+            removed = False
             if err.reason in (MISSING, IO_ERROR):  # nothing to remove, or not ours to judge
                 self.store.forget(key)
-            elif self.store.remove(key):
-                self._stats.add("files_removed")
-            self._stats.add(f"load_failures:{err.reason}")
+            else:
+                removed = self.store.remove(key)
+            with self._stats.update() as s:
+                s.files_removed += int(removed)
+                bump(s.load_failures, err.reason)
             return err.reason
 
     def get_finished(self, finished_request_ids: list[str]) -> KVConnectorOutput:
@@ -272,12 +282,19 @@ class FileConnectorWorker(BaseConnectorWorker):
             payload = memoryview(data.contiguous().numpy())
             size = write_part(self.store.path(key), self.store.fingerprint, key, span, payload)
         except Exception:
-            self._stats.add("store_failures")
+            with self._stats.update() as s:
+                s.store_failures += 1
         else:
             self.store.mark_present(key)
-            self._stats.add("offload_seconds.disk.store", time.perf_counter() - began)
-            self._stats.add(kind)
-            self._stats.add("offload_bytes.disk.store", size)
+            with self._stats.update() as s:
+                bump(
+                    s.offload_seconds, (TierName.DISK, Direction.STORE), time.perf_counter() - began
+                )
+                if kind == "store_blocks":
+                    s.store_blocks += 1
+                else:
+                    s.store_states += 1
+                bump(s.offload_bytes, (TierName.DISK, Direction.STORE), size)
         finally:
             with self._cond:
                 self._saving.discard(key)
@@ -289,7 +306,7 @@ class FileConnectorWorker(BaseConnectorWorker):
 
     # -- misc --------------------------------------------------------------------------------
 
-    def take_stats(self) -> ConnectorStats:
+    def take_stats(self) -> FileStats:
         return self._stats.take()
 
     def shutdown(self) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hybridkv.choice import parse_choice
 from hybridkv.connectors.base import KVConnectorPair
 from hybridkv.connectors.config import (
     KEYS,
@@ -28,7 +29,6 @@ from hybridkv.connectors.config import (
     KVTransferConfig,
     LoadFailurePolicy,
     OptionsContext,
-    parse_choice,
 )
 from hybridkv.kv.spec import KVCacheLayout
 
@@ -54,6 +54,10 @@ _REGISTRY: dict[str, ConnectorEntry] = {
         "hybridkv.connectors.offloading.config:OffloadingConfig",
         "hybridkv.connectors.offloading.connector:create_offloading_connector",
     ),
+    "NixlConnector": ConnectorEntry(
+        "hybridkv.connectors.nixl.options:NixlOptions",
+        "hybridkv.connectors.nixl.connector:create_nixl_connector",
+    ),
 }
 
 
@@ -65,6 +69,8 @@ class ConnectorContext:
     fingerprint: str  # layout + model identity; salts every key that leaves the process
     num_blocks: int
     num_state_slots: int
+    model_id: str = ""  # architecture, weights identity and dtype (handshake compatibility)
+    max_model_len: int = 0  # 0: not known
 
 
 Factory = Callable[[KVTransferConfig, ConnectorContext], KVConnectorPair]

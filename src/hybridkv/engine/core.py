@@ -3,7 +3,7 @@
 out = scheduler.schedule()          # plain data: tokens, block tables, state slots/copies
 result = runner.execute(out)        # forward pass + sampling
 updated = scheduler.update_from_output(out, result)
--> detokenize, stop strings, RequestOutputs
+-> detokenize the new tokens (engine/detokenizer.py: stop strings too), RequestOutputs
 """
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from hybridkv.config import EngineConfig
 from hybridkv.connectors.base import KVConnectorPair
 from hybridkv.connectors.registry import ConnectorContext, create_connector
+from hybridkv.connectors.stats import ConnectorStats
 from hybridkv.engine.cache_access import DeviceCacheAccess
+from hybridkv.engine.detokenizer import IncrementalDetokenizer
 from hybridkv.engine.output import RequestOutput, TextState, make_output
 from hybridkv.engine.step import run_step
+from hybridkv.engine_stats import EngineStats, GroupCacheStats, TransferStats
 from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHasher, get_hash_fn
 from hybridkv.kv.spec import KVCacheLayout, create_layout
@@ -104,7 +107,7 @@ class EngineCore:
             policy = config.kv_transfer_config.kv_load_failure_policy
             transfer = KVTransfer(self.connector.scheduler, policy, self.kv)
         self.scheduler = Scheduler(config.scheduler, self.max_model_len, self.kv, transfer)
-        self.connector_counters: dict[str, float] = {}
+        self._connector_totals: ConnectorStats | None = None  # since start
         self._hash_fn = get_hash_fn(config.cache.prefix_caching_hash_algo)
         self._texts: dict[str, TextState] = {}
         self._live: dict[str, Request] = {}
@@ -114,13 +117,14 @@ class EngineCore:
         transfer_config = self.config.kv_transfer_config
         if transfer_config is None:
             return None
+        model_id = f"{self.model_config.architecture}:{self._weights_id()}:{self.dtype}"
         context = ConnectorContext(
             layout=self.layout,
-            fingerprint=self.layout.fingerprint(
-                f"{self.model_config.architecture}:{self._weights_id()}:{self.dtype}"
-            ),
+            fingerprint=self.layout.fingerprint(model_id),
             num_blocks=self.sizing.num_blocks,
             num_state_slots=self.sizing.num_state_slots,
+            model_id=model_id,
+            max_model_len=self.max_model_len,
         )
         pair = create_connector(transfer_config, context)
         cache = self.runner.cache
@@ -140,13 +144,45 @@ class EngineCore:
         return f"{weights_identity(self.model_dir, cache_dir())}:matmul={compute}"
 
     def _collect_connector_stats(self) -> None:
-        """Running totals of the connector's counters (``offload_bytes.<tier>.<direction>``,
-        ``offload_seconds.<tier>.<direction>``, ``load_failures.<reason>``...) for metrics."""
+        """Add what both connector halves counted this step to the running totals."""
         if self.connector is None:
             return
         for half in (self.connector.scheduler, self.connector.worker):
-            for name, value in half.take_stats().counters.items():
-                self.connector_counters[name] = self.connector_counters.get(name, 0.0) + value
+            taken = half.take_stats()
+            if self._connector_totals is None:
+                self._connector_totals = taken
+            else:
+                self._connector_totals.merge(taken)
+
+    def stats(self) -> EngineStats:
+        """One snapshot of the engine's state and counters (call on the engine thread)."""
+        sched = self.scheduler.stats()
+        cache = self.kv.stats
+        groups = tuple(
+            GroupCacheStats(g.group_id, g.kind.value, cache.queried_tokens, hits)
+            for g, hits in zip(self.layout.groups, cache.group_hit_tokens, strict=False)
+        )
+        return EngineStats(
+            num_running=sched.num_running,
+            num_waiting=sched.num_waiting,
+            num_waiting_for_remote_kv=sched.num_waiting_for_remote_kv,
+            kv_usage=float(sched.kv_usage),
+            num_preemptions=sched.num_preemptions,
+            prefix_cache_queries=cache.num_queries,
+            prefix_cache_queried_tokens=cache.queried_tokens,
+            prefix_cache_hit_tokens=cache.hit_tokens,
+            groups=groups,
+            transfer=self._transfer_stats(),
+        )
+
+    def _transfer_stats(self) -> TransferStats:
+        transfer = self.scheduler.transfer
+        if transfer is None:
+            return TransferStats()
+        t = transfer.stats
+        totals = self._connector_totals.copy() if self._connector_totals is not None else None
+        return TransferStats(dict(t.load_failures), t.recomputed_tokens, t.failed_requests,
+                             t.external_tokens, totals)  # fmt: skip
 
     def shutdown(self) -> None:
         if self.connector is not None:
@@ -183,7 +219,9 @@ class EngineCore:
         hasher = BlockHasher(self.layout.block_size, self._hash_fn, cache_salt)
         req = Request(request_id, prompt_token_ids, params, hasher, self.model_config.eos_token_ids)
         self.scheduler.add_request(req)
-        self._texts[request_id] = TextState(prompt)
+        self._texts[request_id] = TextState(
+            prompt, IncrementalDetokenizer(self.tokenizer, params.stop)
+        )
         self._live[request_id] = req
         return req
 
@@ -216,7 +254,7 @@ class EngineCore:
         return outputs + self._take_aborted()
 
     def _apply_stop_strings(self, req: Request, state: TextState) -> None:
-        stop = state.update(req, self.tokenizer)
+        stop = state.update(req)
         if stop is not None and not req.status.is_finished:
             self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED)
             req.stop_reason = stop

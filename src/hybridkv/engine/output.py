@@ -1,15 +1,11 @@
-"""What a request returns to the user, and the per-request text state (stop strings)."""
+"""What a request returns to the user, and the per-request text state the engine keeps."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
+from hybridkv.engine.detokenizer import IncrementalDetokenizer
 from hybridkv.request import Request, RequestStatus
-
-
-class Detokenizer(Protocol):
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
 @dataclass(slots=True)
@@ -20,6 +16,7 @@ class CompletionOutput:
     finish_reason: str | None
     stop_reason: int | str | None = None
     logprobs: list[float] | None = None
+    stable_text_len: int | None = None  # chars of ``text`` no later output changes (None: all)
 
 
 @dataclass(slots=True)
@@ -37,6 +34,7 @@ class RequestOutput:
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     logits: list[list[float]] | None = None  # per generated token, only if the engine keeps them
+    kv_transfer_params: dict[str, object] | None = None  # the connector's, once finished
 
     @property
     def text(self) -> str:
@@ -57,29 +55,22 @@ class RequestOutput:
 
 @dataclass(slots=True)
 class TextState:
-    """Decoded output text of one request; finds stop strings as tokens arrive."""
+    """One request's output text (its detokenizer, which owns the stop strings), logprobs and
+    logits, beside the scheduler's ``Request``."""
 
     prompt: str | None
-    text: str = ""
+    detok: IncrementalDetokenizer
     logprobs: list[float] = field(default_factory=list)
     logits: list[list[float]] = field(default_factory=list)
 
-    def update(self, req: Request, tokenizer: Detokenizer) -> str | None:
-        """Decode the output so far; return the stop string found, if any (text cut before it)."""
-        self.text = tokenizer.decode(_visible_ids(req))
-        for stop in req.sampling_params.stop:
-            at = self.text.find(stop)
-            if at != -1:
-                self.text = self.text[:at]
-                return stop
-        return None
-
-
-def _visible_ids(req: Request) -> list[int]:
-    ids = req.output_token_ids
-    if req.status is RequestStatus.FINISHED_STOPPED and ids and req.stop_reason == ids[-1]:
-        return ids[:-1]  # the stop/eos token itself is not part of the text
-    return ids
+    def update(self, req: Request) -> str | None:
+        """Feed the output tokens the detokenizer has not seen; return the stop string found,
+        if any (text cut before it)."""
+        start = req.num_prompt_tokens + self.detok.num_tokens
+        ids = req.all_token_ids[start:]  # the new tokens only: O(1) per step
+        if req.status is RequestStatus.FINISHED_STOPPED and ids and req.stop_reason == ids[-1]:
+            ids = ids[:-1]  # the stop/eos token itself is not part of the text
+        return self.detok.update(ids)
 
 
 def make_output(req: Request, state: TextState, keep_logits: bool) -> RequestOutput:
@@ -88,11 +79,12 @@ def make_output(req: Request, state: TextState, keep_logits: bool) -> RequestOut
     params = req.sampling_params
     completion = CompletionOutput(
         index=0,
-        text=state.text,
+        text=state.detok.text,
         token_ids=req.output_token_ids,
         finish_reason=reason,
         stop_reason=req.stop_reason,
         logprobs=list(state.logprobs) if params.logprobs else None,
+        stable_text_len=state.detok.stable_length(finished),
     )
     metrics = {}
     if req.first_token_time is not None:
@@ -108,6 +100,7 @@ def make_output(req: Request, state: TextState, keep_logits: bool) -> RequestOut
         error=req.error,
         metrics=metrics,
         logits=list(state.logits) if keep_logits else None,
+        kv_transfer_params=req.kv_transfer_params if finished else None,
     )
 
 

@@ -266,6 +266,13 @@ class KVCacheCoordinator:
             sm.free(req_id, req.block_hashes)
         del self._extra_due[req_id]
 
+    def release_out_of_window(self, req: KVRequest, num_tokens: int) -> None:
+        """Free the sliding-window blocks a step resuming at ``num_tokens`` never reads (a
+        finished request whose KV is kept for a transfer)."""
+        if req.request_id in self._extra_due:
+            for m in self.attn:
+                m.remove_skipped(req.request_id, num_tokens)
+
     # -- failure recovery ----------------------------------------------------------------
 
     def evict_blocks(self, block_ids: set[int]) -> None:

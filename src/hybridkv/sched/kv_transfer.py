@@ -9,23 +9,28 @@ A synchronous load is written before this step's forward pass; an asynchronous o
 request in ``holding`` (WAITING_FOR_REMOTE_KVS) with its blocks allocated and unhashed until
 the worker reports it in ``finished_recving``; only then are its blocks cached (after the
 failure report of the same output has been applied).
+
+``KVTransfer`` keeps only the connector's side of requests (loads in flight, failures waiting
+for their load to finish, delayed frees); it never touches the scheduler's queues or frees
+blocks itself: ``release`` says whether the scheduler frees them now, and ``Recovery`` turns
+finished transfers into a plan the scheduler applies.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from hybridkv.connectors.base import BaseConnectorScheduler, RequestBlocks
 from hybridkv.connectors.config import LoadFailurePolicy
 from hybridkv.kv.coordinator import KVCacheCoordinator
+from hybridkv.kv.state_manager import StateCopy
 from hybridkv.request import Request, RequestStatus
-from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
+from hybridkv.step_io import ConnectorMetadata, FailureReason, KVConnectorOutput
 
 
 @dataclass(slots=True)
 class TransferStats:
-    load_failures: dict[str, int] = field(default_factory=dict)  # by reason
+    load_failures: dict[FailureReason, int] = field(default_factory=dict)  # by reason
     recomputed_tokens: int = 0
     failed_requests: int = 0
     external_tokens: int = 0  # tokens admitted as external hits
@@ -48,7 +53,6 @@ class KVTransfer:
         self.policy = policy
         self.kv = kv
         self.holding: dict[str, Request] = {}
-        self.ready: deque[Request] = deque()
         self.failed: dict[str, Failure] = {}  # async loads that failed, awaiting completion
         self.aborted: dict[str, Request] = {}  # aborted while loading: free on completion
         self.delayed_free: dict[str, Request] = {}
@@ -80,7 +84,7 @@ class KVTransfer:
         if num_external <= limit:
             return num_external
         if self.kv.state:
-            self._count("rejected_past_last_token")
+            self._count(FailureReason.REJECTED_PAST_LAST_TOKEN)
             return 0
         return limit
 
@@ -97,8 +101,20 @@ class KVTransfer:
             req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
             self.holding[req.request_id] = req
 
-    def build_meta(self, scheduled: list[tuple[Request, int, int]]) -> ConnectorMetadata:
-        items = [(req, start, end, self.blocks_of(req)) for req, start, end in scheduled]
+    def build_meta(
+        self, scheduled: list[tuple[Request, int, int]], restores: list[StateCopy]
+    ) -> ConnectorMetadata:
+        """The connector's metadata for this step; ``restores`` (this step's checkpoint
+        restores) tell it which checkpoint a request's live state starts from."""
+        source = {(c.group_id, c.dst_slot): c.src_slot for c in restores}
+        items = []
+        for req, start, end in scheduled:
+            blocks = self.blocks_of(req)
+            keys = list(zip(self.kv.layout.state_group_ids, blocks.state_slots, strict=True))
+            if keys and all(k in source for k in keys):
+                restored = tuple(source[k] for k in keys)
+                blocks = RequestBlocks(blocks.block_ids, blocks.state_slots, restored)
+            items.append((req, start, end, blocks))
         return self.connector.build_connector_meta(items)  # type: ignore[arg-type]
 
     # -- after the step ------------------------------------------------------------------
@@ -144,6 +160,23 @@ class KVTransfer:
         bad = failure.first_bad_token if failure.first_bad_token is not None else start
         return min(bad, computed)
 
+    def is_loading(self, request_id: str) -> bool:
+        return request_id in self.holding
+
+    def num_loading(self) -> int:
+        return len(self.holding)
+
+    def loading(self) -> list[Request]:
+        """Requests waiting for their async load (WAITING_FOR_REMOTE_KVS), oldest first."""
+        return list(self.holding.values())
+
+    def defer_failure(self, request_id: str, failure: Failure) -> None:
+        """A failure of a load still in flight: acted on once the load reports finished."""
+        self.failed[request_id] = _earliest(self.failed.get(request_id), failure)
+
+    def take_deferred_failure(self, request_id: str) -> Failure | None:
+        return self.failed.pop(request_id, None)
+
     def take_finished_loads(self, out: KVConnectorOutput) -> list[Request]:
         """Requests whose async load completed (successfully or not) this step."""
         done = []
@@ -158,23 +191,26 @@ class KVTransfer:
             self.delayed_free.pop(rid) for rid in out.finished_sending if rid in self.delayed_free
         ]
 
-    def release(self, req: Request) -> None:
-        """A request finished: tell the connector (exactly once), then free its blocks now,
-        when its in-flight load completes, or when the connector reports the send done."""
+    def release(self, req: Request) -> bool:
+        """A request finished: tell the connector (exactly once). True: the scheduler frees its
+        blocks now; else they are freed when its in-flight load completes, or when the
+        connector reports the send done (``Recovery`` plans a ``FREE`` then)."""
         rid = req.request_id
         if not self.kv.has_request(rid):
             self.forget(rid)
-            return
+            return False
         delay, params = self.connector.request_finished(req, self.blocks_of(req))
         req.kv_transfer_params = params
         if rid in self.holding:
             self.aborted[rid] = self.holding.pop(rid)
-            return
+            return False
         if delay:
             self.delayed_free[rid] = req
-        else:
-            self.kv.free(req)
+            kept = self.connector.get_kept_tokens(req)
+            if kept is not None:
+                self.kv.release_out_of_window(req, kept)
         self.forget(rid)
+        return not delay
 
     def forget(self, request_id: str) -> None:
         self.load_start.pop(request_id, None)
@@ -182,7 +218,16 @@ class KVTransfer:
         self.failed.pop(request_id, None)
 
     def has_pending(self) -> bool:
-        return bool(self.holding or self.aborted or self.delayed_free or self.ready)
+        return bool(self.holding or self.aborted or self.delayed_free)
 
-    def _count(self, reason: str) -> None:
-        self.stats.load_failures[reason] = self.stats.load_failures.get(reason, 0) + 1
+    def _count(self, reason: str | FailureReason) -> None:
+        key = FailureReason.of(reason)
+        self.stats.load_failures[key] = self.stats.load_failures.get(key, 0) + 1
+
+
+def _earliest(old: Failure | None, new: Failure) -> Failure:
+    if old is None:
+        return new
+    if old.first_bad_token is None or new.first_bad_token is None:
+        return Failure(old.reason, None)
+    return old if old.first_bad_token <= new.first_bad_token else new

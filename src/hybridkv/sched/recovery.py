@@ -1,102 +1,111 @@
 """Recovery from failed, late or corrupted KV loads: never a wrong token.
 
-Applied at the start of ``update_from_output``, before any request's step output is used:
+``Recovery.apply`` reads the worker's report at the start of ``update_from_output`` and returns
+a ``RecoveryPlan``: the step outputs to discard and, in order, what the scheduler must do to
+which request (it owns the queues and applies the plan):
 
 - a request whose trusted KV touches a failure (its own load, or an invalid block it holds as
   computed) has this step's output discarded;
-- policy ``fail``: it finishes with reason ``error`` and a message saying why;
+- policy ``fail``: it finishes with reason ``error`` and a message saying why (``FAIL``);
 - policy ``recompute``: a full-attention-only request resumes in place at its first bad token
-  (any prefix is a valid resume point there); a hybrid restarts from a fresh local lookup, which
-  lands on the last restore boundary still intact in every group (or 0); it never loads
-  externally again;
+  (``RESUME``: any prefix is a valid resume point there); a hybrid restarts from a fresh local
+  lookup (``RESTART``), which lands on the last restore boundary still intact in every group
+  (or 0); it never loads externally again;
 - an asynchronous load is only acted on once the worker reports it finished (its background
-  writes may still be landing until then).
+  writes may still be landing until then): then ``READY`` (admit it first; ``cache``: its
+  verified blocks become hits), or a failure as above; one aborted meanwhile is ``FREE``-d, as
+  is a request whose delayed send completed.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
 
 from hybridkv.connectors.config import LoadFailurePolicy
-from hybridkv.request import Request, RequestStatus
+from hybridkv.request import Request
 from hybridkv.sched.kv_transfer import Failure, KVTransfer
 from hybridkv.step_io import KVConnectorOutput
 
-if TYPE_CHECKING:
-    from hybridkv.sched.scheduler import Scheduler
+
+class Action(Enum):
+    FAIL = "fail"  # finish with FINISHED_ERROR and ``message``
+    RESTART = "restart"  # drop its KV; wait (first in line) for a fresh local lookup
+    RESUME = "resume"  # keep its KV below ``token``; compute again from there
+    FREE = "free"  # free its blocks (it finished while a transfer ran)
+    READY = "ready"  # its load completed: admit before new requests (``cache``: publish it)
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    action: Action
+    request: Request
+    token: int = 0
+    message: str = ""
+    cache: bool = False
+
+
+@dataclass(slots=True)
+class RecoveryPlan:
+    discarded: set[str] = field(default_factory=set)  # request ids whose step output is void
+    moves: list[Move] = field(default_factory=list)  # applied in order
 
 
 class Recovery:
-    def __init__(self, scheduler: Scheduler, transfer: KVTransfer) -> None:
-        self.sched = scheduler
+    def __init__(self, transfer: KVTransfer) -> None:
         self.transfer = transfer
 
-    def apply(self, out: KVConnectorOutput | None) -> set[str]:
-        """Digest the worker's report; returns the ids whose step output must be discarded."""
+    def apply(
+        self, out: KVConnectorOutput | None, live: Mapping[str, Request], candidates: list[Request]
+    ) -> RecoveryPlan:
+        """Digest the worker's report. ``live``: unfinished requests by id; ``candidates``:
+        those holding KV the report may invalidate (running, loading, loaded)."""
+        plan = RecoveryPlan()
         if out is None:
-            return set()
+            return plan
         t = self.transfer
         t.connector.update_connector_output(out)
-        candidates = self.sched.running + list(t.holding.values()) + list(t.ready)
-        discarded: set[str] = set()
         for rid, failure in t.find_failures(out, candidates).items():
-            req = self.sched.requests.get(rid)
+            req = live.get(rid)
             if req is None:
                 continue
-            if rid in t.holding:
-                t.failed[rid] = _earliest(t.failed.get(rid), failure)
+            if t.is_loading(rid):
+                t.defer_failure(rid, failure)
                 continue
-            discarded.add(rid)
-            self.recover(req, failure)
+            plan.discarded.add(rid)
+            plan.moves.append(self.recover(req, failure))
         for req in t.take_finished_loads(out):
-            self._load_done(req)
-        for req in t.take_finished_sends(out):
-            self.sched.kv.free(req)
-        return discarded
+            plan.moves += self._load_done(req)
+        plan.moves += [Move(Action.FREE, req) for req in t.take_finished_sends(out)]
+        return plan
 
-    def recover(self, req: Request, failure: Failure) -> None:
+    def recover(self, req: Request, failure: Failure) -> Move:
         t = self.transfer
         t.stats.failed_requests += 1
         if t.policy is LoadFailurePolicy.FAIL:
-            req.error = (
+            message = (
                 f"loading KV from the connector failed ({failure.reason}); "
                 "kv_load_failure_policy is 'fail'"
             )
-            self.sched.finish_request(req.request_id, RequestStatus.FINISHED_ERROR)
-            return
+            return Move(Action.FAIL, req, message=message)
         for source in [s for s in req.cached_tokens if s != "local"]:
             del req.cached_tokens[source]  # those tokens were not served after all
         t.no_external.add(req.request_id)
         resume = t.resume_point(req, failure, req.num_computed_tokens)
         t.stats.recomputed_tokens += req.num_computed_tokens - (resume or 0)
-        if resume is not None:
-            req.num_computed_tokens = resume
-            self.sched.kv.rollback(req, resume)
-        else:
-            self.sched.restart(req)
+        if resume is None:
+            return Move(Action.RESTART, req)
+        return Move(Action.RESUME, req, token=resume)
 
-    def _load_done(self, req: Request) -> None:
-        """An async load completed: cache what it verified, or recover; then admit first."""
+    def _load_done(self, req: Request) -> list[Move]:
+        """An async load completed: publish what it verified, or recover; then admit first."""
         t = self.transfer
-        rid = req.request_id
         if req.status.is_finished:  # aborted while its bytes were landing
-            self.sched.kv.free(req)
-            t.forget(rid)
-            return
-        req.status = RequestStatus.WAITING
-        failure = t.failed.pop(rid, None)
-        if failure is not None:
-            self.recover(req, failure)
-            if req.status.is_finished or not self.sched.kv.has_request(rid):
-                return
-        else:
-            self.sched.kv.cache(req, req.num_computed_tokens)
-        t.ready.append(req)
-
-
-def _earliest(old: Failure | None, new: Failure) -> Failure:
-    if old is None:
-        return new
-    if old.first_bad_token is None or new.first_bad_token is None:
-        return Failure(old.reason, None)
-    return old if old.first_bad_token <= new.first_bad_token else new
+            t.forget(req.request_id)
+            return [Move(Action.FREE, req)]
+        failure = t.take_deferred_failure(req.request_id)
+        if failure is None:
+            return [Move(Action.READY, req, cache=True)]
+        move = self.recover(req, failure)
+        return [move, Move(Action.READY, req)] if move.action is Action.RESUME else [move]

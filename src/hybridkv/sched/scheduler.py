@@ -18,7 +18,7 @@ from hybridkv.config import SchedulerConfig
 from hybridkv.kv.coordinator import CacheHit, KVCacheCoordinator
 from hybridkv.request import Request, RequestStatus
 from hybridkv.sched.kv_transfer import KVTransfer
-from hybridkv.sched.recovery import Recovery
+from hybridkv.sched.recovery import Action, Recovery, RecoveryPlan
 from hybridkv.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput
 
 
@@ -47,6 +47,7 @@ class SchedulerStats:
     num_waiting: int
     num_preemptions: int
     kv_usage: float
+    num_waiting_for_remote_kv: int = 0  # included in num_waiting
 
 
 class Scheduler:
@@ -61,9 +62,10 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.kv = kv
         self.transfer = transfer
-        self.recovery = Recovery(self, transfer) if transfer is not None else None
+        self.recovery = Recovery(transfer) if transfer is not None else None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.ready: deque[Request] = deque()  # external KV landed: admitted before waiting
         self.requests: dict[str, Request] = {}
         self.finished_ids: list[str] = []  # since the last step; the runner drops their state
         self.num_preemptions = 0
@@ -87,15 +89,13 @@ class Scheduler:
         req = self.requests.pop(request_id, None)
         if req is None:
             return
-        for queue in (self.running, self.waiting, self.transfer.ready if self.transfer else []):
+        for queue in (self.running, self.waiting, self.ready):
             if req in queue:
                 queue.remove(req)
         req.status = status
         self.finished_ids.append(request_id)
-        if self.transfer is None:
+        if self.transfer is None or self.transfer.release(req):
             self.kv.free(req)
-        else:
-            self.transfer.release(req)
 
     def _fail(self, req: Request, message: str) -> None:
         req.error = message
@@ -105,8 +105,14 @@ class Scheduler:
         return bool(self.requests) or (self.transfer is not None and self.transfer.has_pending())
 
     def stats(self) -> SchedulerStats:
+        remote = len(self.transfer.holding) if self.transfer else 0
+        loaded = len(self.ready)
         return SchedulerStats(
-            len(self.running), len(self.waiting), self.num_preemptions, self.kv.usage()
+            len(self.running),
+            len(self.waiting) + remote + loaded,
+            self.num_preemptions,
+            self.kv.usage(),
+            remote,
         )
 
     # -- one step ------------------------------------------------------------------------
@@ -120,13 +126,13 @@ class Scheduler:
         out = self._build_output(plan.slices)
         if self.transfer is not None:
             out.kv_connector_metadata = self.transfer.build_meta(
-                [(x.request, x.start, x.end) for x in plan.slices]
+                [(x.request, x.start, x.end) for x in plan.slices], out.state_restores
             )
         return out
 
     def _num_seated(self) -> int:
-        holding = len(self.transfer.holding) + len(self.transfer.ready) if self.transfer else 0
-        return len(self.running) + holding
+        loading = self.transfer.num_loading() if self.transfer else 0
+        return len(self.running) + loading + len(self.ready)
 
     def _step_end(self, req: Request, start: int, budget: int, hit: CacheHit | None = None) -> int:
         """End of the next step: bounded by the tokens, the budget, the next due state
@@ -157,7 +163,7 @@ class Scheduler:
 
     def _schedule_loaded(self, plan: _StepPlan) -> None:
         """Requests whose external KV landed hold blocks: they go before new requests."""
-        ready = self.transfer.ready if self.transfer else None
+        ready = self.ready
         while ready and plan.tokens_left > 0:
             req = ready[0]
             start = req.num_computed_tokens
@@ -212,7 +218,7 @@ class Scheduler:
 
     def restart(self, req: Request) -> None:
         """Drop everything the request computed or loaded; it starts over from a fresh lookup."""
-        for queue in (self.running, self.transfer.ready if self.transfer else []):
+        for queue in (self.running, self.ready):
             if req in queue:
                 queue.remove(req)
         self.kv.free(req)
@@ -258,7 +264,7 @@ class Scheduler:
         """Advance computed counts, publish final KV, append sampled tokens, finish stops.
 
         Returns the requests that got a new token (finished ones included)."""
-        discarded = self.recovery.apply(result.kv_connector_output) if self.recovery else set()
+        discarded = self._recover(result)
         updated: list[Request] = []
         for s in out.requests:
             req = self.requests.get(s.request_id)
@@ -280,3 +286,31 @@ class Scheduler:
                 self.finish_request(req.request_id, status)
         self.kv.end_step()
         return updated
+
+    def _recover(self, result: RunnerOutput) -> set[str]:
+        """Apply the recovery plan for the worker's report; the step outputs to discard."""
+        if self.recovery is None or self.transfer is None:
+            return set()
+        candidates = self.running + self.transfer.loading() + list(self.ready)
+        plan = self.recovery.apply(result.kv_connector_output, self.requests, candidates)
+        self._apply(plan)
+        return plan.discarded
+
+    def _apply(self, plan: RecoveryPlan) -> None:
+        for move in plan.moves:
+            req = move.request
+            if move.action is Action.FAIL:
+                req.error = move.message
+                self.finish_request(req.request_id, RequestStatus.FINISHED_ERROR)
+            elif move.action is Action.RESTART:
+                self.restart(req)
+            elif move.action is Action.RESUME:
+                req.num_computed_tokens = move.token
+                self.kv.rollback(req, move.token)
+            elif move.action is Action.FREE:
+                self.kv.free(req)
+            else:  # READY
+                if move.cache:
+                    self.kv.cache(req, req.num_computed_tokens)
+                req.status = RequestStatus.WAITING
+                self.ready.append(req)

@@ -37,7 +37,10 @@ def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
     app.add_api_route("/metrics", _metrics, methods=["GET"])
     limits = state.limits
     app.add_middleware(
-        BodyLimit, max_bytes=limits.max_request_bytes, timeout=limits.body_timeout_seconds
+        BodyLimit,
+        max_bytes=limits.max_request_bytes,
+        timeout=limits.body_timeout_seconds,
+        on_refused=state.metrics.on_refused,
     )
     if api_key:
         app.add_middleware(BearerAuth, api_key=api_key)  # outermost: no body read without a key

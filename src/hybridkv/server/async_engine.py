@@ -8,7 +8,8 @@
     RequestStream.queue <- loop.call_soon_threadsafe - step() outputs, one per request
 
 The thread sleeps on a condition while it has no request and no command (no busy waiting).
-After each step it publishes a stats snapshot for /metrics. If a step raises, the engine is
+After each step it publishes ``engine.stats()`` for /metrics (and logs a line from it every
+``LOG_INTERVAL_SECONDS`` while busy). If a step raises, the engine is
 dead: every open request gets ``EngineDead`` and new ones are refused (503). While
 ``max_queued_requests`` requests wait (in the inbox or the scheduler's waiting queue), new ones
 are refused with ``Overloaded`` (503 + Retry-After); ``stalled_seconds`` says how long the
@@ -26,7 +27,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hybridkv.metrics import ServerMetrics, take_snapshot
+from hybridkv.engine_stats import stats_line
+from hybridkv.metrics import ServerMetrics
 from hybridkv.server.params import PreparedRequest
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from hybridkv.engine.output import RequestOutput
 
 logger = logging.getLogger(__name__)
+LOG_INTERVAL_SECONDS = 10.0
 
 
 class Rejected(Exception):
@@ -114,6 +117,7 @@ class AsyncEngine:
         self._stopping = False
         self._streams: dict[str, RequestStream] = {}  # engine thread only
         self._needs_flush = False  # an abort's output (and runner cleanup) is still due
+        self._last_log = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="hybridkv-engine", daemon=True)
 
     # -- event-loop side -----------------------------------------------------------------
@@ -199,8 +203,12 @@ class AsyncEngine:
             return not self._stopping
 
     def _publish(self) -> None:
-        snapshot = take_snapshot(self.engine)
+        snapshot = self.engine.stats()
         self.metrics.publish(snapshot)
+        now = time.monotonic()
+        if now - self._last_log >= LOG_INTERVAL_SECONDS:  # the periodic log line
+            self._last_log = now
+            logger.info("%s", stats_line(snapshot))
         with self._cond:  # the adds still in the inbox, plus the engine's waiting queue
             num_adds = sum(isinstance(c, _Add) for c in self._inbox)
             self._num_queued = num_adds + snapshot.num_waiting

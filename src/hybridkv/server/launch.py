@@ -11,7 +11,7 @@ from typing import Any
 
 from hybridkv.metrics import ServerMetrics
 from hybridkv.server.async_engine import AsyncEngine
-from hybridkv.server.limits import GuardedH11Protocol, ServerLimits
+from hybridkv.server.limits import ServerLimits
 from hybridkv.server.state import ServerState
 
 EXAMPLE_PROMPT = "The key to a fast inference engine is"
@@ -47,7 +47,8 @@ def build_state(options: ServeOptions) -> ServerState:
         model_name=options.served_model_name or options.model or DEFAULT_NAME,
         max_model_len=engine.max_model_len,
         limits=options.limits,
-        max_prompt_chars=engine.max_model_len * engine.tokenizer.max_token_chars,
+        # x2: headroom for normalizers that shorten text (NFC composing "e" + U+0301)
+        max_prompt_chars=2 * engine.max_model_len * engine.tokenizer.max_token_chars,
     )
 
 
@@ -61,7 +62,6 @@ def run_server(options: ServeOptions) -> int:
     sock = bind_socket(options.host, options.port)  # fail fast, before loading the model
     state = build_state(options)
     app = create_app(state, options.api_key)
-    GuardedH11Protocol.header_timeout = options.limits.header_timeout_seconds
     config = uvicorn.Config(
         app,
         log_level=options.log_level,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,8 +51,14 @@ class ServerLimits:
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number > 0")
 
     def uvicorn_options(self) -> dict[str, Any]:
+        """``uvicorn.Config`` keywords enforcing these limits."""
+        protocol = type(
+            "GuardedH11Protocol",
+            (GuardedH11Protocol,),
+            {"header_timeout": self.header_timeout_seconds},
+        )
         return {
-            "http": GuardedH11Protocol,
+            "http": protocol,
             "timeout_keep_alive": self.keep_alive_seconds,
             "h11_max_incomplete_event_size": self.max_header_bytes,
         }
@@ -66,7 +73,7 @@ class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol, closing a connection whose request headers do not arrive within
     ``header_timeout`` seconds of it opening (or of its previous response)."""
 
-    header_timeout: float = 10.0  # set by run_server from ServerLimits
+    header_timeout: float = 10.0  # ServerLimits.uvicorn_options() subclasses with its own
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -90,10 +97,17 @@ class BodyLimit:
     ``max_bytes`` (a ``Content-Length`` that says so is refused before reading) and with 408
     when it takes longer than ``timeout`` seconds; the app then reads the body from memory."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, timeout: float) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        timeout: float,
+        on_refused: Callable[[str], None] = lambda reason: None,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.timeout = timeout
+        self.on_refused = on_refused  # "too_large" or "body_timeout"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -101,15 +115,18 @@ class BodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length", b"0")
         if declared.isdigit() and int(declared) > self.max_bytes:
+            self.on_refused("too_large")
             await self._too_large().response()(scope, receive, send)
             return
         try:
             body = await asyncio.wait_for(self._read(receive), self.timeout)
         except TimeoutError:
+            self.on_refused("body_timeout")
             late = APIError(408, f"the request body did not arrive within {self.timeout:g} s")
             await late.response()(scope, receive, send)
             return
         except APIError as error:
+            self.on_refused("too_large")
             await error.response()(scope, receive, send)
             return
         if body is None:

@@ -155,6 +155,11 @@ def build_sampling_params(body: _SamplingFields, max_tokens: int, logprobs: bool
             stop_token_ids=tuple(body.stop_token_ids or ()),
             ignore_eos=body.ignore_eos,
             logprobs=logprobs,
+            extra_args=(
+                {"kv_transfer_params": body.kv_transfer_params}
+                if body.kv_transfer_params is not None
+                else None
+            ),
         )
     except ValueError as exc:
         raise bad_request(str(exc), _param_of(str(exc))) from None

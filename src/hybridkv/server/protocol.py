@@ -47,6 +47,7 @@ class _SamplingFields(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None  # cosmetic: accepted and ignored
     cache_salt: str | None = None  # extension (vLLM's): prefix-cache entries only shared per salt
+    kv_transfer_params: dict[str, Any] | None = None  # extension (vLLM's P/D handshake data)
 
     @field_validator("stop", mode="before")
     @classmethod

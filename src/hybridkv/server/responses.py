@@ -131,11 +131,25 @@ def full_response(
 ) -> dict[str, Any]:
     lp = token_logprobs(out, 0, len(out.token_ids), 0, tokenizer)
     choice = fmt.full_choice(out.text, lp, finish_reason(out))
-    return {**header.fields(fmt.object_full), "choices": [choice], "usage": usage(out)}
+    return {
+        **header.fields(fmt.object_full),
+        "choices": [choice],
+        "usage": usage(out),
+        "kv_transfer_params": out.kv_transfer_params,
+    }
 
 
-def chunk(fmt: BaseFormat, header: ResponseHeader, choice: dict[str, Any]) -> dict[str, Any]:
-    return {**header.fields(fmt.object_chunk), "choices": [choice]}
+def chunk(
+    fmt: BaseFormat,
+    header: ResponseHeader,
+    choice: dict[str, Any],
+    kv_transfer_params: dict[str, object] | None = None,
+) -> dict[str, Any]:
+    """One streamed chunk; the last one carries the connector's ``kv_transfer_params``."""
+    body = {**header.fields(fmt.object_chunk), "choices": [choice]}
+    if kv_transfer_params is not None:
+        body["kv_transfer_params"] = kv_transfer_params
+    return body
 
 
 def usage_chunk(fmt: BaseFormat, header: ResponseHeader, out: RequestOutput) -> dict[str, Any]:

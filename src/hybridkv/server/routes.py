@@ -70,6 +70,7 @@ async def _serve(
     except Rejected as exc:
         raise bad_request(str(exc), fmt.prompt_param) from None
     except Overloaded as exc:
+        state.metrics.on_refused("overloaded")
         raise APIError(
             503,
             str(exc),

@@ -28,25 +28,21 @@ from hybridkv.server.responses import (
     usage_chunk,
 )
 
-REPLACEMENT_CHAR = "\ufffd"  # what an incomplete UTF-8 sequence decodes to
-
 
 class DeltaTracker:
     """The part of a request's cumulative output not sent yet.
 
-    Text that may still change is held back until the request finishes: the last
-    ``len(longest stop string) - 1`` characters (the engine cuts a stop string out of the text
-    once it is complete) and trailing U+FFFD characters (a multi-byte character still arriving).
-    Log-probabilities are sent as their tokens arrive."""
+    Only text the engine's detokenizer calls stable (``stable_text_len``: it holds back what a
+    stop string or a multi-byte character still arriving may change) is sent before the request
+    finishes. Log-probabilities are sent as their tokens arrive."""
 
-    def __init__(self, stop: tuple[str, ...]) -> None:
-        self._hold = max((len(s) for s in stop), default=1) - 1
+    def __init__(self) -> None:
         self.num_sent_chars = 0
         self.num_sent_tokens = 0
 
     def take_text(self, out: RequestOutput) -> str:
-        text = out.text
-        end = len(text) if out.finished else self._safe_end(text)
+        text, stable = out.text, out.outputs[0].stable_text_len
+        end = len(text) if out.finished or stable is None else stable
         if end <= self.num_sent_chars:
             return ""
         new = text[self.num_sent_chars : end]
@@ -56,12 +52,6 @@ class DeltaTracker:
     def take_tokens(self, out: RequestOutput) -> tuple[int, int]:
         start, self.num_sent_tokens = self.num_sent_tokens, len(out.token_ids)
         return start, self.num_sent_tokens
-
-    def _safe_end(self, text: str) -> int:
-        end = len(text) - self._hold
-        while end > 0 and text[end - 1] == REPLACEMENT_CHAR:
-            end -= 1
-        return end
 
 
 def sse(data: dict[str, Any] | str) -> str:
@@ -80,7 +70,7 @@ async def stream_events(
 ) -> AsyncIterator[str]:
     """OpenAI's chunk stream, ending with ``data: [DONE]``; a failure mid-stream is sent as an
     ``{"error": ...}`` event before it."""
-    tracker = DeltaTracker(prepared.params.stop)
+    tracker = DeltaTracker()
     first, last = True, None
     try:
         while not stream.finished:
@@ -92,7 +82,7 @@ async def stream_events(
             if text or end > start or out.finished or first:
                 lp = token_logprobs(out, start, end, tracker.num_sent_chars - len(text), tokenizer)
                 choice = fmt.chunk_choice(text, lp, finish_reason(out), first)
-                yield sse(chunk(fmt, header, choice))
+                yield sse(chunk(fmt, header, choice, out.kv_transfer_params))
                 first = False
             last = out
         if prepared.include_usage and last is not None:

@@ -18,6 +18,7 @@ from hybridkv.connectors.offloading.scheduler import OffloadingScheduler
 from hybridkv.connectors.offloading.worker import OffloadingWorker
 from hybridkv.kv.spec import KVCacheLayout
 from tests.connectors.helpers import Engine, FakeRequest
+from tests.support.stats import flat_counters
 
 C = 8
 # hybrid layout: g0 full, g1 sliding, g2 state. An 18-token prompt: units end at 8 and 16.
@@ -46,6 +47,8 @@ class OffloadEngine(Engine):
         seed: int = 0,
     ) -> None:
         super().__init__(config, layout, fingerprint, seed)
+        if self.sched.disk is not None:  # a loaded test machine: wait for probes' answers
+            self.disk.probe_wait = 5.0
 
     @property
     def sched(self) -> OffloadingScheduler:
@@ -80,12 +83,12 @@ class OffloadEngine(Engine):
             assert self.offload_worker.wait_for_saves(5.0)
             start = end
         if self.sched.disk is not None:
-            self.disk.submit(lambda: None).result(5.0)  # deletions queued behind the writes
+            assert self.disk.drain(5.0)  # deletions queued behind the writes
 
     def counters(self) -> dict[str, float]:
         totals: dict[str, float] = {}
         for half in (self.scheduler, self.worker):
-            for name, value in half.take_stats().counters.items():
+            for name, value in flat_counters(half.take_stats()).items():
                 totals[name] = totals.get(name, 0.0) + value
         return totals
 

@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridkv.connectors.file_format import PartHeader
-from hybridkv.connectors.offloading import disk_tier
 from hybridkv.connectors.offloading.disk_tier import PROBE_RETRY_SECONDS
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, stored_files, table
 
@@ -87,7 +85,7 @@ def test_incomplete_or_foreign_units_are_not_adopted_nor_touched(tmp_path: Path,
         assert lookup(b, req) == (8, True)
         assert set(b.disk.index.entries) == {req.block_hashes[1]}
     b.scheduler.build_connector_meta([])
-    b.disk.submit(lambda: None).result(5.0)
+    assert b.disk.drain(5.0)
     assert {p: p.read_bytes() for p in stored_files(tmp_path)} == before
     b.assert_clean()
 
@@ -96,14 +94,8 @@ def test_the_negative_cache_bounds_the_probes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reads: list[str] = []
-    read_header = disk_tier.read_header
-
-    def counting(path: str) -> PartHeader:
-        reads.append(path)
-        return read_header(path)
-
-    monkeypatch.setattr(disk_tier, "read_header", counting)
     a, b = hybrid_pair(tmp_path)
+    b.disk.fault = lambda op, path: reads.append(path) if op == "probe" else None
     now = [100.0]
     b.disk.clock = lambda: now[0]
     waiting = make_request("a", 18)
@@ -143,7 +135,7 @@ def test_adoption_evicts_and_units_being_deleted_are_not_adopted(tmp_path: Path)
     store_full(a, shared, first_block=1)
     want = a.blocks_bytes([1, 2, 3, 4]).clone()
     held = threading.Event()
-    b.disk.submit(held.wait)  # B's I/O thread is busy: its deletions stay queued
+    b.disk.fault = lambda op, path: held.wait() if op == "delete" else None  # queued
     try:
         counters = adopt(b, shared)
         assert counters["adopted.disk"] == 2 and counters["evictions.disk"] == 2
@@ -151,7 +143,7 @@ def test_adoption_evicts_and_units_being_deleted_are_not_adopted(tmp_path: Path)
         assert lookup(b, own) == (0, False)  # ...but never adopted back
     finally:
         held.set()
-    b.disk.submit(lambda: None).result(5.0)
+    assert b.disk.drain(5.0)
     assert not Path(b.disk.path(own.block_hashes[1], 0)).exists()
     b.load(FakeRequest("l", shared.all_token_ids), table(b.layout, {0: [40, 41, 42, 43, 44]}))
     assert not b.finish("l").invalid_block_ids

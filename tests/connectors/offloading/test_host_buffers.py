@@ -80,7 +80,7 @@ def test_free_buffers_stay_within_the_capacity_through_churn() -> None:
 def test_a_unit_waiting_for_its_disk_write_is_not_evicted(tmp_path: Path) -> None:
     engine = full_engine(cpu=2 * UNIT, disk=tmp_path)
     release = threading.Event()
-    engine.disk.submit(release.wait)  # the disk I/O thread is busy until released
+    engine.disk.fault = lambda op, path: release.wait() if op == "write" else None
     a, b = make_request("a", 18, first_token=1), make_request("b", 18, first_token=500)
     a_bytes = engine.blocks_bytes([1, 2, 3, 4]).clone()
     save(engine, a, first_block=1, wait=False)

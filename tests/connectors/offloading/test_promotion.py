@@ -80,11 +80,11 @@ def test_no_room_in_the_cpu_tier_skips_the_promotion(tmp_path: Path) -> None:
     engine, a, _ = evicted_from_cpu(tmp_path)
     b = make_request("b", 18, first_token=500)
     assert load(engine, a, "l1") == {"disk": 16}
-    for unit in (b.block_hashes[1], b.block_hashes[3]):
-        assert engine.cpu.index.pin(unit)  # in use by some load: cannot be evicted
+    serials = [engine.cpu.index.pin(u) for u in (b.block_hashes[1], b.block_hashes[3])]
+    assert all(serials)  # in use by some load: cannot be evicted
     next_step(engine)
     assert engine.counters()["promotions_skipped:no_room"] == 2
     assert engine.cpu.index.state_of(a.block_hashes[1]) is None
-    for unit in (b.block_hashes[1], b.block_hashes[3]):
-        engine.cpu.index.unpin(unit)
+    for unit, serial in zip((b.block_hashes[1], b.block_hashes[3]), serials, strict=True):
+        engine.cpu.index.unpin(unit, serial)
     engine.assert_clean()  # the disk pins the promotions took are released too

@@ -92,12 +92,13 @@ def test_pinned_units_are_never_evicted() -> None:
     a = make_request("a", 18)
     store(engine, a)
     index = engine.cpu.index
-    assert index.pin(a.block_hashes[1]) and index.pin(a.block_hashes[3])
+    head, tail = index.pin(a.block_hashes[1]), index.pin(a.block_hashes[3])
+    assert head and tail
     store(engine, make_request("b", 10, first_token=300), first_block=10)
     counters = engine.counters()
     assert counters["stores_skipped:no_room"] == 1 and "evictions.cpu" not in counters
-    index.unpin(a.block_hashes[1])
-    index.unpin(a.block_hashes[3])
+    index.unpin(a.block_hashes[1], head)
+    index.unpin(a.block_hashes[3], tail)
     engine.assert_clean()
 
 
@@ -189,6 +190,7 @@ def test_bad_disk_file_is_a_counted_failure_and_removed(
     assert num == 16
     out = engine.finish("l") if mode == "async" else engine.worker.get_finished([])
     assert out.invalid_block_ids == {42: reason, 43: reason} and not out.failed_recving
+    assert engine.disk.drain(5.0)  # bad files are deleted on the I/O pool
     assert not victim.exists()
     counters = engine.counters()
     assert counters[f"load_failures:{reason}"] == 1

@@ -15,15 +15,18 @@ and of ~1 s per 1-2 GiB of start-up.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hybridkv.connectors.config import ConnectorOptions, LoadMode, OptionsContext, parse_choice
+from hybridkv.choice import parse_choice
+from hybridkv.connectors.config import ConnectorOptions, LoadMode, OptionsContext
 from hybridkv.connectors.offloading.policies import Eviction
 from hybridkv.paths import parse_bytes
 
+MAX_TIMEOUT_SECONDS = 3600.0
 _KEYS = (
     "cpu_bytes",
     "disk_path",
@@ -73,7 +76,69 @@ class OffloadingConfig(ConnectorOptions):
             raise ValueError(_err("cpu_bytes", "give cpu_bytes, disk_path or both"))
         values["chunk_tokens"] = _chunk_tokens(extra.get("chunk_tokens", 256), ctx.block_size)
         values.update(_choices(extra))
-        return cls(**values)
+        options = cls(**values)
+        _check_memory(options)
+        return options
+
+
+def check_sizes(options: OffloadingConfig, unit_bytes: int, max_model_len: int) -> None:
+    """What the options must satisfy once the layout is known (at connector creation): each
+    tier holds at least one restore unit (``unit_bytes``) and a unit fits in the context.
+    ``ValueError`` naming the option otherwise."""
+    what = f"one restore unit ({unit_bytes} bytes at chunk_tokens={options.chunk_tokens})"
+    for name in ("cpu_bytes", "disk_bytes"):
+        value = getattr(options, name)
+        if value is not None and value < unit_bytes:
+            raise ValueError(
+                _err(name, f"{value} bytes is less than {what}: nothing would be stored")
+            )
+    if max_model_len and options.chunk_tokens > max_model_len:
+        raise ValueError(
+            _err(
+                "chunk_tokens",
+                f"{options.chunk_tokens} is above max_model_len={max_model_len}: no unit could ever be stored",
+            )
+        )
+
+
+def _check_memory(options: OffloadingConfig) -> None:
+    """The CPU tier's memory must exist (before the model loads): at most the machine's
+    memory, or its available memory with ``cpu_prealloc`` (issue 18: memory grew until
+    the process was killed)."""
+    if options.cpu_bytes is not None:
+        total, available = memory_limits()
+        limit, which = (available, "available") if options.cpu_prealloc else (total, "total")
+        if limit and options.cpu_bytes > limit:
+            raise ValueError(
+                _err(
+                    "cpu_bytes",
+                    f"{options.cpu_bytes} bytes is more than this machine's {which} memory ({limit} bytes)",
+                )
+            )
+
+
+def memory_limits() -> tuple[int, int]:
+    """(total, available) memory in bytes, within this process's cgroup limit if any; 0 if
+    unknown."""
+    info: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                info[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    total, available = info.get("MemTotal", 0), info.get("MemAvailable", 0)
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            cap = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            current = int(f.read().strip())
+    except (OSError, ValueError):
+        return total, available
+    if cap.isdigit():
+        total, available = min(total, int(cap)), min(available, max(0, int(cap) - current))
+    return total, available
 
 
 def _chunk_tokens(value: Any, block_size: int) -> int:
@@ -93,8 +158,14 @@ def _choices(extra: Mapping[str, Any]) -> dict[str, Any]:
     mode = extra.get("load_mode", "async")
     out["load_mode"] = parse_choice(LoadMode, mode, "OffloadingConnector: 'load_mode'")
     timeout = extra.get("load_timeout_seconds", 30.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise ValueError(_err("load_timeout_seconds", f"{timeout!r} must be a number > 0"))
+    number = not isinstance(timeout, bool) and isinstance(timeout, int | float)
+    if not number or not math.isfinite(timeout) or not 0 < timeout <= MAX_TIMEOUT_SECONDS:
+        raise ValueError(
+            _err(
+                "load_timeout_seconds",
+                f"{timeout!r} must be a number in (0, {MAX_TIMEOUT_SECONDS}]",
+            )
+        )
     out["load_timeout_seconds"] = float(timeout)
     for name, default in (("offload_prompt_only", True), ("cpu_prealloc", False)):
         value = extra.get(name, default)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hybridkv.connectors.base import KVConnectorPair
 from hybridkv.connectors.config import KVTransferConfig
-from hybridkv.connectors.offloading.config import OffloadingConfig
+from hybridkv.connectors.offloading.config import OffloadingConfig, check_sizes
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.cpu_tier import CpuTier
 from hybridkv.connectors.offloading.disk_tier import DiskTier
@@ -24,6 +24,7 @@ def create_offloading_connector(
     options = config.options_as(OffloadingConfig)
     geometry = UnitGeometry(layout, options.chunk_tokens)
     unit_bytes = max(1, geometry.unit_nbytes(options.chunk_tokens * 2))
+    check_sizes(options, unit_bytes, context.max_model_len)
     cpu = None
     if options.cpu_bytes is not None:
         cpu = CpuTier(options.cpu_bytes, options.eviction, unit_bytes, load_pagecopy(), geometry)
@@ -38,6 +39,7 @@ def create_offloading_connector(
                 options.disk_bytes,
                 options.eviction,
                 geometry,
+                io_timeout=options.load_timeout_seconds,
             )
         except OSError as exc:  # a file, no permission...: a config error, said at start-up
             raise ValueError(

@@ -220,23 +220,25 @@ class CpuTier(Tier):
 
     def store(
         self, unit_hash: BlockHash, parts: dict[int, CpuPart | torch.Tensor], pins: int = 0
-    ) -> bool:
+    ) -> int | None:
         """Checksum (if not done yet) and commit a reserved unit's parts, pinned ``pins``
-        times (once per write-behind still reading them; each unpins); False if the
-        reservation is gone."""
+        times (once per write-behind still reading them; each unpins with the serial
+        returned); None if the reservation is gone."""
         sealed = {
             gid: p if isinstance(p, CpuPart) else CpuPart.seal(p, self.kernel)
             for gid, p in parts.items()
         }
         with self.index.lock:  # no eviction between the commit and the pin
             if not self.index.commit(unit_hash, sealed):
-                return False
-            return all(self.index.pin(unit_hash) for _ in range(pins))
+                return None
+            entry = self.index.entries[unit_hash]
+            entry.pins += pins
+            return entry.serial
 
     def write(self, unit_hash: BlockHash, end: int, parts: dict[int, Any]) -> int:
         """Commit a reserved unit (a promotion from a slower tier); 0 if the reservation is
         gone."""
-        if not self.store(unit_hash, parts):
+        if self.store(unit_hash, parts) is None:
             return 0
         return sum(int(p.nbytes) if isinstance(p, torch.Tensor) else 0 for p in parts.values())
 

@@ -1,20 +1,22 @@
-"""The disk tier: one file per unit part, in ``file_format`` (version 2, xxh3-128 checksum).
+"""The disk tier: one authenticated file per unit part (``disk_format``, version 3).
 
 ::
 
-    <disk_path>/<fingerprint>/c<chunk_tokens>/<hash[:2]>/<unit hash hex>.g<group>.kvu
+    <disk_path>/.hybridkv-key                       the directory's secret (0600)
+    <disk_path>/<fingerprint>/c<chunk_tokens>/      0700, with ``budget`` (disk_bytes it had)
+        <name[:2]>/<name>                           name = keyed hash of "<unit hash>.g<group>"
 
-The header carries the fingerprint, the part key, the token span (its end is the unit's end T)
-and the payload length; files are written under a temporary name and renamed. At start-up the
-index is rebuilt from headers: a unit is present when every group's part is, with the spans and
-sizes this layout expects. Files of other fingerprints live in other directories and are never
-touched; a file of ours that is truncated or corrupt is removed. One I/O thread writes and
-deletes, in order (a unit evicted and stored again is deleted before it is rewritten).
+Nothing here touches a file on the scheduler thread: lookups read the index; ``probe`` hands
+the file checks to the I/O pool (``disk_io.IOPool``: bounded, ordered per unit, watched) and
+waits at most ``PROBE_WAIT_SECONDS`` for the answer, else answers ``ASKING``. Reads from load
+threads run on the pool too, so a stuck disk costs a load its timeout, never a thread; a call
+the watchdog gives up on quarantines its unit (out of the index, never adopted again by this
+process). Writes and deletions of one unit run in order on the pool.
 
-Other processes may share the directory. A lookup that misses the index probes the files of
-the unit it missed (``probe``: headers only, nothing written or deleted); a complete unit is
-adopted by the scheduler half in ``build_connector_meta`` (``take_found``), where reservations
-may evict. A unit found absent is not probed again for ``PROBE_RETRY_SECONDS``.
+Other processes may share the directory (same key file): a unit another process stored is
+found by ``probe`` and adopted by the scheduler half in ``build_connector_meta``
+(``take_found``), where reservations may evict. A unit found absent is not probed again for
+``PROBE_RETRY_SECONDS``. Start-up indexing is ``disk_scan``'s.
 """
 
 from __future__ import annotations
@@ -24,33 +26,36 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future, TimeoutError
 from typing import Any
 
 import torch
 
 from hybridkv.connectors.config import TierName
-from hybridkv.connectors.file_format import (
-    CORRUPT,
+from hybridkv.connectors.offloading import disk_scan
+from hybridkv.connectors.offloading.disk_format import (
     IO_ERROR,
     MISSING,
-    TRUNCATED,
+    UNSAFE,
+    DirectoryKey,
     PartError,
-    read_header,
-    read_part,
-    write_part,
+    open_regular,
+    parse_header,
+    read_verified,
+    write_verified,
 )
+from hybridkv.connectors.offloading.disk_io import IOPool, StuckIO
 from hybridkv.connectors.offloading.policies import Eviction, create_policy
 from hybridkv.connectors.offloading.tier import TierEntry, TierIndex
-from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, UnitRef
+from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, TierCounts, UnitRef
 from hybridkv.connectors.offloading.units import UnitGeometry, part_key
 from hybridkv.kv.hashing import BlockHash
 
-SUFFIX = ".kvu"
-STALE_SECONDS = 3600.0  # temporary files and incomplete units older than this are debris
 PROBE_RETRY_SECONDS = 1.0  # a unit probed and found absent is not probed again sooner
+PROBE_WAIT_SECONDS = 0.01  # the scheduler waits at most this long for a probe's answer
 MAX_ABSENT = 4096  # remembered absent units before the expired ones are forgotten
+NUM_IO_WORKERS = 4
 
 
 class DiskTier(Tier):
@@ -58,69 +63,104 @@ class DiskTier(Tier):
     removed_counter = "files_removed"
 
     def __init__(
-        self, root: str, fingerprint: str, capacity: int, eviction: Eviction, geometry: UnitGeometry
+        self,
+        root: str,
+        fingerprint: str,
+        capacity: int,
+        eviction: Eviction,
+        geometry: UnitGeometry,
+        io_timeout: float = 30.0,
     ) -> None:
         self.fingerprint = fingerprint
         self.geometry = geometry
         self.directory = os.path.join(root, fingerprint, f"c{geometry.chunk_tokens}")
-        os.makedirs(self.directory, exist_ok=True)
-        unit_bytes = geometry.unit_nbytes(geometry.chunk_tokens * 2)
+        disk_scan.make_private_dirs(root, self.directory)
+        self.key = DirectoryKey.load_or_create(root)
+        unit_bytes = max(1, geometry.unit_nbytes(geometry.chunk_tokens * 2))
         self.index = TierIndex("disk", capacity, create_policy(eviction, capacity // unit_bytes))
-        self.io = ThreadPoolExecutor(1, thread_name_prefix="offload-disk")
-        self.num_removed_at_startup = 0
+        self.io_timeout = io_timeout
+        self.pool = IOPool("offload-disk", NUM_IO_WORKERS, io_timeout, self._quarantine)
+        self.counters = TierCounts()
         self.clock: Callable[[], float] = time.monotonic
-        # scheduler thread only: probed complete (to adopt) / absent until a clock time
+        self.probe_wait = PROBE_WAIT_SECONDS
+        # tests only: called as fault(op, path) before each file operation on the pool
+        self.fault: Callable[[str, str], None] | None = None
+        self._lock = threading.Lock()  # the probe state and the sets below
         self._found: dict[BlockHash, tuple[int, BlockHash | None]] = {}
         self._absent: dict[BlockHash, float] = {}
-        # evicted units whose deletions are still queued on the I/O thread (never adopted)
-        self._deleting: dict[BlockHash, int] = {}
-        self._deleting_lock = threading.Lock()
-        self.rebuild_index()
+        self._probing: set[BlockHash] = set()
+        self._deleting: dict[BlockHash, int] = {}  # evictions queued (never adopted back)
+        self.quarantined: set[BlockHash] = set()
+        self.num_removed_at_startup = 0
+        disk_scan.rebuild_index(self)
 
     def path(self, unit_hash: BlockHash, group_id: int) -> str:
-        name = part_key(unit_hash, group_id) + SUFFIX
+        name = self.key.file_name(part_key(unit_hash, group_id))
         return os.path.join(self.directory, name[:2], name)
 
     def part_paths(self, unit_hash: BlockHash) -> dict[int, str]:
         """Group id -> file of every part of a unit (an index entry's ``parts``)."""
         return {g.group_id: self.path(unit_hash, g.group_id) for g in self.geometry.layout.groups}
 
-    # -- bytes ---------------------------------------------------------------------------
+    def _hook(self, op: str, path: str) -> None:
+        if self.fault is not None:
+            self.fault(op, path)
+
+    # -- bytes (I/O pool) ----------------------------------------------------------------
 
     def write(self, unit_hash: BlockHash, end: int, parts: dict[int, Any]) -> int:
-        """Write every part of a reserved unit (on the I/O thread) and commit it; returns the
-        bytes written. On any failure the unit's files are removed and the error propagates."""
+        """Write every part of a reserved unit and commit it; returns the bytes written. On
+        any failure the unit's files are removed and the error propagates (the caller aborts
+        the reservation, counts and logs it)."""
         written: list[str] = []
         total = 0
         try:
+            if unit_hash in self.quarantined:
+                raise StuckIO(f"unit {unit_hash.hex()} is quarantined")
             for gid, data in parts.items():
                 path = self.path(unit_hash, gid)
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                array: Any = data.contiguous().numpy()
-                payload = memoryview(array)
+                self._hook("write", path)
+                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                payload = memoryview(data.contiguous().numpy())
                 span = self.geometry.part_span(gid, end)
                 key = part_key(unit_hash, gid)
-                total += write_part(path, self.fingerprint, key, span, payload, checksum="xxh3")
+                total += write_verified(self.key, path, self.fingerprint, key, span, payload)
                 written.append(path)
-        except BaseException:
+        except BaseException:  # logged and counted by the caller (``stores``)
             for path in written:
                 _unlink(path)
             raise
-        if not self.index.commit(unit_hash, {gid: self.path(unit_hash, gid) for gid in parts}):
+        if not self.index.commit(unit_hash, self.part_paths(unit_hash)):
             for path in written:  # the reservation was dropped meanwhile
                 _unlink(path)
         return total
 
     def read(self, unit_hash: BlockHash, end: int, group_id: int) -> torch.Tensor:
-        """Read and verify one part; ``PartError`` with the reason otherwise."""
+        """Read and verify one part on the I/O pool; ``PartError`` with the reason otherwise
+        (``io_error`` when the disk does not answer within the tier's timeout)."""
+        if self.pool.on_worker():
+            return self._read_now(unit_hash, end, group_id)
+        job = functools.partial(self._read_now, unit_hash, end, group_id)
+        future = self.pool.submit(job, tag=unit_hash)
+        try:
+            result: torch.Tensor = future.result(timeout=2 * self.io_timeout + 1)
+        except (StuckIO, TimeoutError) as exc:
+            raise PartError(IO_ERROR, str(exc) or "stuck") from None
+        return result
+
+    def _read_now(self, unit_hash: BlockHash, end: int, group_id: int) -> torch.Tensor:
+        if unit_hash in self.quarantined:
+            raise PartError(IO_ERROR, f"unit {unit_hash.hex()} is quarantined")
+        path = self.path(unit_hash, group_id)
+        self._hook("read", path)
         key = part_key(unit_hash, group_id)
         span = self.geometry.part_span(group_id, end)
         nbytes = self.geometry.part_nbytes(group_id, end)
-        payload = read_part(self.path(unit_hash, group_id), self.fingerprint, key, span, nbytes)
+        payload = read_verified(self.key, path, self.fingerprint, key, span, nbytes)
         return torch.frombuffer(payload, dtype=torch.uint8)  # [nbytes], shares the read buffer
 
     def remove_files(self, unit_hash: BlockHash) -> int:
-        """Delete a unit's files now; returns how many existed."""
+        """Delete a unit's files now (never following a symlink); returns how many existed."""
         removed = 0
         for group in self.geometry.layout.groups:
             with contextlib.suppress(OSError):
@@ -129,59 +169,109 @@ class DiskTier(Tier):
         return removed
 
     def discard_bad(self, unit_hash: BlockHash, reason: str) -> int:
+        """Forget the unit; its files are deleted on the pool (counted there, in
+        ``files_removed``) unless gone or unreadable."""
         self.index.remove(unit_hash)
-        return 0 if reason in (MISSING, IO_ERROR) else self.remove_files(unit_hash)
+        if reason not in (MISSING, IO_ERROR, UNSAFE):
+            self.submit(functools.partial(self._remove_bad, unit_hash), unit_hash)
+        return 0
+
+    def _remove_bad(self, unit_hash: BlockHash) -> None:
+        self._hook("delete", self.path(unit_hash, 0))
+        self.counters.add("files_removed", self.remove_files(unit_hash))
 
     def evict(self, entries: list[TierEntry]) -> None:
         self.discard(entries)
 
     def discard(self, entries: list[TierEntry]) -> None:
-        """Delete evicted units' files on the I/O thread (after any earlier write)."""
+        """Delete evicted units' files on the pool (after any earlier write of the unit)."""
         for entry in entries:
-            with self._deleting_lock:
+            with self._lock:
                 self._deleting[entry.unit_hash] = self._deleting.get(entry.unit_hash, 0) + 1
-            self.submit(functools.partial(self._remove_evicted, entry.unit_hash))
+            self.submit(functools.partial(self._remove_evicted, entry.unit_hash), entry.unit_hash)
 
     def _remove_evicted(self, unit_hash: BlockHash) -> None:
         try:
+            self._hook("delete", self.path(unit_hash, 0))
             self.remove_files(unit_hash)
         finally:
-            with self._deleting_lock:
+            with self._lock:
                 left = self._deleting.pop(unit_hash) - 1
                 if left:
                     self._deleting[unit_hash] = left
 
-    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
-        return self.io.submit(fn)
+    def submit(self, fn: Callable[[], Any], key: Hashable | None = None) -> Future[Any]:
+        return self.pool.submit(fn, key=key)
 
-    # -- units another process wrote (scheduler thread) ----------------------------------
+    def drain(self, timeout: float = 5.0) -> bool:
+        """Wait until the pool has nothing queued or running (tests, tools)."""
+        return self.pool.drain(timeout)
+
+    def _quarantine(self, tag: Hashable | None) -> None:
+        """The watchdog gave up on an I/O call of unit ``tag``: never use the unit again."""
+        self.counters.add("stuck_io.disk")
+        if isinstance(tag, bytes):
+            unit_hash = BlockHash(tag)
+            with self._lock:
+                self.quarantined.add(unit_hash)
+                self._probing.discard(unit_hash)  # a stuck probe: absent from now on
+            self.index.remove(unit_hash)
+            self.counters.add("quarantined.disk")
+
+    def take_counters(self) -> dict[str, float]:
+        return self.counters.take()
+
+    # -- units another process wrote -----------------------------------------------------
 
     def probe(self, units: Sequence[UnitRef]) -> ProbeAnswer:
-        """``probe_unit`` of ``units[0]`` (files are read one unit at a time)."""
+        """Whether ``units[0]`` is complete on disk, checked on the pool: FOUND (adopted at
+        ``take_found``), ABSENT (not probed again for ``PROBE_RETRY_SECONDS``), or ASKING
+        while the check runs. Waits at most ``PROBE_WAIT_SECONDS``, and not at all while
+        another probe is outstanding (the disk is slow)."""
         unit = units[0]
-        found = self.probe_unit(unit.unit_hash, unit.end, unit.parent)
-        return ProbeAnswer.FOUND if found else ProbeAnswer.ABSENT
+        with self._lock:
+            answer = self._known(unit.unit_hash)
+            if answer is not None:
+                return answer
+            wait = not self._probing
+            self._probing.add(unit.unit_hash)
+        future = self.pool.submit(functools.partial(self._probe_job, unit), tag=unit.unit_hash)
+        if wait:
+            with contextlib.suppress(Exception):
+                future.result(timeout=self.probe_wait)
+        with self._lock:
+            return self._known(unit.unit_hash) or ProbeAnswer.ASKING
 
-    def probe_unit(self, unit_hash: BlockHash, end: int, parent: BlockHash | None) -> bool:
-        """Whether a unit the index misses is complete on disk: every group's part present,
-        with a header of ours (fingerprint, key) and the span and size this layout expects.
-        A unit found waits for ``take_found``; one found absent (or being deleted) is not
-        probed again for ``PROBE_RETRY_SECONDS``. Reads headers only, touches no file."""
+    def _known(self, unit_hash: BlockHash) -> ProbeAnswer | None:
+        """What the probe state says of a unit now (under ``_lock``)."""
         if unit_hash in self._found:
-            return True
+            return ProbeAnswer.FOUND
+        if unit_hash in self._probing:
+            return ProbeAnswer.ASKING
         now = self.clock()
         if self._absent.get(unit_hash, now) > now:
-            return False
-        if self._is_deleting(unit_hash) or not self._parts_on_disk(unit_hash, end):
-            self.mark_absent(unit_hash)
-            return False
-        self._absent.pop(unit_hash, None)
-        self._found[unit_hash] = (end, parent)
-        return True
+            return ProbeAnswer.ABSENT
+        if unit_hash in self._deleting or unit_hash in self.quarantined:
+            self._mark_absent(unit_hash, now)
+            return ProbeAnswer.ABSENT
+        return None
+
+    def _probe_job(self, unit: UnitRef) -> None:
+        complete = False
+        try:
+            complete = self._parts_on_disk(unit.unit_hash, unit.end)
+        finally:
+            with self._lock:
+                self._probing.discard(unit.unit_hash)
+                if complete and unit.unit_hash not in self.quarantined:
+                    self._found[unit.unit_hash] = (unit.end, unit.parent)
+                else:
+                    self._mark_absent(unit.unit_hash, self.clock())
 
     def take_found(self) -> list[UnitRef]:
         """The units probed complete since the last call, in the order they were found."""
-        found, self._found = self._found, {}
+        with self._lock:
+            found, self._found = self._found, {}
         return [UnitRef(unit_hash, end, parent) for unit_hash, (end, parent) in found.items()]
 
     def adopted_parts(self, unit: UnitRef) -> dict[int, Any]:
@@ -189,111 +279,52 @@ class DiskTier(Tier):
 
     def mark_absent(self, unit_hash: BlockHash) -> None:
         """Do not probe the unit again for ``PROBE_RETRY_SECONDS``."""
-        now = self.clock()
+        with self._lock:
+            self._mark_absent(unit_hash, self.clock())
+
+    def _mark_absent(self, unit_hash: BlockHash, now: float) -> None:
         if len(self._absent) >= MAX_ABSENT:
             self._absent = {h: t for h, t in self._absent.items() if t > now}
         self._absent[unit_hash] = now + PROBE_RETRY_SECONDS
 
-    def _is_deleting(self, unit_hash: BlockHash) -> bool:
-        with self._deleting_lock:
-            return unit_hash in self._deleting
-
     def _parts_on_disk(self, unit_hash: BlockHash, end: int) -> bool:
         for group in self.geometry.layout.groups:
-            gid = group.group_id
+            path = self.path(unit_hash, group.group_id)
+            self._hook("probe", path)
             try:
-                if self._part_end(self.path(unit_hash, gid), part_key(unit_hash, gid), gid) != end:
+                found = self.check_part(path, part_key(unit_hash, group.group_id))
+                if found is None or found[2] != end:
                     return False
             except PartError:
                 return False
         return True
 
-    # -- start-up ------------------------------------------------------------------------
-
-    def rebuild_index(self) -> None:
-        """Index every complete unit under this directory, least valuable first: longer
-        prefixes (tails) before shorter ones, then older before newer."""
-        found: dict[BlockHash, dict[int, tuple[int, float]]] = {}  # unit -> gid -> (end, mtime)
-        now = time.time()
-        for entry in _scan(self.directory):
-            parsed = self._check_file(entry, now)
-            if parsed is not None:
-                unit_hash, gid, end = parsed
-                found.setdefault(unit_hash, {})[gid] = (end, entry.stat().st_mtime)
-        complete = []
-        groups = {g.group_id for g in self.geometry.layout.groups}
-        for unit_hash, parts in found.items():
-            ends = {end for end, _ in parts.values()}
-            mtime = max(m for _, m in parts.values())
-            if set(parts) == groups and len(ends) == 1:
-                complete.append((-ends.pop(), mtime, unit_hash))
-            elif now - mtime > STALE_SECONDS:
-                self.num_removed_at_startup += self.remove_files(unit_hash)
-        for neg_end, _, unit_hash in sorted(complete):
-            self._adopt(unit_hash, -neg_end)
-
-    def _adopt(self, unit_hash: BlockHash, end: int) -> None:
-        nbytes = self.geometry.unit_nbytes(end)
-        evicted = self.index.reserve(unit_hash, end, nbytes)
-        if evicted is None:  # over capacity (disk_bytes shrank): drop it
-            self.num_removed_at_startup += self.remove_files(unit_hash)
-            return
-        for victim in evicted:
-            self.num_removed_at_startup += self.remove_files(victim.unit_hash)
-        self.index.commit(unit_hash, self.part_paths(unit_hash))
-
-    def _check_file(self, entry: os.DirEntry[str], now: float) -> tuple[BlockHash, int, int] | None:
-        """(unit hash, group, end) of a valid part file of ours; removes our broken files."""
-        if entry.name.endswith(".tmp"):
-            if now - entry.stat().st_mtime > STALE_SECONDS:
-                _unlink(entry.path)
-            return None
-        if not entry.name.endswith(SUFFIX):
-            return None
-        stem = entry.name[: -len(SUFFIX)]
-        hash_hex, _, group = stem.partition(".g")
+    def check_part(self, path: str, key: str | None) -> tuple[BlockHash, int, int] | None:
+        """(unit hash, group, end) of the authenticated part at ``path`` if it is ours
+        (fingerprint, ``key`` if given) with the span and size this layout expects; else
+        None. Reads the header only; ``PartError`` if it cannot be read or is refused."""
+        fd, size = open_regular(path)
         try:
-            unit_hash, gid = BlockHash(bytes.fromhex(hash_hex)), int(group)
-        except ValueError:
-            return None  # not a name of ours: never touched
-        try:
-            end = self._part_end(entry.path, stem, gid)
-        except PartError as err:
-            if err.reason in (TRUNCATED, CORRUPT):
-                _unlink(entry.path)
-                self.num_removed_at_startup += 1
+            head = parse_header(self.key, fd, size)
+        finally:
+            os.close(fd)
+        if head.fingerprint != self.fingerprint or (key is not None and head.key != key):
             return None
-        return None if end is None else (unit_hash, gid, end)
-
-    def _part_end(self, path: str, key: str, group_id: int) -> int | None:
-        """The unit end in the header at ``path`` if it is a part of ours (fingerprint, key)
-        with the span and payload size this layout expects; else None. ``PartError`` if the
-        header cannot be read or is broken."""
-        head = read_header(path)
-        if head.fingerprint != self.fingerprint or head.key != key:
-            return None  # not ours
+        unit_hash, group_id = disk_scan.parse_key(head.key)
         end = head.span[1]
         ok = (
-            0 <= group_id < len(self.geometry.layout.groups)
+            unit_hash is not None
+            and 0 <= group_id < len(self.geometry.layout.groups)
             and end > 0
             and end % self.geometry.chunk_tokens == 0
             and head.span == self.geometry.part_span(group_id, end)
             and head.payload_len == self.geometry.part_nbytes(group_id, end)
+            and os.path.basename(path) == self.key.file_name(head.key)
         )
-        return end if ok else None
+        return (unit_hash, group_id, end) if ok and unit_hash is not None else None
 
     def shutdown(self) -> None:
-        self.io.shutdown(wait=True)
-
-
-def _scan(directory: str) -> list[os.DirEntry[str]]:
-    out: list[os.DirEntry[str]] = []
-    with contextlib.suppress(OSError):
-        for sub in os.scandir(directory):
-            if sub.is_dir():
-                with contextlib.suppress(OSError):
-                    out.extend(e for e in os.scandir(sub.path) if e.is_file())
-    return out
+        self.pool.shutdown(grace=2.0)
 
 
 def _unlink(path: str) -> None:

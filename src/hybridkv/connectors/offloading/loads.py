@@ -26,7 +26,7 @@ from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier, load_segme
 from hybridkv.connectors.offloading.stack import TierStack
 from hybridkv.connectors.offloading.units import OffloadLoadKeys, UnitGeometry, UnitSource
 from hybridkv.kv.spec import SpecKind
-from hybridkv.step_io import LoadSpec
+from hybridkv.step_io import FailureReason, LoadSpec
 
 # Native loads: bytes of segments per kernel call (OpenMP spreads them over threads). A
 # timeout waits for at most the call in progress (~5 ms at this size on 2 cores).
@@ -157,10 +157,12 @@ class PartWriter:
         self._num_helpers = num_copy_helpers
         self._helpers = ThreadPoolExecutor(max(1, num_copy_helpers), "offload-copy")
 
-    def write(self, load: InflightLoad, parts: list[LoadPart]) -> list[tuple[LoadPart, str]]:
+    def write(
+        self, load: InflightLoad, parts: list[LoadPart]
+    ) -> list[tuple[LoadPart, FailureReason]]:
         """Write every good part (stopping early once ``load`` is given up); the bad parts,
         in plan order, with their ``PartError`` reasons. Returns after every write ended."""
-        failed: dict[LoadPart, str] = {}
+        failed: dict[LoadPart, FailureReason] = {}
         segments, whole = self._split(parts, failed)
         failed.update(dict.fromkeys(self._copy_segments(load, segments), CORRUPT))
         for part in whole:
@@ -179,7 +181,7 @@ class PartWriter:
         self._helpers.shutdown(wait=True)
 
     def _split(
-        self, parts: list[LoadPart], failed: dict[LoadPart, str]
+        self, parts: list[LoadPart], failed: dict[LoadPart, FailureReason]
     ) -> tuple[list[CpuSegment], list[LoadPart]]:
         """Attention parts of memory tiers as the segments the load needs; the other parts,
         read whole."""

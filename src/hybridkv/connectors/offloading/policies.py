@@ -9,11 +9,12 @@ units tail first), so eviction takes tails before heads. ``reuse=True`` marks a 
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 
-from hybridkv.connectors.config import Choice
+from hybridkv.choice import Choice
 
 
 class BaseEvictionPolicy(ABC):
@@ -33,6 +34,11 @@ class BaseEvictionPolicy(ABC):
     def candidates(self) -> list[Hashable]:
         """Every resident key, first to evict first."""
 
+    def iter_candidates(self) -> Iterator[Hashable]:
+        """``candidates`` lazily, without copying (eviction stops as soon as it has room);
+        the policy must not change while it is consumed."""
+        return iter(self.candidates())
+
 
 class LRUPolicy(BaseEvictionPolicy):
     def __init__(self, capacity_units: int) -> None:
@@ -51,6 +57,9 @@ class LRUPolicy(BaseEvictionPolicy):
 
     def candidates(self) -> list[Hashable]:
         return list(self.order)
+
+    def iter_candidates(self) -> Iterator[Hashable]:
+        return iter(self.order)
 
 
 class ARCPolicy(BaseEvictionPolicy):
@@ -99,9 +108,12 @@ class ARCPolicy(BaseEvictionPolicy):
                 return
 
     def candidates(self) -> list[Hashable]:
+        return list(self.iter_candidates())
+
+    def iter_candidates(self) -> Iterator[Hashable]:
         if self.t1 and (len(self.t1) > self.p or not self.t2):
-            return [*self.t1, *self.t2]
-        return [*self.t2, *self.t1]
+            return itertools.chain(self.t1, self.t2)
+        return itertools.chain(self.t2, self.t1)
 
 
 class Eviction(Choice):

@@ -26,7 +26,6 @@ from typing import Any
 
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
-    ConnectorStats,
     KVConnectorRequest,
     RequestBlocks,
 )
@@ -34,6 +33,7 @@ from hybridkv.connectors.config import LoadMode, TierName
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.cpu_tier import CpuTier
 from hybridkv.connectors.offloading.disk_tier import DiskTier
+from hybridkv.connectors.offloading.stats import OffloadingStats, SkipReason
 from hybridkv.connectors.offloading.tier import UnitState
 from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, UnitRef
 from hybridkv.connectors.offloading.units import (
@@ -42,6 +42,7 @@ from hybridkv.connectors.offloading.units import (
     UnitSave,
     UnitSource,
 )
+from hybridkv.connectors.stats import bump
 from hybridkv.kv.block_pool import NULL_BLOCK
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import SpecKind
@@ -59,7 +60,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
         self._promote: list[tuple[UnitRef, TierName]] = []
         self._promote_next: list[tuple[UnitRef, TierName]] = []
         self._sources: dict[str, dict[str, int]] = {}  # request id -> loaded tokens by tier
-        self._stats = ConnectorStats()
+        self._stats = OffloadingStats()
 
     @property
     def cpu(self) -> CpuTier | None:
@@ -131,7 +132,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
             for unit in tier.take_found():
                 if self._reserve(tier, unit.unit_hash, unit.end, unit.parent):
                     tier.index.commit(unit.unit_hash, tier.adopted_parts(unit))
-                    self._stats.add(f"adopted.{tier.name}")
+                    bump(self._stats.adopted, tier.name)
                 else:  # no room (pinned or pending units): a miss for a while
                     tier.mark_absent(unit.unit_hash)
 
@@ -142,7 +143,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
     ) -> None:
         if num_external_tokens <= 0:
             if self.load_enabled:
-                self._stats.add("misses")
+                self._stats.misses += 1
             return
         end = request.num_computed_tokens
         start = end - num_external_tokens
@@ -171,16 +172,16 @@ class OffloadingScheduler(BaseConnectorScheduler):
                 break
             unit_hash = self.geometry.unit_hash(request.block_hashes, unit_end)
             pinned = self.stack.pin_fastest(unit_hash)
-            tier = None if pinned is None else pinned.name
-            sources.append(UnitSource(unit_end, unit_hash, tier))
-            if pinned is not None and self.stack.promotion_target(pinned.name) is not None:
+            tier = None if pinned is None else pinned[0].name
+            serial = None if pinned is None else pinned[1]
+            sources.append(UnitSource(unit_end, unit_hash, tier, serial))
+            if tier is not None and self.stack.promotion_target(tier) is not None:
                 ref = UnitRef(unit_hash, unit_end, self._parent_hash(request, unit_end))
-                self._promote.append((ref, pinned.name))
+                self._promote.append((ref, tier))
             tokens = min(unit_end, end) - max(unit_end - chunk, start)
-            name = "none" if tier is None else tier.value  # none: gone since the lookup
-            by_tier[name] = by_tier.get(name, 0) + tokens
-            self._stats.add(f"hits.{name}")
-            self._stats.add(f"hit_tokens.{name}", tokens)
+            self._count_hit(tier, tokens)
+            if tier is not None:  # None: gone from every tier since the lookup (fails the load)
+                by_tier[tier.value] = by_tier.get(tier.value, 0) + tokens
         for source in reversed(sources):  # tail first: the head ends up most recent
             self.stack.touch(source.unit_hash, reuse=True)
         self._sources[request.request_id] = by_tier
@@ -244,13 +245,14 @@ class OffloadingScheduler(BaseConnectorScheduler):
             source, target = self.stack.get(name), self.stack.promotion_target(name)
             if source is None or target is None or target.lookup(unit.unit_hash) is not None:
                 continue  # in the target already (or being stored)
-            if not source.index.pin(unit.unit_hash):
+            serial = source.index.pin(unit.unit_hash)
+            if serial is None:
                 continue  # gone from the source
             if self._reserve(target, unit.unit_hash, unit.end, unit.parent):
-                out.append(UnitPromotion(unit.unit_hash, unit.end, name, target.name))
+                out.append(UnitPromotion(unit.unit_hash, unit.end, name, target.name, serial))
             else:
-                source.index.unpin(unit.unit_hash)
-                self._stats.add("promotions_skipped:no_room")
+                source.index.unpin(unit.unit_hash, serial)
+                self._stats.promotions_skipped_no_room += 1
         return out
 
     def _plan_saves(
@@ -278,14 +280,12 @@ class OffloadingScheduler(BaseConnectorScheduler):
             return None  # stored, or being stored
         ids = self._part_block_ids(blocks, end)
         if ids is None:
-            self._stats.add("stores_skipped")
-            self._stats.add("stores_skipped:null_block")
+            self._skip_store(SkipReason.NULL_BLOCK)
             return None
         parent = self._parent_hash(request, end)
         tiers = [t.name for t in self.stack if self._reserve(t, unit_hash, end, parent)]
         if not tiers:
-            self._stats.add("stores_skipped")
-            self._stats.add("stores_skipped:no_room")
+            self._skip_store(SkipReason.NO_ROOM)
             return None
         return UnitSave(
             request.request_id, unit_hash, end, ids, tuple(blocks.state_slots), tuple(tiers)
@@ -316,7 +316,7 @@ class OffloadingScheduler(BaseConnectorScheduler):
         if evicted is None:
             return False
         if evicted:
-            self._stats.add(f"evictions.{tier.name}", evicted)
+            bump(self._stats.evictions, tier.name, evicted)
         return True
 
     def _touch_head(self, request: KVConnectorRequest, end: int) -> None:
@@ -331,6 +331,18 @@ class OffloadingScheduler(BaseConnectorScheduler):
         self._sources.pop(request.request_id, None)
         return False, None
 
-    def take_stats(self) -> ConnectorStats:
-        stats, self._stats = self._stats, ConnectorStats()
+    def _count_hit(self, tier: TierName | None, tokens: int) -> None:
+        if tier is None:
+            self._stats.hits_gone += 1
+            self._stats.hit_tokens_gone += tokens
+        else:
+            bump(self._stats.hits, tier)
+            bump(self._stats.hit_tokens, tier, tokens)
+
+    def _skip_store(self, reason: SkipReason) -> None:
+        self._stats.stores_skipped += 1
+        bump(self._stats.stores_skipped_by, reason)
+
+    def take_stats(self) -> OffloadingStats:
+        stats, self._stats = self._stats, OffloadingStats()
         return stats

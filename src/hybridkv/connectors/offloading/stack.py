@@ -60,8 +60,13 @@ class TierStack:
                 return answer
         return ProbeAnswer.ABSENT
 
-    def pin_fastest(self, unit_hash: BlockHash) -> Tier | None:
-        return next((t for t in self.tiers if t.index.pin(unit_hash)), None)
+    def pin_fastest(self, unit_hash: BlockHash) -> tuple[Tier, int] | None:
+        """Pin the unit in the fastest tier holding it: (tier, the pinned entry's serial)."""
+        for tier in self.tiers:
+            serial = tier.index.pin(unit_hash)
+            if serial is not None:
+                return tier, serial
+        return None
 
     def touch(self, unit_hash: BlockHash, reuse: bool = False) -> None:
         for tier in self.tiers:
@@ -85,10 +90,10 @@ class TierStack:
 
     # -- worker threads ------------------------------------------------------------------
 
-    def unpin(self, name: TierName | None, unit_hash: BlockHash) -> None:
+    def unpin(self, name: TierName | None, unit_hash: BlockHash, serial: int | None) -> None:
         tier = self.get(name)
         if tier is not None:
-            tier.index.unpin(unit_hash)
+            tier.index.unpin(unit_hash, serial)
 
     def stats(self) -> list[TierStats]:
         return [tier.stats() for tier in self.tiers]

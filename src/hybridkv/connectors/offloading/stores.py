@@ -7,7 +7,10 @@ reserved tier's I/O worker (write-through), the memory unit pinned once per writ
 its buffers. A ``UnitPromotion`` is read whole from its source tier on that tier's I/O worker,
 verified, and written to the target tier on the target's. Snapshots held by unfinished stores
 are bounded by ``max_inflight_io_bytes``: past it a store is skipped (its reservations aborted,
-counted). A failed store never becomes visible.
+counted). A failed store never becomes visible: any exception on a store path (the
+snapshot, the commit, a write, a tier that gave up on a stuck write or shut down) aborts the
+unit's reservations, releases its pins and its in-flight bytes, and is counted
+(``store_failures.<tier>``, logged at most once a minute); nothing stays PENDING.
 """
 
 from __future__ import annotations
@@ -15,35 +18,23 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import torch
 
-from hybridkv.connectors.base import KVCacheAccess, StatsCounter
+from hybridkv.connectors.base import KVCacheAccess
 from hybridkv.connectors.config import TierName
 from hybridkv.connectors.file_format import PartError
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier
+from hybridkv.connectors.offloading.rate_log import RateLimitedLog
+from hybridkv.connectors.offloading.stats import OffloadingStats, SkipReason
+from hybridkv.connectors.offloading.store_jobs import STALL_SECONDS, Countdown, Once, on_tier
 from hybridkv.connectors.offloading.tier_base import Tier
 from hybridkv.connectors.offloading.units import UnitPromotion, UnitSave
-from hybridkv.step_io import ConnectorMetadata
-
-
-class _Countdown:
-    """Runs ``done`` when the last of ``count`` write-behinds of one store ended."""
-
-    def __init__(self, count: int, done: Any) -> None:
-        self._lock = threading.Lock()
-        self._left = count
-        self._done = done
-
-    def tick(self) -> None:
-        with self._lock:
-            self._left -= 1
-            last = self._left == 0
-        if last:
-            self._done()
+from hybridkv.connectors.stats import Direction, StatsCounter, bump
+from hybridkv.step_io import ConnectorMetadata, FailureReason
 
 
 class StorePipeline:
@@ -51,15 +42,19 @@ class StorePipeline:
 
     cache: KVCacheAccess  # set when the worker's caches are registered
 
-    def __init__(self, ctx: OffloadContext, stats: StatsCounter, cond: threading.Condition) -> None:
+    def __init__(
+        self, ctx: OffloadContext, stats: StatsCounter[OffloadingStats], cond: threading.Condition
+    ) -> None:
         self.config, self.geometry = ctx.config, ctx.geometry
         self.stack = ctx.stack
         self.layout = ctx.geometry.layout
         self._stats = stats
         self._cond = cond
         self.num_stores = 0  # unfinished, under ``cond``
+        self._num_ended = 0  # stores ended so far, under ``cond``
         self._inflight_bytes = 0
         self._stager = ThreadPoolExecutor(1, thread_name_prefix="offload-store")
+        self._log = RateLimitedLog("OffloadingConnector stores")
 
     def save(self, metadata: ConnectorMetadata) -> None:
         for save in metadata.saves:
@@ -72,14 +67,21 @@ class StorePipeline:
                     self._inflight_bytes += nbytes
                     self.num_stores += 1
             if not admitted:
-                self._abort(save, "stores_skipped:backpressure")
+                self._abort(save, SkipReason.BACKPRESSURE)
             elif isinstance(save, UnitPromotion):
                 source = self._tier(save.source)
-                source.submit(functools.partial(self._promote, save, nbytes))
+                job = functools.partial(self._promote, save, nbytes)
+                given_up = functools.partial(self._promotion_failed, save, nbytes, True)
+                on_tier(source, job, save.unit_hash, given_up)
             else:
-                began = time.perf_counter()
-                parts = self._snapshot(save)
-                self._stager.submit(self._store, save, parts, nbytes, time.perf_counter() - began)
+                try:
+                    began = time.perf_counter()
+                    parts = self._snapshot(save)
+                    args = (save, parts, nbytes, time.perf_counter() - began)
+                    self._stager.submit(self._store, *args)
+                except Exception as exc:
+                    self._store_failed(save, save.tiers, exc)
+                    self._store_done(nbytes)
 
     def _tier(self, name: TierName) -> Tier:
         tier = self.stack.get(name)
@@ -87,7 +89,15 @@ class StorePipeline:
             raise ValueError(f"OffloadingConnector has no {name!r} tier")
         return tier
 
-    def _promote(self, promotion: UnitPromotion, nbytes: int) -> None:
+    def _store_failed(self, save: UnitSave, tiers: Sequence[TierName], exc: BaseException) -> None:
+        """Abort the save's reservations in ``tiers`` (counted, logged rate-limited)."""
+        for name in tiers:
+            self._tier(name).index.abort(save.unit_hash)
+            with self._stats.update() as s:
+                bump(s.store_failures, name)
+        self._log.warn(f"a store failed ({', '.join(tiers)}): {exc!r}")
+
+    def _promote(self, promotion: UnitPromotion, nbytes: int, once: Once) -> None:
         """Read a unit whole from its source tier (on the source's I/O worker), every part
         verified, then write it into the target on the target's; a bad or missing part
         aborts the target's reservation."""
@@ -96,15 +106,30 @@ class StorePipeline:
         try:
             parts = source.read_unit(promotion.unit_hash, promotion.end)
         except Exception as exc:  # a failed store never becomes visible
-            target.index.abort(promotion.unit_hash)
-            reason = exc.reason if isinstance(exc, PartError) else "error"
-            self._stats.add(f"promotion_failures:{reason}")
-            self._store_done(nbytes)
+            if once.claim():
+                reason = exc.reason if isinstance(exc, PartError) else FailureReason.ERROR
+                self._promotion_failed(promotion, nbytes, True, reason)
             return
-        finally:
-            source.index.unpin(promotion.unit_hash)
+        if not once.claim():  # the source gave up on this read: cleaned up already
+            return
+        source.index.unpin(promotion.unit_hash, promotion.source_pin)
         commit = functools.partial(self._commit_promotion, target, promotion, parts, nbytes, began)
-        target.submit(commit)
+        given_up = functools.partial(self._promotion_failed, promotion, nbytes, False)
+        on_tier(target, commit, promotion.unit_hash, given_up)
+
+    def _promotion_failed(
+        self,
+        promotion: UnitPromotion,
+        nbytes: int,
+        pinned: bool,
+        reason: FailureReason = FailureReason.IO_ERROR,
+    ) -> None:
+        self._tier(promotion.target).index.abort(promotion.unit_hash)
+        if pinned:
+            self._tier(promotion.source).index.unpin(promotion.unit_hash, promotion.source_pin)
+        with self._stats.update() as s:
+            bump(s.promotion_failures, reason)
+        self._store_done(nbytes)
 
     def _commit_promotion(
         self,
@@ -113,20 +138,23 @@ class StorePipeline:
         parts: dict[int, torch.Tensor],
         nbytes: int,
         began: float,
+        once: Once,
     ) -> None:
         try:
-            if target.write(promotion.unit_hash, promotion.end, dict(parts)):
-                self._stats.add(f"promotions.{target.name}")
-                self._stats.add(f"offload_bytes.{target.name}.promote", nbytes)
-                self._stats.add(
-                    f"offload_seconds.{target.name}.promote", time.perf_counter() - began
-                )
+            written = target.write(promotion.unit_hash, promotion.end, dict(parts))
         except Exception as exc:
-            target.index.abort(promotion.unit_hash)
-            reason = exc.reason if isinstance(exc, PartError) else "error"
-            self._stats.add(f"promotion_failures:{reason}")
-        finally:
-            self._store_done(nbytes)
+            if once.claim():
+                reason = exc.reason if isinstance(exc, PartError) else FailureReason.ERROR
+                self._promotion_failed(promotion, nbytes, False, reason)
+            return
+        if not once.claim():
+            return
+        if written:
+            with self._stats.update() as s:
+                bump(s.promotions, target.name)
+                bump(s.promotion_bytes, target.name, nbytes)
+                bump(s.promotion_seconds, target.name, time.perf_counter() - began)
+        self._store_done(nbytes)
 
     def _memory_tier(self, save: UnitSave) -> CpuTier | None:
         """The memory tier the save was reserved in, if any (it is stored there first)."""
@@ -160,75 +188,117 @@ class StorePipeline:
         nbytes: int,
         snapshot_s: float,
     ) -> None:
-        """On the stage thread: commit to the memory tier, then queue the write-behinds."""
+        """On the stage thread: commit to the memory tier, then queue the write-behinds. An
+        exception fails every tier not stored yet (nothing stays PENDING)."""
         memory = self._memory_tier(save)
         behind = [self._tier(n) for n in save.tiers if memory is None or n != memory.name]
-        pinned = False  # the memory unit, once per write-behind reading its buffers
+        serial = None  # of the memory entry, pinned once per write-behind reading its buffers
         try:
             if memory is not None:
                 began = time.perf_counter()
-                if memory.store(save.unit_hash, parts, pins=len(behind)):
-                    pinned = bool(behind)
-                    self._stats.add(f"offload_bytes.{memory.name}.store", nbytes)
-                    self._stats.add(f"stores.{memory.name}")
+                serial = memory.store(save.unit_hash, parts, pins=len(behind))
+                if serial is not None:
                     seconds = snapshot_s + time.perf_counter() - began
-                    self._stats.add(f"offload_seconds.{memory.name}.store", seconds)
-        finally:
-            if not behind:
-                self._store_done(nbytes)
-        if not behind:
+                    with self._stats.update() as s:
+                        bump(s.offload_bytes, (memory.name, Direction.STORE), nbytes)
+                        bump(s.stores, memory.name)
+                        bump(s.offload_seconds, (memory.name, Direction.STORE), seconds)
+            data = {g: p.data if isinstance(p, CpuPart) else p for g, p in parts.items()}
+        except Exception as exc:
+            self._store_failed(save, save.tiers, exc)
+            if memory is not None and serial is not None:
+                for _ in behind:
+                    memory.index.unpin(save.unit_hash, serial)
+            self._store_done(nbytes)
             return
-        data = {g: p.data if isinstance(p, CpuPart) else p for g, p in parts.items()}
-        countdown = _Countdown(len(behind), functools.partial(self._store_done, nbytes))
+        if not behind:
+            self._store_done(nbytes)
+            return
+        countdown = Countdown(len(behind), functools.partial(self._store_done, nbytes))
         for tier in behind:
-            unpin = memory if pinned else None
-            tier.submit(functools.partial(self._write_behind, tier, save, data, unpin, countdown))
+            pin = (memory, serial) if memory is not None and serial is not None else None
+            job = functools.partial(self._write_behind, tier, save, data, pin, countdown)
+            given_up = functools.partial(self._write_given_up, tier, save, pin, countdown)
+            on_tier(tier, job, save.unit_hash, given_up)
 
     def _write_behind(
         self,
         tier: Tier,
         save: UnitSave,
         parts: dict[int, torch.Tensor],
-        unpin: CpuTier | None,
-        countdown: _Countdown,
+        pin: tuple[CpuTier, int] | None,
+        countdown: Countdown,
+        once: Once,
     ) -> None:
         began = time.perf_counter()
         try:
             written = tier.write(save.unit_hash, save.end, parts)
-        except Exception:
-            tier.index.abort(save.unit_hash)
-            self._stats.add(f"store_failures.{tier.name}")
-        else:
-            self._stats.add(f"offload_bytes.{tier.name}.store", written)
-            self._stats.add(f"offload_seconds.{tier.name}.store", time.perf_counter() - began)
-            self._stats.add(f"stores.{tier.name}")
-        finally:
-            if unpin is not None:
-                unpin.index.unpin(save.unit_hash)
-            countdown.tick()
+        except Exception as exc:
+            if once.claim():
+                self._write_given_up(tier, save, pin, countdown, exc)
+            return
+        if not once.claim():  # the tier gave up on this write (stuck): cleaned up already
+            return
+        with self._stats.update() as s:
+            bump(s.offload_bytes, (tier.name, Direction.STORE), written)
+            bump(s.offload_seconds, (tier.name, Direction.STORE), time.perf_counter() - began)
+            bump(s.stores, tier.name)
+        if pin is not None:
+            pin[0].index.unpin(save.unit_hash, pin[1])
+        countdown.tick()
+
+    def _write_given_up(
+        self,
+        tier: Tier,
+        save: UnitSave,
+        pin: tuple[CpuTier, int] | None,
+        countdown: Countdown,
+        exc: BaseException | None = None,
+    ) -> None:
+        """A write-behind failed, or its tier gave up on it: abort, unpin, count."""
+        self._store_failed(save, [tier.name], exc or OSError("given up"))
+        if pin is not None:
+            pin[0].index.unpin(save.unit_hash, pin[1])
+        countdown.tick()
 
     def _store_done(self, nbytes: int) -> None:
         with self._cond:
             self._inflight_bytes -= nbytes
             self.num_stores -= 1
+            self._num_ended += 1
             self._cond.notify_all()
 
-    def _abort(self, save: UnitSave | UnitPromotion, reason: str) -> None:
+    def _abort(self, save: UnitSave | UnitPromotion, reason: SkipReason) -> None:
         if isinstance(save, UnitPromotion):
             self._tier(save.target).index.abort(save.unit_hash)
-            self._tier(save.source).index.unpin(save.unit_hash)
+            self._tier(save.source).index.unpin(save.unit_hash, save.source_pin)
         else:
             for name in save.tiers:
                 self._tier(name).index.abort(save.unit_hash)
-        self._stats.add("stores_skipped")
-        self._stats.add(reason)
+        with self._stats.update() as s:
+            s.stores_skipped += 1
+            bump(s.stores_skipped_by, reason)
 
     def shutdown(self) -> None:
         self._stager.shutdown(wait=True)
 
     def wait_for_saves(self, timeout: float | None = None) -> bool:
+        """Wait for every store to end; False on ``timeout``, or as soon as none has ended for
+        ``STALL_SECONDS`` (a stuck disk: its watchdog fails those stores later), so a
+        shutdown never waits on a disk that does not answer."""
+        began = time.monotonic()
+        deadline = float("inf") if timeout is None else began + timeout
         with self._cond:
-            return self._cond.wait_for(lambda: self.num_stores == 0, timeout)
+            seen, progress_at = self._num_ended, began
+            while self.num_stores:
+                now = time.monotonic()
+                if self._num_ended != seen:
+                    seen, progress_at = self._num_ended, now
+                limit = min(deadline, progress_at + STALL_SECONDS)
+                if now >= limit:
+                    return False
+                self._cond.wait(limit - now)
+            return True
 
     def inflight_bytes(self) -> int:
         with self._cond:

@@ -25,13 +25,17 @@ The rules a tier must keep (the rest of the package relies on them):
   counts and recovers from by recompute.
 - **A failed write completes the unit as failed.** ``write`` either commits the reserved unit
   or raises; the caller then aborts the reservation, so a failed store is never visible.
-- **Bounded waits.** No call on a worker blocks longer than the tier's own timeout.
+- **Bounded waits.** No call on a worker blocks longer than the tier's own timeout; a tier
+  with I/O runs it on its own bounded workers and gives up on (and quarantines) a call that
+  does not return, so one stuck file never stalls the rest; ``shutdown`` returns within a few
+  seconds whatever the storage does.
 """
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
@@ -44,6 +48,24 @@ from hybridkv.connectors.offloading.tier import TierEntry, TierIndex, UnitState
 from hybridkv.connectors.offloading.units import UnitGeometry
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import SpecKind
+
+
+class TierCounts:
+    """Counters a tier's own I/O threads keep, by name (``take`` drains them). The worker folds
+    them into ``OffloadingStats.tier_counters`` at each ``take_stats``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, float] = {}
+
+    def add(self, name: str, value: float = 1) -> None:
+        with self._lock:
+            self._counts[name] = self._counts.get(name, 0) + value
+
+    def take(self) -> dict[str, float]:
+        with self._lock:
+            counts, self._counts = self._counts, {}
+        return counts
 
 
 class ProbeAnswer(Enum):
@@ -154,15 +176,19 @@ class Tier(ABC):
         self.index.remove(unit_hash)
         return 0
 
-    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
-        """Run ``fn`` on the tier's I/O worker, after the I/O queued before it (a tier
-        without I/O runs it now, on the caller's thread)."""
+    def submit(self, fn: Callable[[], Any], key: Hashable | None = None) -> Future[Any]:
+        """Run ``fn`` on the tier's I/O workers, after the I/O of the same ``key`` (a unit
+        hash) queued before it (a tier without I/O runs it now, on the caller's thread)."""
         future: Future[Any] = Future()
         try:
             future.set_result(fn())
         except BaseException as exc:
             future.set_exception(exc)
         return future
+
+    def take_counters(self) -> dict[str, float]:
+        """Counters the tier's own threads kept since the last call (stuck I/O...)."""
+        return {}
 
     def stats(self) -> TierStats:
         index = self.index

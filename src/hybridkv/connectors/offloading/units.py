@@ -105,6 +105,7 @@ class UnitPromotion:
     end: int
     source: TierName
     target: TierName
+    source_pin: int | None = None  # the serial of the source entry pinned
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +115,7 @@ class UnitSource:
     end: int
     unit_hash: BlockHash
     tier: TierName | None  # None: no tier held the unit any more when it was pinned
+    pin: int | None = None  # the serial of the entry pinned (``TierIndex.pin``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,21 +20,21 @@ from concurrent.futures import ThreadPoolExecutor
 
 from hybridkv.connectors.base import (
     BaseConnectorWorker,
-    ConnectorStats,
     KVCacheAccess,
     LoadResult,
-    StatsCounter,
     output_from_results,
 )
 from hybridkv.connectors.config import TierName
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.loads import InflightLoad, LoadPart, PartWriter, plan_parts
 from hybridkv.connectors.offloading.stack import TierStack
+from hybridkv.connectors.offloading.stats import OffloadingStats
 from hybridkv.connectors.offloading.stores import StorePipeline
 from hybridkv.connectors.offloading.units import OffloadLoadKeys
-from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
+from hybridkv.connectors.stats import Direction, StatsCounter, bump
+from hybridkv.step_io import ConnectorMetadata, FailureReason, KVConnectorOutput, LoadSpec
 
-TIMEOUT = "timeout"
+TIMEOUT = FailureReason.TIMEOUT
 
 
 class OffloadingWorker(BaseConnectorWorker):
@@ -47,7 +47,7 @@ class OffloadingWorker(BaseConnectorWorker):
         self._cond = threading.Condition()
         self._loads: dict[str, InflightLoad] = {}  # in flight
         self._results: list[LoadResult] = []  # finished, not reported yet
-        self._stats = StatsCounter()
+        self._stats = StatsCounter(OffloadingStats)
         self._loader = ThreadPoolExecutor(num_load_threads, thread_name_prefix="offload-load")
         # each load's thread copies CPU segments together with up to this many helpers
         self._writer = PartWriter(ctx.geometry, ctx.stack, num_copy_helpers)
@@ -93,7 +93,8 @@ class OffloadingWorker(BaseConnectorWorker):
                 return
         except Exception as exc:  # a device or programming error: fail the whole request
             result.request_reason = f"error: {type(exc).__name__}"
-            self._stats.add("load_failures:error")
+            with self._stats.update() as s:
+                bump(s.load_failures, FailureReason.ERROR)
             if not load.try_finish():
                 return
         finally:
@@ -104,8 +105,9 @@ class OffloadingWorker(BaseConnectorWorker):
             self._cond.notify_all()
         self._count_load_time(parts, time.perf_counter() - began)
 
-    def _record_bad_part(self, part: LoadPart, reason: str, result: LoadResult) -> None:
-        self._stats.add(f"load_failures:{reason}")
+    def _record_bad_part(self, part: LoadPart, reason: FailureReason, result: LoadResult) -> None:
+        with self._stats.update() as s:
+            bump(s.load_failures, reason)
         if part.slot is None:
             result.invalid_blocks.update(dict.fromkeys(part.block_ids, reason))
         else:
@@ -114,18 +116,20 @@ class OffloadingWorker(BaseConnectorWorker):
         tier = self.stack.get(source.tier)
         if tier is None:
             return
-        if tier.index.get(source.unit_hash) is not None:
-            self._stats.add(f"removed.{source.tier}")
+        indexed = tier.index.get(source.unit_hash) is not None
         removed = tier.discard_bad(source.unit_hash, reason)
-        if tier.removed_counter is not None:
-            self._stats.add(tier.removed_counter, removed)
+        with self._stats.update() as s:
+            if indexed:
+                bump(s.removed, tier.name)
+            if tier.removed_counter is not None:
+                bump(s.objects_removed, tier.removed_counter, removed)
 
     def _unpin(self, spec: LoadSpec) -> None:
         keys = spec.keys
         if not isinstance(keys, OffloadLoadKeys):
             return
         for source in keys.units:
-            self.stack.unpin(source.tier, source.unit_hash)
+            self.stack.unpin(source.tier, source.unit_hash, source.pin)
 
     def _count_load_time(self, parts: list[LoadPart], seconds: float) -> None:
         nbytes: dict[TierName, int] = {}
@@ -138,9 +142,10 @@ class OffloadingWorker(BaseConnectorWorker):
                 size = len(part.block_ids) * self.layout.page_bytes
             nbytes[part.source.tier] = nbytes.get(part.source.tier, 0) + size
         total = sum(nbytes.values()) or 1
-        for tier, size in nbytes.items():
-            self._stats.add(f"offload_bytes.{tier}.load", size)
-            self._stats.add(f"offload_seconds.{tier}.load", seconds * size / total)
+        with self._stats.update() as s:
+            for tier, size in nbytes.items():
+                bump(s.offload_bytes, (tier, Direction.LOAD), size)
+                bump(s.offload_seconds, (tier, Direction.LOAD), seconds * size / total)
 
     def _maybe_time_out(self, load: InflightLoad, now: float, force: bool = False) -> bool:
         """Give up on a load past its deadline (or now, if ``force``) unless its device
@@ -151,8 +156,9 @@ class OffloadingWorker(BaseConnectorWorker):
             return False
         spec = load.spec
         result = LoadResult(spec.request_id, spec.is_async, request_reason=TIMEOUT)
-        self._stats.add(f"load_failures:{TIMEOUT}")
-        self._stats.add("timeouts")
+        with self._stats.update() as s:
+            bump(s.load_failures, TIMEOUT)
+            s.timeouts += 1
         with self._cond:
             self._loads.pop(spec.request_id, None)
             self._results.append(result)
@@ -190,14 +196,23 @@ class OffloadingWorker(BaseConnectorWorker):
 
     # -- misc ----------------------------------------------------------------------------
 
-    def take_stats(self) -> ConnectorStats:
+    def take_stats(self) -> OffloadingStats:
+        for tier in self.stack:
+            counted = tier.take_counters()
+            if counted:
+                with self._stats.update() as s:
+                    for name, value in counted.items():
+                        bump(s.tier_counters, name, value)
         return self._stats.take()
 
     def shutdown(self) -> None:
-        self._loader.shutdown(wait=True)
-        self._writer.shutdown()
+        """Bounded whatever the storage does: the tiers fail the I/O still outstanding after
+        their grace, which frees load threads waiting on it."""
+        self._loader.shutdown(wait=False, cancel_futures=True)
         self._stores.shutdown()
         self.stack.shutdown()
+        self._loader.shutdown(wait=True)
+        self._writer.shutdown()
 
 
 def _from_memory_only(stack: TierStack, spec: LoadSpec) -> bool:

@@ -1,0 +1,114 @@
+"""A thin, typed wrapper over one NIXL agent (UCX backend, host memory).
+
+All calls happen on the engine thread. Transfers are READs of descriptor pairs
+(local address, remote address, bytes) with a notification the remote agent receives once the
+read completed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from hybridkv.connectors.nixl.plan import Desc
+
+log = logging.getLogger(__name__)
+
+
+def _import_nixl() -> Any:
+    try:
+        import nixl_cu12 as nixl
+    except ImportError:
+        try:
+            import nixl  # type: ignore[no-redef]
+        except ImportError:
+            raise ValueError(
+                "NixlConnector needs the NIXL Python package: pip install nixl-cu12==1.5.1"
+            ) from None
+    _quiet_nixl_logging()
+    return nixl
+
+
+def _quiet_nixl_logging() -> None:
+    """NIXL logs INFO lines to stdout, where they would corrupt a command's output (``generate
+    --json``, the benchmarks' JSON): send them to stderr, warnings and up unless NIXL_LOG_LEVEL
+    asks otherwise."""
+    nixl_log = logging.getLogger("nixl")
+    if not os.environ.get("NIXL_LOG_LEVEL"):
+        nixl_log.setLevel(logging.WARNING)
+    for handler in nixl_log.handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
+            handler.setStream(sys.stderr)
+
+
+class XferState(str, Enum):
+    DONE = "DONE"
+    PROC = "PROC"
+    ERR = "ERR"
+
+
+class NixlAgent:
+    def __init__(self, name: str) -> None:
+        nixl = _import_nixl()
+        config = nixl.nixl_agent_config(enable_prog_thread=True, backends=["UCX"])
+        self.name = name
+        self._agent = nixl.nixl_agent(name, config)
+        if "UCX" not in self._agent.backends:
+            raise ValueError("NIXL: the UCX backend is not available in this installation")
+        self._regs: list[Any] = []
+
+    def register(self, regions: list[tuple[int, int]]) -> None:
+        """Register host memory regions ``(address, bytes)`` once, at start-up."""
+        regions = [(addr, size) for addr, size in regions if size > 0]
+        if regions:
+            descs = [(addr, size, 0, "") for addr, size in regions]
+            self._regs.append(self._agent.register_memory(descs, "DRAM"))
+
+    def metadata(self) -> bytes:
+        return bytes(self._agent.get_agent_metadata())
+
+    def add_remote(self, metadata: bytes) -> str:
+        name = self._agent.add_remote_agent(metadata)
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+    def remove_remote(self, name: str) -> None:
+        try:
+            self._agent.remove_remote_agent(name)
+        except Exception as exc:  # noqa: BLE001 - NIXL raises its own error types
+            log.warning("NIXL: removing remote agent %s failed: %s", name, exc)
+
+    def read(self, remote: str, descs: list[Desc], notif: bytes) -> Any:
+        """Post a READ of ``descs``; returns its handle (raises on a posting error)."""
+        arr = np.array(descs, dtype=np.uint64).reshape(-1, 3)
+        local = np.stack([arr[:, 0], arr[:, 2], np.zeros(len(arr), np.uint64)], axis=1)
+        far = np.stack([arr[:, 1], arr[:, 2], np.zeros(len(arr), np.uint64)], axis=1)
+        local_descs = self._agent.get_xfer_descs(local.astype(np.uint64), "DRAM")
+        remote_descs = self._agent.get_xfer_descs(far.astype(np.uint64), "DRAM")
+        handle = self._agent.initialize_xfer("READ", local_descs, remote_descs, remote, notif)
+        if self._agent.transfer(handle) == "ERR":
+            self.release(handle)
+            raise RuntimeError("NIXL refused to post the read")
+        return handle
+
+    def state(self, handle: Any) -> XferState:
+        return XferState(self._agent.check_xfer_state(handle))
+
+    def release(self, handle: Any) -> bool:
+        try:
+            self._agent.release_xfer_handle(handle)
+            return True
+        except Exception as exc:  # noqa: BLE001
+            log.warning("NIXL: releasing a transfer handle failed: %s", exc)
+            return False
+
+    def notify(self, remote: str, message: bytes) -> None:
+        self._agent.send_notif(remote, message)
+
+    def notifications(self) -> list[bytes]:
+        found = self._agent.get_new_notifs()
+        return [bytes(m) for messages in found.values() for m in messages]

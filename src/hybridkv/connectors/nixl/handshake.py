@@ -1,0 +1,106 @@
+"""Consumer side of the handshake: fetch each producer's descriptor once (in a background
+thread), check it, add its agent; cached per (engine id, host, port)."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from hybridkv.connectors.nixl.agent import NixlAgent
+from hybridkv.connectors.nixl.layout import LayoutDescriptor, check_compatible
+from hybridkv.connectors.nixl.meta import RemoteSource
+from hybridkv.connectors.nixl.side_channel import fetch
+from hybridkv.connectors.nixl.stats import NixlStats
+from hybridkv.connectors.stats import StatsCounter
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    descriptor: LayoutDescriptor
+    agent_name: str
+
+
+class HandshakeFailed(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class Peers:
+    def __init__(
+        self,
+        agent: NixlAgent,
+        local: LayoutDescriptor,
+        timeout: float,
+        stats: StatsCounter[NixlStats],
+    ) -> None:
+        self.agent = agent
+        self.local = local
+        self.timeout = timeout
+        self.stats = stats
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="nixl-handshake")
+        self._fetching: dict[Key, Future[bytes]] = {}
+        self._peers: dict[Key, Peer] = {}
+
+    @staticmethod
+    def key(src: RemoteSource) -> Key:
+        return (src.engine_id, src.host, src.port)
+
+    def get(self, src: RemoteSource) -> Peer | None:
+        """The peer if its handshake is done; None while it runs (started on first ask).
+        Raises HandshakeFailed (the next ask retries)."""
+        key = self.key(src)
+        peer = self._peers.get(key)
+        if peer is not None:
+            return peer
+        future = self._fetching.get(key)
+        if future is None:
+            self._fetching[key] = self._pool.submit(fetch, src.host, src.port, self.timeout)
+            return None
+        if not future.done():
+            return None
+        del self._fetching[key]
+        try:
+            remote = LayoutDescriptor.decode(future.result())
+        except (OSError, ValueError) as exc:
+            with self.stats.update() as s:
+                s.handshake_failures += 1
+            raise HandshakeFailed(
+                "nixl_handshake_failed", f"NIXL handshake with {src.host}:{src.port}: {exc}"
+            ) from None
+        return self._accept(key, src, remote)
+
+    def _accept(self, key: Key, src: RemoteSource, remote: LayoutDescriptor) -> Peer:
+        if remote.engine_id != src.engine_id:
+            raise HandshakeFailed(
+                "nixl_handshake_failed",
+                f"NIXL handshake: {src.host}:{src.port} is engine {remote.engine_id}, "
+                f"not {src.engine_id} (restarted?)",
+            )
+        try:
+            check_compatible(self.local, remote)
+        except ValueError as exc:
+            with self.stats.update() as s:
+                s.handshake_failures += 1
+            log.error("%s", exc)
+            raise HandshakeFailed("nixl_incompatible", str(exc)) from None
+        name = self.agent.add_remote(remote.agent_metadata)
+        with self.stats.update() as s:
+            s.handshakes += 1
+        peer = Peer(remote, name)
+        self._peers[key] = peer
+        return peer
+
+    def forget(self, src: RemoteSource) -> None:
+        """Drop a peer after a transfer failure: the next request handshakes again."""
+        peer = self._peers.pop(self.key(src), None)
+        if peer is not None:
+            self.agent.remove_remote(peer.agent_name)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,114 @@
+"""What a producer tells a consumer about its cache: the layout descriptor of the handshake.
+
+Everything a consumer needs to address the producer's memory (base addresses, strides, block
+size) plus a compatibility digest it checks first: model identity (architecture, weights,
+dtype) and the grouping (kinds, windows, layers, per-token bytes). Block sizes may differ
+between the two sides: transfers are described in tokens and mapped onto each side's pages.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, StateSpec, dtype_bytes
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDesc:
+    kind: str  # SpecKind value
+    window: int  # sliding window in tokens (0: none)
+    num_layers: int
+    token_bytes: int  # attention: bytes of one token's K (or V) in one layer; state: 0
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDesc:
+    """One state tensor: slot s lives at ``base + s * slot_bytes``."""
+
+    base: int
+    slot_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutDescriptor:
+    engine_id: str
+    compat: str
+    block_size: int
+    layer_page_bytes: int  # row stride of every backing tensor
+    backing: tuple[int, ...]  # base address of backing tensor i
+    groups: tuple[GroupDesc, ...]
+    state_tensors: tuple[tuple[TensorDesc, ...], ...]  # per state group, in slot byte order
+    staging_base: int  # a producer's staged state checkpoints (0: none)
+    staging_stride: int  # bytes of one staged entry (every state group's slot)
+    agent_metadata: bytes = b""
+
+    def encode(self) -> bytes:
+        data = asdict(self)
+        data["agent_metadata"] = base64.b64encode(self.agent_metadata).decode()
+        data["version"] = PROTOCOL_VERSION
+        return json.dumps(data).encode()
+
+    @classmethod
+    def decode(cls, blob: bytes) -> LayoutDescriptor:
+        data: dict[str, Any] = json.loads(blob)
+        if data.pop("version", None) != PROTOCOL_VERSION:
+            raise ValueError("the remote engine speaks another NixlConnector protocol version")
+        data["agent_metadata"] = base64.b64decode(data["agent_metadata"])
+        data["backing"] = tuple(data["backing"])
+        data["groups"] = tuple(GroupDesc(**g) for g in data["groups"])
+        data["state_tensors"] = tuple(
+            tuple(TensorDesc(**t) for t in group) for group in data["state_tensors"]
+        )
+        return cls(**data)
+
+    def state_offsets(self, state_index: int) -> list[int]:
+        """Byte offsets of each of a state group's tensors inside a staged entry."""
+        offset = sum(t.slot_bytes for group in self.state_tensors[:state_index] for t in group)
+        out = []
+        for t in self.state_tensors[state_index]:
+            out.append(offset)
+            offset += t.slot_bytes
+        return out
+
+
+def group_descs(layout: KVCacheLayout) -> tuple[GroupDesc, ...]:
+    out = []
+    for g in layout.groups:
+        spec = g.spec
+        if isinstance(spec, StateSpec):
+            out.append(GroupDesc(g.kind.value, 0, len(g.layer_ids), 0))
+            continue
+        window = spec.sliding_window if isinstance(spec, SlidingWindowSpec) else 0
+        token = spec.num_kv_heads * spec.head_size * dtype_bytes(spec.dtype)
+        out.append(GroupDesc(g.kind.value, window, len(g.layer_ids), token))
+    return tuple(out)
+
+
+def compat_digest(layout: KVCacheLayout, model_id: str) -> str:
+    """Model identity and grouping, block size excluded (it may differ between P and D)."""
+    groups = []
+    for g, desc in zip(layout.groups, group_descs(layout), strict=True):
+        spec = repr(g.spec) if isinstance(g.spec, StateSpec) else asdict(desc)
+        groups.append([g.kind.value, list(g.layer_ids), spec])
+    blob = json.dumps({"model": model_id, "groups": groups}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]
+
+
+def check_compatible(local: LayoutDescriptor, remote: LayoutDescriptor) -> None:
+    """Raise ValueError naming the mismatch if ``remote``'s KV cannot be loaded here."""
+    if remote.compat != local.compat:
+        raise ValueError(
+            f"NIXL handshake with engine {remote.engine_id}: incompatible KV layout (another "
+            f"model, weights, dtype or grouping: digest {remote.compat} != local {local.compat})"
+        )
+    if remote.groups != local.groups:
+        raise ValueError(
+            f"NIXL handshake with engine {remote.engine_id}: groups differ "
+            f"({remote.groups} != {local.groups})"
+        )

@@ -1,0 +1,62 @@
+"""A producer's leases: a finished request's KV waits for its consumer's notification
+(``"<request id>:<bytes read>"``), or until ``abort_timeout_seconds`` pass; either way the
+request is reported in ``finished_sending`` and the scheduler frees its blocks."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from hybridkv.connectors.nixl.stats import Flow, NixlStats
+from hybridkv.connectors.stats import StatsCounter, bump
+
+log = logging.getLogger(__name__)
+
+EARLY_LIMIT = 4096  # notifications kept for requests whose lease has not started (yet)
+
+
+class Leases:
+    def __init__(self, stats: StatsCounter[NixlStats]) -> None:
+        self.stats = stats
+        self.deadlines: dict[str, float] = {}  # request id -> deadline (0: read, report now)
+        self._early: dict[str, int] = {}  # request id -> bytes read, before its lease started
+
+    def start(self, request_id: str, seconds: float) -> None:
+        if request_id in self._early:  # the consumer was faster than our step
+            self._count(self._early.pop(request_id))
+            self.deadlines[request_id] = 0.0
+            return
+        self.deadlines[request_id] = time.monotonic() + seconds
+
+    def on_notifications(self, messages: list[bytes]) -> bool:
+        """Digest consumers' notifications; True if one completed a lease."""
+        found = False
+        for message in messages:
+            rid, _, nbytes = message.decode(errors="replace").rpartition(":")
+            n = int(nbytes) if nbytes.isdigit() else 0
+            if rid in self.deadlines:
+                self.deadlines[rid] = 0.0
+                self._count(n)
+                found = True
+            elif len(self._early) < EARLY_LIMIT:
+                self._early[rid] = n
+            else:
+                with self.stats.update() as s:
+                    s.notifications_unmatched += 1
+        return found
+
+    def _count(self, nbytes: int) -> None:
+        with self.stats.update() as s:
+            bump(s.nbytes, Flow.SEND, nbytes)
+            bump(s.transfers, Flow.SEND)
+
+    def take_finished(self) -> set[str]:
+        """Requests read (or whose lease expired) since the last call."""
+        now = time.monotonic()
+        done = {rid for rid, deadline in self.deadlines.items() if deadline <= now}
+        for rid in done:
+            if self.deadlines.pop(rid) > 0.0:
+                with self.stats.update() as s:
+                    s.leases_expired += 1
+                log.warning("NIXL: request %s was never read; lease expired, KV freed", rid)
+        return done

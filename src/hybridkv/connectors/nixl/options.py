@@ -1,0 +1,50 @@
+"""The NixlConnector's ``kv_connector_extra_config``, parsed and checked at start-up."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from hybridkv.connectors.config import ConnectorOptions, OptionsContext
+
+
+@dataclass(frozen=True, slots=True)
+class NixlOptions(ConnectorOptions):
+    """``side_channel_host``/``side_channel_port``: where a producer serves its handshake
+    (two engines on one host need distinct ports). ``abort_timeout_seconds``: a producer frees
+    a request's KV after this long if no consumer read it (its lease). ``load_timeout_seconds``:
+    a consumer gives up on a read (handshake included) after this long and recovers.
+    ``max_staged_states``: state checkpoints a producer can hold for consumers at once."""
+
+    side_channel_host: str = "127.0.0.1"
+    side_channel_port: int = 5600
+    abort_timeout_seconds: float = 120.0
+    load_timeout_seconds: float = 30.0
+    handshake_timeout_seconds: float = 5.0
+    max_staged_states: int = 64
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.side_channel_port, int) or not 0 <= self.side_channel_port < 65536:
+            raise ValueError(
+                f"NixlConnector: side_channel_port={self.side_channel_port!r} must be a port number"
+            )
+        for name in ("abort_timeout_seconds", "load_timeout_seconds", "handshake_timeout_seconds"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"NixlConnector: {name}={value!r} must be a positive number")
+        if not isinstance(self.max_staged_states, int) or self.max_staged_states < 1:
+            raise ValueError(
+                f"NixlConnector: max_staged_states={self.max_staged_states!r} must be >= 1"
+            )
+
+    @classmethod
+    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext | None = None) -> NixlOptions:
+        known = {f.name for f in fields(cls)}
+        unknown = set(extra) - known
+        if unknown:
+            raise ValueError(
+                f"NixlConnector: unknown kv_connector_extra_config keys {sorted(unknown)}; "
+                f"known: {sorted(known)}"
+            )
+        return cls(**extra)

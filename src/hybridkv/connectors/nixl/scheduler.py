@@ -1,0 +1,219 @@
+"""The NixlConnector's scheduler half: what a producer keeps and advertises, what a consumer
+reads. Never touches memory; see ``plan`` for the token arithmetic.
+
+Producer (request with ``{"do_remote_decode": true}``)::
+
+    steps end at E (get_step_interval)  ->  StageState: copy the live state at E (state layouts)
+    request_finished  ->  delay the free, clip the tables, StartLease, return the params
+    finished_sending (consumer notified, or lease expired)  ->  blocks and staging freed
+
+Consumer (request with the producer's params, ``do_remote_prefill``)::
+
+    lookup: E - local hit tokens, asynchronous  ->  allocation  ->  LoadSpec (keys: RemoteSource)
+    a full local hit or an abort before the read  ->  NotifyOnly (the producer frees at once)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from hybridkv.connectors.base import (
+    BaseConnectorScheduler,
+    KVConnectorRequest,
+    RequestBlocks,
+)
+from hybridkv.connectors.nixl.layout import GroupDesc
+from hybridkv.connectors.nixl.meta import NotifyOnly, RemoteSource, StageState, StartLease
+from hybridkv.connectors.nixl.options import NixlOptions
+from hybridkv.connectors.nixl.plan import producer_first_block, producer_kept_tokens, transfer_end
+from hybridkv.connectors.nixl.stats import NixlStats
+from hybridkv.request import RequestStatus
+from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
+
+log = logging.getLogger(__name__)
+
+
+_NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class NixlScheduler(BaseConnectorScheduler):
+    def __init__(
+        self,
+        options: NixlOptions,
+        engine_id: str,
+        groups: tuple[GroupDesc, ...],
+        block_size: int,
+        producer: bool,
+        consumer: bool,
+    ) -> None:
+        self.options = options
+        self.engine_id = engine_id
+        self.block_size = block_size
+        self.attn = [g for g in groups if g.token_bytes]
+        self.num_state = sum(1 for g in groups if not g.token_bytes)
+        self.has_state = self.num_state > 0
+        self.producer, self.consumer = producer, consumer
+        self._free_staging = list(range(options.max_staged_states - 1, -1, -1))
+        self._staged: dict[str, int] = {}
+        self._consumed: set[str] = set()
+        self._loads: list[LoadSpec] = []
+        self._items: list[Any] = []
+
+    # -- which role a request plays --------------------------------------------------------
+
+    def _end_if_producing(self, request: KVConnectorRequest) -> int | None:
+        params = request.kv_transfer_params
+        if not (self.producer and params and params.get("do_remote_decode")):
+            return None
+        return transfer_end(request.num_prompt_tokens, self.block_size, self.has_state)
+
+    def _source(self, request: KVConnectorRequest) -> RemoteSource | None:
+        params = request.kv_transfer_params
+        if not (self.consumer and params and params.get("do_remote_prefill")):
+            return None
+        try:
+            return RemoteSource.parse(params, len(self.attn), self.has_state)
+        except ValueError as exc:
+            log.warning("request %s: %s; computing it locally", request.request_id, exc)
+            return None
+
+    # -- consumer ----------------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(
+        self, request: KVConnectorRequest, num_local_computed: int
+    ) -> tuple[int, bool] | None:
+        src = None if request.request_id in self._consumed else self._source(request)
+        if src is None or src.num_tokens <= num_local_computed:
+            return 0, False
+        return src.num_tokens - num_local_computed, True
+
+    def update_state_after_alloc(
+        self, request: KVConnectorRequest, blocks: RequestBlocks, num_external_tokens: int
+    ) -> None:
+        src = None if request.request_id in self._consumed else self._source(request)
+        if src is None:
+            return
+        self._consumed.add(request.request_id)
+        if num_external_tokens == 0:
+            if src.num_tokens > 0:
+                self._items.append(NotifyOnly(src))
+            return
+        end = request.num_computed_tokens
+        self._loads.append(
+            self._load_spec(request.request_id, blocks, end - num_external_tokens, end, src)
+        )
+
+    def _load_spec(
+        self, request_id: str, blocks: RequestBlocks, start: int, end: int, src: RemoteSource
+    ) -> LoadSpec:
+        ids, indices = [], []
+        first, last = start // self.block_size, _cdiv(end, self.block_size)
+        for table in blocks.block_ids:
+            picked = [(k, table[k]) for k in range(first, min(last, len(table))) if table[k]]
+            indices.append([k for k, _ in picked])
+            ids.append([b for _, b in picked])
+        return LoadSpec(
+            request_id, start, end, tuple(ids), tuple(indices), blocks.state_slots, True, src
+        )
+
+    def get_hit_sources(
+        self, request: KVConnectorRequest, num_external_tokens: int
+    ) -> dict[str, int]:
+        return {"nixl": num_external_tokens} if num_external_tokens else {}
+
+    # -- producer ----------------------------------------------------------------------------
+
+    def get_step_interval(self, request: KVConnectorRequest) -> int:
+        """A producer's prefill stops at E once, so the live state there can be staged."""
+        end = self._end_if_producing(request)
+        return end if end and self.has_state else 0
+
+    def build_connector_meta(
+        self, scheduled: list[tuple[KVConnectorRequest, int, int, RequestBlocks]]
+    ) -> ConnectorMetadata:
+        items = self._items
+        for request, start, end, blocks in scheduled:
+            stage_at = self._end_if_producing(request)
+            if not (self.has_state and stage_at):
+                continue
+            if end == stage_at:  # the live state after this step's forward
+                slots = blocks.state_slots
+            elif start == stage_at and blocks.restored_slots is not None:
+                slots = blocks.restored_slots  # a local hit at E: the restored checkpoint
+            else:
+                continue
+            index = self._stage_index(request.request_id)
+            if index is not None:
+                items.append(StageState(request.request_id, index, slots))
+        meta = ConnectorMetadata(loads=self._loads, saves=items)
+        self._loads, self._items = [], []
+        return meta
+
+    def _stage_index(self, request_id: str) -> int | None:
+        if request_id not in self._staged:
+            if not self._free_staging:
+                log.warning("NIXL: all %d staging entries busy", self.options.max_staged_states)
+                return None
+            self._staged[request_id] = self._free_staging.pop()
+        return self._staged[request_id]
+
+    def request_finished(
+        self, request: KVConnectorRequest, blocks: RequestBlocks
+    ) -> tuple[bool, dict[str, Any] | None]:
+        rid = request.request_id
+        if rid in self._consumed:
+            self._consumed.discard(rid)
+        else:
+            src = self._source(request)
+            if src is not None and src.num_tokens > 0:  # aborted before its read started
+                self._items.append(NotifyOnly(src))
+        end = self._end_if_producing(request)
+        if end is None or getattr(request, "status", None) not in _NORMAL_FINISH:
+            self._release_staging(rid)
+            return False, None
+        if self.has_state and rid not in self._staged:
+            end = 0  # its state at E was never staged (no staging entry free): recompute
+        if end <= 0:
+            self._release_staging(rid)
+            return False, self._params(rid, blocks, 0)
+        self._items.append(StartLease(rid, self.options.abort_timeout_seconds))
+        return True, self._params(rid, blocks, end)
+
+    def get_kept_tokens(self, request: KVConnectorRequest) -> int | None:
+        end = self._end_if_producing(request)
+        return producer_kept_tokens(end, self.block_size) if end else None
+
+    def _params(self, rid: str, blocks: RequestBlocks, end: int) -> dict[str, Any]:
+        firsts = [producer_first_block(g, end, self.block_size) for g in self.attn]
+        last = _cdiv(end, self.block_size)
+        staged = self._staged.get(rid)
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": self.engine_id,
+            "remote_host": self.options.side_channel_host,
+            "remote_port": self.options.side_channel_port,
+            "remote_request_id": rid,
+            "remote_block_ids": [t[f:last] for t, f in zip(blocks.block_ids, firsts, strict=True)],
+            "remote_block_starts": firsts,
+            "remote_state": [] if staged is None or not end else [staged] * self.num_state,
+            "remote_block_size": self.block_size,
+            "num_tokens": end,
+        }
+
+    def take_stats(self) -> NixlStats:
+        return NixlStats()  # the worker half counts
+
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        for rid in output.finished_sending:
+            self._release_staging(rid)
+
+    def _release_staging(self, rid: str) -> None:
+        index = self._staged.pop(rid, None)
+        if index is not None:
+            self._free_staging.append(index)

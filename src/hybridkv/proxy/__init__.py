@@ -1,0 +1,1 @@
+"""``hybridkv proxy``: an OpenAI-compatible router for prefill/decode disaggregated serving."""

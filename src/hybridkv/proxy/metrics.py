@@ -1,0 +1,38 @@
+"""The proxy's own Prometheus counters (routing outcomes, failures by engine)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from hybridkv.proxy.router import Router
+
+
+class _RouterCollector(Collector):
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        stats = self.router.stats
+        requests = CounterMetricFamily(
+            "hybridkv_proxy_requests", "requests routed, by outcome", labels=["outcome"]
+        )
+        for outcome, n in stats.requests.items():
+            requests.add_metric([outcome.value], n)
+        yield requests
+        failures = CounterMetricFamily(
+            "hybridkv_proxy_engine_failures",
+            "failed calls to an engine (connection errors, 5xx)",
+            labels=["role", "engine"],
+        )
+        for role, table in (("prefill", stats.prefill_failures), ("decode", stats.decode_failures)):
+            for url, n in table.items():
+                failures.add_metric([role, url], n)
+        yield failures
+
+
+def render_metrics(router: Router) -> bytes:
+    registry = CollectorRegistry()
+    registry.register(_RouterCollector(router))
+    return generate_latest(registry)

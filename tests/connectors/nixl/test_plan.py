@@ -1,0 +1,91 @@
+"""The token arithmetic of a transfer (no NIXL): ends, clipping, descriptors, merging."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from hybridkv.connectors.nixl.layout import GroupDesc, LayoutDescriptor, TensorDesc
+from hybridkv.connectors.nixl.options import NixlOptions
+from hybridkv.connectors.nixl.plan import (
+    GroupRead,
+    attention_descs,
+    consumer_range,
+    producer_first_block,
+    producer_kept_tokens,
+    state_descs,
+    transfer_end,
+)
+
+FULL = GroupDesc("full_attention", 0, 2, 8)
+SLIDING = GroupDesc("sliding_window", 32, 2, 8)
+
+
+def desc(block_size: int, page: int, bases: tuple[int, ...] = (0, 1 << 20)) -> LayoutDescriptor:
+    return LayoutDescriptor("e", "c", block_size, page, bases, (FULL, SLIDING), (), 0, 0)
+
+
+def test_transfer_end() -> None:
+    assert transfer_end(40, 16, has_state=False) == 39
+    assert transfer_end(40, 16, has_state=True) == 32
+    assert transfer_end(33, 16, has_state=True) == 32  # the boundary <= N - 1
+    assert transfer_end(32, 16, has_state=True) == 16
+    assert transfer_end(5, 16, has_state=True) == 0  # nothing: the consumer computes it all
+
+
+def test_sliding_clip_keeps_the_window_plus_one_block() -> None:
+    end, b = 100, 16  # the window of token 100 starts at 69 (block 4); one more: block 3
+    assert producer_first_block(SLIDING, end, b) == 3
+    assert producer_first_block(FULL, end, b) == 0
+    # remove_skipped(kept) nulls exactly the blocks before the first kept one
+    kept = producer_kept_tokens(end, b)
+    assert max(0, kept - SLIDING.window + 1) // b == 3
+    assert consumer_range(SLIDING, 0, end, 32, 3 * 16) == (64, 100)  # whole 32-token blocks
+    assert consumer_range(FULL, 48, end, 32, 0) == (48, 100)  # after the local hit
+
+
+def test_equal_block_sizes_merge_runs_into_one_descriptor_per_layer() -> None:
+    """Blocks 1,2,3 on both sides, no row padding: K and V of consecutive blocks are one run."""
+    local, remote = desc(16, 2 * 16 * 8), desc(16, 2 * 16 * 8, (4096, 8192))
+    read = GroupRead(0, 0, 48, [1, 2, 3], [5, 6, 7], 0)
+    out = attention_descs(local, remote, read)
+    row = 2 * 16 * 8
+    assert out == [(row, 4096 + 5 * row, 3 * row), ((1 << 20) + row, 8192 + 5 * row, 3 * row)]
+
+
+def test_different_block_sizes_map_tokens_onto_each_sides_pages() -> None:
+    """P blocks of 16, D blocks of 32: D block 7 takes P blocks 2 and 3 (K then V each)."""
+    tb = FULL.token_bytes
+    local, remote = desc(32, 2 * 32 * tb, (0, 0)), desc(16, 2 * 16 * tb, (0, 0))
+    read = GroupRead(0, 0, 32, [7], [2, 3], 0)
+    got = attention_descs(local, remote, read)[:4]  # layer 0
+    d_row, p_row = 2 * 32 * tb, 2 * 16 * tb
+    assert got == [
+        (7 * d_row, 2 * p_row, 16 * tb),  # K tokens 0..15
+        (7 * d_row + 32 * tb, 2 * p_row + 16 * tb, 16 * tb),  # V tokens 0..15
+        (7 * d_row + 16 * tb, 3 * p_row, 16 * tb),  # K tokens 16..31
+        (7 * d_row + 48 * tb, 3 * p_row + 16 * tb, 16 * tb),  # V tokens 16..31
+    ]
+    assert sum(n for _, _, n in attention_descs(local, remote, read)) == 2 * 32 * 2 * tb
+
+
+def test_state_reads_each_tensor_of_the_staged_entry() -> None:
+    tensors = ((TensorDesc(1000, 64), TensorDesc(5000, 32)),)
+    local = LayoutDescriptor("d", "c", 16, 0, (), (), tensors, 0, 0)
+    remote = LayoutDescriptor("p", "c", 16, 0, (), (), tensors, 9000, 96)
+    # slot 2 on D; staged entry 1 on P: tensors at offsets 0 and 64 inside the entry
+    assert state_descs(local, remote, 0, 2, 1) == [(1128, 9096, 64), (5064, 9160, 32)]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"side_channel_port": "x"}, "side_channel_port='x' must be a port number"),
+        ({"bogus": 1}, "unknown kv_connector_extra_config keys ['bogus']"),
+        ({"abort_timeout_seconds": -1}, "abort_timeout_seconds=-1 must be a positive number"),
+    ],
+)
+def test_bad_options_are_named(extra: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        NixlOptions.parse(extra)

@@ -1,0 +1,139 @@
+"""Disaggregated deployments for tests: prefill and decode engines (``hybridkv serve`` with
+NixlConnector) and a ``hybridkv proxy``, all on free loopback ports, all stopped on exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.server.harness import SubprocessServer, free_port
+
+ENGINE_FLAGS = [
+    "--served-model-name",
+    "m",
+    "--dtype",
+    "float32",
+    "--kv-cache-memory",
+    "64MiB",
+    "--max-num-seqs",
+    "8",
+]
+
+
+def nixl_config(role: str, port: int | None = None, **extra: Any) -> str:
+    options: dict[str, Any] = dict(extra)
+    if port is not None:
+        options["side_channel_port"] = port
+    config = {"kv_connector": "NixlConnector", "kv_role": role}
+    if options:
+        config["kv_connector_extra_config"] = options
+    return json.dumps(config)
+
+
+def engine(model: Path, log: Path, role: str | None, *flags: str, **extra: Any) -> SubprocessServer:
+    """A server; ``role`` None serves colocated (no connector). Producers get a free
+    side-channel port."""
+    args = ["--model", str(model), *ENGINE_FLAGS, *flags]
+    if role is not None:
+        port = free_port() if role != "kv_consumer" else None
+        args += ["--kv-transfer-config", nixl_config(role, port, **extra)]
+    return SubprocessServer(args, log)
+
+
+class ProxyProcess:
+    """``python -m hybridkv proxy`` on a free port; waits for /health."""
+
+    def __init__(self, prefill: list[str], decode: list[str], log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cmd = [sys.executable, "-m", "hybridkv", "proxy", "--port", str(self.port)]
+        self.cmd += ["--prefill", *prefill, "--decode", *decode]
+        self.log_path = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> ProxyProcess:
+        self._log = open(self.log_path, "wb")  # noqa: SIM115
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 60
+        while not self._healthy():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError(f"proxy did not come up:\n{self.log_path.read_text()}")
+            time.sleep(0.2)
+        return self
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(self.url + "/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@dataclass
+class Deployment:
+    prefill: list[SubprocessServer]
+    decode: list[SubprocessServer]
+    proxy: ProxyProcess
+    stack: ExitStack = field(default_factory=ExitStack)
+
+
+def deploy(
+    model: Path, logs: Path, num_prefill: int, num_decode: int, p_flags: tuple[str, ...] = (),
+    d_flags: tuple[str, ...] = (), **extra: Any,
+) -> Deployment:  # fmt: skip
+    """Start everything (engines in parallel); on any failure what started is stopped."""
+    stack = ExitStack()
+    try:
+        servers = [engine(model, logs / f"p{i}.log", "kv_producer", *p_flags, **extra) for i in range(num_prefill)]  # fmt: skip
+        servers += [engine(model, logs / f"d{i}.log", "kv_consumer", *d_flags) for i in range(num_decode)]  # fmt: skip
+        for s in servers:
+            stack.enter_context(s)
+        prefill, decode = servers[:num_prefill], servers[num_prefill:]
+        proxy = stack.enter_context(
+            ProxyProcess([s.url for s in prefill], [s.url for s in decode], logs / "proxy.log")
+        )
+    except BaseException:
+        stack.close()
+        raise
+    return Deployment(prefill, decode, proxy, stack)
+
+
+def complete(url: str, prompt: list[int], max_tokens: int, **body: Any) -> dict[str, Any]:
+    r = httpx.post(
+        url + "/v1/completions",
+        json={"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **body},
+        timeout=300,
+    )
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def stream_tokens_text(
+    url: str, prompt: list[int], max_tokens: int
+) -> tuple[str, list[dict[str, Any]]]:
+    """A streamed completion's text and its events."""
+    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}  # fmt: skip
+    r = httpx.post(url + "/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    events = [json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: {")]
+    return "".join(e["choices"][0]["text"] for e in events if e.get("choices")), events

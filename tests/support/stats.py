@@ -1,0 +1,21 @@
+"""Connector stats as flat ``name -> value`` counters, for tests that count by name.
+
+The names are the ``kv_connector_events`` labels plus ``load_failures:<reason>``,
+``offload_bytes.<tier>.<direction>`` and ``offload_seconds.<tier>.<direction>`` (children
+folded in, as ``/metrics`` shows them)."""
+
+from __future__ import annotations
+
+from hybridkv.connectors.stats import ConnectorStats
+
+
+def flat_counters(stats: ConnectorStats | None) -> dict[str, float]:
+    if stats is None:
+        return {}
+    flat = stats.flatten()
+    out: dict[str, float] = dict(flat.events)
+    out.update({f"load_failures:{r}": n for r, n in flat.load_failures.items() if n})
+    for name, values in (("offload_bytes", flat.offload_bytes),
+                         ("offload_seconds", flat.offload_seconds)):  # fmt: skip
+        out.update({f"{name}.{t}.{d}": v for (t, d), v in values.items()})
+    return out
