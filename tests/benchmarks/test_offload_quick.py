@@ -15,4 +15,7 @@ def test_offload_quick() -> None:
     for cache in ("warm", "cold"):
         assert out["disk_tier"][cache]["load_gbps"]["median"] > 0
     for n in ("128", "256"):
-        assert set(out["ttft_ms"][n]) == {"recompute", "cpu", "disk"}
+        assert set(out["ttft_ms"][n]) == {"recompute", "cpu", "disk", "remote"}
+    remote = out["remote_tier"]
+    assert remote["load_gbps"]["median"] > 0 and remote["plain_get_gbps"]["median"] > 0
+    assert remote["store_gbps"]["median"] > 0 and remote["plain_set_gbps"]["median"] > 0

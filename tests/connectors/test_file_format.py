@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from hybridkv.connectors.file_format import PartError, read_part, write_part
+from hybridkv.connectors.file_format import (
+    PartError,
+    encode_header,
+    parse_part,
+    read_part,
+    write_part,
+)
 
 PAYLOAD = bytes(range(256)) * 4
 
@@ -74,3 +80,23 @@ def test_failed_write_keeps_the_previous_file(
     monkeypatch.undo()
     assert bytes(read_part(str(path), "fp", "g0/ab.kv", (4, 8), len(PAYLOAD))) == PAYLOAD
     assert [p.name for p in tmp_path.iterdir()] == ["part.kv"]  # no temporary, no fresh.kv
+
+
+def test_a_part_held_in_memory_is_checked_like_a_file(tmp_path: Path) -> None:
+    data = written(tmp_path).read_bytes()  # the file's bytes == header + payload in memory
+    head = encode_header("fp", "g0/ab.kv", (4, 8), memoryview(PAYLOAD), "sha256")
+    assert data == head + PAYLOAD
+    assert bytes(parse_part(memoryview(bytearray(data)), "fp", "g0/ab.kv", (4, 8), 1024)) == PAYLOAD
+
+    def why(blob: bytes, key: str = "g0/ab.kv") -> str:
+        with pytest.raises(PartError) as info:
+            parse_part(memoryview(bytearray(blob)), "fp", key, (4, 8), len(PAYLOAD))
+        return info.value.reason
+
+    flipped = bytearray(data)
+    flipped[-3] ^= 1
+    assert why(bytes(flipped)) == "corrupt"
+    assert why(data[:-1]) == "truncated"
+    assert why(data + b"x") == "corrupt"
+    assert why(data, key="g1/ab.kv") == "mismatch"
+    assert why(data[:10]) == "truncated"

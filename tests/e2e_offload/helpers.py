@@ -33,8 +33,12 @@ PROMPTS = [PREFIX + ids(20 + i, 10 + i) for i in range(5)]  # 4 units of shared 
 OTHER = ids(170, 99)  # an unrelated prompt of 5 units
 
 
-def offload(cpu: int | str | None = None, disk: Path | None = None, **extra: Any) -> dict[str, Any]:
+def offload(
+    cpu: int | str | None = None, disk: Path | None = None, remote: str | None = None, **extra: Any
+) -> dict[str, Any]:
     options: dict[str, Any] = {"chunk_tokens": C, **extra}
+    if remote is not None:
+        options["remote_url"] = remote
     if cpu is not None:
         options["cpu_bytes"] = cpu
     if disk is not None:
@@ -113,7 +117,6 @@ def assert_clean(llm: LLM) -> None:
     assert engine.kv.is_idle()
     w, s = worker(llm), sched(llm)
     assert w.wait_for_saves(10.0) and not w.has_pending() and w.inflight_bytes() == 0
-    for tier in (s.cpu, s.disk):
-        if tier is not None:
-            tier.index.check_accounting()
-            assert tier.index.num_pinned() == 0 and tier.index.num_pending() == 0
+    for tier in s.stack:
+        tier.index.check_accounting()
+        assert tier.index.num_pinned() == 0 and tier.index.num_pending() == 0

@@ -1,6 +1,7 @@
 """Run by the restart test in a fresh process: serve the prompts, print outputs as JSON, exit.
 
 python -m tests.e2e_offload.serve_once MODEL_DIR DISK_PATH
+python -m tests.e2e_offload.serve_once MODEL_DIR valkey://HOST:PORT   (a remote tier instead)
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from tests.support.stats import flat_counters
 
 
 def main() -> None:
-    model, disk = Path(sys.argv[1]), Path(sys.argv[2])
-    llm = make_llm(model, offload(disk=disk))
+    model, where = Path(sys.argv[1]), sys.argv[2]
+    remote = where.startswith("valkey://")
+    config = offload(remote=where) if remote else offload(disk=Path(where))
+    llm = make_llm(model, config)
     outs = generate(llm, PROMPTS[:2])
     result = {
         "token_ids": [o.token_ids for o in outs],

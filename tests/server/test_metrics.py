@@ -66,6 +66,9 @@ def test_snapshot_is_the_one_source() -> None:
             connector=ConnectorStats(
                 load_failures={FailureReason.CORRUPT: 2},
                 offload_bytes={(TierName.DISK, Direction.STORE): 4096},
+                children={  # a MultiConnector child's share, by name
+                    "fast": ConnectorStats(offload_bytes={(TierName.REMOTE, Direction.LOAD): 512})
+                },
             ),
         ),
     )
@@ -81,6 +84,9 @@ def test_snapshot_is_the_one_source() -> None:
     assert m["hybridkv:kv_load_failures_total{reason=corrupt}"] == 2
     assert m["hybridkv:offload_bytes_total{direction=store,tier=disk}"] == 4096
     assert m["hybridkv:recomputed_tokens_total"] == 16
+    assert m["hybridkv:offload_bytes_total{direction=load,tier=remote}"] == 512  # folded in
+    name = "hybridkv:kv_connector_child_events_total{connector=fast,name=offload_bytes.remote.load}"
+    assert m[name] == 512
 
 
 def _output(rid: str, n: int, finished: bool, cached: dict[str, int]) -> RequestOutput:

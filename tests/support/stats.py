@@ -19,3 +19,11 @@ def flat_counters(stats: ConnectorStats | None) -> dict[str, float]:
                          ("offload_seconds", flat.offload_seconds)):  # fmt: skip
         out.update({f"{name}.{t}.{d}": v for (t, d), v in values.items()})
     return out
+
+
+def counters_with_children(stats: ConnectorStats | None) -> dict[str, float]:
+    """``flat_counters`` plus each child's own as ``connector.<name>.<counter>``."""
+    out = flat_counters(stats)
+    for name, child in stats.children.items() if stats is not None else ():
+        out.update({f"connector.{name}.{k}": v for k, v in flat_counters(child).items()})
+    return out

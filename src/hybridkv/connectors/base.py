@@ -70,6 +70,18 @@ class LoadResult:
     request_reason: str | None = None
 
 
+def merge_output(into: KVConnectorOutput, other: KVConnectorOutput) -> None:
+    """Add ``other``'s report to ``into`` (the first reason given for an id is kept)."""
+    into.finished_sending |= other.finished_sending
+    into.finished_recving |= other.finished_recving
+    for rid, reason in other.failed_recving.items():
+        into.failed_recving.setdefault(rid, reason)
+    for block_id, reason in other.invalid_block_ids.items():
+        into.invalid_block_ids.setdefault(block_id, reason)
+    for rid, reason in other.invalid_state.items():
+        into.invalid_state.setdefault(rid, reason)
+
+
 def output_from_results(results: list[LoadResult]) -> KVConnectorOutput:
     """The step report for finished loads: async ones are finished receiving whatever their
     outcome (so the request leaves the wait state), failures by block, state and request."""

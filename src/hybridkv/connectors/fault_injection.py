@@ -30,6 +30,7 @@ from hybridkv.connectors.base import (
     KVConnectorPair,
     KVConnectorRequest,
     RequestBlocks,
+    merge_output,
 )
 from hybridkv.connectors.config import KVTransferConfig
 from hybridkv.connectors.fault_plan import TIMEOUT, FaultConfig, fault_draw, plan_faults
@@ -128,7 +129,7 @@ class FaultInjectionWorker(BaseConnectorWorker):
             if spec.is_async:
                 self._held[spec.request_id] = _HeldLoad(spec, now)
             else:
-                _merge(self._ready, self._inject(spec))
+                merge_output(self._ready, self._inject(spec))
 
     def save(self, metadata: ConnectorMetadata) -> None:
         self.inner.save(metadata)
@@ -140,10 +141,10 @@ class FaultInjectionWorker(BaseConnectorWorker):
         for rid, held in list(self._held.items()):
             if held.inner_done and now >= self._due(held):
                 del self._held[rid]
-                _merge(output, held.inner_output)
-                _merge(output, self._release(held, now))
+                merge_output(output, held.inner_output)
+                merge_output(output, self._release(held, now))
         ready, self._ready = self._ready, KVConnectorOutput()
-        _merge(output, ready)
+        merge_output(output, ready)
         return output
 
     def _hold_back(self, output: KVConnectorOutput) -> None:
@@ -233,17 +234,6 @@ class FaultInjectionWorker(BaseConnectorWorker):
 
 def _random_bytes(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
     return torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8)
-
-
-def _merge(into: KVConnectorOutput, other: KVConnectorOutput) -> None:
-    into.finished_sending |= other.finished_sending
-    into.finished_recving |= other.finished_recving
-    for rid, reason in other.failed_recving.items():
-        into.failed_recving.setdefault(rid, reason)
-    for block_id, reason in other.invalid_block_ids.items():
-        into.invalid_block_ids.setdefault(block_id, reason)
-    for rid, reason in other.invalid_state.items():
-        into.invalid_state.setdefault(rid, reason)
 
 
 def create_fault_injection(config: KVTransferConfig, context: ConnectorContext) -> KVConnectorPair:

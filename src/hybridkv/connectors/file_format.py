@@ -94,6 +94,29 @@ def write_part(
     On any failure the temporary file is removed and the exception propagates; ``path`` is
     then either absent or still holds what it held before."""
     view = memoryview(payload).cast("B")  # flat bytes whatever the source shape
+    head = encode_header(fingerprint, key, span, view, checksum)
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(head)
+            f.write(view)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    return view.nbytes
+
+
+def encode_header(
+    fingerprint: str,
+    key: str,
+    span: tuple[int, int],
+    payload: memoryview,
+    checksum: str = "sha256",
+) -> bytes:
+    """The header (fixed fields, fingerprint, key) that precedes ``payload`` (flat bytes) in a
+    stored part: header + payload is what ``parse_part`` reads back."""
     version = CHECKSUM_VERSIONS[checksum]
     fp_bytes, key_bytes = fingerprint.encode(), key.encode()
     head = _HEAD.pack(
@@ -103,20 +126,47 @@ def write_part(
         len(key_bytes),
         span[0],
         span[1],
-        view.nbytes,
-        _digest(version, view),
+        payload.nbytes,
+        _digest(version, payload),
     )
-    directory, name = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    return head + fp_bytes + key_bytes
+
+
+def parse_part(
+    data: memoryview, fingerprint: str, key: str, span: tuple[int, int], payload_len: int
+) -> memoryview:
+    """Check a whole stored part held in memory (header + payload, e.g. a remote value);
+    returns its payload (a view of ``data``) or raises ``PartError``."""
+    _, version, fp_len, key_len, start, end, length, checksum = _unpack(bytes(data[: _HEAD.size]))
+    offset = _HEAD.size + fp_len + key_len
+    if data.nbytes < offset:
+        raise PartError(TRUNCATED, "header names cut short")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(head + fp_bytes + key_bytes)
-            f.write(view)
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-    return view.nbytes
+        names = bytes(data[_HEAD.size : offset])
+        head_fp, head_key = names[:fp_len].decode(), names[fp_len:].decode()
+    except UnicodeDecodeError:
+        raise PartError(CORRUPT, "undecodable header") from None
+    head = PartHeader(version, head_fp, head_key, (start, end), length, offset, checksum)
+    _check_expected(head, fingerprint, key, span, payload_len)
+    if data.nbytes != offset + length:
+        reason = TRUNCATED if data.nbytes < offset + length else CORRUPT
+        raise PartError(reason, f"{data.nbytes} bytes, header says {offset + length}")
+    payload = data[offset:]
+    if _digest(version, payload) != checksum:
+        raise PartError(CORRUPT, "checksum mismatch")
+    return payload
+
+
+def _check_expected(
+    head: PartHeader, fingerprint: str, key: str, span: tuple[int, int], payload_len: int
+) -> None:
+    """The header names what the caller expects (fingerprint, key, span, size)."""
+    if (head.fingerprint, head.key, head.span) != (fingerprint, key, span):
+        raise PartError(MISMATCH, f"holds {head.fingerprint}/{head.key} {list(head.span)}")
+    if head.payload_len != payload_len:
+        raise PartError(
+            MISMATCH, f"payload of {head.payload_len} bytes, layout needs {payload_len}"
+        )
 
 
 def read_part(
@@ -130,12 +180,7 @@ def read_part(
     more than ``payload_len`` bytes are ever allocated, whatever the file says."""
     with _open_regular(path) as f:
         head = _read_head(f)
-        if (head.fingerprint, head.key, head.span) != (fingerprint, key, span):
-            raise PartError(MISMATCH, f"holds {head.fingerprint}/{head.key} {list(head.span)}")
-        if head.payload_len != payload_len:
-            raise PartError(
-                MISMATCH, f"payload of {head.payload_len} bytes, layout needs {payload_len}"
-            )
+        _check_expected(head, fingerprint, key, span, payload_len)
         _check_size(f, head)
         data = bytearray(payload_len)  # writable: tensors can share it
         try:

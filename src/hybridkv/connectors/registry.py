@@ -54,6 +54,10 @@ _REGISTRY: dict[str, ConnectorEntry] = {
         "hybridkv.connectors.offloading.config:OffloadingConfig",
         "hybridkv.connectors.offloading.connector:create_offloading_connector",
     ),
+    "MultiConnector": ConnectorEntry(
+        "hybridkv.connectors.multi_connector:MultiConfig",
+        "hybridkv.connectors.multi_connector:create_multi_connector",
+    ),
     "NixlConnector": ConnectorEntry(
         "hybridkv.connectors.nixl.options:NixlOptions",
         "hybridkv.connectors.nixl.connector:create_nixl_connector",

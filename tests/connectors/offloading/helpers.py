@@ -27,9 +27,14 @@ DST = {0: [11, 12, 13, 14, 15], 1: [0, 0, 16, 17, 18]}
 
 
 def offload_config(
-    cpu: str | int | None = "1MiB", disk: Path | None = None, **extra: Any
+    cpu: str | int | None = "1MiB",
+    disk: Path | None = None,
+    remote: str | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
     options: dict[str, Any] = {"chunk_tokens": C, **extra}
+    if remote is not None:
+        options["remote_url"] = remote
     if cpu is not None:
         options["cpu_bytes"] = cpu
     if disk is not None:
@@ -96,7 +101,6 @@ class OffloadEngine(Engine):
         """No pinned or pending units, accounting consistent, nothing in flight."""
         assert not self.offload_worker.has_pending()
         assert self.offload_worker.inflight_bytes() == 0
-        for tier in (self.sched.cpu, self.sched.disk):
-            if tier is not None:
-                tier.index.check_accounting()
-                assert tier.index.num_pinned() == 0 and tier.index.num_pending() == 0
+        for tier in self.sched.stack:
+            tier.index.check_accounting()
+            assert tier.index.num_pinned() == 0 and tier.index.num_pending() == 0

@@ -293,6 +293,10 @@ def test_failed_disk_write_never_becomes_visible(
         ({"cpu_bytes": 1024, "max_inflight_io_bytes": -1}, "max_inflight_io_bytes"),
         ({"cpu_bytes": 1024, "load_mode": "eager"}, "load_mode"),
         ({"cpu_bytes": 1024, "cpu_prealloc": 1}, "cpu_prealloc"),
+        ({"remote_url": "http://x:1"}, "remote_url"),
+        ({"remote_url": "valkey://x:1", "remote_timeout_seconds": 0}, "remote_timeout_seconds"),
+        ({"remote_url": "valkey://x:1", "remote_ttl_seconds": 1.5}, "remote_ttl_seconds"),
+        ({"remote_url": "valkey://x:1", "remote_key_prefix": 3}, "remote_key_prefix"),
     ],
 )
 def test_bad_config_names_the_key(extra: dict[str, object], key: str) -> None:

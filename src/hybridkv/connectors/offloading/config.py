@@ -5,9 +5,11 @@
     {"cpu_bytes": "4GiB", "disk_path": "./kv-cache", "disk_bytes": "50GiB",
      "chunk_tokens": 256, "eviction": "lru", "load_timeout_seconds": 30,
      "offload_prompt_only": true, "max_inflight_io_bytes": "512MiB", "load_mode": "async",
-     "cpu_prealloc": false}
+     "cpu_prealloc": false,
+     "remote_url": "valkey://127.0.0.1:6379/0", "remote_timeout_seconds": 2,
+     "remote_key_prefix": "hybridkv:", "remote_ttl_seconds": null}
 
-Either tier may be left out (not both). Sizes take plain bytes or KiB/MiB/GiB suffixes.
+Any tier may be left out (not all three: ``cpu_bytes``, ``disk_path``, ``remote_url``). Sizes take plain bytes or KiB/MiB/GiB suffixes.
 ``cpu_prealloc``: map and touch the CPU tier's memory at start-up (as vLLM's CPU offloading
 does), so stores run at copy speed from the first one, at the cost of committing ``cpu_bytes``
 and of ~1 s per 1-2 GiB of start-up.
@@ -38,7 +40,12 @@ _KEYS = (
     "max_inflight_io_bytes",
     "load_mode",
     "cpu_prealloc",
+    "remote_url",
+    "remote_timeout_seconds",
+    "remote_key_prefix",
+    "remote_ttl_seconds",
 )
+REMOTE_SCHEMES = ("valkey://", "redis://", "unix://")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +60,10 @@ class OffloadingConfig(ConnectorOptions):
     max_inflight_io_bytes: int = 512 * 1024**2
     load_mode: LoadMode = LoadMode.ASYNC
     cpu_prealloc: bool = False
+    remote_url: str | None = None  # None: no remote tier
+    remote_timeout_seconds: float = 2.0
+    remote_key_prefix: str = "hybridkv:"
+    remote_ttl_seconds: int | None = None  # None: values never expire (Valkey may evict)
 
     @classmethod
     def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> OffloadingConfig:
@@ -72,8 +83,9 @@ class OffloadingConfig(ConnectorOptions):
                 raise ValueError(_err("disk_bytes", "is required with disk_path"))
         elif "disk_bytes" in values:
             raise ValueError(_err("disk_path", "is required with disk_bytes"))
-        if "cpu_bytes" not in values and "disk_path" not in values:
-            raise ValueError(_err("cpu_bytes", "give cpu_bytes, disk_path or both"))
+        values.update(_remote(extra))
+        if not any(k in values for k in ("cpu_bytes", "disk_path", "remote_url")):
+            raise ValueError(_err("cpu_bytes", "give cpu_bytes, disk_path, remote_url or several"))
         values["chunk_tokens"] = _chunk_tokens(extra.get("chunk_tokens", 256), ctx.block_size)
         values.update(_choices(extra))
         options = cls(**values)
@@ -139,6 +151,32 @@ def memory_limits() -> tuple[int, int]:
     if cap.isdigit():
         total, available = min(total, int(cap)), min(available, max(0, int(cap) - current))
     return total, available
+
+
+def _remote(extra: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    url = extra.get("remote_url")
+    if url is not None:
+        if not isinstance(url, str) or not url.startswith(REMOTE_SCHEMES):
+            raise ValueError(_err("remote_url", f"{url!r} must start with one of {REMOTE_SCHEMES}"))
+        out["remote_url"] = url
+    out["remote_timeout_seconds"] = _seconds(extra, "remote_timeout_seconds", 2.0)
+    prefix = extra.get("remote_key_prefix", "hybridkv:")
+    if not isinstance(prefix, str):
+        raise ValueError(_err("remote_key_prefix", f"{prefix!r} must be a string"))
+    out["remote_key_prefix"] = prefix
+    ttl = extra.get("remote_ttl_seconds")
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl <= 0):
+        raise ValueError(_err("remote_ttl_seconds", f"{ttl!r} must be a whole number > 0"))
+    out["remote_ttl_seconds"] = ttl
+    return out
+
+
+def _seconds(extra: Mapping[str, Any], name: str, default: float) -> float:
+    value = extra.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(_err(name, f"{value!r} must be a number > 0"))
+    return float(value)
 
 
 def _chunk_tokens(value: Any, block_size: int) -> int:

@@ -8,6 +8,7 @@ from hybridkv.connectors.offloading.config import OffloadingConfig, check_sizes
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.cpu_tier import CpuTier
 from hybridkv.connectors.offloading.disk_tier import DiskTier
+from hybridkv.connectors.offloading.remote_tier import RemoteTier
 from hybridkv.connectors.offloading.scheduler import OffloadingScheduler
 from hybridkv.connectors.offloading.stack import TierStack
 from hybridkv.connectors.offloading.tier_base import Tier
@@ -46,7 +47,17 @@ def create_offloading_connector(
                 f"OffloadingConnector: cannot use 'disk_path'={options.disk_path!r} as a KV "
                 f"directory: {exc.strerror or exc}"
             ) from None
-    tiers: list[Tier] = [t for t in (cpu, disk) if t is not None]
+    remote = None
+    if options.remote_url is not None:
+        remote = RemoteTier(
+            options.remote_url,
+            context.fingerprint,
+            geometry,
+            options.remote_timeout_seconds,
+            options.remote_key_prefix,
+            options.remote_ttl_seconds,
+        )
+    tiers: list[Tier] = [t for t in (cpu, disk, remote) if t is not None]
     ctx = OffloadContext(options, geometry, TierStack(tiers))
     scheduler = OffloadingScheduler(
         ctx, load=config.kv_role != "kv_producer", save=config.kv_role != "kv_consumer"

@@ -107,6 +107,8 @@ class Tier(ABC):
     in_memory: bool = False
     # counter of stored objects (files, values) a bad unit's ``discard_bad`` deleted
     removed_counter: str | None = None
+    # called by the tier's workers when a probe finished (set by the worker half)
+    progress: Callable[[], None] | None = None
 
     # -- scheduler thread: memory only ----------------------------------------------------
 
@@ -119,6 +121,11 @@ class Tier(ABC):
         ``units[1:]`` are the request's following units, which the tier may check in the same
         round trip. Never blocks on I/O. By default a tier only knows its own units."""
         return ProbeAnswer.ABSENT
+
+    def probing(self) -> bool:
+        """Whether a probe is still checking on the tier's worker (the engine then waits for
+        ``progress`` instead of spinning through empty steps)."""
+        return False
 
     def take_found(self) -> list[UnitRef]:
         """Units ``probe`` found since the last call, to adopt (reserve + ``adopted``)."""

@@ -52,6 +52,8 @@ class OffloadingWorker(BaseConnectorWorker):
         # each load's thread copies CPU segments together with up to this many helpers
         self._writer = PartWriter(ctx.geometry, ctx.stack, num_copy_helpers)
         self._stores = StorePipeline(ctx, self._stats, self._cond)
+        for tier in self.stack:
+            tier.progress = self._notify  # a probe's answer is progress for a waiting lookup
 
     # -- loads ---------------------------------------------------------------------------
 
@@ -175,13 +177,19 @@ class OffloadingWorker(BaseConnectorWorker):
         return output_from_results(results)
 
     def has_pending(self) -> bool:
+        probing = any(t.probing() for t in self.stack)
         with self._cond:
-            return bool(self._loads or self._results or self._stores.num_stores)
+            return bool(self._loads or self._results or self._stores.num_stores or probing)
 
     def wait_for_progress(self, timeout: float) -> None:
+        probing = any(t.probing() for t in self.stack)
         with self._cond:
-            if (self._loads or self._stores.num_stores) and not self._results:
+            if (self._loads or self._stores.num_stores or probing) and not self._results:
                 self._cond.wait(timeout)
+
+    def _notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     # -- stores (``stores.StorePipeline``) -------------------------------------------------
 

@@ -1,0 +1,276 @@
+"""``MultiConnector``: several connectors as one; each request loads from one chosen child,
+saves go to every child.
+
+Config (``kv_connector_extra_config``)::
+
+    {"connectors": [{"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {...},
+                     "load_weight": 1.0, "name": "local"}, {...}],
+     "selection": "cost"}
+
+Children are created in order with the parent's role; ``load_weight`` (default 1.0) and
+``name`` (default ``<index>.<kv_connector>``, the ``connector`` label of their counters) are
+read here. ``selection`` is ``first``, ``weighted`` or ``cost`` (``multi_select``).
+
+The scheduler half asks every child (any ``None`` makes the answer ``None``: ask again), picks
+one (``multi_select.choose``), gives it the real external count in ``update_state_after_alloc``
+and every other child 0. Metadata is one ``ConnectorMetadata`` per child (``MultiMetadata``);
+each child plans its own saves, with its own backpressure. Step intervals: their gcd. The
+time from a load's metadata to its ``finished_recving`` feeds the chosen child's estimate;
+the time between steps over the tokens they computed feeds the prefill estimate.
+
+Counters: the children's, summed under their own names, and each again as
+``connector.<name>.<counter>``, plus ``connector.<name>.selected`` / ``.selected_tokens``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hybridkv.connectors.base import (
+    BaseConnectorScheduler,
+    KVConnectorPair,
+    KVConnectorRequest,
+    RequestBlocks,
+)
+from hybridkv.connectors.config import ConnectorOptions, KVTransferConfig, OptionsContext
+from hybridkv.connectors.multi_select import (
+    Hit,
+    LoadEstimate,
+    PrefillEstimate,
+    Selection,
+    choose,
+    load_bytes,
+)
+from hybridkv.connectors.multi_worker import (
+    MultiConnectorWorker,
+    MultiMetadata,
+    MultiStats,
+    merge_child_stats,
+)
+from hybridkv.connectors.registry import (
+    ConnectorContext,
+    create_connector,
+    parse_kv_transfer_config,
+)
+from hybridkv.connectors.stats import ConnectorStats, bump
+from hybridkv.kv.spec import KVCacheLayout
+from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
+
+_KEYS = ("connectors", "selection")
+_CHILD_KEYS = ("load_weight", "name")
+
+
+@dataclass(frozen=True, slots=True)
+class ChildConfig:
+    name: str
+    load_weight: float
+    config: KVTransferConfig
+    role_given: bool  # False: the child takes the MultiConnector's kv_role
+
+
+@dataclass(frozen=True, slots=True)
+class MultiConfig(ConnectorOptions):
+    children: tuple[ChildConfig, ...] = ()
+    selection: Selection = Selection.COST
+
+    @classmethod
+    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> MultiConfig:
+        unknown = set(extra) - set(_KEYS)
+        if unknown:
+            raise ValueError(f"MultiConnector: unknown keys {sorted(unknown)}; known: {_KEYS}")
+        items = extra.get("connectors")
+        if not isinstance(items, list) or not items:
+            raise ValueError("MultiConnector: 'connectors' must be a non-empty list")
+        selection = extra.get("selection", "cost")
+        if selection not in [s.value for s in Selection]:
+            raise ValueError(
+                f"MultiConnector: 'selection'={selection!r} must be one of "
+                f"{[s.value for s in Selection]}"
+            )
+        children = tuple(_child(i, item, ctx) for i, item in enumerate(items))
+        names = [c.name for c in children]
+        if len(set(names)) != len(names):
+            raise ValueError(f"MultiConnector: child names must differ: {names}")
+        return cls(children, Selection(selection))
+
+
+def _child(index: int, item: Any, ctx: OptionsContext) -> ChildConfig:
+    where = f"MultiConnector: connectors[{index}]"
+    if not isinstance(item, dict):
+        raise ValueError(f"{where} must be a kv_transfer_config object")
+    raw = {k: v for k, v in item.items() if k not in _CHILD_KEYS}
+    if raw.get("kv_connector") == "MultiConnector":
+        raise ValueError(f"{where}: a MultiConnector cannot nest another")
+    try:
+        config = parse_kv_transfer_config(raw, ctx.block_size)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    weight = item.get("load_weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0:
+        raise ValueError(f"{where}: 'load_weight'={weight!r} must be a number >= 0")
+    name = item.get("name", f"{index}.{config.kv_connector}")
+    if not isinstance(name, str) or not name or "." in name.removeprefix(f"{index}."):
+        raise ValueError(f"{where}: 'name'={name!r} must be a non-empty name without dots")
+    return ChildConfig(name, float(weight), config, "kv_role" in raw)
+
+
+@dataclass(slots=True)
+class _Loading:
+    child: int
+    nbytes: int
+    started: float | None = None  # when its metadata went out
+
+
+@dataclass(slots=True)
+class _Clock:
+    last: float | None = None  # when the previous step's metadata was built
+    tokens: int = 0  # tokens that step computed
+
+
+class MultiConnectorScheduler(BaseConnectorScheduler):
+    def __init__(
+        self,
+        config: MultiConfig,
+        children: list[BaseConnectorScheduler],
+        layout: KVCacheLayout,
+        estimates: list[LoadEstimate] | None = None,
+        prefill: PrefillEstimate | None = None,
+    ) -> None:
+        self.config = config
+        self.children = children
+        self.layout = layout
+        self.names = [c.name for c in config.children]
+        self.weights = [c.load_weight for c in config.children]
+        self.estimates = estimates or [LoadEstimate() for _ in children]
+        self.prefill = prefill or PrefillEstimate()
+        self.clock = time.monotonic
+        self._chosen: dict[str, Hit] = {}  # request id -> the child loading it
+        self._loading: dict[str, _Loading] = {}
+        self._steps = _Clock()
+        self._stats = MultiStats()
+
+    def get_num_new_matched_tokens(
+        self, request: KVConnectorRequest, num_local_computed: int
+    ) -> tuple[int, bool] | None:
+        hits: list[Hit] = []
+        for i, child in enumerate(self.children):
+            found = child.get_num_new_matched_tokens(request, num_local_computed)
+            if found is None:
+                return None
+            hits.append(Hit(i, found[0], found[1]))
+        todo = request.num_tokens - num_local_computed
+        pick = choose(
+            self.config.selection,
+            hits,
+            self.weights,
+            self.estimates,
+            self.prefill,
+            self.layout,
+            todo,
+        )
+        if pick is None:
+            self._chosen.pop(request.request_id, None)
+            return 0, False
+        self._chosen[request.request_id] = pick
+        return pick.tokens, pick.is_async
+
+    def update_state_after_alloc(
+        self, request: KVConnectorRequest, blocks: RequestBlocks, num_external_tokens: int
+    ) -> None:
+        pick = self._chosen.get(request.request_id)
+        chosen = pick.child if pick is not None and num_external_tokens > 0 else -1
+        for i, child in enumerate(self.children):
+            child.update_state_after_alloc(
+                request, blocks, num_external_tokens if i == chosen else 0
+            )
+        if chosen >= 0:
+            name = self.names[chosen]
+            bump(self._stats.selected, name)
+            bump(self._stats.selected_tokens, name, num_external_tokens)
+            nbytes = load_bytes(self.layout, num_external_tokens)
+            self._loading[request.request_id] = _Loading(chosen, nbytes)
+
+    def get_hit_sources(
+        self, request: KVConnectorRequest, num_external_tokens: int
+    ) -> dict[str, int]:
+        pick = self._chosen.pop(request.request_id, None)
+        if pick is None:
+            return {}
+        return self.children[pick.child].get_hit_sources(request, num_external_tokens)
+
+    def get_step_interval(self, request: KVConnectorRequest) -> int:
+        intervals = [c.get_step_interval(request) for c in self.children]
+        return math.gcd(*[i for i in intervals if i > 0]) if any(intervals) else 0
+
+    def build_connector_meta(
+        self, scheduled: list[tuple[KVConnectorRequest, int, int, RequestBlocks]]
+    ) -> ConnectorMetadata:
+        now = self.clock()
+        self._measure_step(now, sum(end - start for _, start, end, _ in scheduled))
+        metas = tuple(child.build_connector_meta(scheduled) for child in self.children)
+        for meta in metas:
+            for spec in meta.loads:
+                loading = self._loading.get(spec.request_id)
+                if loading is not None and loading.started is None:
+                    loading.started = now
+        return MultiMetadata(loads=[spec for meta in metas for spec in meta.loads], children=metas)
+
+    def _measure_step(self, now: float, tokens: int) -> None:
+        """The previous step's tokens over the time until this one: the prefill estimate."""
+        if self._steps.last is not None:
+            self.prefill.add(self._steps.tokens, now - self._steps.last)
+        self._steps.last, self._steps.tokens = now, tokens
+
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        now = self.clock()
+        done = output.finished_recving | set(output.failed_recving)
+        for rid in done:
+            loading = self._loading.pop(rid, None)
+            if loading is None or loading.started is None:
+                continue
+            if rid not in output.failed_recving:
+                self.estimates[loading.child].add(loading.nbytes, now - loading.started)
+        for child in self.children:
+            child.update_connector_output(output)
+
+    def request_finished(
+        self, request: KVConnectorRequest, blocks: RequestBlocks
+    ) -> tuple[bool, dict[str, Any] | None]:
+        self._chosen.pop(request.request_id, None)
+        self._loading.pop(request.request_id, None)
+        delay, params = False, None
+        for child in self.children:
+            child_delay, child_params = child.request_finished(request, blocks)
+            delay = delay or child_delay
+            if child_params:
+                params = {**(params or {}), **child_params}
+        return delay, params
+
+    def take_stats(self) -> ConnectorStats:
+        stats, self._stats = self._stats, MultiStats()
+        merge_child_stats(stats, self.names, [c.take_stats() for c in self.children])
+        return stats
+
+
+def create_multi_connector(config: KVTransferConfig, context: ConnectorContext) -> KVConnectorPair:
+    multi = config.options_as(MultiConfig)
+    pairs = []
+    for child in multi.children:
+        child_config = child.config
+        if not child.role_given:
+            child_config = dataclasses.replace(child_config, kv_role=config.kv_role)
+        try:
+            pairs.append(create_connector(child_config, context))
+        except ValueError as exc:
+            raise ValueError(
+                f"MultiConnector: child {child.name!r} ({child.config.kv_connector}) cannot "
+                f"serve this engine's layout or config: {exc}"
+            ) from None
+    scheduler = MultiConnectorScheduler(multi, [p.scheduler for p in pairs], context.layout)
+    worker = MultiConnectorWorker([c.name for c in multi.children], [p.worker for p in pairs])
+    return KVConnectorPair(scheduler, worker)

@@ -1,0 +1,269 @@
+"""The remote tier: unit parts as values in a Valkey (or Redis) server shared by engines.
+
+::
+
+    <remote_key_prefix><fingerprint>:c<chunk_tokens>:<unit hash hex>.g<group>:<i>
+
+A part is stored as the disk format's bytes (``file_format`` header, xxh3-128 checksum, then
+the payload): the header as value 0, the payload in values of at most ``VALUE_BYTES``; the key carries the layout
+fingerprint, so engines of another model or layout never see it. A unit is written with one
+pipelined batch of ``SET``s (with ``EX`` if ``remote_ttl_seconds``) and read per part with one
+``MGET``; every read is verified.
+
+The server may evict any value (``maxmemory`` + ``allkeys-lru``) or lose everything (a
+restart), so the index only says "this process believed it was there": a unit is found for
+another process only if **every** value of every part exists (one ``EXISTS`` over all its keys,
+pipelined over a request's following units, on the probe worker), and a value gone at load
+time is a ``missing`` load failure (counted, recovered by recompute) that also deletes the
+unit's other values. Every command has ``remote_timeout_seconds`` as its socket timeout, on a
+bounded connection pool; a connection error or timeout marks the server down for
+``RETRY_SECONDS`` (lookups miss, loads fail, stores are dropped, all counted without waiting),
+after which the pool reconnects by itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+import valkey
+
+from hybridkv.connectors.config import TierName
+from hybridkv.connectors.file_format import (
+    IO_ERROR,
+    MISSING,
+    PartError,
+    encode_header,
+    parse_part,
+)
+from hybridkv.connectors.offloading.policies import Eviction, create_policy
+from hybridkv.connectors.offloading.tier import TierIndex
+from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, UnitRef
+from hybridkv.connectors.offloading.units import UnitGeometry, part_key
+from hybridkv.kv.hashing import BlockHash
+
+VALUE_BYTES = 4 << 20  # a few MiB per value: big enough to stream, small enough for the server
+RETRY_SECONDS = 1.0  # after a connection error or timeout, the server is skipped this long
+PROBE_RETRY_SECONDS = 1.0  # a unit found absent is not probed again sooner
+MAX_PROBE_UNITS = 64  # units checked in one probe round trip
+NUM_CONNECTIONS = 8
+NUM_IO_THREADS = 2
+_UNBOUNDED = 1 << 62  # the server bounds its memory; the index only tracks what we stored
+
+ServerError = (valkey.ConnectionError, valkey.TimeoutError)
+
+
+class RemoteTier(Tier):
+    name = TierName.REMOTE
+    removed_counter = "values_removed"
+
+    def __init__(
+        self,
+        url: str,
+        fingerprint: str,
+        geometry: UnitGeometry,
+        timeout: float,
+        key_prefix: str = "hybridkv:",
+        ttl_seconds: int | None = None,
+    ) -> None:
+        self.fingerprint = fingerprint
+        self.geometry = geometry
+        self.ttl = ttl_seconds
+        self.namespace = f"{key_prefix}{fingerprint}:c{geometry.chunk_tokens}:"
+        url = "redis://" + url[len("valkey://") :] if url.startswith("valkey://") else url
+        self.pool = valkey.BlockingConnectionPool.from_url(  # type: ignore[no-untyped-call]
+            url,
+            max_connections=NUM_CONNECTIONS,
+            timeout=timeout,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+        )
+        self.client = valkey.Valkey(connection_pool=self.pool)
+        self.index = TierIndex("remote", _UNBOUNDED, create_policy(Eviction.LRU, 1 << 20))
+        self.io = ThreadPoolExecutor(NUM_IO_THREADS, thread_name_prefix="offload-remote")
+        self._prober = ThreadPoolExecutor(1, thread_name_prefix="offload-remote-probe")
+        self._counters: dict[str, float] = {}  # under ``_lock``
+        self.clock: Callable[[], float] = time.monotonic
+        self._lock = threading.Lock()
+        self._down_until = 0.0
+        self._asking: set[BlockHash] = set()
+        self._found: dict[BlockHash, UnitRef] = {}
+        self._absent: dict[BlockHash, float] = {}
+
+    # -- keys ----------------------------------------------------------------------------
+
+    def part_keys(self, unit_hash: BlockHash, group_id: int, end: int) -> list[str]:
+        key = part_key(unit_hash, group_id)
+        num_values = 1 + -(-self.geometry.part_nbytes(group_id, end) // VALUE_BYTES)
+        return [f"{self.namespace}{key}:{i}" for i in range(num_values)]
+
+    def unit_keys(self, unit_hash: BlockHash, end: int) -> list[str]:
+        return [
+            k
+            for g in self.geometry.layout.groups
+            for k in self.part_keys(unit_hash, g.group_id, end)
+        ]
+
+    # -- the server's health -------------------------------------------------------------
+
+    def is_down(self) -> bool:
+        with self._lock:
+            return self.clock() < self._down_until
+
+    def _failed(self, exc: BaseException) -> None:
+        """A connection error or timeout: skip the server for ``RETRY_SECONDS``."""
+        with self._lock:
+            self._down_until = self.clock() + RETRY_SECONDS
+        self._count("remote_errors", f"remote_errors:{type(exc).__name__}")
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run one round trip, or raise ``PartError(IO_ERROR)`` (server down or failing)."""
+        if self.is_down():
+            raise PartError(IO_ERROR, "remote store down")
+        try:
+            return fn()
+        except ServerError as exc:
+            self._failed(exc)
+            raise PartError(IO_ERROR, f"remote: {type(exc).__name__}") from None
+        except valkey.ValkeyError as exc:  # e.g. OOM: the server answers, but refuses
+            self._count(f"remote_errors:{type(exc).__name__}")
+            raise PartError(IO_ERROR, f"remote: {exc}") from None
+
+    # -- bytes (I/O workers) -------------------------------------------------------------
+
+    def write(self, unit_hash: BlockHash, end: int, parts: dict[int, Any]) -> int:
+        total = 0
+        pipe = self.client.pipeline(transaction=False)
+        for gid, data in parts.items():
+            array: Any = data.contiguous().numpy()
+            payload = memoryview(array).cast("B")
+            key = part_key(unit_hash, gid)
+            span = self.geometry.part_span(gid, end)
+            head = encode_header(self.fingerprint, key, span, payload, checksum="xxh3")
+            names = self.part_keys(unit_hash, gid, end)
+            for name, value in zip(names, _values(head, payload), strict=True):
+                pipe.set(name, value, ex=self.ttl)
+            total += payload.nbytes
+        self._call(pipe.execute)
+        if not self.index.commit(unit_hash, {}):  # the reservation was dropped meanwhile
+            self._delete(unit_hash, end)
+        return total
+
+    def read(self, unit_hash: BlockHash, end: int, group_id: int) -> torch.Tensor:
+        keys = self.part_keys(unit_hash, group_id, end)
+        values = self._call(lambda: self.client.mget(keys))
+        if any(v is None for v in values):
+            raise PartError(MISSING, f"remote part {part_key(unit_hash, group_id)}")
+        data = bytearray(sum(len(v) for v in values))  # one copy; writable: the tensor shares it
+        offset = 0
+        for value in values:
+            data[offset : offset + len(value)] = value
+            offset += len(value)
+        key = part_key(unit_hash, group_id)
+        span = self.geometry.part_span(group_id, end)
+        nbytes = self.geometry.part_nbytes(group_id, end)
+        payload = parse_part(memoryview(data), self.fingerprint, key, span, nbytes)
+        return torch.frombuffer(payload, dtype=torch.uint8)
+
+    def discard_bad(self, unit_hash: BlockHash, reason: str) -> int:
+        entry = self.index.remove(unit_hash)
+        if entry is None or reason == IO_ERROR:
+            return 0
+        try:
+            return self._delete(unit_hash, entry.end)
+        except PartError:
+            return 0
+
+    def _delete(self, unit_hash: BlockHash, end: int) -> int:
+        keys = self.unit_keys(unit_hash, end)
+        return int(self._call(lambda: self.client.delete(*keys)))
+
+    def submit(self, fn: Callable[[], Any], key: Hashable | None = None) -> Future[Any]:
+        return self.io.submit(fn)
+
+    # -- units other processes stored (scheduler thread; checks on the probe worker) ---
+
+    def probe(self, units: Sequence[UnitRef]) -> ProbeAnswer:
+        first = units[0].unit_hash
+        now = self.clock()
+        with self._lock:
+            if first in self._found:
+                return ProbeAnswer.FOUND
+            if first in self._asking:
+                return ProbeAnswer.ASKING
+            if self._absent.get(first, now) > now or now < self._down_until:
+                return ProbeAnswer.ABSENT
+            todo = [
+                u
+                for u in units[:MAX_PROBE_UNITS]
+                if u.unit_hash not in self._asking
+                and self.index.get(u.unit_hash) is None
+                and self._absent.get(u.unit_hash, now) <= now
+            ]
+            self._asking.update(u.unit_hash for u in todo)
+        self._prober.submit(self._check, todo)
+        return ProbeAnswer.ASKING
+
+    def _check(self, units: list[UnitRef]) -> None:
+        """Whether every value of each unit exists (one ``EXISTS`` per unit, pipelined)."""
+        counts: list[int] = []
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for unit in units:
+                pipe.exists(*self.unit_keys(unit.unit_hash, unit.end))
+            counts = self._call(pipe.execute)
+        except Exception:  # never leave the units "asking"  # noqa: BLE001
+            counts = [0] * len(units)
+        retry = self.clock() + PROBE_RETRY_SECONDS
+        with self._lock:
+            for unit, count in zip(units, counts, strict=True):
+                self._asking.discard(unit.unit_hash)
+                if count == len(self.unit_keys(unit.unit_hash, unit.end)):
+                    self._found[unit.unit_hash] = unit
+                else:
+                    self._absent[unit.unit_hash] = retry
+            if len(self._absent) > 4096:
+                now = self.clock()
+                self._absent = {h: t for h, t in self._absent.items() if t > now}
+        if self.progress is not None:
+            self.progress()
+
+    def probing(self) -> bool:
+        with self._lock:
+            return bool(self._asking)
+
+    def take_found(self) -> list[UnitRef]:
+        with self._lock:
+            found, self._found = self._found, {}
+        return list(found.values())
+
+    def mark_absent(self, unit_hash: BlockHash) -> None:
+        with self._lock:
+            self._absent[unit_hash] = self.clock() + PROBE_RETRY_SECONDS
+
+    def _count(self, *names: str) -> None:
+        with self._lock:
+            for name in names:
+                self._counters[name] = self._counters.get(name, 0) + 1
+
+    def take_counters(self) -> dict[str, float]:
+        with self._lock:
+            counters, self._counters = self._counters, {}
+        return counters
+
+    def shutdown(self) -> None:
+        self._prober.shutdown(wait=True)
+        self.io.shutdown(wait=True)
+        self.pool.disconnect()
+
+
+def _values(head: bytes, payload: memoryview) -> list[bytes | memoryview]:
+    """The header as value 0, then the payload in values of at most ``VALUE_BYTES`` (views of
+    the snapshot, sent without a copy); concatenated, they are the disk format's bytes."""
+    values: list[bytes | memoryview] = [head]
+    values.extend(payload[i : i + VALUE_BYTES] for i in range(0, payload.nbytes, VALUE_BYTES))
+    return values

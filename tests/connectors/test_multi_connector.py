@@ -1,0 +1,176 @@
+"""``MultiConnector``: the three selections with injected estimates, the running estimates,
+loads and saves through real children, and start-up errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hybridkv.connectors.multi_connector import MultiConnectorScheduler
+from hybridkv.connectors.multi_select import (
+    Hit,
+    LoadEstimate,
+    PrefillEstimate,
+    Selection,
+    choose,
+    load_bytes,
+)
+from tests.connectors.helpers import Engine, FakeRequest, make_layout, make_request, table
+from tests.connectors.offloading.helpers import DST, SRC, offload_config
+from tests.support.stats import counters_with_children
+
+LAYOUT = make_layout("hybrid")
+
+
+def pick(selection: Selection, hits: list[tuple[int, int]], **kw: Any) -> int | None:
+    """The child chosen among ``(child, tokens)`` hits, 3 children, 100 tokens to compute."""
+    estimates = kw.get("estimates") or [LoadEstimate(1e-3, 1e9) for _ in range(3)]
+    prefill = PrefillEstimate(kw.get("s_per_token", 1e-3))
+    weights = kw.get("weights", [1.0, 1.0, 1.0])
+    found = [Hit(c, n, True) for c, n in hits]
+    chosen = choose(selection, found, weights, estimates, prefill, LAYOUT, 100)
+    return None if chosen is None else chosen.child
+
+
+def test_first_takes_the_first_child_with_a_hit() -> None:
+    assert pick(Selection.FIRST, [(0, 0), (1, 16), (2, 64)]) == 1
+    assert pick(Selection.FIRST, [(0, 0), (1, 0), (2, 0)]) is None
+
+
+def test_weighted_maximises_tokens_times_weight() -> None:
+    assert pick(Selection.WEIGHTED, [(0, 32), (1, 64), (2, 48)]) == 1
+    assert pick(Selection.WEIGHTED, [(0, 32), (1, 64), (2, 48)], weights=[3.0, 1.0, 1.0]) == 0
+    assert pick(Selection.WEIGHTED, [(0, 64), (1, 64), (2, 0)]) == 0  # ties: config order
+
+
+def test_cost_prefers_a_fast_shorter_hit_to_a_slow_longer_one() -> None:
+    slow, fast = LoadEstimate(0.5, 1e9), LoadEstimate(1e-3, 1e9)
+    estimates = [slow, fast, fast]
+    assert pick(Selection.COST, [(0, 96), (1, 88), (2, 0)], estimates=estimates) == 1
+    # the slow child is worth it once recompute of the difference costs more than its latency
+    many = [(0, 96), (1, 8), (2, 0)]
+    assert pick(Selection.COST, many, estimates=estimates, s_per_token=0.01) == 0
+    assert pick(Selection.FIRST, [(0, 96), (1, 88)], estimates=estimates) == 0
+    assert pick(Selection.WEIGHTED, [(0, 96), (1, 88)], estimates=estimates) == 0
+
+
+def test_cost_skips_a_hit_slower_to_load_than_to_recompute() -> None:
+    crawling = [LoadEstimate(0.2, 1e6) for _ in range(3)]
+    assert pick(Selection.COST, [(0, 96), (1, 64)], estimates=crawling, s_per_token=1e-4) is None
+    assert pick(Selection.COST, [(0, 96), (1, 64)], estimates=crawling, s_per_token=0.1) == 0
+
+
+def test_load_estimate_fits_latency_and_bandwidth() -> None:
+    estimate = LoadEstimate()
+    for nbytes in [1 << 20, 4 << 20, 2 << 20, 8 << 20] * 3:
+        estimate.add(nbytes, 0.02 + nbytes / 2e8)
+    assert estimate.latency == pytest.approx(0.02, rel=1e-3)
+    assert estimate.bandwidth == pytest.approx(2e8, rel=1e-3)
+    one_size = LoadEstimate(bandwidth=1e9)
+    one_size.add(1 << 20, 0.5)  # one size: the time beyond the bandwidth is latency
+    assert one_size.latency == pytest.approx(0.5 - (1 << 20) / 1e9)
+
+
+def test_prefill_estimate_is_the_lowest_recent_step_cost() -> None:
+    prefill = PrefillEstimate()
+    prefill.add(4, 10.0)  # a decode step: says nothing about prefill
+    assert prefill.num_samples == 0
+    prefill.add(100, 5.0)  # a warm-up step
+    assert prefill.s_per_token == pytest.approx(0.05)
+    prefill.add(100, 0.1)
+    prefill.add(10_000, 1e6)  # a step followed by a long pause
+    assert prefill.s_per_token == pytest.approx(0.001)
+    for _ in range(PrefillEstimate.WINDOW):
+        prefill.add(100, 0.2)  # the machine got slower: the old fast sample ages out
+    assert prefill.s_per_token == pytest.approx(0.002)
+
+
+def test_load_bytes_caps_windows_and_adds_states() -> None:
+    full = make_layout("full")
+    assert load_bytes(full, 16) == 4 * full.page_bytes
+    assert load_bytes(LAYOUT, 400) < load_bytes(make_layout("full"), 400) * 2
+
+
+def multi(selection: str, *children: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kv_connector": "MultiConnector",
+        "kv_connector_extra_config": {"connectors": list(children), "selection": selection},
+    }
+
+
+def child(name: str, **extra: Any) -> dict[str, Any]:
+    return {**offload_config(**extra), "name": name}
+
+
+def counters(engine: Engine) -> dict[str, float]:
+    """Both halves' counters, each child's also as ``connector.<name>.<counter>``."""
+    totals: dict[str, float] = {}
+    for half in (engine.scheduler, engine.worker):
+        for name, value in counters_with_children(half.take_stats()).items():
+            totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
+def sched(engine: Engine) -> MultiConnectorScheduler:
+    assert isinstance(engine.scheduler, MultiConnectorScheduler)
+    return engine.scheduler
+
+
+def save_prompt(engine: Engine, req: FakeRequest) -> None:
+    start, blocks = 0, table(LAYOUT, SRC, {2: 0})
+    for end in (8, 16, 18):
+        engine.worker.save(engine.scheduler.build_connector_meta([(req, start, end, blocks)]))
+        start = end
+    assert engine.worker.wait_for_saves(5.0)
+
+
+@pytest.mark.parametrize(("selection", "chosen"), [("first", "a"), ("cost", "b")])
+def test_loads_come_from_the_chosen_child_and_saves_go_to_all(selection: str, chosen: str) -> None:
+    config = multi(selection, child("a"), child("b"))
+    engine = Engine(config, LAYOUT, seed=1)
+    sched(engine).estimates[0] = LoadEstimate(10.0, 1e9)  # a: very slow
+    sched(engine).prefill.s_per_token = 1.0  # recompute is slower still
+    req = make_request("a", 18)
+    save_prompt(engine, req)
+    want = engine.blocks_bytes([1, 2, 3, 4, 8, 9]).clone()
+    got = counters(engine)
+    assert got["connector.a.stores.cpu"] == 2 == got["connector.b.stores.cpu"]
+    load = FakeRequest("l", req.all_token_ids)
+    num, _, _ = engine.load(load, table(LAYOUT, DST, {2: 3}))
+    assert num == 16 and engine.scheduler.get_hit_sources(load, 16) == {"cpu": 16}
+    out = engine.finish("l")
+    assert not out.invalid_block_ids and not out.invalid_state
+    assert torch.equal(engine.blocks_bytes([11, 12, 13, 14, 16, 17]), want)
+    got = counters(engine)
+    assert got[f"selected_tokens.{chosen}"] == 16
+    assert got[f"connector.{chosen}.hits.cpu"] == 2
+    other = "b" if chosen == "a" else "a"
+    assert f"connector.{other}.hits.cpu" not in got
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"connectors": []}, "non-empty list"),
+        ({"connectors": [offload_config()], "selection": "best"}, "selection"),
+        ({"connectors": [offload_config(), offload_config()], "colour": 1}, "unknown keys"),
+        ({"connectors": [{**offload_config(), "load_weight": -1}]}, "load_weight"),
+        ({"connectors": [multi("first", offload_config())]}, "cannot nest"),
+        (
+            {"connectors": [{**offload_config(), "name": "x"}, {**offload_config(), "name": "x"}]},
+            "differ",
+        ),
+        ({"connectors": [offload_config(chunk_tokens=6)]}, r"connectors\[0\]: .*chunk_tokens"),
+        (  # parsed fine, but cannot be built on this machine
+            {"connectors": [offload_config(disk=Path("/proc/no-such/kv"))]},
+            "child '0.OffloadingConnector'.*disk_path",
+        ),
+    ],
+)
+def test_bad_config_is_a_clear_start_up_error(extra: dict[str, Any], message: str) -> None:
+    config = {"kv_connector": "MultiConnector", "kv_connector_extra_config": extra}
+    with pytest.raises(ValueError, match=message):
+        Engine(config, LAYOUT)
