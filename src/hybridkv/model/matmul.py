@@ -57,5 +57,8 @@ def upcast_matmuls(model: CausalLM, dtype: torch.dtype) -> None:
         elif isinstance(module, TopKMoE):
             for param in (module.input_linear.weight, module.output_linear.weight):
                 param.data = param.data.to(dtype)
+        elif getattr(module, "is_expert_stack", False):  # [E, out, in] expert weights
+            for param in module.parameters(recurse=False):
+                param.data = param.data.to(dtype)
         elif isinstance(module, PagedAttention):
             module.compute_dtype = dtype

@@ -20,6 +20,8 @@ from hybridkv.model.step_context import StepContext
 class _Experts(nn.Module):
     """``x @ gate_up_proj[e] + bias`` ``[E, H, 2I]``; ``h @ down_proj[e] + bias`` ``[E, I, H]``."""
 
+    is_expert_stack = True  # matmul.upcast_matmuls holds these in the matmul dtype
+
     def __init__(self, num: int, hidden: int, inner: int) -> None:
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(num, hidden, 2 * inner))

@@ -68,6 +68,8 @@ class NemotronHRouter(nn.Module):
 
 
 class NemotronHExperts(nn.Module):
+    is_expert_stack = True  # matmul.upcast_matmuls holds these in the matmul dtype
+
     def __init__(self, num_experts: int, inner: int, dim: int) -> None:
         super().__init__()
         self.up_proj = nn.Parameter(torch.empty(num_experts, inner, dim))

@@ -31,6 +31,8 @@ from hybridkv.model.step_context import StepContext
 class _Experts(nn.Module):
     """``gate_proj``/``up_proj`` ``[E, I, H]``, ``down_proj`` ``[E, H, I]``."""
 
+    is_expert_stack = True  # matmul.upcast_matmuls holds these in the matmul dtype
+
     def __init__(self, num: int, hidden: int, inner: int) -> None:
         super().__init__()
         self.gate_proj = nn.Parameter(torch.empty(num, inner, hidden))
