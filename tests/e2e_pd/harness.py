@@ -29,23 +29,29 @@ ENGINE_FLAGS = [
 ]
 
 
-def nixl_config(role: str, port: int | None = None, **extra: Any) -> str:
+def nixl_config(
+    role: str, port: int | None = None, policy: str | None = None, **extra: Any
+) -> str:
     options: dict[str, Any] = dict(extra)
     if port is not None:
         options["side_channel_port"] = port
-    config = {"kv_connector": "NixlConnector", "kv_role": role}
+    config: dict[str, Any] = {"kv_connector": "NixlConnector", "kv_role": role}
+    if policy is not None:
+        config["kv_load_failure_policy"] = policy
     if options:
         config["kv_connector_extra_config"] = options
     return json.dumps(config)
 
 
-def engine(model: Path, log: Path, role: str | None, *flags: str, **extra: Any) -> SubprocessServer:
+def engine(
+    model: Path, log: Path, role: str | None, *flags: str, policy: str | None = None, **extra: Any
+) -> SubprocessServer:
     """A server; ``role`` None serves colocated (no connector). Producers get a free
     side-channel port."""
     args = ["--model", str(model), *ENGINE_FLAGS, *flags]
     if role is not None:
         port = free_port() if role != "kv_consumer" else None
-        args += ["--kv-transfer-config", nixl_config(role, port, **extra)]
+        args += ["--kv-transfer-config", nixl_config(role, port, policy, **extra)]
     return SubprocessServer(args, log)
 
 

@@ -116,3 +116,33 @@ def test_failed_prefill_engines_and_a_killed_producer(
         routed = scrape(proxy.url)
         assert routed["hybridkv_proxy_requests_total{outcome=colocated}"] == 1
         assert routed[f"hybridkv_proxy_engine_failures_total{{engine={dead},role=prefill}}"] >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_other_weights_under_policy_fail_answer_an_error_over_http(
+    checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A decode engine serving other weights refuses the producer's layout at the handshake.
+    Under ``fail`` the completion answers 500 ``request_failed`` naming the reason (and a
+    stream ends with an error event); the engine then serves its next request normally."""
+    other = checkpoint("qwen3", name="qwen3-other", seed=1)
+    prompt = random_ids(60, 7)
+    expected = reference(other, [prompt])[0]
+    p = engine(checkpoint("qwen3"), tmp_path / "p.log", "kv_producer")
+    dec = engine(other, tmp_path / "d.log", "kv_consumer", policy="fail")
+    with p, dec:
+        pre = complete(p.url, prompt, 1, kv_transfer_params={"do_remote_decode": True})
+        body = {"model": "m", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
+        body["kv_transfer_params"] = pre["kv_transfer_params"]
+        r = httpx.post(dec.url + "/v1/completions", json=body, timeout=300)
+        assert r.status_code == 500, r.text
+        error = r.json()["error"]
+        assert error["code"] == "request_failed" and "nixl_incompatible" in error["message"]
+        again = complete(p.url, prompt, 1, kv_transfer_params={"do_remote_decode": True})
+        body["kv_transfer_params"], body["stream"] = again["kv_transfer_params"], True
+        streamed = httpx.post(dec.url + "/v1/completions", json=body, timeout=300)
+        events = [x[6:] for x in streamed.text.split("\n\n") if x.startswith("data: {")]
+        assert "request_failed" in events[-1] and "nixl_incompatible" in events[-1]
+        assert complete(dec.url, prompt, MAX_TOKENS)["choices"][0]["text"] == expected
+        assert metric(scrape(dec.url), "kv_transfer_failures", reason="nixl_incompatible") == 2

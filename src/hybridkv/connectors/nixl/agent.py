@@ -90,7 +90,15 @@ class NixlAgent:
         local_descs = self._agent.get_xfer_descs(local.astype(np.uint64), "DRAM")
         remote_descs = self._agent.get_xfer_descs(far.astype(np.uint64), "DRAM")
         handle = self._agent.initialize_xfer("READ", local_descs, remote_descs, remote, notif)
-        if self._agent.transfer(handle) == "ERR":
+        try:
+            posted = self._agent.transfer(handle)
+        except BaseException:
+            # UCX may run a large read inside the post; a peer that dies during it raises here
+            # (NIXL_ERR_REMOTE_DISCONNECT) with part of the bytes landed: the caller fails the
+            # load, whose blocks are recomputed, never read.
+            self.release(handle)
+            raise
+        if posted == "ERR":
             self.release(handle)
             raise RuntimeError("NIXL refused to post the read")
         return handle
