@@ -83,20 +83,29 @@ def test_failed_write_keeps_the_previous_file(
 
 
 def test_a_part_held_in_memory_is_checked_like_a_file(tmp_path: Path) -> None:
+    """Header and payload as separate values (the remote tier's layout), the payload in one
+    piece or several: checked like a file, each kind of damage named."""
     data = written(tmp_path).read_bytes()  # the file's bytes == header + payload in memory
     head = encode_header("fp", "g0/ab.kv", (4, 8), memoryview(PAYLOAD), "sha256")
     assert data == head + PAYLOAD
-    assert bytes(parse_part(memoryview(bytearray(data)), "fp", "g0/ab.kv", (4, 8), 1024)) == PAYLOAD
+    one = parse_part(head, [PAYLOAD], "fp", "g0/ab.kv", (4, 8), 1024)
+    assert one is PAYLOAD  # one piece: returned as it is, no copy
+    pieces = [PAYLOAD[:100], memoryview(PAYLOAD)[100:700], PAYLOAD[700:]]
+    assert bytes(parse_part(head, pieces, "fp", "g0/ab.kv", (4, 8), 1024)) == PAYLOAD
+    xhead = encode_header("fp", "g0/ab.kv", (4, 8), memoryview(PAYLOAD), "xxh3")
+    assert bytes(parse_part(xhead, pieces, "fp", "g0/ab.kv", (4, 8), 1024)) == PAYLOAD
 
-    def why(blob: bytes, key: str = "g0/ab.kv") -> str:
+    def why(h: bytes, payload: list[bytes], key: str = "g0/ab.kv") -> str:
         with pytest.raises(PartError) as info:
-            parse_part(memoryview(bytearray(blob)), "fp", key, (4, 8), len(PAYLOAD))
+            parse_part(h, payload, "fp", key, (4, 8), len(PAYLOAD))
         return info.value.reason
 
-    flipped = bytearray(data)
+    flipped = bytearray(PAYLOAD)
     flipped[-3] ^= 1
-    assert why(bytes(flipped)) == "corrupt"
-    assert why(data[:-1]) == "truncated"
-    assert why(data + b"x") == "corrupt"
-    assert why(data, key="g1/ab.kv") == "mismatch"
-    assert why(data[:10]) == "truncated"
+    assert why(head, [bytes(flipped)]) == "corrupt"
+    assert why(xhead, [PAYLOAD[:500], bytes(flipped)[500:]]) == "corrupt"
+    assert why(head, [PAYLOAD[:-1]]) == "truncated"
+    assert why(head, [PAYLOAD, b"x"]) == "corrupt"
+    assert why(head, [PAYLOAD], key="g1/ab.kv") == "mismatch"
+    assert why(head[:10], [PAYLOAD]) == "truncated"
+    assert why(head + b"x", [PAYLOAD]) == "corrupt"

@@ -32,8 +32,9 @@ import os
 import stat
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import xxhash
 
@@ -133,28 +134,47 @@ def encode_header(
 
 
 def parse_part(
-    data: memoryview, fingerprint: str, key: str, span: tuple[int, int], payload_len: int
-) -> memoryview:
-    """Check a whole stored part held in memory (header + payload, e.g. a remote value);
-    returns its payload (a view of ``data``) or raises ``PartError``."""
-    _, version, fp_len, key_len, start, end, length, checksum = _unpack(bytes(data[: _HEAD.size]))
+    head: bytes | memoryview,
+    pieces: Sequence[bytes | memoryview],
+    fingerprint: str,
+    key: str,
+    span: tuple[int, int],
+    payload_len: int,
+) -> bytes | memoryview:
+    """Check a whole stored part held in memory as its header (``encode_header``'s bytes) and
+    its payload in ``pieces`` (e.g. remote values, in order); returns the payload, or raises
+    ``PartError``. The checksum streams over the pieces: one piece is returned as it is (no
+    copy), several are joined once."""
+    head = memoryview(head).cast("B")
+    if head.nbytes < _HEAD.size:
+        raise PartError(TRUNCATED, "header cut short")
+    _, version, fp_len, key_len, start, end, length, checksum = _unpack(bytes(head[: _HEAD.size]))
     offset = _HEAD.size + fp_len + key_len
-    if data.nbytes < offset:
-        raise PartError(TRUNCATED, "header names cut short")
+    if head.nbytes != offset:
+        raise PartError(TRUNCATED if head.nbytes < offset else CORRUPT, "header names")
     try:
-        names = bytes(data[_HEAD.size : offset])
+        names = bytes(head[_HEAD.size : offset])
         head_fp, head_key = names[:fp_len].decode(), names[fp_len:].decode()
     except UnicodeDecodeError:
         raise PartError(CORRUPT, "undecodable header") from None
-    head = PartHeader(version, head_fp, head_key, (start, end), length, offset, checksum)
-    _check_expected(head, fingerprint, key, span, payload_len)
-    if data.nbytes != offset + length:
-        reason = TRUNCATED if data.nbytes < offset + length else CORRUPT
-        raise PartError(reason, f"{data.nbytes} bytes, header says {offset + length}")
-    payload = data[offset:]
-    if _digest(version, payload) != checksum:
+    header = PartHeader(version, head_fp, head_key, (start, end), length, offset, checksum)
+    _check_expected(header, fingerprint, key, span, payload_len)
+    got = sum(memoryview(p).nbytes for p in pieces)
+    if got != length:
+        reason = TRUNCATED if got < length else CORRUPT
+        raise PartError(reason, f"{got} payload bytes, header says {length}")
+    if _digest_pieces(version, pieces) != checksum:
         raise PartError(CORRUPT, "checksum mismatch")
-    return payload
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def _digest_pieces(version: int, pieces: Sequence[bytes | memoryview]) -> bytes:
+    if len(pieces) == 1:
+        return _digest(version, memoryview(pieces[0]))
+    h: Any = xxhash.xxh3_128() if version == FORMAT_VERSION_XXH3 else hashlib.sha256()
+    for piece in pieces:
+        h.update(piece)
+    return bytes(h.digest()).ljust(32, b"\0")
 
 
 def _check_expected(

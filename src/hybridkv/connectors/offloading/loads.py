@@ -4,7 +4,9 @@ A CPU part is copied segment by segment (``cpu_tier.load_segments``), each segme
 checksummed in the same pass as its copy (native kernels) or right after it while its bytes
 are still in cache (without them, the load's thread and the copy helpers each take the next
 segment left; with them, OpenMP threads share each call's segments).
-A disk part (and a CPU state part) is read and verified whole, then written. A part may reach
+A disk or remote part (and a CPU state part) is read and verified whole, then written; the
+next part's read runs on a read-ahead thread while one is written, so the network or the disk
+overlaps the checksum and the copy. A part may reach
 the device before the rest of the load is verified, never before it is reported: a bad part's
 blocks were fresh to the request and are reported invalid (then recomputed). Every device
 write happens inside ``InflightLoad``'s write gate, so none starts after a timeout gave the
@@ -14,7 +16,8 @@ load up and the timeout waits for those in progress.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from queue import Empty, SimpleQueue
 
@@ -31,6 +34,7 @@ from hybridkv.step_io import FailureReason, LoadSpec
 # Native loads: bytes of segments per kernel call (OpenMP spreads them over threads). A
 # timeout waits for at most the call in progress (~5 ms at this size on 2 cores).
 BATCH_BYTES = 64 << 20
+READ_AHEAD = 2  # whole parts in flight per load: the one being written and the next
 
 
 @dataclass(slots=True)
@@ -156,6 +160,7 @@ class PartWriter:
         self.stack = stack
         self._num_helpers = num_copy_helpers
         self._helpers = ThreadPoolExecutor(max(1, num_copy_helpers), "offload-copy")
+        self._readers = ThreadPoolExecutor(2, "offload-read-ahead")
 
     def write(
         self, load: InflightLoad, parts: list[LoadPart]
@@ -165,20 +170,36 @@ class PartWriter:
         failed: dict[LoadPart, FailureReason] = {}
         segments, whole = self._split(parts, failed)
         failed.update(dict.fromkeys(self._copy_segments(load, segments), CORRUPT))
-        for part in whole:
-            if load.cancelled:  # timed out: stop reading, the result is reported already
-                break
-            try:
-                payload = self._read(part)
-            except PartError as err:
-                failed[part] = err.reason
-                continue
-            if not self._write_part(load, part, payload):
-                break
+        self._write_whole(load, whole, failed)
         return [(p, failed[p]) for p in parts if p in failed]
 
     def shutdown(self) -> None:
         self._helpers.shutdown(wait=True)
+        self._readers.shutdown(wait=True)
+
+    def _write_whole(
+        self, load: InflightLoad, parts: list[LoadPart], failed: dict[LoadPart, FailureReason]
+    ) -> None:
+        """Read, verify and write whole parts in order, ``READ_AHEAD`` reads in flight."""
+        todo = iter(parts)
+        ahead: deque[tuple[LoadPart, Future[torch.Tensor]]] = deque()
+        try:
+            while True:
+                while len(ahead) < READ_AHEAD and (part := next(todo, None)) is not None:
+                    ahead.append((part, self._readers.submit(self._read, part)))
+                if not ahead or load.cancelled:  # timed out: the result is reported already
+                    return
+                part, read = ahead.popleft()
+                try:
+                    payload = read.result()
+                except PartError as err:
+                    failed[part] = err.reason
+                    continue
+                if not self._write_part(load, part, payload):
+                    return
+        finally:
+            for _, read in ahead:  # reads only fill memory: unwanted ones are dropped
+                read.cancel()
 
     def _split(
         self, parts: list[LoadPart], failed: dict[LoadPart, FailureReason]

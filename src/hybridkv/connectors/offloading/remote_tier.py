@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -55,6 +56,8 @@ NUM_IO_THREADS = 2
 _UNBOUNDED = 1 << 62  # the server bounds its memory; the index only tracks what we stored
 
 ServerError = (valkey.ConnectionError, valkey.TimeoutError)
+# ``_tensor`` shares a reply's read-only bytes on purpose (see there).
+warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning, __name__)
 
 
 class RemoteTier(Tier):
@@ -158,16 +161,11 @@ class RemoteTier(Tier):
         values = self._call(lambda: self.client.mget(keys))
         if any(v is None for v in values):
             raise PartError(MISSING, f"remote part {part_key(unit_hash, group_id)}")
-        data = bytearray(sum(len(v) for v in values))  # one copy; writable: the tensor shares it
-        offset = 0
-        for value in values:
-            data[offset : offset + len(value)] = value
-            offset += len(value)
         key = part_key(unit_hash, group_id)
         span = self.geometry.part_span(group_id, end)
         nbytes = self.geometry.part_nbytes(group_id, end)
-        payload = parse_part(memoryview(data), self.fingerprint, key, span, nbytes)
-        return torch.frombuffer(payload, dtype=torch.uint8)
+        payload = parse_part(values[0], values[1:], self.fingerprint, key, span, nbytes)
+        return _tensor(payload)
 
     def discard_bad(self, unit_hash: BlockHash, reason: str) -> int:
         entry = self.index.remove(unit_hash)
@@ -259,6 +257,14 @@ class RemoteTier(Tier):
         self._prober.shutdown(wait=True)
         self.io.shutdown(wait=True)
         self.pool.disconnect()
+
+
+def _tensor(payload: bytes | memoryview) -> torch.Tensor:
+    """A verified payload as a flat uint8 tensor sharing its memory. The tensor is only read
+    (rows are copied into the cache), so a read-only buffer (a reply's ``bytes``) is fine."""
+    if not payload:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(payload, dtype=torch.uint8)
 
 
 def _values(head: bytes, payload: memoryview) -> list[bytes | memoryview]:
