@@ -101,14 +101,16 @@ def test_a_flipped_byte_in_any_state_segment_is_invalid_state(
 def test_a_timed_out_load_writes_nothing_after_its_timeout_is_reported(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    engine, a = stored_full(load_timeout_seconds=0.1)
+    # A write takes 0.3 s and the timeout is 0.5 s: the first write ends well before it, the
+    # second is waiting when it fires (margins wide enough for a loaded machine).
+    engine, a = stored_full(load_timeout_seconds=0.5)
     writes: list[tuple[float, float, int]] = []  # (start, end, segments) of every write
     lock = threading.Lock()
     real_write = PartWriter._write_batch
 
     def slow_write(self: PartWriter, load: InflightLoad, batch: list[CpuSegment]) -> object:
         began = time.monotonic()
-        time.sleep(0.06)
+        time.sleep(0.3)
         verified = real_write(self, load, batch)
         if verified is not None:
             with lock:
@@ -119,10 +121,10 @@ def test_a_timed_out_load_writes_nothing_after_its_timeout_is_reported(
     monkeypatch.setattr(loads, "BATCH_BYTES", 2 * SEGMENT)
     before = engine.blocks_bytes(LOAD_IDS[:12]).clone()
     engine.load(FakeRequest("l", a.all_token_ids), table(engine.layout, {0: LOAD_IDS}))
-    out = engine.finish("l", timeout=2.0)
+    out = engine.finish("l", timeout=5.0)
     reported = time.monotonic()
     assert out.failed_recving == {"l": "timeout"}
-    time.sleep(0.5)  # 6 segments, <= 0.06 s each: any copy not stopped would have run by now
+    time.sleep(2.0)  # 6 segments, ~0.3 s each: any copy not stopped would have run by now
     with lock:
         assert writes and all(end <= reported for _, end, _ in writes)
         num_written = sum(n for _, _, n in writes)
