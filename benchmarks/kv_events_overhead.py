@@ -106,7 +106,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cache-dir", default=None, help="$HYBRIDKV_CACHE_DIR (the default model)")
     args = ap.parse_args()
+    if args.cache_dir is not None:
+        os.environ["HYBRIDKV_CACHE_DIR"] = args.cache_dir
     rounds = 1 if args.quick else args.rounds
     work = prompts(8, 64, 16) if args.quick else prompts(32, 256, 48)
     max_tokens = 4 if args.quick else 24
@@ -127,7 +130,7 @@ def main() -> None:
     base = summary["off"]["step_ms"]
     for m in ("null", "zmq"):
         summary[m]["step_vs_off"] = round(summary[m]["step_ms"] / base, 3)
-    report = {"machine": machine_info(loadavg=os.getloadavg(), cpu_flags=_cpu_flags()),
+    report = {"benchmark": "kv_events_overhead", "quick": args.quick, "machine": machine_info(loadavg=os.getloadavg(), cpu_flags=_cpu_flags()),
               "workload": {"prompts": len(work), "prompt_len": len(work[0]), "max_tokens": max_tokens},
               "results": summary}  # fmt: skip
     print(json.dumps(report, indent=1))
