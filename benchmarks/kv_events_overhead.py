@@ -11,6 +11,11 @@ alternate off / null / zmq after one warm-up of each. Two numbers per mode:
                      step (conversion + queueing; the encode and send run on the publisher's
                      thread, which competes for the GIL: that shows in step_ms only)
 
+A second, steadier measurement (``micro``): a loop of synthetic steps (10 float32 384x384
+matmuls, ~2 ms of torch compute that releases the GIL) each publishing a batch of 3
+``BlockStored`` events of 4 blocks, with the null publisher and with the ZMQ one: the median
+step time and the time ``publish`` takes.
+
     .venv/bin/python benchmarks/kv_events_overhead.py           # 3 rounds
     .venv/bin/python benchmarks/kv_events_overhead.py --quick   # 1 round, small
 """
@@ -40,9 +45,11 @@ sub.setsockopt(zmq.SUBSCRIBE, b"")
 sub.connect(sys.argv[1])
 print("ready", flush=True)
 n = 0
-while sub.poll(3000):
+timeout = 120000  # the first batch comes after the first step (slow on a loaded machine)
+while sub.poll(timeout):
     sub.recv_multipart()
     n += 1
+    timeout = 5000
 print(n, flush=True)
 """
 
@@ -87,11 +94,11 @@ def run(mode: str, work: list[list[int]], max_tokens: int, tmp: Path) -> dict[st
 
     llm.engine.step = counted  # type: ignore[method-assign]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     llm.generate(work, params, use_tqdm=False)
-    wall = time.perf_counter() - start
-    out = {"step_ms": 1e3 * wall / steps[0], "publish_us_step": 1e6 * spent[0] / steps[0],
-           "steps": steps[0]}  # fmt: skip
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    out = {"step_ms": 1e3 * wall / steps[0], "cpu_ms_step": 1e3 * cpu / steps[0],
+           "publish_us_step": 1e6 * spent[0] / steps[0], "steps": steps[0]}  # fmt: skip
     if collector is not None:
         out["batches"] = collector.stats().published_batches
         out["dropped"] = collector.stats().dropped_batches
@@ -102,42 +109,88 @@ def run(mode: str, work: list[list[int]], max_tokens: int, tmp: Path) -> dict[st
     return out
 
 
+def micro(iterations: int, tmp: Path) -> dict[str, dict[str, float]]:
+    import torch
+
+    from hybridkv.kv_events.config import KVEventsConfig
+    from hybridkv.kv_events.publisher import EventPublisher, NullPublisher, ZmqEventPublisher
+    from hybridkv.kv_events.schema import BlockStored, KVEventBatch
+
+    a = torch.randn(384, 384)
+
+    def batch() -> KVEventBatch:
+        events = [BlockStored(block_hashes=[os.urandom(32) for _ in range(4)],
+                              parent_block_hash=os.urandom(32), token_ids=list(range(64)),
+                              block_size=16, lora_id=None, medium="GPU", lora_name=None,
+                              group_idx=g) for g in range(3)]  # fmt: skip
+        return KVEventBatch(ts=time.time(), events=list(events), data_parallel_rank=0)
+
+    def loop(pub: EventPublisher) -> dict[str, float]:
+        steps, publishes = [], []
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            for _ in range(10):
+                a @ a
+            t1 = time.perf_counter()
+            pub.publish(batch())
+            t2 = time.perf_counter()
+            steps.append(t2 - t0)
+            publishes.append(t2 - t1)
+        return {"step_ms": round(1e3 * statistics.median(steps), 3),
+                "publish_us_median": round(1e6 * statistics.median(publishes), 1),
+                "publish_us_mean": round(1e6 * statistics.mean(publishes), 1)}  # fmt: skip
+
+    zmq_pub = ZmqEventPublisher(KVEventsConfig(True, "zmq", f"ipc://{tmp}/micro.sock"))
+    try:
+        out = {"null": loop(NullPublisher()), "zmq": loop(zmq_pub)}
+    finally:
+        zmq_pub.shutdown()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--cache-dir", default=None, help="$HYBRIDKV_CACHE_DIR (the default model)")
     args = ap.parse_args()
     if args.cache_dir is not None:
         os.environ["HYBRIDKV_CACHE_DIR"] = args.cache_dir
     rounds = 1 if args.quick else args.rounds
-    work = prompts(8, 64, 16) if args.quick else prompts(32, 256, 48)
+    work = prompts(8, 64, 16) if args.quick else prompts(args.prompts, 256, 48)
     max_tokens = 4 if args.quick else 24
     modes = ("off", "null", "zmq")
     results: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
         for m in modes:  # warm-up
             run(m, work[:4], 2, Path(tmp))
-        for _ in range(rounds):
-            for m in modes:
+        micro_results = micro(30 if args.quick else 500, Path(tmp))
+        for r in range(rounds):
+            for m in modes[r % 3 :] + modes[: r % 3]:  # rotate: load drifts during a round
                 results[m].append(run(m, work, max_tokens, Path(tmp)))
     summary = {}
     for m in modes:
         step = statistics.median(r["step_ms"] for r in results[m])
-        summary[m] = {"step_ms": round(step, 3),
+        cpu = statistics.median(r["cpu_ms_step"] for r in results[m])
+        summary[m] = {"step_ms": round(step, 3), "cpu_ms_step": round(cpu, 3),
                       "publish_us_step": round(statistics.median(r["publish_us_step"] for r in results[m]), 1),
                       "runs": results[m]}  # fmt: skip
-    base = summary["off"]["step_ms"]
+    base, base_cpu = summary["off"]["step_ms"], summary["off"]["cpu_ms_step"]
     for m in ("null", "zmq"):
         summary[m]["step_vs_off"] = round(summary[m]["step_ms"] / base, 3)
+        summary[m]["cpu_vs_off"] = round(summary[m]["cpu_ms_step"] / base_cpu, 3)
+        summary[m]["publish_share"] = round(summary[m]["publish_us_step"] / 1e3 / base, 4)
     report = {"benchmark": "kv_events_overhead", "quick": args.quick, "machine": machine_info(loadavg=os.getloadavg(), cpu_flags=_cpu_flags()),
               "workload": {"prompts": len(work), "prompt_len": len(work[0]), "max_tokens": max_tokens},
-              "results": summary}  # fmt: skip
+              "results": summary, "micro": micro_results}  # fmt: skip
     print(json.dumps(report, indent=1))
+    print(f"micro {micro_results}", file=sys.stderr)
     for m in modes:
         s = summary[m]
-        print(f"{m:5s} step {s['step_ms']:.2f} ms  publish {s['publish_us_step']:.0f} us/step  "
-              f"x{s.get('step_vs_off', 1.0)}", file=sys.stderr)  # fmt: skip
+        print(f"{m:5s} step {s['step_ms']:.2f} ms (x{s.get('step_vs_off', 1.0)})  cpu "
+              f"{s['cpu_ms_step']:.2f} ms/step (x{s.get('cpu_vs_off', 1.0)})  publish "
+              f"{s['publish_us_step']:.0f} us/step", file=sys.stderr)  # fmt: skip
 
 
 def _cpu_flags() -> list[str]:
