@@ -29,6 +29,9 @@ class Capture:
     def publish(self, batch: KVEventBatch) -> None:
         self.batches.append(DECODER.decode(ENCODER.encode(batch)))  # through the wire
 
+    def set_poll_hook(self, hook: object) -> None:
+        return None
+
     def stats(self) -> PublisherStats:
         return PublisherStats(len(self.batches))
 

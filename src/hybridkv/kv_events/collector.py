@@ -16,6 +16,7 @@ connector reports its units.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -54,6 +55,9 @@ class KVEventCollector:
         self.block_size = layout.block_size
         self.publisher = publisher
         self._tier_events: deque[TierEvent] = deque()  # appended on any thread
+        # held while draining the tier queue into a published batch (the engine thread per
+        # step, the publisher thread while the engine idles): batches keep the queue's order
+        self._lock = threading.Lock()
         self._kinds = [SPEC_KIND[g.kind] for g in layout.groups]
         self._windows = [
             g.spec.sliding_window if isinstance(g.spec, SlidingWindowSpec) else None
@@ -69,22 +73,38 @@ class KVEventCollector:
 
     def publish_step(self, cache_events: list[CacheEvent]) -> None:
         """Publish this step's changes as one batch (nothing if there were none)."""
-        events = self._device_events(cache_events)
-        events += self._tier_wire_events(self._take_tier_events())
-        self._publish(events)
+        with self._lock:
+            events = self._device_events(cache_events)
+            events += self._tier_wire_events(self._take_tier_events())
+            self._publish(events)
+
+    def pump_tier_events(self) -> None:
+        """Publish the tier events queued since the last batch: the publisher thread calls
+        this at every poll, so units stored while the engine idles (write-behind) are
+        announced without waiting for a step."""
+        if self._tier_events:
+            with self._lock:
+                self._publish(self._tier_wire_events(self._take_tier_events()))
+
+    def flush(self, timeout: float) -> bool:
+        """Publish queued tier events and wait until every batch reached the socket."""
+        self.pump_tier_events()
+        return self.publisher.flush(timeout)
 
     def publish_reset(self, resident_units: Callable[[], list[TierEvent]]) -> None:
         """After a reset: ``AllBlocksCleared`` then what the tiers still hold, so a subscriber
         that clears everything and one that clears the device only both end right. Tier
         events queued before the snapshot are superseded by it."""
-        self._take_tier_events()
-        events: list[WireEvent] = [AllBlocksCleared()]
-        events += self._tier_wire_events(resident_units())
-        self._publish(events)
+        with self._lock:
+            self._take_tier_events()
+            events: list[WireEvent] = [AllBlocksCleared()]
+            events += self._tier_wire_events(resident_units())
+            self._publish(events)
 
     def publish_units(self, units: list[TierEvent]) -> None:
         """Announce units the tiers held before the sink was set (disk units found at start)."""
-        self._publish(self._tier_wire_events(units))
+        with self._lock:
+            self._publish(self._tier_wire_events(units))
 
     def stats(self) -> PublisherStats:
         return self.publisher.stats()
@@ -224,6 +244,7 @@ def create_collector(
     if config is None or not config.enabled:
         return None
     collector = KVEventCollector(layout, create_publisher(config))
+    collector.publisher.set_poll_hook(collector.pump_tier_events)
     if connector is not None and connector.set_tier_event_sink(collector.on_tier_event):
         collector.publish_units(connector.resident_units())
     return collector

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 import msgspec
@@ -39,6 +40,7 @@ _POLL_IDLE_SECONDS = 0.05  # after a second without batches
 
 class EventPublisher(Protocol):
     def publish(self, batch: KVEventBatch) -> None: ...
+    def set_poll_hook(self, hook: Callable[[], None]) -> None: ...
     def stats(self) -> PublisherStats: ...
     def flush(self, timeout: float) -> bool: ...
     def shutdown(self) -> None: ...
@@ -52,6 +54,9 @@ class NullPublisher:
 
     def publish(self, batch: KVEventBatch) -> None:
         self._count += 1
+
+    def set_poll_hook(self, hook: Callable[[], None]) -> None:
+        return None  # no thread: batches come from the engine's steps only
 
     def stats(self) -> PublisherStats:
         return PublisherStats(published_batches=self._count)
@@ -76,6 +81,7 @@ class ZmqEventPublisher:
         self._dropped = 0
         self._sending = False  # the thread holds batches taken from the queue
         self._stopping = False
+        self._poll_hook: Callable[[], None] | None = None
         self._replay_buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._pub = self._ctx.socket(zmq.PUB)
         self._replay: zmq.Socket[bytes] | None = None
@@ -112,6 +118,11 @@ class ZmqEventPublisher:
                 self._dropped += 1
             self._queue.append(batch)
 
+    def set_poll_hook(self, hook: Callable[[], None]) -> None:
+        """Called on the publisher thread at every poll, before it takes the queue (it may
+        ``publish``): how tier events reach subscribers while the engine idles."""
+        self._poll_hook = hook
+
     def stats(self) -> PublisherStats:
         with self._cond:
             return PublisherStats(self._published, self._dropped)
@@ -141,21 +152,14 @@ class ZmqEventPublisher:
     def _run(self) -> None:
         encoder = msgspec.msgpack.Encoder()
         seq, idle = 0, 0
-        while True:
-            interval = _POLL_BUSY_SECONDS if idle < 100 else _POLL_IDLE_SECONDS
-            with self._cond:
-                self._cond.wait_for(lambda: self._stopping, interval)
-                if self._stopping:
-                    return
-                batches = list(self._queue)
-                self._queue.clear()
-                self._sending = bool(batches)
+        while self._sleep(_POLL_BUSY_SECONDS if idle < 100 else _POLL_IDLE_SECONDS):
+            self._call_hook()
+            batches = self._take_batches()
             idle = 0 if batches else idle + 1
             for batch in batches:
                 payload = encoder.encode(batch)
-                seq_bytes = seq.to_bytes(8, "big")
                 try:
-                    self._pub.send_multipart((self._topic, seq_bytes, payload), copy=False)
+                    self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
                 except zmq.ZMQError:
                     logger.exception("KV events: publishing batch %d failed", seq)
                 self._replay_buffer.append((seq, payload))
@@ -166,6 +170,27 @@ class ZmqEventPublisher:
                 self._cond.notify_all()  # flush() waits for an empty queue
             if self._replay is not None:
                 self._serve_replay()
+
+    def _sleep(self, interval: float) -> bool:
+        """Wait one poll interval; False once stopping."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._stopping, interval)
+            return not self._stopping
+
+    def _take_batches(self) -> list[KVEventBatch]:
+        with self._cond:
+            batches = list(self._queue)
+            self._queue.clear()
+            self._sending = bool(batches)
+            return batches
+
+    def _call_hook(self) -> None:
+        if self._poll_hook is None:
+            return
+        try:
+            self._poll_hook()
+        except Exception:  # a bug there must not stop the publisher
+            logger.exception("KV events: the poll hook failed")
 
     def _serve_replay(self) -> None:
         assert self._replay is not None
