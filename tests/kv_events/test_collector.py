@@ -4,7 +4,9 @@ tier units without a group, and nothing published for a step without changes."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import msgspec
 
@@ -13,6 +15,8 @@ from hybridkv.connectors.tier_events import TierEvent
 from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv_events.collector import KVEventCollector
+from hybridkv.kv_events.config import KVEventsConfig
+from hybridkv.kv_events.publisher import ZmqEventPublisher
 from hybridkv.kv_events.schema import KVEventBatch
 from hybridkv.kv_events.stats import PublisherStats
 from tests.kv.builders import B, FakeRequest, make_layout, run_step
@@ -135,3 +139,19 @@ def test_tier_units_chain_into_one_event_and_carry_no_group() -> None:
     assert (disk.block_hashes, disk.parent_block_hash, disk.medium) == ([h[2]], h[1], "DISK")
     assert isinstance(removed, BlockRemoved)
     assert (removed.block_hashes, removed.medium, removed.group_idx) == ([h[1], h[0]], "CPU", None)
+
+
+def test_tier_events_go_out_while_the_engine_idles(tmp_path: Path) -> None:
+    layout = make_layout("full")
+    publisher = ZmqEventPublisher(KVEventsConfig(True, "zmq", f"ipc://{tmp_path}/t.sock"))
+    collector = KVEventCollector(layout, publisher)
+    publisher.set_poll_hook(collector.pump_tier_events)
+    try:
+        unit = BlockHash(b"\x01" * 16)
+        collector.on_tier_event(TierEvent(True, TierName.CPU, unit, 32, None, 32))
+        deadline = time.monotonic() + 5
+        while publisher.stats().published_batches == 0:  # no step, no flush: the thread's poll
+            assert time.monotonic() < deadline, "the tier event was not published"
+            time.sleep(0.01)
+    finally:
+        publisher.shutdown()
