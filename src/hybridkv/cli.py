@@ -49,6 +49,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="KV connector config as JSON, e.g. "
         '\'{"kv_connector": "FileConnector", "kv_connector_extra_config": {"path": "./kv"}}\'',
     )
+    g.add_argument(
+        "--kv-events-config",
+        default=None,
+        help="publish KV cache events (vLLM's wire format) as JSON, e.g. "
+        '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}\'',
+    )
     for sub in (CacheConfig, SchedulerConfig):
         for f in fields(sub):
             flag = "--" + f.name.replace("_", "-")
@@ -67,13 +73,15 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """The engine options given, checked: ``kv_transfer_config`` comes back parsed (with its
     connector's options), so a bad option fails here, before torch or any weight loads."""
-    names = ["dtype", "bf16_matmul", "seed", "kv_transfer_config"] + [
+    names = ["dtype", "bf16_matmul", "seed", "kv_transfer_config", "kv_events_config"] + [
         f.name for sub in (CacheConfig, SchedulerConfig) for f in fields(sub)
     ]
     options = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     config = EngineConfig.create(getattr(args, "model", None) or "", **options)
     if config.kv_transfer_config is not None:
         options["kv_transfer_config"] = config.kv_transfer_config
+    if config.kv_events_config is not None:
+        options["kv_events_config"] = config.kv_events_config
     return options
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from hybridkv.connectors.config import KVTransferConfig
 from hybridkv.connectors.registry import parse_kv_transfer_config
+from hybridkv.kv_events.config import KVEventsConfig, parse_kv_events_config
 from hybridkv.paths import parse_bytes
 
 # where a bfloat16 model's products run (``hybridkv.model.matmul``)
@@ -88,6 +89,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv_transfer_config: KVTransferConfig | None = None  # parsed by ``create`` (see below)
+    kv_events_config: KVEventsConfig | None = None  # vLLM's --kv-events-config (``kv_events/``)
 
     def __post_init__(self) -> None:
         _require_int_fields(self)
@@ -105,6 +107,8 @@ class EngineConfig:
         )
         if not isinstance(self.kv_transfer_config, KVTransferConfig | None):
             raise TypeError("kv_transfer_config must be parsed: build with EngineConfig.create")
+        if not isinstance(self.kv_events_config, KVEventsConfig | None):
+            raise TypeError("kv_events_config must be parsed: build with EngineConfig.create")
 
     @classmethod
     def create(cls, model: str, **options: Any) -> EngineConfig:
@@ -125,11 +129,13 @@ class EngineConfig:
             top["kv_transfer_config"] = parse_kv_transfer_config(
                 top["kv_transfer_config"], cache.block_size
             )
+        if "kv_events_config" in top:
+            top["kv_events_config"] = parse_kv_events_config(top["kv_events_config"])
         return cls(model=model, cache=cache, scheduler=SchedulerConfig(**sub[SchedulerConfig]),
                    **top)  # fmt: skip
 
 
-_TOP_LEVEL = {"dtype", "bf16_matmul", "seed", "kv_transfer_config"}
+_TOP_LEVEL = {"dtype", "bf16_matmul", "seed", "kv_transfer_config", "kv_events_config"}
 
 
 def _owner_of(name: str) -> type[Any] | None:

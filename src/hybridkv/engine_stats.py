@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hybridkv.connectors.stats import ConnectorStats
+from hybridkv.kv_events.stats import PublisherStats
 from hybridkv.step_io import FailureReason
 
 
@@ -45,6 +46,7 @@ class EngineStats:
     prefix_cache_hit_tokens: int = 0  # usable hits: valid in every group
     groups: tuple[GroupCacheStats, ...] = ()
     transfer: TransferStats = field(default_factory=TransferStats)
+    kv_events: PublisherStats | None = None  # KV event batches published / dropped (if on)
 
 
 def stats_line(s: EngineStats) -> str:

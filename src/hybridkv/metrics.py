@@ -29,6 +29,7 @@ from hybridkv.connectors.config import TierName
 from hybridkv.connectors.nixl.metrics import nixl_families
 from hybridkv.connectors.stats import Direction
 from hybridkv.engine_stats import EngineStats, GroupCacheStats, TransferStats
+from hybridkv.kv_events.stats import PublisherStats
 
 if TYPE_CHECKING:
     from hybridkv.engine.output import RequestOutput
@@ -77,6 +78,12 @@ METRICS: dict[str, MetricSpec] = {
         "counter",
         ("connector", "name"),
         "a MultiConnector child's counters (hits, tokens, bytes, failures...), by child",
+    ),
+    "kv_events_published_batches": MetricSpec(
+        "counter", (), "KV event batches published (--kv-events-config)"
+    ),
+    "kv_events_dropped_batches": MetricSpec(
+        "counter", (), "KV event batches dropped, oldest first, while the publisher fell behind"
     ),
     # per request, from RequestOutputs
     "requests_finished": MetricSpec("counter", ("finish_reason",), "finished requests"),
@@ -173,6 +180,9 @@ class _SnapshotCollector(Collector):
         events = s.transfer.connector.flatten().events if s.transfer.connector else {}
         yield from nixl_families(events, PREFIX)
         yield _family("num_requests_waiting_for_remote_kv", s.num_waiting_for_remote_kv)
+        kv_events = s.kv_events or PublisherStats()
+        yield _family("kv_events_published_batches", kv_events.published_batches)
+        yield _family("kv_events_dropped_batches", kv_events.dropped_batches)
 
 
 def _family(name: str, value: float | None = None) -> GaugeMetricFamily | CounterMetricFamily:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hybridkv.connectors.stats import ConnectorStats
+from hybridkv.connectors.tier_events import NoTiersError, TierEvent, TierEventSink
 from hybridkv.kv.coordinator import KVRequest
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 
@@ -182,6 +183,23 @@ class BaseConnectorScheduler(ABC):
         """Counts since the previous call, as the connector's ``ConnectorStats`` subclass (the
         same type from both halves; see ``connectors/stats.py``)."""
         return ConnectorStats()
+
+    # -- storage tiers (KV events, resets); a connector without tiers keeps the defaults ----
+
+    def set_tier_event_sink(self, sink: TierEventSink) -> bool:
+        """Report every unit that becomes READY in a tier, or leaves one, to ``sink`` (called
+        on any thread, under the tier's lock). False if this connector has no tiers."""
+        return False
+
+    def resident_units(self) -> list[TierEvent]:
+        """A stored event for every READY unit of every tier now (empty without tiers)."""
+        return []
+
+    def reset_tiers(self) -> int:
+        """Drop every unit neither pinned by a load nor being stored, from every tier (their
+        bytes too, where the tier owns them); returns how many. Raises ``NoTiersError`` if
+        this connector has no tiers."""
+        raise NoTiersError(f"{type(self).__name__} keeps no storage tiers to reset")
 
 
 class BaseConnectorWorker(ABC):

@@ -36,6 +36,7 @@ from hybridkv.connectors.config import KVTransferConfig
 from hybridkv.connectors.fault_plan import TIMEOUT, FaultConfig, fault_draw, plan_faults
 from hybridkv.connectors.registry import ConnectorContext, create_connector
 from hybridkv.connectors.stats import ConnectorStats, bump, counter
+from hybridkv.connectors.tier_events import TierEvent, TierEventSink
 from hybridkv.kv.spec import KVCacheLayout
 from hybridkv.step_io import ConnectorMetadata, FailureReason, KVConnectorOutput, LoadSpec
 
@@ -96,6 +97,15 @@ class FaultInjectionScheduler(BaseConnectorScheduler):
 
     def take_stats(self) -> FaultStats:
         return _wrap(self.inner.take_stats())
+
+    def set_tier_event_sink(self, sink: TierEventSink) -> bool:
+        return self.inner.set_tier_event_sink(sink)
+
+    def resident_units(self) -> list[TierEvent]:
+        return self.inner.resident_units()
+
+    def reset_tiers(self) -> int:
+        return self.inner.reset_tiers()
 
 
 @dataclass(slots=True)

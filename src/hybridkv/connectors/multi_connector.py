@@ -58,6 +58,7 @@ from hybridkv.connectors.registry import (
     parse_kv_transfer_config,
 )
 from hybridkv.connectors.stats import ConnectorStats, bump
+from hybridkv.connectors.tier_events import NoTiersError, TierEvent, TierEventSink
 from hybridkv.kv.spec import KVCacheLayout
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 
@@ -206,6 +207,27 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
     def get_step_interval(self, request: KVConnectorRequest) -> int:
         intervals = [c.get_step_interval(request) for c in self.children]
         return math.gcd(*[i for i in intervals if i > 0]) if any(intervals) else 0
+
+    # -- tiers: the children's, together (two offloading children would both report "CPU") --
+
+    def set_tier_event_sink(self, sink: TierEventSink) -> bool:
+        return any([child.set_tier_event_sink(sink) for child in self.children])
+
+    def resident_units(self) -> list[TierEvent]:
+        return [unit for child in self.children for unit in child.resident_units()]
+
+    def reset_tiers(self) -> int:
+        """Every child's tiers; ``NoTiersError`` only if no child has any."""
+        total, found = 0, False
+        for child in self.children:
+            try:
+                total += child.reset_tiers()
+                found = True
+            except NoTiersError:
+                continue
+        if not found:
+            raise NoTiersError("no MultiConnector child keeps storage tiers to reset")
+        return total
 
     def build_connector_meta(
         self, scheduled: list[tuple[KVConnectorRequest, int, int, RequestBlocks]]

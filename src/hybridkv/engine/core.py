@@ -11,12 +11,14 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hybridkv.config import EngineConfig
 from hybridkv.connectors.base import KVConnectorPair
 from hybridkv.connectors.registry import ConnectorContext, create_connector
 from hybridkv.connectors.stats import ConnectorStats
 from hybridkv.engine.cache_access import DeviceCacheAccess
+from hybridkv.engine.cache_reset import ResetResult, reset_prefix_cache
 from hybridkv.engine.detokenizer import IncrementalDetokenizer
 from hybridkv.engine.output import RequestOutput, TextState, make_output
 from hybridkv.engine.step import run_step
@@ -28,6 +30,9 @@ from hybridkv.request import Request, RequestStatus
 from hybridkv.sampling_params import SamplingParams
 from hybridkv.sched.kv_transfer import KVTransfer
 from hybridkv.sched.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from hybridkv.kv_events.collector import KVEventCollector
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +89,14 @@ class EngineCore:
         specs = self.model_config.layer_specs(config.cache.block_size, self.dtype)
         self.layout = create_layout(specs, config.cache.block_size)
         self.sizing = size_cache(config, self.layout, self.max_model_len)
+        events_on = config.kv_events_config is not None and config.kv_events_config.enabled
         kv_config = KVCacheConfig(
             self.sizing.num_blocks,
             self.sizing.num_state_slots,
             config.cache.enable_prefix_caching,
             config.cache.state_checkpoint_interval,
-            enable_kv_cache_events=False,  # nothing consumes them yet: do not let them pile up
+            enable_kv_cache_events=events_on,  # only with a consumer: they would pile up
+            key_events=events_on,
         )
         self.kv = KVCacheCoordinator(self.layout, kv_config)
         self.runner = ModelRunner(
@@ -107,6 +114,7 @@ class EngineCore:
             policy = config.kv_transfer_config.kv_load_failure_policy
             transfer = KVTransfer(self.connector.scheduler, policy, self.kv)
         self.scheduler = Scheduler(config.scheduler, self.max_model_len, self.kv, transfer)
+        self.kv_events = self._create_kv_events() if events_on else None
         self._connector_totals: ConnectorStats | None = None  # since start
         self._hash_fn = get_hash_fn(config.cache.prefix_caching_hash_algo)
         self._texts: dict[str, TextState] = {}
@@ -130,6 +138,12 @@ class EngineCore:
         cache = self.runner.cache
         pair.worker.register_kv_caches(DeviceCacheAccess(self.layout, cache.backing, cache.states))
         return pair
+
+    def _create_kv_events(self) -> KVEventCollector | None:
+        from hybridkv.kv_events.collector import create_collector  # imports zmq
+
+        connector = self.connector.scheduler if self.connector is not None else None
+        return create_collector(self.config.kv_events_config, self.layout, connector)
 
     def _weights_id(self) -> str:
         """Identity of the weights, tokenizer and config (every byte, digests cached per file
@@ -173,6 +187,7 @@ class EngineCore:
             prefix_cache_hit_tokens=cache.hit_tokens,
             groups=groups,
             transfer=self._transfer_stats(),
+            kv_events=self.kv_events.stats() if self.kv_events is not None else None,
         )
 
     def _transfer_stats(self) -> TransferStats:
@@ -188,6 +203,14 @@ class EngineCore:
         if self.connector is not None:
             self.connector.worker.wait_for_saves(timeout=30.0)
             self.connector.worker.shutdown()
+        if self.kv_events is not None:
+            self.kv_events.publish_step(self.kv.take_events())
+            self.kv_events.publisher.shutdown()
+
+    def reset_prefix_cache(self, tiers: bool = False) -> ResetResult:
+        """Forget every cached block (and every tier unit with ``tiers``); refused unless
+        idle (``engine/cache_reset.py``). ``NoTiersError`` if ``tiers`` and none exist."""
+        return reset_prefix_cache(self.kv, self.scheduler, self.connector, self.kv_events, tiers)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -239,6 +262,8 @@ class EngineCore:
             self.scheduler, self.runner, self.connector.worker if self.connector else None
         )
         self._collect_connector_stats()
+        if self.kv_events is not None:
+            self.kv_events.publish_step(self.kv.take_events())
         now = time.monotonic()
         outputs = []
         for req in updated:

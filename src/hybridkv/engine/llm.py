@@ -101,6 +101,12 @@ class LLM:
             )
         return None, [int(t) for t in item]
 
+    def reset_prefix_cache(self, tiers: bool = False) -> bool:
+        """Forget every cached block (with ``tiers``, the connector's tier units too); False
+        while requests are unfinished (nothing changes then). ``NoTiersError`` (a
+        ``ValueError``) if ``tiers`` and the connector keeps none."""
+        return self.engine.reset_prefix_cache(tiers).ok
+
     def _run(
         self, order: dict[str, int], results: dict[int, RequestOutput], use_tqdm: bool
     ) -> None:

@@ -22,6 +22,7 @@ from hybridkv.kv.attention_managers import (
 )
 from hybridkv.kv.block_pool import NULL_BLOCK, BlockPool
 from hybridkv.kv.checkpoints import CheckpointPolicy
+from hybridkv.kv.events import CacheEvent, KVEventLog
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import FullAttentionSpec, KVCacheLayout, SlidingWindowSpec, StateSpec
 from hybridkv.kv.state_manager import StateCopy, StateManager
@@ -49,6 +50,8 @@ class KVCacheConfig:
     enable_prefix_caching: bool = True
     state_checkpoint_interval: int = 512  # tokens; 0 = only prompt/junction/finish boundaries
     enable_kv_cache_events: bool = True  # record stored/removed events (someone must drain them)
+    # the coordinator drains them itself into per-key events for ``take_events`` (KV events)
+    key_events: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +87,9 @@ class KVCacheCoordinator:
         ]
         for pool in [self.pool, *(sm.pool for sm in self.state)]:
             pool.record_events = config.enable_kv_cache_events
+        self.events: KVEventLog | None = None
+        if config.enable_kv_cache_events and config.key_events:
+            self.events = KVEventLog([self.pool, *(sm.pool for sm in self.state)])
         self.policy = CheckpointPolicy(self.block_size, config.state_checkpoint_interval)
         self.stats = PrefixCacheStats(group_hit_tokens=[0] * len(layout.groups))
         self._extra_due: dict[str, tuple[int, ...]] = {}
@@ -245,12 +251,19 @@ class KVCacheCoordinator:
             m.cache(req.request_id, req.block_hashes, num_tokens)
         for sm in self.state:
             sm.confirm(req.request_id, req.block_hashes, num_tokens)
+        if self.events is not None:
+            self.events.tag(req)
 
     def take_state_copies(self) -> tuple[list[StateCopy], list[StateCopy]]:
         """Drain this step's (restores, saves)."""
         out = (self._restores, self._saves)
         self._restores, self._saves = [], []
         return out
+
+    def take_events(self) -> list[CacheEvent]:
+        """The prefix map's changes since the last call (``KVCacheConfig.
+        key_events``; otherwise always empty)."""
+        return self.events.take() if self.events is not None else []
 
     def end_step(self) -> None:
         for sm in self.state:
@@ -264,6 +277,8 @@ class KVCacheCoordinator:
             m.free(req_id)
         for sm in self.state:
             sm.free(req_id, req.block_hashes)
+        if self.events is not None:
+            self.events.tag(req)  # a final trailing state became a checkpoint
         del self._extra_due[req_id]
 
     def release_out_of_window(self, req: KVRequest, num_tokens: int) -> None:

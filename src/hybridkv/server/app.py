@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from hybridkv.server.admin import RESET_PATH, reset_prefix_cache
 from hybridkv.server.errors import APIError, install_error_handlers
 from hybridkv.server.limits import BodyLimit
 from hybridkv.server.routes import router
@@ -35,6 +36,7 @@ def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
     app.include_router(router)
     app.add_api_route("/health", _health, methods=["GET"])
     app.add_api_route("/metrics", _metrics, methods=["GET"])
+    app.add_api_route(RESET_PATH, reset_prefix_cache, methods=["POST"])
     limits = state.limits
     app.add_middleware(
         BodyLimit,
@@ -71,15 +73,17 @@ async def _metrics(request: Request) -> Response:
 
 
 class BearerAuth:
-    """Requires ``Authorization: Bearer <key>`` on /v1/*; /health and /metrics stay open
-    (probes and scrapers), as in vLLM."""
+    """Requires ``Authorization: Bearer <key>`` on /v1/* and the admin reset; /health and
+    /metrics stay open (probes and scrapers), as in vLLM."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self._expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1") or self._ok(scope):
+        path = scope["path"] if scope["type"] == "http" else ""
+        guarded = path.startswith("/v1") or path == RESET_PATH
+        if not guarded or self._ok(scope):
             await self.app(scope, receive, send)
             return
         error = APIError(

@@ -24,8 +24,10 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hybridkv.engine_stats import stats_line
 from hybridkv.metrics import ServerMetrics
@@ -102,6 +104,14 @@ class _Abort:
     request_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """Run ``fn(engine)`` on the engine thread between steps (admin calls: a cache reset)."""
+
+    fn: Callable[[EngineCore], Any]
+    future: Future[Any]
+
+
 class AsyncEngine:
     def __init__(
         self, engine: EngineCore, metrics: ServerMetrics, max_queued_requests: int = 1024
@@ -113,7 +123,7 @@ class AsyncEngine:
         self._num_queued = 0  # adds in the inbox + the scheduler's waiting queue (under _cond)
         self._iteration_start: float | None = None  # set while the engine thread works
         self._cond = threading.Condition()
-        self._inbox: deque[_Add | _Abort] = deque()
+        self._inbox: deque[_Add | _Abort | _Call] = deque()
         self._stopping = False
         self._streams: dict[str, RequestStream] = {}  # engine thread only
         self._needs_flush = False  # an abort's output (and runner cleanup) is still due
@@ -158,7 +168,13 @@ class AsyncEngine:
         with contextlib.suppress(EngineDead):
             self._post(_Abort(request_id))
 
-    def _post(self, command: _Add | _Abort) -> None:
+    async def call(self, fn: Callable[[EngineCore], Any]) -> Any:
+        """Run ``fn(engine)`` on the engine thread; its result (or exception)."""
+        future: Future[Any] = Future()
+        self._post(_Call(fn, future))
+        return await asyncio.wrap_future(future)
+
+    def _post(self, command: _Add | _Abort | _Call) -> None:
         with self._cond:
             if self.error is not None or self._stopping:
                 raise EngineDead(self.error or "the server is shutting down")
@@ -221,6 +237,8 @@ class AsyncEngine:
         for command in commands:
             if isinstance(command, _Add):
                 self._add(command)
+            elif isinstance(command, _Call):
+                _run_call(command, self.engine)
             elif command.request_id in self._streams:
                 self.engine.abort_request(command.request_id)
                 self._needs_flush = True
@@ -254,7 +272,19 @@ class AsyncEngine:
         with self._cond:
             self.error = self.error or message
             pending = [c.stream for c in self._inbox if isinstance(c, _Add)]
+            calls = [c.future for c in self._inbox if isinstance(c, _Call)]
             self._inbox.clear()
+        for future in calls:
+            future.set_exception(EngineDead(message))
         for stream in [*self._streams.values(), *pending]:
             stream.put(EngineDead(message))
         self._streams.clear()
+
+
+def _run_call(call: _Call, engine: EngineCore) -> None:
+    if not call.future.set_running_or_notify_cancel():
+        return
+    try:
+        call.future.set_result(call.fn(engine))
+    except Exception as exc:  # handed to the caller, not fatal to the engine
+        call.future.set_exception(exc)

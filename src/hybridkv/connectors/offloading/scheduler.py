@@ -43,6 +43,7 @@ from hybridkv.connectors.offloading.units import (
     UnitSource,
 )
 from hybridkv.connectors.stats import bump
+from hybridkv.connectors.tier_events import TierEvent, TierEventSink
 from hybridkv.kv.block_pool import NULL_BLOCK
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import SpecKind
@@ -73,6 +74,18 @@ class OffloadingScheduler(BaseConnectorScheduler):
         """The disk tier, if configured (for tests and tools)."""
         tier = self.stack.get(TierName.DISK)
         return tier if isinstance(tier, DiskTier) else None
+
+    # -- tiers: KV events and resets -------------------------------------------------------
+
+    def set_tier_event_sink(self, sink: TierEventSink) -> bool:
+        self.stack.set_event_sink(sink, self.geometry.chunk_tokens)
+        return True
+
+    def resident_units(self) -> list[TierEvent]:
+        return self.stack.resident_units(self.geometry.chunk_tokens)
+
+    def reset_tiers(self) -> int:
+        return self.stack.reset()
 
     # -- lookup --------------------------------------------------------------------------
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from hybridkv.connectors.config import TierName
-from hybridkv.connectors.offloading.tier import UnitState
+from hybridkv.connectors.offloading.tier import TierEntry, UnitState
 from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, TierStats, UnitRef
+from hybridkv.connectors.tier_events import TierEvent, TierEventSink
 from hybridkv.kv.hashing import BlockHash
 
 
@@ -98,6 +99,29 @@ class TierStack:
     def stats(self) -> list[TierStats]:
         return [tier.stats() for tier in self.tiers]
 
+    # -- KV events and resets (scheduler thread) ------------------------------------------
+
+    def set_event_sink(self, sink: TierEventSink, unit_tokens: int) -> None:
+        for tier in self.tiers:
+            tier.index.listener = _Relay(tier.name, sink, unit_tokens)
+
+    def resident_units(self, unit_tokens: int) -> list[TierEvent]:
+        return [
+            _event(t.name, e, True, unit_tokens)
+            for t in self.tiers
+            for e in t.index.ready_entries()
+        ]
+
+    def reset(self) -> int:
+        """Drop every unit neither pinned nor being stored, bytes too; how many."""
+        num = 0
+        for tier in self.tiers:
+            gone = tier.index.clear()
+            if gone:
+                tier.evict(gone)
+            num += len(gone)
+        return num
+
     def check_accounting(self) -> None:
         for tier in self.tiers:
             tier.index.check_accounting()
@@ -105,3 +129,17 @@ class TierStack:
     def shutdown(self) -> None:
         for tier in self.tiers:
             tier.shutdown()
+
+
+class _Relay:
+    """A tier index's listener: its changes as ``TierEvent``s of one tier."""
+
+    def __init__(self, tier: TierName, sink: TierEventSink, unit_tokens: int) -> None:
+        self.tier, self.sink, self.unit_tokens = tier, sink, unit_tokens
+
+    def __call__(self, entry: TierEntry, stored: bool) -> None:
+        self.sink(_event(self.tier, entry, stored, self.unit_tokens))
+
+
+def _event(tier: TierName, entry: TierEntry, stored: bool, unit_tokens: int) -> TierEvent:
+    return TierEvent(stored, tier, entry.unit_hash, entry.end, entry.parent, unit_tokens)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -57,6 +58,9 @@ class TierIndex:
         self.children: dict[BlockHash, set[BlockHash]] = {}  # parent -> resident children
         # resident units whose parent unit is not resident, in the order they became so
         self.orphans: dict[BlockHash, None] = {}
+        # told (under the lock: must not block) when a unit becomes READY (True) and when a
+        # READY unit leaves (False): the KV events of this tier
+        self.listener: Callable[[TierEntry, bool], None] | None = None
 
     # -- queries -------------------------------------------------------------------------
 
@@ -180,6 +184,8 @@ class TierIndex:
                 return False
             entry.parts = parts
             entry.state = UnitState.READY
+            if self.listener is not None:
+                self.listener(entry, True)
             return True
 
     def abort(self, unit_hash: BlockHash) -> None:
@@ -204,8 +210,15 @@ class TierIndex:
                 self._drop(entry.unit_hash, evicted=False)
             return gone
 
+    def ready_entries(self) -> list[TierEntry]:
+        """The READY units now (a snapshot, for KV events)."""
+        with self.lock:
+            return [e for e in self.entries.values() if e.state is UnitState.READY]
+
     def _drop(self, unit_hash: BlockHash, evicted: bool) -> TierEntry:
         entry = self.entries.pop(unit_hash)
+        if self.listener is not None and entry.state is UnitState.READY:
+            self.listener(entry, False)
         self.used -= entry.nbytes
         self.orphans.pop(unit_hash, None)
         for child in self.children.get(unit_hash, ()):

@@ -1,0 +1,216 @@
+"""Publishers of ``KVEventBatch``es: a ZMQ PUB socket fed by a background thread, or nothing.
+
+vLLM's framing, so its subscribers read ours::
+
+    PUB     [topic, seq (8 bytes, big-endian, from 0), msgpack(KVEventBatch)]
+    replay  request  [identity, b"", start seq (8 bytes big-endian)]   (a DEALER sends b"", seq)
+            replies  [identity, b"", topic, seq, payload] per buffered batch with seq >= start,
+                     then [identity, b"", b"", END_SEQ (-1, 8 bytes signed), b""]
+
+The engine thread only appends to a bounded queue (``publish`` never blocks, never does I/O,
+never wakes the thread, which polls); when the publisher thread falls behind the oldest
+batches are dropped and counted. The
+PUB socket itself drops what no subscriber reads (ZMQ's PUB semantics, up to ``hwm``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+import msgspec
+import zmq
+
+from hybridkv.kv_events.config import KVEventsConfig
+from hybridkv.kv_events.schema import KVEventBatch
+from hybridkv.kv_events.stats import PublisherStats
+
+logger = logging.getLogger(__name__)
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+# The thread polls the queue instead of being woken per batch: a wake-up at publish time hands
+# the GIL to the thread while the engine thread is in Python (a stall of milliseconds on a
+# loaded machine, measured); a poll mostly lands while the engine runs torch kernels.
+_POLL_BUSY_SECONDS = 0.01
+_POLL_IDLE_SECONDS = 0.05  # after a second without batches
+
+
+class EventPublisher(Protocol):
+    def publish(self, batch: KVEventBatch) -> None: ...
+    def set_poll_hook(self, hook: Callable[[], None]) -> None: ...
+    def stats(self) -> PublisherStats: ...
+    def flush(self, timeout: float) -> bool: ...
+    def shutdown(self) -> None: ...
+
+
+class NullPublisher:
+    """``publisher: "null"``: batches are built and counted, nothing is sent."""
+
+    def __init__(self) -> None:
+        self._count = 0
+
+    def publish(self, batch: KVEventBatch) -> None:
+        self._count += 1
+
+    def set_poll_hook(self, hook: Callable[[], None]) -> None:
+        return None  # no thread: batches come from the engine's steps only
+
+    def stats(self) -> PublisherStats:
+        return PublisherStats(published_batches=self._count)
+
+    def flush(self, timeout: float) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        return None
+
+
+class ZmqEventPublisher:
+    def __init__(
+        self, config: KVEventsConfig, context: zmq.Context[zmq.Socket[bytes]] | None = None
+    ):
+        self.config = config
+        self._ctx = context or zmq.Context.instance()
+        self._topic = config.topic.encode()
+        self._queue: deque[KVEventBatch] = deque()
+        self._cond = threading.Condition()
+        self._published = 0
+        self._dropped = 0
+        self._sending = False  # the thread holds batches taken from the queue
+        self._stopping = False
+        self._poll_hook: Callable[[], None] | None = None
+        self._replay_buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._replay: zmq.Socket[bytes] | None = None
+        try:
+            self._open_sockets()
+        except zmq.ZMQError as exc:
+            self._close_sockets()
+            raise ValueError(f"kv_events_config: cannot open {config.endpoint!r}: {exc}") from None
+        self._thread = threading.Thread(target=self._run, name="hybridkv-kv-events", daemon=True)
+        self._thread.start()
+
+    def _open_sockets(self) -> None:
+        """Bind a stable endpoint (wildcard host, ipc, inproc), connect to any other (vLLM's
+        rule: bind stable, connect volatile)."""
+        endpoint = self.config.endpoint
+        self._pub.set_hwm(self.config.hwm)
+        if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
+            self._pub.bind(endpoint)
+        else:
+            self._pub.connect(endpoint)
+        if self.config.replay_endpoint is not None:
+            self._replay = self._ctx.socket(zmq.ROUTER)
+            self._replay.bind(self.config.replay_endpoint)
+
+    # -- engine thread -------------------------------------------------------------------
+
+    def publish(self, batch: KVEventBatch) -> None:
+        """Queue a batch (drop the oldest queued one if the queue is full); never blocks."""
+        with self._cond:
+            if self._stopping:
+                return
+            if len(self._queue) >= self.config.max_queue_size:
+                self._queue.popleft()
+                self._dropped += 1
+            self._queue.append(batch)
+
+    def set_poll_hook(self, hook: Callable[[], None]) -> None:
+        """Called on the publisher thread at every poll, before it takes the queue (it may
+        ``publish``): how tier events reach subscribers while the engine idles."""
+        self._poll_hook = hook
+
+    def stats(self) -> PublisherStats:
+        with self._cond:
+            return PublisherStats(self._published, self._dropped)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every queued batch was handed to the socket; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not (self._queue or self._sending), timeout)
+
+    def shutdown(self) -> None:
+        """Send what is queued (a second at most), then close the sockets."""
+        self.flush(1.0)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout=2.0)
+        if not self._thread.is_alive():
+            self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        self._pub.close(linger=500)
+        if self._replay is not None:
+            self._replay.close(linger=0)
+
+    # -- publisher thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        encoder = msgspec.msgpack.Encoder()
+        seq, idle = 0, 0
+        while self._sleep(_POLL_BUSY_SECONDS if idle < 100 else _POLL_IDLE_SECONDS):
+            self._call_hook()
+            batches = self._take_batches()
+            idle = 0 if batches else idle + 1
+            for batch in batches:
+                payload = encoder.encode(batch)
+                try:
+                    self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+                except zmq.ZMQError:
+                    logger.exception("KV events: publishing batch %d failed", seq)
+                self._replay_buffer.append((seq, payload))
+                seq += 1
+            with self._cond:
+                self._published += len(batches)
+                self._sending = False
+                self._cond.notify_all()  # flush() waits for an empty queue
+            if self._replay is not None:
+                self._serve_replay()
+
+    def _sleep(self, interval: float) -> bool:
+        """Wait one poll interval; False once stopping."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._stopping, interval)
+            return not self._stopping
+
+    def _take_batches(self) -> list[KVEventBatch]:
+        with self._cond:
+            batches = list(self._queue)
+            self._queue.clear()
+            self._sending = bool(batches)
+            return batches
+
+    def _call_hook(self) -> None:
+        if self._poll_hook is None:
+            return
+        try:
+            self._poll_hook()
+        except Exception:  # a bug there must not stop the publisher
+            logger.exception("KV events: the poll hook failed")
+
+    def _serve_replay(self) -> None:
+        assert self._replay is not None
+        while self._replay.poll(0):
+            frames = self._replay.recv_multipart()
+            if len(frames) != 3:
+                logger.warning("KV events: ignoring a replay request of %d frames", len(frames))
+                continue
+            client, _, start_bytes = frames
+            start = int.from_bytes(start_bytes, "big")
+            with contextlib.suppress(zmq.ZMQError):
+                for seq, payload in list(self._replay_buffer):
+                    if seq >= start:
+                        self._replay.send_multipart(
+                            (client, b"", self._topic, seq.to_bytes(8, "big"), payload)
+                        )
+                self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
+
+
+def create_publisher(config: KVEventsConfig) -> EventPublisher:
+    if config.publisher == "null":
+        return NullPublisher()
+    return ZmqEventPublisher(config)

@@ -1,0 +1,68 @@
+"""The wire schema: vLLM's KV event classes (``vllm/distributed/kv_events.py``), field for field.
+
+Encoding (msgspec, as vLLM's)::
+
+    KVEventBatch   a positional array  [ts, events, data_parallel_rank]       (array_like)
+    each event     a map tagged by class name, fields at their default omitted
+                   {"type": "BlockStored", "block_hashes": [...], ...}        (tag=True)
+
+so a subscriber built on vLLM's classes decodes these bytes unchanged. Field order is vLLM's;
+the fields hybridkv never sets (``lora_id``, ``lora_name``, ``extra_keys``...) stay at their
+defaults (required ones are sent as nil, as vLLM sends them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+# ``medium`` of an event: where the blocks are. The device pool is "GPU" as in vLLM (routers
+# weight it highest), whatever the device; the offloading connector's tiers are named here.
+MEDIUM_DEVICE = "GPU"
+MEDIUM_CPU = "CPU"
+MEDIUM_DISK = "DISK"
+MEDIUM_REMOTE = "REMOTE"
+
+ExternalBlockHash = bytes | int  # vLLM's: hybridkv's hashes are bytes (32 or 16 long)
+
+
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
+
+
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    """Base class of the KV cache events."""
+
+
+class BlockStored(KVCacheEvent):
+    block_hashes: list[ExternalBlockHash]
+    parent_block_hash: ExternalBlockHash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[ExternalBlockHash]
+    medium: str | None
+    group_idx: int | None = None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    pass
+
+
+class KVEventBatch(EventBatch):
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+
+WireEvent = BlockStored | BlockRemoved | AllBlocksCleared
