@@ -81,6 +81,7 @@ class FakeRequest:
     num_computed_tokens: int = 0
     cache_salt: str | None = None
     block_hashes: list[BlockHash] = field(default_factory=list)
+    cache_boundaries: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = self.num_prompt_tokens or len(self.token_ids)
