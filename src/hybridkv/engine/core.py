@@ -34,6 +34,16 @@ from hybridkv.sched.scheduler import Scheduler
 class CacheSizing:
     num_blocks: int
     num_state_slots: int
+    max_checkpoints: int | None = None  # per state group: state_checkpoint_budget in slots
+
+
+def checkpoint_capacity(budget: float, memory_bytes: int, layout: KVCacheLayout) -> int | None:
+    """Checkpoints per state group that fit ``budget`` of the KV memory (a checkpoint at one
+    boundary takes a slot in every state group); None without state groups."""
+    slot_bytes = layout.total_state_slot_bytes()
+    if slot_bytes == 0:
+        return None
+    return int(budget * memory_bytes) // slot_bytes
 
 
 def size_cache(config: EngineConfig, layout: KVCacheLayout, max_model_len: int) -> CacheSizing:
@@ -56,7 +66,8 @@ def size_cache(config: EngineConfig, layout: KVCacheLayout, max_model_len: int) 
         raise ValueError(
             f"kv_cache_memory={cache.kv_cache_memory} bytes cannot hold {slots} state slots"
         )
-    return CacheSizing(max(num_blocks, 2), slots)
+    cap = checkpoint_capacity(cache.state_checkpoint_budget, cache.kv_cache_memory, layout)
+    return CacheSizing(max(num_blocks, 2), slots, cap)
 
 
 def resolve_dtype(dtype: str, raw_config: dict[str, object]) -> str:
@@ -90,6 +101,8 @@ class EngineCore:
             config.cache.enable_prefix_caching,
             config.cache.state_checkpoint_interval,
             enable_kv_cache_events=False,  # nothing consumes them yet: do not let them pile up
+            max_checkpoints=self.sizing.max_checkpoints,
+            states_from_scan=True,  # Mamba2 and Gated DeltaNet scans hand back mid-chunk states
         )
         self.kv = KVCacheCoordinator(self.layout, kv_config)
         self.runner = ModelRunner(
