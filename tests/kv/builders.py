@@ -64,9 +64,18 @@ def make_coordinator(
     window: int = 8,
     interval: int = 0,
     caching: bool = True,
+    max_checkpoints: int | None = None,
+    states_from_scan: bool = False,
 ) -> KVCacheCoordinator:
     layout = make_layout(name, block_size, window)
-    config = KVCacheConfig(num_blocks, num_state_slots, caching, interval)
+    config = KVCacheConfig(
+        num_blocks,
+        num_state_slots,
+        caching,
+        interval,
+        max_checkpoints=max_checkpoints,
+        states_from_scan=states_from_scan,
+    )
     return KVCacheCoordinator(layout, config)
 
 

@@ -8,12 +8,15 @@ first. The issue's wording ("a prefix's tail before its head; a checkpoint that 
 hits before one that never has; message boundaries before periodic ones") is read as a
 ranking of what to *keep*, with eviction in this order:
 
-1. a prefix's tail before its head: a checkpoint with a later checkpoint registered on its own
-   prefix (a child, still cached) is evicted only when no leaf is free;
+1. a prefix's tail before its head: a checkpoint that lies on the prefix of another cached
+   checkpoint (a head) is evicted only when no free checkpoint is a tail;
 2. one that never served a hit before one that has;
 3. periodic boundaries before prompt ends and junctions, and those before the boundaries a
    caller named (``cache_boundaries``, chat message ends, a finished request's last state);
 4. least recently used (registered or hit) first.
+
+Admission uses the same order: a new checkpoint (a tail that never served a hit, of its kind,
+the most recent) only replaces a victim that ranks below it; otherwise it is not saved.
 
 The book never touches tensors nor ref counts; it mirrors the pool's keys and drops an entry
 whose slot lost its key by other means (reset, the pool's own eviction, a failed load).
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 
 from hybridkv.kv.block_pool import BlockPool, CacheKey
 from hybridkv.kv.checkpoints import CheckpointKind
+from hybridkv.kv.hashing import BlockHash
 
 
 @dataclass(slots=True)
@@ -32,8 +36,7 @@ class CheckpointEntry:
     key: CacheKey
     boundary: int
     kind: CheckpointKind
-    parent: int | None  # the nearest earlier checkpoint on the same prefix, when registered
-    children: int = 0
+    prefix: tuple[BlockHash, ...]  # the block hashes before the boundary's own
     hits: int = 0
     stamp: int = 0  # last registration or hit (a clock, not time)
 
@@ -45,6 +48,7 @@ class CheckpointBook:
         self.pool = pool
         self.capacity = capacity  # None: bounded by the slots only
         self.entries: dict[int, CheckpointEntry] = {}
+        self.covered: dict[BlockHash, int] = {}  # block hash -> entries whose prefix holds it
         self.evictions: list[CheckpointEntry] = []  # tests read the order; cleared by them
         self.record_evictions = False
         self._clock = 0
@@ -54,14 +58,22 @@ class CheckpointBook:
         return self._clock
 
     def add(
-        self, slot: int, key: CacheKey, boundary: int, kind: CheckpointKind, parent: int | None
+        self,
+        slot: int,
+        key: CacheKey,
+        boundary: int,
+        kind: CheckpointKind,
+        prefix: tuple[BlockHash, ...],
     ) -> None:
-        """Record a slot the pool just keyed."""
-        if parent is not None and parent in self.entries:
-            self.entries[parent].children += 1
-        else:
-            parent = None
-        self.entries[slot] = CheckpointEntry(key, boundary, kind, parent, stamp=self._tick())
+        """Record a slot the pool just keyed (``prefix``: the hashes of the blocks before)."""
+        self.entries[slot] = CheckpointEntry(key, boundary, kind, prefix, stamp=self._tick())
+        covered = self.covered
+        for h in prefix:
+            covered[h] = covered.get(h, 0) + 1
+
+    def is_head(self, entry: CheckpointEntry) -> bool:
+        """Another cached checkpoint continues this one's prefix."""
+        return self.covered.get(entry.key[0], 0) > 0
 
     def hit(self, slot: int) -> None:
         entry = self.live_entry(slot)
@@ -83,14 +95,13 @@ class CheckpointBook:
 
     def _forget(self, slot: int) -> None:
         entry = self.entries.pop(slot)
-        parent = self.entries.get(entry.parent) if entry.parent is not None else None
-        if parent is not None:
-            parent.children -= 1
-        for other in self.entries.values():  # its children now hang off its parent
-            if other.parent == slot:
-                other.parent = entry.parent
-                if parent is not None:
-                    parent.children += 1
+        covered = self.covered
+        for h in entry.prefix:
+            left = covered[h] - 1
+            if left:
+                covered[h] = left
+            else:
+                del covered[h]
 
     def count(self) -> int:
         self.prune()
@@ -105,8 +116,12 @@ class CheckpointBook:
         free = [(s, e) for s, e in self.entries.items() if self.pool.ref_cnt[s] == 0]
         if not free:
             return None
-        slot, _ = min(free, key=lambda se: _eviction_rank(se[1]))
+        slot, _ = min(free, key=lambda se: self.eviction_rank(se[1]))
         return slot
+
+    def eviction_rank(self, entry: CheckpointEntry) -> tuple[bool, bool, int, int]:
+        """Smallest goes first: tails, never hit, periodic, least recently used."""
+        return (self.is_head(entry), entry.hits > 0, int(entry.kind), entry.stamp)
 
     def evict_one(self) -> bool:
         """Evict the least valuable unreferenced checkpoint; False if none is free."""
@@ -119,13 +134,17 @@ class CheckpointBook:
         self.pool.evict(slot)
         return True
 
-    def make_room(self, num_pending: int) -> bool:
-        """Evict until one more checkpoint fits the capacity; False if it cannot."""
+    def make_room(self, num_pending: int, kind: CheckpointKind) -> bool:
+        """Evict until one more checkpoint of ``kind`` fits the capacity, never a checkpoint
+        worth more than the new one; False if it cannot."""
         if self.capacity is None:
             return True
+        newcomer = (False, False, int(kind), self._clock + 1)
         while self.count() + num_pending >= self.capacity:
-            if not self.evict_one():
+            slot = self.victim()
+            if slot is None or self.eviction_rank(self.entries[slot]) > newcomer:
                 return False
+            self.evict_one()
         return True
 
     def free_unkeyed(self, n: int) -> None:
@@ -134,6 +153,3 @@ class CheckpointBook:
         while self.pool.num_free - self.num_free_keyed() < n and self.evict_one():
             pass
 
-
-def _eviction_rank(entry: CheckpointEntry) -> tuple[bool, bool, int, int]:
-    return (entry.children > 0, entry.hits > 0, int(entry.kind), entry.stamp)

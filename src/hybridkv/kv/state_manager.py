@@ -158,7 +158,7 @@ class StateManager:
         if self.pool.get_cached(self._key(hashes, boundary)) is not None:
             return None
         self._drop_trailing(req_id)  # superseded by a newer checkpoint
-        if not self.book.make_room(self.num_pending()) or self.pool.num_free == 0:
+        if not self.book.make_room(self.num_pending(), kind) or self.pool.num_free == 0:
             return None
         slot = self._allocate()
         self.pending.setdefault(req_id, []).append(_Pending(slot, boundary, kind))
@@ -167,15 +167,7 @@ class StateManager:
     def _register(self, slot: int, hashes: list[BlockHash], boundary: int, kind: CheckpointKind) -> None:
         key = self._key(hashes, boundary)
         self.pool.cache(slot, key)
-        self.book.add(slot, key, boundary, kind, self._parent(hashes, boundary))
-
-    def _parent(self, hashes: list[BlockHash], boundary: int) -> int | None:
-        """The nearest earlier checkpoint on this prefix (the head this one is a tail of)."""
-        for k in range(boundary // self.block_size - 1, 0, -1):
-            slot = self.pool.get_cached((hashes[k - 1], self.group_id))
-            if slot is not None:
-                return slot
-        return None
+        self.book.add(slot, key, boundary, kind, tuple(hashes[: boundary // self.block_size - 1]))
 
     def confirm(self, req_id: str, hashes: list[BlockHash], num_tokens: int) -> None:
         """The request's state is final up to ``num_tokens``: publish the saves it covers."""
@@ -208,7 +200,7 @@ class StateManager:
             if (
                 trailing.final
                 and self.pool.get_cached(key) is None
-                and self.book.make_room(self.num_pending())
+                and self.book.make_room(self.num_pending(), CheckpointKind.CALLER)
             ):
                 self._register(trailing.slot, hashes, trailing.boundary, CheckpointKind.CALLER)
             self.pool.free([trailing.slot])
