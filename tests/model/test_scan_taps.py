@@ -52,7 +52,10 @@ def test_gated_delta_taps_equal_the_state_of_a_shorter_rule() -> None:
     gen = torch.Generator().manual_seed(1)
     r, length, h, dk, dv, chunk = 2, max(LENS), 2, 4, 3, 4
     valid = _pad_mask(length)[..., None]
-    q, k = (nn.functional.normalize(torch.randn(r, length, h, dk, generator=gen), dim=-1) for _ in range(2))
+    q, k = (
+        nn.functional.normalize(torch.randn(r, length, h, dk, generator=gen), dim=-1)
+        for _ in range(2)
+    )
     v = torch.randn(r, length, h, dv, generator=gen)
     g = (-torch.rand(r, length, h, generator=gen)).masked_fill(~valid, 0.0)
     beta = torch.rand(r, length, h, generator=gen).masked_fill(~valid, 0.0)

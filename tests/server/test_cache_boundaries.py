@@ -33,7 +33,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SubprocessServer]:
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with SubprocessServer(["--model", str(model_dir), "--served-model-name", "m", *FLAGS], log) as s:
+    with SubprocessServer(
+        ["--model", str(model_dir), "--served-model-name", "m", *FLAGS], log
+    ) as s:
         yield s
 
 
@@ -50,7 +52,9 @@ def _post(server: SubprocessServer, path: str, body: dict[str, Any]) -> httpx.Re
 
 
 def _complete(server: SubprocessServer, prompt: list[int], **extra: Any) -> dict[str, Any]:
-    r = _post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 6, "temperature": 0, **extra})
+    r = _post(
+        server, "/v1/completions", {"prompt": prompt, "max_tokens": 6, "temperature": 0, **extra}
+    )
     assert r.status_code == 200, r.text
     return dict(r.json())
 
@@ -98,10 +102,24 @@ def test_boundaries_in_any_order_rounded_down_outside_ignored(server: Subprocess
     assert _cached(_complete(server, first[:45] + _ids(7, 50))) == 32
 
 
-def test_chat_hits_the_system_prompt_the_first_time(
-    server: SubprocessServer, plain: Any
-) -> None:
-    words = "the model keeps a state for every layer and the cache holds blocks of keys".split()
+def test_chat_hits_the_system_prompt_the_first_time(server: SubprocessServer, plain: Any) -> None:
+    words = [
+        "the",
+        "model",
+        "keeps",
+        "a",
+        "state",
+        "for",
+        "every",
+        "layer",
+        "and",
+        "the",
+        "cache",
+        "holds",
+        "blocks",
+        "of",
+        "keys",
+    ]
     rng = random.Random(8)
     system = {"role": "system", "content": " ".join(rng.choice(words) for _ in range(80))}
     first = [system, {"role": "user", "content": "what is a block of the cache"}]

@@ -152,4 +152,3 @@ class CheckpointBook:
         self.prune()
         while self.pool.num_free - self.num_free_keyed() < n and self.evict_one():
             pass
-

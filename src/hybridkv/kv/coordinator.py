@@ -240,7 +240,9 @@ class KVCacheCoordinator:
         if end > 0 and end % self.block_size == 0:
             self._save(req, end, extra, at=None)
 
-    def _save(self, req: KVRequest, boundary: int, extra: RequestBoundaries, at: int | None) -> None:
+    def _save(
+        self, req: KVRequest, boundary: int, extra: RequestBoundaries, at: int | None
+    ) -> None:
         due = self.policy.is_due(boundary, extra)
         kind = self.policy.kind(boundary, extra) if due else None
         for sm in self.state:

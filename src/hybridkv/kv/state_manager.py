@@ -164,7 +164,9 @@ class StateManager:
         self.pending.setdefault(req_id, []).append(_Pending(slot, boundary, kind))
         return StateCopy(self.group_id, self.live[req_id], slot, at)
 
-    def _register(self, slot: int, hashes: list[BlockHash], boundary: int, kind: CheckpointKind) -> None:
+    def _register(
+        self, slot: int, hashes: list[BlockHash], boundary: int, kind: CheckpointKind
+    ) -> None:
         key = self._key(hashes, boundary)
         self.pool.cache(slot, key)
         self.book.add(slot, key, boundary, kind, tuple(hashes[: boundary // self.block_size - 1]))

@@ -59,7 +59,9 @@ def build_step(
     for group in layout.groups:
         if isinstance(group.spec, StateSpec):
             slots = torch.tensor([r.state_slots[state_index] for r in requests], dtype=torch.long)
-            taps = _taps(requests, reqs, state_index, [s for s in saves if s.group_id == group.group_id])
+            taps = _taps(
+                requests, reqs, state_index, [s for s in saves if s.group_id == group.group_id]
+            )
             meta_s = _state_meta(reqs, slots, taps)
             state_meta.update(dict.fromkeys(group.layer_ids, meta_s))
             state_index += 1
