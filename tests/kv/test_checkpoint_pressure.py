@@ -103,8 +103,7 @@ class PressureMachine(KVMachine):
 
         free = [s for s in book.entries if book.pool.ref_cnt[s] == 0]
         assert all(rank(slot) <= rank(s) for s in free), (
-            f"evicted {slot} {rank(slot)}, a free one ranks lower: "
-            f"{min(rank(s) for s in free)}"
+            f"evicted {slot} {rank(slot)}, a free one ranks lower: {min(rank(s) for s in free)}"
         )
 
 
