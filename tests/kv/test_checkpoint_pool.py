@@ -102,3 +102,14 @@ def test_sampling_params_refuse_bad_boundaries(bad: object) -> None:
     with pytest.raises(ValueError, match="cache_boundaries"):
         SamplingParams(extra_args={"cache_boundaries": [bad]})
     assert SamplingParams(extra_args={"cache_boundaries": [9, 3]}).cache_boundaries == (9, 3)
+
+
+def test_among_equals_the_tail_goes_before_its_older_head() -> None:
+    coord = _scan(num_state_slots=16, max_checkpoints=2)
+    book = coord.state[0].book
+    book.record_evictions = True
+    _serve(coord, FakeRequest("A", list(range(30)), cache_boundaries=(8, 12)))
+    assert sorted(e.boundary for e in book.entries.values()) == [8, 12]  # 28 not admitted
+    _serve(coord, FakeRequest("B", [90 + i for i in range(6)], cache_boundaries=(4,)))
+    assert [e.boundary for e in book.evictions] == [12]  # not 8, the older (LRU) one
+    assert sorted(e.boundary for e in book.entries.values()) == [4, 8]

@@ -2,8 +2,8 @@
 tiny checkpoint budget, checkpoints taken from the scan or by split steps, caller boundaries.
 Every invariant of the base machine holds (no leaks, every checkpoint holds the state its key
 names, ``check_integrity`` — which asserts the budget), and every eviction takes the least
-valuable free checkpoint: a tail before a head (judged from the requests' tokens, not the
-book's bookkeeping), then never-hit before hit, then periodic before prompt before caller."""
+valuable free checkpoint: never-hit before hit, then periodic before prompt before caller,
+then a tail before a head (judged from the requests' tokens, not the book's bookkeeping)."""
 
 from __future__ import annotations
 
@@ -97,9 +97,9 @@ class PressureMachine(KVMachine):
                 if t != s and o is not None and len(o[1]) > len(mine[1])
             )
 
-        def rank(s: int) -> tuple[bool, bool, int]:
+        def rank(s: int) -> tuple[bool, int, bool]:
             e = book.entries[s]
-            return (is_head(s), e.hits > 0, int(e.kind))
+            return (e.hits > 0, int(e.kind), is_head(s))
 
         free = [s for s in book.entries if book.pool.ref_cnt[s] == 0]
         assert all(rank(slot) <= rank(s) for s in free), (

@@ -6,13 +6,16 @@ KV memory, converted to slots by the engine. When a new checkpoint would exceed 
 is needed and only checkpoints are free, the least valuable unreferenced checkpoint goes
 first. The issue's wording ("a prefix's tail before its head; a checkpoint that has served
 hits before one that never has; message boundaries before periodic ones") is read as a
-ranking of what to *keep*, with eviction in this order:
+ranking of what to *keep*; the issue does not order the three criteria, and on a multi-turn
+chat trace under budget pressure (``benchmarks/prefix_trace.py``) this precedence computed
+the fewest prompt tokens (tail-before-head first kept every conversation's stale earlier
+checkpoints, as heads, and evicted the turn ends the next turns resume from):
 
-1. a prefix's tail before its head: a checkpoint that lies on the prefix of another cached
-   checkpoint (a head) is evicted only when no free checkpoint is a tail;
-2. one that never served a hit before one that has;
-3. periodic boundaries before prompt ends and junctions, and those before the boundaries a
+1. one that never served a hit before one that has;
+2. periodic boundaries before prompt ends and junctions, and those before the boundaries a
    caller named (``cache_boundaries``, chat message ends, a finished request's last state);
+3. a prefix's tail before its head: a checkpoint that lies on the prefix of another cached
+   checkpoint (a head) goes after the tails of its rank;
 4. least recently used (registered or hit) first.
 
 Admission uses the same order: a new checkpoint (a tail that never served a hit, of its kind,
@@ -119,9 +122,9 @@ class CheckpointBook:
         slot, _ = min(free, key=lambda se: self.eviction_rank(se[1]))
         return slot
 
-    def eviction_rank(self, entry: CheckpointEntry) -> tuple[bool, bool, int, int]:
-        """Smallest goes first: tails, never hit, periodic, least recently used."""
-        return (self.is_head(entry), entry.hits > 0, int(entry.kind), entry.stamp)
+    def eviction_rank(self, entry: CheckpointEntry) -> tuple[bool, int, bool, int]:
+        """Smallest goes first: never hit, periodic, tails, least recently used."""
+        return (entry.hits > 0, int(entry.kind), self.is_head(entry), entry.stamp)
 
     def evict_one(self) -> bool:
         """Evict the least valuable unreferenced checkpoint; False if none is free."""
@@ -139,7 +142,7 @@ class CheckpointBook:
         worth more than the new one; False if it cannot."""
         if self.capacity is None:
             return True
-        newcomer = (False, False, int(kind), self._clock + 1)
+        newcomer = (False, int(kind), False, self._clock + 1)
         while self.count() + num_pending >= self.capacity:
             slot = self.victim()
             if slot is None or self.eviction_rank(self.entries[slot]) > newcomer:
