@@ -107,6 +107,7 @@ class BenchRequest:
     num_prompt_tokens: int
     num_computed_tokens: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
+    cache_boundaries: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:

@@ -55,6 +55,7 @@ class _Req:
         self.num_prompt_tokens = len(tokens)
         self.num_computed_tokens = 0
         self.block_hashes: list[Any] = []
+        self.cache_boundaries: tuple[int, ...] = ()
         BlockHasher(16, get_hash_fn("sha256")).extend(self.block_hashes, tokens)
 
     @property

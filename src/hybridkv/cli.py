@@ -66,6 +66,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                 )
             elif f.name in ("kv_cache_memory", "prefix_caching_hash_algo"):
                 g.add_argument(flag, type=str, default=None, help=helptext)
+            elif f.type in ("float", float):
+                g.add_argument(flag, type=float, default=None, help=helptext)
             else:
                 g.add_argument(flag, type=int, default=None, help=helptext)
 

@@ -37,6 +37,9 @@ class CacheConfig:
     num_state_slots: int | None = _opt(
         None, "state slots per state group (default: from max_num_seqs)"
     )
+    state_checkpoint_budget: float = _opt(
+        0.1, "most of kv_cache_memory that state checkpoints may take, in (0, 1]"
+    )
 
     def __post_init__(self) -> None:
         _require_int_fields(self)
@@ -55,6 +58,10 @@ class CacheConfig:
         )
         _require(self.num_state_slots is None or self.num_state_slots >= 1, "num_state_slots",
                  self.num_state_slots, "a positive integer")  # fmt: skip
+        budget = self.state_checkpoint_budget
+        ok_budget = isinstance(budget, int | float) and not isinstance(budget, bool)
+        _require(ok_budget and 0.0 < budget <= 1.0, "state_checkpoint_budget", budget,
+                 "a fraction of kv_cache_memory in (0, 1]")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

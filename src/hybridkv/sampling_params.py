@@ -17,6 +17,7 @@ MIN_SAMPLING_TEMPERATURE = 1e-2
 MAX_STOP_STRINGS = 64  # OpenAI allows 4; vLLM leaves it open
 MAX_STOP_CHARS = 4096  # all stop strings together
 MAX_STOP_TOKEN_IDS = 1024
+MAX_CACHE_BOUNDARIES = 4096  # extra_args["cache_boundaries"]: positions to checkpoint state at
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +110,18 @@ class SamplingParams:
             transfer,
             "an object (dict)",
         )
+        bounds = (self.extra_args or {}).get("cache_boundaries")
+        _check(
+            bounds is None
+            or (
+                isinstance(bounds, list | tuple)
+                and len(bounds) <= MAX_CACHE_BOUNDARIES
+                and all(_is_int(t) and t >= 0 for t in bounds)
+            ),
+            "cache_boundaries",
+            bounds,
+            f"a list of at most {MAX_CACHE_BOUNDARIES} non-negative integers (token positions)",
+        )
 
     @property
     def kv_transfer_params(self) -> dict[str, object] | None:
@@ -118,6 +131,13 @@ class SamplingParams:
             return None
         value = self.extra_args.get("kv_transfer_params")
         return value if isinstance(value, dict) else None
+
+    @property
+    def cache_boundaries(self) -> tuple[int, ...]:
+        """``extra_args["cache_boundaries"]``: prompt positions where a later request is
+        expected to share this one's prefix (a state checkpoint is kept there)."""
+        bounds = (self.extra_args or {}).get("cache_boundaries")
+        return tuple(bounds) if isinstance(bounds, list | tuple) else ()
 
     @property
     def greedy(self) -> bool:

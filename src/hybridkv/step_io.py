@@ -135,8 +135,11 @@ class SchedulerOutput:
     1. drop per-request runner state of ``finished_request_ids``;
     2. ``state_restores``: copy checkpoints into live slots (before the forward pass);
     3. zero the live slots of requests with ``reset_state``;
-    4. the forward pass over ``requests``, writing K/V pages and live states;
-    5. ``state_saves``: copy live slots into checkpoint slots (the state at the step's end);
+    4. the forward pass over ``requests``, writing K/V pages and live states, and the
+       ``state_saves`` with ``at`` set (a checkpoint due inside a prefill: the scan's state
+       after ``at`` tokens goes straight into ``dst_slot``);
+    5. the other ``state_saves``: copy live slots into checkpoint slots (the state at the
+       step's end);
     6. sample one token for each request with ``sample``.
 
     ``kv_connector_metadata`` is for the connector's worker half (None without a connector);

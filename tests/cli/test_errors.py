@@ -94,6 +94,9 @@ def test_bad_prompts_fail_alone(checkpoints: dict[str, Path], tmp_path: Path) ->
         (["--max-queued-requests", "0"], "--max-queued-requests must be an integer >= 1"),
         (["--engine-stall-seconds", "nan"], "--engine-stall-seconds must be a finite number"),
         (["--api-key", "k", "--api-key-file", "f"], "give --api-key or --api-key-file"),
+        (["--state-checkpoint-budget", "0"], "state_checkpoint_budget=0.0: must be a fraction"),
+        (["--state-checkpoint-budget", "1.5"], "state_checkpoint_budget=1.5: must be a fraction"),
+        (["--state-checkpoint-budget", "nan"], "state_checkpoint_budget=nan: must be a fraction"),
     ],
 )
 def test_bad_serve_limits_fail_before_the_model_loads(args: list[str], message: str) -> None:

@@ -68,6 +68,7 @@ class FakeRequest:
     all_token_ids: list[int]
     num_computed_tokens: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
+    cache_boundaries: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.all_token_ids)

@@ -64,9 +64,18 @@ def make_coordinator(
     window: int = 8,
     interval: int = 0,
     caching: bool = True,
+    max_checkpoints: int | None = None,
+    states_from_scan: bool = False,
 ) -> KVCacheCoordinator:
     layout = make_layout(name, block_size, window)
-    config = KVCacheConfig(num_blocks, num_state_slots, caching, interval)
+    config = KVCacheConfig(
+        num_blocks,
+        num_state_slots,
+        caching,
+        interval,
+        max_checkpoints=max_checkpoints,
+        states_from_scan=states_from_scan,
+    )
     return KVCacheCoordinator(layout, config)
 
 
@@ -81,6 +90,7 @@ class FakeRequest:
     num_computed_tokens: int = 0
     cache_salt: str | None = None
     block_hashes: list[BlockHash] = field(default_factory=list)
+    cache_boundaries: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = self.num_prompt_tokens or len(self.token_ids)

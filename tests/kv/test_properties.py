@@ -82,6 +82,9 @@ class KVMachine(RuleBasedStateMachine):
         self.counter += 1
         return f"r{self.counter}"
 
+    def _request(self, tokens: list[int], salt: str | None = None) -> FakeRequest:
+        return FakeRequest(self._new_id(), tokens, self.B, cache_salt=salt)
+
     def _at(self, req: FakeRequest, n: int) -> Content:
         """What a state computed over the first n tokens of ``req`` is (hash at a boundary)."""
         if n == 0:
@@ -175,8 +178,8 @@ class KVMachine(RuleBasedStateMachine):
         req.num_computed_tokens = r.end
         for sm in c.state:
             self.content[(sm.group_id, sm.live[req.request_id])] = self._at(req, r.end)
-        for s in r.saves:
-            self.content[(s.group_id, s.dst_slot)] = self._at(req, r.end)
+        for s in r.saves:  # at the step's end, or from inside it (the scan's state at `at`)
+            self.content[(s.group_id, s.dst_slot)] = self._at(req, r.end if s.at is None else s.at)
         r.end, r.saves = None, []
         c.cache(req, req.num_computed_tokens)
         c.end_step()
@@ -199,7 +202,7 @@ class KVMachine(RuleBasedStateMachine):
     def add(self, data: st.DataObject) -> None:
         tokens = self._tokens(data, 8 * self.B)
         salt = data.draw(st.sampled_from([None, None, None, "s"]))
-        self.waiting.append(FakeRequest(self._new_id(), tokens, self.B, cache_salt=salt))
+        self.waiting.append(self._request(tokens, salt))
         self.history.append(self.waiting[-1])
 
     @precondition(lambda self: self.waiting)
@@ -254,7 +257,7 @@ class KVMachine(RuleBasedStateMachine):
     def serve(self, data: st.DataObject) -> None:
         """A whole request at once: admit, prefill in chunks, decode a little, maybe finish."""
         tokens = self._tokens(data, 8 * self.B)
-        req = FakeRequest(self._new_id(), tokens, self.B)
+        req = self._request(tokens)
         self.history.append(req)
         hit = self.coord.find_cache_hit(req)
         self._check_hit(req, hit)
@@ -287,7 +290,7 @@ class KVMachine(RuleBasedStateMachine):
         n = data.draw(st.integers(1, 6 * self.B))
         self.counter += 1
         tokens = [10_000 + 100 * self.counter + i for i in range(n)]
-        req = FakeRequest(self._new_id(), tokens, self.B)
+        req = self._request(tokens)
         hit = self.coord.find_cache_hit(req)
         self._check_hit(req, hit)  # 0, unless a window of 1 token needs no earlier KV at all
         if self._allocate(req, hit.num_tokens, n, 0, hit):

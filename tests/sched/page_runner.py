@@ -56,8 +56,9 @@ class PageRunner:
             context = self._run_request(r)
             if r.sample:
                 result.sampled_token_ids[r.request_id] = next_token(context)
-        for c in out.state_saves:
-            self.states[(c.group_id, c.dst_slot)] = self.states[(c.group_id, c.src_slot)]
+        for c in out.state_saves:  # from inside the step: the live state's first `at` tokens
+            state = self.states[(c.group_id, c.src_slot)]
+            self.states[(c.group_id, c.dst_slot)] = state if c.at is None else state[: c.at]
         return result
 
     def _run_request(self, r: ScheduledRequest) -> list[int]:

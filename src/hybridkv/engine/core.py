@@ -39,6 +39,16 @@ if TYPE_CHECKING:
 class CacheSizing:
     num_blocks: int
     num_state_slots: int
+    max_checkpoints: int | None = None  # per state group: state_checkpoint_budget in slots
+
+
+def checkpoint_capacity(budget: float, memory_bytes: int, layout: KVCacheLayout) -> int | None:
+    """Checkpoints per state group that fit ``budget`` of the KV memory (a checkpoint at one
+    boundary takes a slot in every state group); None without state groups."""
+    slot_bytes = layout.total_state_slot_bytes()
+    if slot_bytes == 0:
+        return None
+    return int(budget * memory_bytes) // slot_bytes
 
 
 def size_cache(config: EngineConfig, layout: KVCacheLayout, max_model_len: int) -> CacheSizing:
@@ -61,7 +71,8 @@ def size_cache(config: EngineConfig, layout: KVCacheLayout, max_model_len: int) 
         raise ValueError(
             f"kv_cache_memory={cache.kv_cache_memory} bytes cannot hold {slots} state slots"
         )
-    return CacheSizing(max(num_blocks, 2), slots)
+    cap = checkpoint_capacity(cache.state_checkpoint_budget, cache.kv_cache_memory, layout)
+    return CacheSizing(max(num_blocks, 2), slots, cap)
 
 
 def resolve_dtype(dtype: str, raw_config: dict[str, object]) -> str:
@@ -97,6 +108,8 @@ class EngineCore:
             config.cache.state_checkpoint_interval,
             enable_kv_cache_events=events_on,  # only with a consumer: they would pile up
             key_events=events_on,
+            max_checkpoints=self.sizing.max_checkpoints,
+            states_from_scan=True,  # Mamba2 and Gated DeltaNet scans hand back mid-chunk states
         )
         self.kv = KVCacheCoordinator(self.layout, kv_config)
         self.runner = ModelRunner(

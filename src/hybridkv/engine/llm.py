@@ -8,6 +8,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from hybridkv.chat_boundaries import message_boundaries, with_cache_boundaries
 from hybridkv.config import EngineConfig
 from hybridkv.engine.core import EngineCore
 from hybridkv.engine.output import RequestOutput, error_output
@@ -74,14 +75,22 @@ class LLM:
         *,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Apply the model's chat template to each conversation, then generate."""
+        """Apply the model's chat template to each conversation, then generate. Each message's
+        end in the rendered prompt is a state checkpoint boundary (``chat_boundaries``)."""
         single = bool(messages) and isinstance(messages[0], dict)
         conversations: list[Any] = [messages] if single else list(messages)
-        prompts: list[PromptInput] = [
-            self.tokenizer.apply_chat_template(conv, add_generation_prompt=True)
-            for conv in conversations
+        prompts: list[PromptInput] = []
+        bounds: list[list[int]] = []
+        for conv in conversations:
+            text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=True)
+            ids = self.tokenizer.encode(text)
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
+            bounds.append(message_boundaries(self.tokenizer, conv, ids))
+        params = [
+            with_cache_boundaries(p, b)
+            for p, b in zip(_params_for(prompts, sampling_params), bounds, strict=True)
         ]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, params, use_tqdm=use_tqdm)
 
     def _tokenize(self, item: PromptInput) -> tuple[str | None, list[int]]:
         if isinstance(item, str):

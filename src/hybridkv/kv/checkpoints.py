@@ -1,17 +1,44 @@
-"""Which block boundaries of a request need a state checkpoint.
+"""Which block boundaries of a request need a state checkpoint, and what kind each one is.
 
 A boundary T (a multiple of the block size) is *due* when it is a multiple of the checkpoint
-interval, the prompt's last block boundary (both ``floor((P-1)/B)*B`` — where the same prompt
-resent resumes — and ``floor(P/B)*B`` — where a longer follow-up resumes), or a *junction*: the
-end of a full-attention prefix hit longer than the hit the state groups allowed (saving there
-lets the next request with that prefix hit all of it). Steps end at due boundaries, so the live
-state is exactly the state at T when it is copied. The last boundary a finished request passed
-is kept through its trailing slot (see ``state_manager``), not through this policy.
+interval (``PERIODIC``), the prompt's last block boundary (both ``floor((P-1)/B)*B`` — where
+the same prompt resent resumes — and ``floor(P/B)*B`` — where a longer follow-up resumes), a
+*junction*: the end of a full-attention prefix hit longer than the hit the state groups allowed
+(saving there lets the next request with that prefix hit all of it) (both ``PROMPT``), or a
+boundary the caller named (``cache_boundaries``, the end of each chat message: ``CALLER``),
+rounded down to the block; positions past the prompt are ignored.
+
+Two ways to take the state at a due boundary T inside a prefill:
+
+- *split steps* (``clip``): the step ends at T, so the live state is exactly the state at T
+  when it is copied after the forward;
+- *from the scan* (``due_inside``): the step runs on, and the chunked scan hands back the state
+  at each due boundary inside the step (``StateCopy.at``), copied in the same forward.
+
+The last boundary a finished request passed is kept through its trailing slot (see
+``state_manager``), not through this policy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
+
+
+class CheckpointKind(IntEnum):
+    """Why a checkpoint exists; a higher value is kept longer (see ``checkpoint_book``)."""
+
+    PERIODIC = 0
+    PROMPT = 1  # prompt ends and junctions
+    CALLER = 2  # cache_boundaries and chat message ends; a finished request's trailing state
+
+
+@dataclass(frozen=True, slots=True)
+class RequestBoundaries:
+    """A request's own due boundaries (sorted, > 0) and which of them the caller named."""
+
+    due: tuple[int, ...] = ()
+    caller: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,23 +53,42 @@ class CheckpointPolicy:
                 f"of the block size {self.block_size}"
             )
 
-    def request_boundaries(self, num_prompt_tokens: int, junction: int) -> tuple[int, ...]:
-        """The request-specific due boundaries (sorted, > 0)."""
+    def request_boundaries(
+        self, num_prompt_tokens: int, junction: int, caller: tuple[int, ...] = ()
+    ) -> RequestBoundaries:
+        """The request-specific due boundaries: prompt ends, the junction, the caller's."""
         b = self.block_size
         found = {(num_prompt_tokens - 1) // b * b, num_prompt_tokens // b * b, junction // b * b}
-        return tuple(sorted(t for t in found if t > 0))
+        named = frozenset(t // b * b for t in caller if 0 < t // b * b <= num_prompt_tokens)
+        due = tuple(sorted(t for t in found | named if t > 0))
+        return RequestBoundaries(due, named)
 
-    def is_due(self, boundary: int, extra: tuple[int, ...]) -> bool:
+    def is_due(self, boundary: int, extra: RequestBoundaries) -> bool:
         periodic = self.interval > 0 and boundary % self.interval == 0
-        return periodic or boundary in extra
+        return periodic or boundary in extra.due
 
-    def clip(self, start: int, end: int, extra: tuple[int, ...]) -> int:
+    def kind(self, boundary: int, extra: RequestBoundaries) -> CheckpointKind:
+        if boundary in extra.caller:
+            return CheckpointKind.CALLER
+        if boundary in extra.due:
+            return CheckpointKind.PROMPT
+        return CheckpointKind.PERIODIC
+
+    def clip(self, start: int, end: int, extra: RequestBoundaries) -> int:
         """The first due boundary in (start, end), else ``end``."""
         best = end
         if self.interval > 0:
             best = min(best, (start // self.interval + 1) * self.interval)
-        for t in extra:
+        for t in extra.due:
             if start < t < best:
                 best = t
                 break
         return best
+
+    def due_inside(self, start: int, end: int, extra: RequestBoundaries) -> list[int]:
+        """Every due boundary in (start, end), ascending."""
+        found = {t for t in extra.due if start < t < end}
+        if self.interval > 0:
+            first = (start // self.interval + 1) * self.interval
+            found.update(range(first, end, self.interval))
+        return sorted(found)

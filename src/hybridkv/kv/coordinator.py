@@ -21,7 +21,7 @@ from hybridkv.kv.attention_managers import (
     SlidingWindowManager,
 )
 from hybridkv.kv.block_pool import NULL_BLOCK, BlockPool
-from hybridkv.kv.checkpoints import CheckpointPolicy
+from hybridkv.kv.checkpoints import CheckpointPolicy, RequestBoundaries
 from hybridkv.kv.events import CacheEvent, KVEventLog
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import FullAttentionSpec, KVCacheLayout, SlidingWindowSpec, StateSpec
@@ -41,6 +41,8 @@ class KVRequest(Protocol):
     def num_computed_tokens(self) -> int: ...
     @property
     def block_hashes(self) -> list[BlockHash]: ...
+    @property
+    def cache_boundaries(self) -> tuple[int, ...]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,11 @@ class KVCacheConfig:
     enable_kv_cache_events: bool = True  # record stored/removed events (someone must drain them)
     # the coordinator drains them itself into per-key events for ``take_events`` (KV events)
     key_events: bool = False
+    # checkpoints (pending saves included) per state group; None: bounded by the slots only
+    max_checkpoints: int | None = None
+    # True: steps run past due boundaries and the scan hands back the states there
+    # (``StateCopy.at``); False: steps end at each due boundary
+    states_from_scan: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +89,13 @@ class KVCacheCoordinator:
         self.pool = BlockPool(max(config.num_blocks, 2), with_null=True, name="blocks")
         self.attn = [self._create_manager(gid) for gid in layout.attention_group_ids]
         self.state = [
-            StateManager(g, _state_spec(layout, g), config.num_state_slots, self.block_size)
+            StateManager(
+                g,
+                _state_spec(layout, g),
+                config.num_state_slots,
+                self.block_size,
+                config.max_checkpoints,
+            )
             for g in layout.state_group_ids
         ]
         for pool in [self.pool, *(sm.pool for sm in self.state)]:
@@ -92,7 +105,7 @@ class KVCacheCoordinator:
             self.events = KVEventLog([self.pool, *(sm.pool for sm in self.state)])
         self.policy = CheckpointPolicy(self.block_size, config.state_checkpoint_interval)
         self.stats = PrefixCacheStats(group_hit_tokens=[0] * len(layout.groups))
-        self._extra_due: dict[str, tuple[int, ...]] = {}
+        self._extra_due: dict[str, RequestBoundaries] = {}
         self._restores: list[StateCopy] = []
         self._saves: list[StateCopy] = []
 
@@ -175,7 +188,7 @@ class KVCacheCoordinator:
         for m in self.attn:
             m.allocate_new(req_id, total_computed, num_tokens)
         if num_new_tokens > 0:  # a step that computes nothing (an async load) saves no state
-            self._plan_saves(req, end)
+            self._plan_saves(req, end - num_new_tokens, end)
         return True
 
     def _empty_hit(self) -> CacheHit:
@@ -205,9 +218,7 @@ class KVCacheCoordinator:
             restore = sm.add_request(req_id, hit.state_slots[j])
             if restore is not None:
                 self._restores.append(restore)
-        self._extra_due[req_id] = self.policy.request_boundaries(
-            req.num_prompt_tokens, _junction(hit)
-        )
+        self._extra_due[req_id] = self._boundaries(req, hit)
         self._record_hit(req, hit)
 
     def _record_hit(self, req: KVRequest, hit: CacheHit) -> None:
@@ -219,12 +230,29 @@ class KVCacheCoordinator:
         for g, n in enumerate(hit.group_hit_tokens):
             self.stats.group_hit_tokens[g] += n
 
-    def _plan_saves(self, req: KVRequest, end: int) -> None:
-        if not (self.caching and self.state) or end == 0 or end % self.block_size:
+    def _boundaries(self, req: KVRequest, hit: CacheHit | None) -> RequestBoundaries:
+        return self.policy.request_boundaries(
+            req.num_prompt_tokens, _junction(hit), req.cache_boundaries
+        )
+
+    def _plan_saves(self, req: KVRequest, start: int, end: int) -> None:
+        """Checkpoints due inside the step (from the scan), then the state at its end."""
+        if not (self.caching and self.state):
             return
-        due = self.policy.is_due(end, self._extra_due[req.request_id])
+        extra = self._extra_due[req.request_id]
+        if self.config.states_from_scan:
+            for t in self.policy.due_inside(start, end, extra):
+                self._save(req, t, extra, at=t)
+        if end > 0 and end % self.block_size == 0:
+            self._save(req, end, extra, at=None)
+
+    def _save(
+        self, req: KVRequest, boundary: int, extra: RequestBoundaries, at: int | None
+    ) -> None:
+        due = self.policy.is_due(boundary, extra)
+        kind = self.policy.kind(boundary, extra) if due else None
         for sm in self.state:
-            copy = sm.save(req.request_id, req.block_hashes, end, due)
+            copy = sm.save(req.request_id, req.block_hashes, boundary, kind, at)
             if copy is not None:
                 self._saves.append(copy)
 
@@ -234,11 +262,11 @@ class KVCacheCoordinator:
         """Where a step computing [start, end) must stop so a due checkpoint gets taken.
 
         For a request not admitted yet, pass the hit it will be admitted with."""
-        if not (self.caching and self.state):
+        if not (self.caching and self.state) or self.config.states_from_scan:
             return end
         extra = self._extra_due.get(req.request_id)
         if extra is None:
-            extra = self.policy.request_boundaries(req.num_prompt_tokens, _junction(hit))
+            extra = self._boundaries(req, hit)
         return self.policy.clip(start, end, extra)
 
     # -- after the step ------------------------------------------------------------------
@@ -339,7 +367,7 @@ class KVCacheCoordinator:
     def reset_prefix_cache(self) -> bool:
         if not self.pool.reset():
             return False
-        return all(sm.pool.reset() for sm in self.state)
+        return all(sm.reset() for sm in self.state)
 
     def check_integrity(self) -> None:
         from hybridkv.kv.integrity import check_coordinator

@@ -17,6 +17,7 @@ def check_coordinator(coord: KVCacheCoordinator) -> None:
     - every block's ref count equals the references the tables hold on it;
     - a block in group g's table is owned by g (one owner group per block id);
     - every slot's ref count equals the references the state managers hold;
+    - every state group's checkpoints (pending saves included) fit its budget;
     - requests known to the coordinator have a table in every group and a live slot.
     """
     pool = coord.pool
@@ -42,6 +43,7 @@ def check_coordinator(coord: KVCacheCoordinator) -> None:
             assert held.get(s, 0) == sm.pool.ref_cnt[s], (
                 f"state group {sm.group_id} slot {s}: ref count {sm.pool.ref_cnt[s]}, held {held.get(s, 0)}"
             )
+        sm.check_budget()
     for req_id in coord._extra_due:
         assert all(req_id in m.tables for m in coord.attn), f"{req_id} lacks a table"
         assert all(req_id in sm.live for sm in coord.state), f"{req_id} lacks a live slot"

@@ -11,7 +11,10 @@ Slot life cycles (all slots come from the group's own pool)::
                 resumes there), overwritten when it passes the next boundary
     pinned      a checkpoint being restored this step; released at the end of the step
 
-The manager never touches tensors: it returns ``StateCopy`` records for the runner.
+Checkpoints (pending ones included) are bounded by the group's ``CheckpointBook``, which also
+picks which one to evict (by value, not the pool's LRU). The manager never touches tensors: it
+returns ``StateCopy`` records for the runner; a copy with ``at`` set is taken from inside the
+step's chunked scan (the state after ``at`` tokens), not from the live slot after the step.
 """
 
 from __future__ import annotations
@@ -19,17 +22,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridkv.kv.block_pool import BlockPool, CacheKey
+from hybridkv.kv.checkpoint_book import CheckpointBook
+from hybridkv.kv.checkpoints import CheckpointKind
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import StateSpec
 
 
 @dataclass(frozen=True, slots=True)
 class StateCopy:
-    """Copy one state slot onto another within a state group (all the group's layers)."""
+    """Copy one state slot onto another within a state group (all the group's layers).
+
+    ``at`` (saves only): the state after token position ``at`` of the request whose live slot
+    is ``src_slot``, a block boundary strictly inside the step, taken from the scan; None: the
+    live slot after the step."""
 
     group_id: int
     src_slot: int
     dst_slot: int
+    at: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    slot: int
+    boundary: int
+    kind: CheckpointKind
 
 
 @dataclass(slots=True)
@@ -40,13 +57,21 @@ class _Trailing:
 
 
 class StateManager:
-    def __init__(self, group_id: int, spec: StateSpec, num_slots: int, block_size: int) -> None:
+    def __init__(
+        self,
+        group_id: int,
+        spec: StateSpec,
+        num_slots: int,
+        block_size: int,
+        max_checkpoints: int | None = None,
+    ) -> None:
         self.group_id = group_id
         self.spec = spec
         self.block_size = block_size
         self.pool = BlockPool(num_slots, with_null=False, name=f"state group {group_id}")
+        self.book = CheckpointBook(self.pool, max_checkpoints)
         self.live: dict[str, int] = {}
-        self.pending: dict[str, list[tuple[int, int]]] = {}  # req -> [(slot, boundary)]
+        self.pending: dict[str, list[_Pending]] = {}
         self.trailing: dict[str, _Trailing] = {}
         self.pinned: list[int] = []
 
@@ -78,55 +103,83 @@ class StateManager:
     def add_request(self, req_id: str, hit_slot: int | None) -> StateCopy | None:
         """Pin the checkpoint (if any), give the request a live slot, return the restore."""
         if hit_slot is not None:
+            self.book.hit(hit_slot)
             self.pool.touch([hit_slot])
             self.pinned.append(hit_slot)
-        self.live[req_id] = self.pool.allocate(1, self.group_id)[0]
+        self.live[req_id] = self._allocate()
         if hit_slot is None:
             return None
         return StateCopy(self.group_id, hit_slot, self.live[req_id])
 
     # -- saves ---------------------------------------------------------------------------
 
-    def save(
-        self, req_id: str, hashes: list[BlockHash], boundary: int, due: bool
-    ) -> StateCopy | None:
-        """Plan a copy of the live slot taken at the end of a step that ends at ``boundary``.
+    def _allocate(self) -> int:
+        """One slot, evicting checkpoints by value (not LRU) if only keyed slots are free."""
+        self.book.free_unkeyed(1)
+        return self.pool.allocate(1, self.group_id)[0]
 
-        Due boundaries become checkpoints; others overwrite the request's trailing slot.
-        Best effort: with no free slot nothing is saved.
+    def num_pending(self) -> int:
+        return sum(len(saves) for saves in self.pending.values())
+
+    def save(
+        self,
+        req_id: str,
+        hashes: list[BlockHash],
+        boundary: int,
+        kind: CheckpointKind | None,
+        at: int | None = None,
+    ) -> StateCopy | None:
+        """Plan a copy of the request's state at ``boundary``: the live slot after a step that
+        ends there, or (``at``) the scan's state inside the step.
+
+        Due boundaries (a ``kind``) become checkpoints; others overwrite the request's
+        trailing slot (only at a step's end). Best effort: with no room nothing is saved.
         """
-        if due:
-            return self._save_checkpoint(req_id, hashes, boundary)
+        if kind is not None:
+            return self._save_checkpoint(req_id, hashes, boundary, kind, at)
+        assert at is None, "only due boundaries are saved from inside a step"
         trailing = self.trailing.get(req_id)
         if trailing is None:
             if self.pool.num_free == 0:
                 return None
-            trailing = _Trailing(self.pool.allocate(1, self.group_id)[0], boundary, False)
+            trailing = _Trailing(self._allocate(), boundary, False)
             self.trailing[req_id] = trailing
         trailing.boundary, trailing.final = boundary, False
         return StateCopy(self.group_id, self.live[req_id], trailing.slot)
 
     def _save_checkpoint(
-        self, req_id: str, hashes: list[BlockHash], boundary: int
+        self,
+        req_id: str,
+        hashes: list[BlockHash],
+        boundary: int,
+        kind: CheckpointKind,
+        at: int | None,
     ) -> StateCopy | None:
         if self.pool.get_cached(self._key(hashes, boundary)) is not None:
             return None
         self._drop_trailing(req_id)  # superseded by a newer checkpoint
-        if self.pool.num_free == 0:
+        if not self.book.make_room(self.num_pending(), kind) or self.pool.num_free == 0:
             return None
-        slot = self.pool.allocate(1, self.group_id)[0]
-        self.pending.setdefault(req_id, []).append((slot, boundary))
-        return StateCopy(self.group_id, self.live[req_id], slot)
+        slot = self._allocate()
+        self.pending.setdefault(req_id, []).append(_Pending(slot, boundary, kind))
+        return StateCopy(self.group_id, self.live[req_id], slot, at)
+
+    def _register(
+        self, slot: int, hashes: list[BlockHash], boundary: int, kind: CheckpointKind
+    ) -> None:
+        key = self._key(hashes, boundary)
+        self.pool.cache(slot, key)
+        self.book.add(slot, key, boundary, kind, tuple(hashes[: boundary // self.block_size - 1]))
 
     def confirm(self, req_id: str, hashes: list[BlockHash], num_tokens: int) -> None:
         """The request's state is final up to ``num_tokens``: publish the saves it covers."""
         keep = []
-        for slot, boundary in self.pending.pop(req_id, []):
-            if boundary > num_tokens:
-                keep.append((slot, boundary))
+        for p in self.pending.pop(req_id, []):
+            if p.boundary > num_tokens:
+                keep.append(p)
                 continue
-            self.pool.cache(slot, self._key(hashes, boundary))
-            self.pool.free([slot])
+            self._register(p.slot, hashes, p.boundary, p.kind)
+            self.pool.free([p.slot])
         if keep:
             self.pending[req_id] = keep
         trailing = self.trailing.get(req_id)
@@ -142,12 +195,16 @@ class StateManager:
 
     def free(self, req_id: str, hashes: list[BlockHash]) -> None:
         """Free every slot of the request; a final trailing state becomes a checkpoint."""
-        self.pool.free([slot for slot, _ in self.pending.pop(req_id, [])])
+        self.pool.free([p.slot for p in self.pending.pop(req_id, [])])
         trailing = self.trailing.pop(req_id, None)
         if trailing is not None:
             key = self._key(hashes, trailing.boundary)
-            if trailing.final and self.pool.get_cached(key) is None:
-                self.pool.cache(trailing.slot, key)
+            if (
+                trailing.final
+                and self.pool.get_cached(key) is None
+                and self.book.make_room(self.num_pending(), CheckpointKind.CALLER)
+            ):
+                self._register(trailing.slot, hashes, trailing.boundary, CheckpointKind.CALLER)
             self.pool.free([trailing.slot])
         if req_id in self.live:
             self.pool.free([self.live.pop(req_id)])
@@ -157,11 +214,28 @@ class StateManager:
         if trailing is not None:
             self.pool.free([trailing.slot])
 
+    def reset(self) -> bool:
+        """Drop every checkpoint; only when no slot is referenced. Returns success."""
+        if not self.pool.reset():
+            return False
+        self.book.prune()
+        return True
+
+    def check_budget(self) -> None:
+        """Checkpoints (pending ones included) within the capacity; the book mirrors the keys."""
+        count, keyed = self.book.count(), sum(1 for k in self.pool.key if k is not None)
+        assert count == keyed, f"state group {self.group_id}: book has {count}, pool keys {keyed}"
+        cap = self.book.capacity
+        total = count + self.num_pending()
+        assert cap is None or total <= cap, (
+            f"state group {self.group_id}: {total} checkpoints exceed the budget of {cap}"
+        )
+
     def held_refs(self) -> dict[int, int]:
         """References this manager holds on each slot (for integrity checks)."""
         refs: dict[int, int] = {}
         slots = list(self.live.values()) + [t.slot for t in self.trailing.values()] + self.pinned
-        slots += [s for saves in self.pending.values() for s, _ in saves]
+        slots += [p.slot for saves in self.pending.values() for p in saves]
         for s in slots:
             refs[s] = refs.get(s, 0) + 1
         return refs

@@ -2,7 +2,8 @@
 
 Step order (the contract of ``hybridkv.step_io.SchedulerOutput``): drop finished
 requests' sampler state; restore state checkpoints into live slots; zero the live slots of
-requests with ``reset_state``; forward pass; save state checkpoints; sample.
+requests with ``reset_state``; forward pass (which writes the saves due inside a prefill,
+``StateCopy.at``, straight from the scan); save the other state checkpoints; sample.
 """
 
 from __future__ import annotations
@@ -62,17 +63,17 @@ class ModelRunner:
         result = RunnerOutput()
         every: dict[str, torch.Tensor] = {}
         if out.requests:
-            logits, every = self._forward(out.requests, all_logits)
-            self._copy_states(out.state_saves)
+            logits, every = self._forward(out.requests, out.state_saves, all_logits)
+            self._copy_states([c for c in out.state_saves if c.at is None])
             self._sample(out.requests, logits, result)
         else:
             self._copy_states(out.state_saves)
         return result, every
 
     def _forward(
-        self, requests: list[ScheduledRequest], all_logits: bool
+        self, requests: list[ScheduledRequest], saves: list[StateCopy], all_logits: bool
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        step = build_step(requests, self.layout, self.cache.kv_pages, self.cache.states)
+        step = build_step(requests, self.layout, self.cache.kv_pages, self.cache.states, saves)
         hidden = self.model(step.input_ids, step.ctx)  # [T, hidden]
         logits = self.model.compute_logits(hidden[step.sample_token_idx])  # [S, vocab]
         every: dict[str, torch.Tensor] = {}

@@ -10,14 +10,15 @@ Keys are gathered by whole blocks starting at the first block a request's window
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 
 import torch
 
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, StateSpec
-from hybridkv.model.step_context import AttnMeta, AttnSubBatch, StateMeta, StepContext
-from hybridkv.step_io import ScheduledRequest
+from hybridkv.model.step_context import AttnMeta, AttnSubBatch, StateMeta, StateTaps, StepContext
+from hybridkv.step_io import ScheduledRequest, StateCopy
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,10 @@ def build_step(
     layout: KVCacheLayout,
     kv_pages: dict[int, torch.Tensor],
     states: dict[int, tuple[torch.Tensor, ...]],
+    saves: Sequence[StateCopy] = (),
 ) -> StepInputs:
+    """``saves`` with ``at`` set become the state groups' taps (states from inside the scan);
+    the others are the runner's copies after the forward and are ignored here."""
     reqs = _request_tensors(requests)
     attn_meta: dict[int, AttnMeta] = {}
     state_meta: dict[int, StateMeta] = {}
@@ -55,7 +59,10 @@ def build_step(
     for group in layout.groups:
         if isinstance(group.spec, StateSpec):
             slots = torch.tensor([r.state_slots[state_index] for r in requests], dtype=torch.long)
-            meta_s = _state_meta(reqs, slots)
+            taps = _taps(
+                requests, reqs, state_index, [s for s in saves if s.group_id == group.group_id]
+            )
+            meta_s = _state_meta(reqs, slots, taps)
             state_meta.update(dict.fromkeys(group.layer_ids, meta_s))
             state_index += 1
             continue
@@ -216,7 +223,35 @@ def _sub_batch(
     )
 
 
-def _state_meta(reqs: _Requests, slots: torch.Tensor) -> StateMeta:
+def _taps(
+    requests: list[ScheduledRequest],
+    reqs: _Requests,
+    state_index: int,
+    saves: list[StateCopy],
+) -> StateTaps | None:
+    """The group's mid-step saves as (prefill row, tokens into the row, destination slot)."""
+    inside = [s for s in saves if s.at is not None]
+    if not inside:
+        return None
+    by_slot = {r.state_slots[state_index]: i for i, r in enumerate(requests)}
+    row_of_req = {int(r): k for k, r in enumerate(reqs.prefill_rows)}
+    rows, lens, slots = [], [], []
+    for s in inside:
+        i = by_slot.get(s.src_slot)
+        assert s.at is not None
+        n = s.at - requests[i].start_pos if i is not None else 0
+        if i is None or i not in row_of_req or not 0 < n < len(requests[i].token_ids):
+            raise ValueError(
+                f"state save at token {s.at} of live slot {s.src_slot} (group {s.group_id}) is "
+                "not strictly inside a scheduled prefill"
+            )
+        rows.append(row_of_req[i])
+        lens.append(n)
+        slots.append(s.dst_slot)
+    return StateTaps(*(torch.tensor(v, dtype=torch.long) for v in (rows, lens, slots)))
+
+
+def _state_meta(reqs: _Requests, slots: torch.Tensor, taps: StateTaps | None = None) -> StateMeta:
     rows = reqs.prefill_rows
     lens = reqs.lens[rows]
     width = int(lens.max()) if rows.numel() else 0
@@ -233,6 +268,7 @@ def _state_meta(reqs: _Requests, slots: torch.Tensor) -> StateMeta:
         prefill_lens=lens,
         prefill_slots=slots[rows],
         prefill_token_idx=gather[valid],
+        taps=taps,
     )
 
 

@@ -39,6 +39,17 @@ class AttnMeta:
 
 
 @dataclass(frozen=True, slots=True)
+class StateTaps:
+    """States a prefill hands back from inside its scan (checkpoints due mid-chunk): tap k is
+    the state of prefill row ``rows[k]`` after ``lens[k]`` of its tokens (``1 <= lens[k] <=``
+    the row's length), written into slot ``slots[k]`` (conv inputs and recurrent state)."""
+
+    rows: torch.Tensor  # [K] prefill row
+    lens: torch.Tensor  # [K]
+    slots: torch.Tensor  # [K]
+
+
+@dataclass(frozen=True, slots=True)
 class StateMeta:
     """One state group in one step. Decode requests (1 token) take the recurrent step; the
     others are padded to ``[R, L]`` (left-aligned) for the chunked scan."""
@@ -51,6 +62,7 @@ class StateMeta:
     prefill_lens: torch.Tensor  # [Rp]
     prefill_slots: torch.Tensor  # [Rp] live slot
     prefill_token_idx: torch.Tensor  # [sum(lens)] = prefill_gather[prefill_valid]
+    taps: StateTaps | None = None
 
     @property
     def has_decode(self) -> bool:

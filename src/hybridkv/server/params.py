@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import jinja2
 
+from hybridkv.chat_boundaries import message_boundaries, with_cache_boundaries
 from hybridkv.sampling_params import SamplingParams
 from hybridkv.server.errors import bad_request
 from hybridkv.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
@@ -97,6 +98,7 @@ def prepare_chat(
         max_tokens = max(limits.max_model_len - len(ids), 1)
     check_context(len(ids), max_tokens, limits.max_model_len, "messages")
     params = build_sampling_params(body, max_tokens, logprobs=body.logprobs)
+    params = with_cache_boundaries(params, message_boundaries(tokenizer, messages, ids))
     return _prepared(body, text, ids, params)
 
 
@@ -155,14 +157,19 @@ def build_sampling_params(body: _SamplingFields, max_tokens: int, logprobs: bool
             stop_token_ids=tuple(body.stop_token_ids or ()),
             ignore_eos=body.ignore_eos,
             logprobs=logprobs,
-            extra_args=(
-                {"kv_transfer_params": body.kv_transfer_params}
-                if body.kv_transfer_params is not None
-                else None
-            ),
+            extra_args=_extra_args(body),
         )
     except ValueError as exc:
         raise bad_request(str(exc), _param_of(str(exc))) from None
+
+
+def _extra_args(body: _SamplingFields) -> dict[str, object] | None:
+    extra: dict[str, object] = {}
+    if body.kv_transfer_params is not None:
+        extra["kv_transfer_params"] = body.kv_transfer_params
+    if body.cache_boundaries is not None:
+        extra["cache_boundaries"] = body.cache_boundaries
+    return extra or None
 
 
 def _prepared(

@@ -48,6 +48,8 @@ class _SamplingFields(BaseModel):
     user: str | None = None  # cosmetic: accepted and ignored
     cache_salt: str | None = None  # extension (vLLM's): prefix-cache entries only shared per salt
     kv_transfer_params: dict[str, Any] | None = None  # extension (vLLM's P/D handshake data)
+    # extension: prompt positions to keep state checkpoints at; checked (400) by SamplingParams
+    cache_boundaries: Any = None
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -30,10 +30,12 @@ def chunk_gated_delta_rule(
     beta: torch.Tensor,
     init: torch.Tensor,
     chunk: int = 64,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    taps: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """q/k ``[R, L, h, dk]`` (normalised, q scaled), v ``[R, L, h, dv]``, g/beta ``[R, L, h]``
-    (0 at padding), init ``[R, h, dk, dv]``; float32. Returns o ``[R, L, h, dv]`` and the
-    final state."""
+    (0 at padding), init ``[R, h, dk, dv]``; float32. Returns o ``[R, L, h, dv]``, the final
+    state, and for ``taps = (rows, lens)`` the state of row ``rows[k]`` after ``lens[k]``
+    tokens ``[K, h, dk, dv]`` (None without taps)."""
     length = q.shape[1]
     pad = (-length) % chunk
     q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)).transpose(1, 2) for t in (q, k, v))  # [R,h,L',d]
@@ -55,13 +57,41 @@ def chunk_gated_delta_rule(
     k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]
     chunk_decay = cum[..., -1].exp()[..., None, None]  # [R, h, n, 1, 1]
     state = init
-    out = []
+    out, inits, news = [], [], []
     for i in range(q.shape[2]):
+        inits.append(state)
         v_new = u[:, :, i] - w[:, :, i] @ state  # [R, h, c, dv]
+        news.append(v_new)
         out.append(q_decayed[:, :, i] @ state + inner[:, :, i] @ v_new)
         state = state * chunk_decay[:, :, i] + k_to_end[:, :, i].transpose(-1, -2) @ v_new
     o = torch.stack(out, dim=2).flatten(2, 3)[:, :, :length]  # [R, h, L, dv]
-    return o.transpose(1, 2), state
+    tapped = None
+    if taps is not None:
+        tapped = _states_at(taps, chunk, cum, k, torch.stack(inits, 2), torch.stack(news, 2))
+    return o.transpose(1, 2), state, tapped
+
+
+def _states_at(
+    taps: tuple[torch.Tensor, torch.Tensor],
+    chunk: int,
+    cum: torch.Tensor,
+    k: torch.Tensor,
+    inits: torch.Tensor,
+    news: torch.Tensor,
+) -> torch.Tensor:
+    """The state after ``lens[k]`` tokens of row ``rows[k]``: the state entering its chunk,
+    decayed to the token, plus the chunk's writes up to it (as ``k_to_end`` does for the
+    chunk's end). cum ``[R, h, n, c]``, k ``[R, h, n, c, dk]``, inits ``[R, h, n, dk, dv]``,
+    news (the chunk's corrected values) ``[R, h, n, c, dv]``."""
+    rows, lens = taps
+    ci, j = (lens - 1) // chunk, (lens - 1) % chunk
+    cum_chunk = cum[rows, :, ci]  # [K, h, c]
+    cum_j = cum[rows, :, ci, j]  # [K, h]
+    upto = torch.arange(chunk, device=cum.device)[None, :] <= j[:, None]  # [K, c]
+    weight = (cum_j[..., None] - cum_chunk).masked_fill(~upto[:, None, :], float("-inf")).exp()
+    k_to_j = k[rows, :, ci] * weight[..., None]  # [K, h, c, dk]
+    start = inits[rows, :, ci] * cum_j.exp()[..., None, None]  # [K, h, dk, dv]
+    return start + k_to_j.transpose(-1, -2) @ news[rows, :, ci]
 
 
 def gated_delta_step_(

@@ -134,11 +134,15 @@ class GatedDeltaNet(nn.Module):
         slots, valid, gather = meta.prefill_slots, meta.prefill_valid, meta.prefill_gather
         pad = ~valid[..., None]  # NOTE: masked_fill, not `* valid`: NaN must not cross rows
         padded = qkv[gather].masked_fill(pad, 0.0)  # [Rp, L, conv_dim]
-        conv = conv_chunk_(padded, conv_state, slots, meta.prefill_lens, self.conv1d)
+        taps = meta.taps
+        conv = conv_chunk_(padded, conv_state, slots, meta.prefill_lens, self.conv1d, taps)
         q, k, v = (t.masked_fill(pad[..., None], 0.0) for t in self._heads(conv))
         g, beta = (t.masked_fill(pad, 0.0) for t in self._gates(b[gather], a[gather]))
-        y, final = chunk_gated_delta_rule(q, k, v, g, beta, rec_state[slots], CHUNK)
+        at = None if taps is None else (taps.rows, taps.lens)
+        y, final, tapped = chunk_gated_delta_rule(q, k, v, g, beta, rec_state[slots], CHUNK, at)
         rec_state[slots] = final
+        if taps is not None and tapped is not None:  # checkpoints due inside the chunk
+            rec_state[taps.slots] = tapped.to(rec_state.dtype)
         return y[valid]  # [sum(lens), h, dv]
 
 

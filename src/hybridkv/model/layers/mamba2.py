@@ -4,7 +4,9 @@ State of one layer in one slot: ``conv [conv_dim, d_conv - 1]`` (the last inputs
 causal conv) and ``ssm [heads, head_dim, d_state]`` (float32). Decode requests take one
 recurrent step; prefill chunks are padded to ``[R, L]`` and run the chunked scan starting from
 the slot's state, so a chunk that continues a previous one (or a restored checkpoint) gives
-the same result as one long prefill. Padding gets ``dt = 0``: it neither decays nor feeds the
+the same result as one long prefill. States at checkpoint boundaries inside a chunk
+(``StateMeta.taps``) come out of the same scan: the conv inputs before the boundary and the
+SSM state there are written into the checkpoint slots during the forward. Padding gets ``dt = 0``: it neither decays nor feeds the
 state.
 
 Variants: ``MambaConfig.out_norm`` says how the scan output meets the gate (Falcon-H1 may skip
@@ -98,13 +100,23 @@ class Mamba2Mixer(nn.Module):
         # NaN there (a request computing on a failed load) cannot leak into this row.
         pad = ~valid[..., None]
         padded = xbc[meta.prefill_gather].masked_fill(pad, 0.0)  # [Rp, L, conv_dim]
-        conv = conv_chunk_(padded, conv_state, slots, meta.prefill_lens, self.conv1d)
+        taps = meta.taps
+        conv = conv_chunk_(padded, conv_state, slots, meta.prefill_lens, self.conv1d, taps)
         x, b, c = self._split_heads(F.silu(conv))  # [Rp, L, h, ...]
         scan_dt = self._dt(dt[meta.prefill_gather]).masked_fill(pad, 0.0)  # [Rp, L, h]
-        y, final = ssd_chunk_scan(
-            x, scan_dt, self._a(), b, c, ssm_state[slots], self.cfg.chunk_size
+        y, final, tapped = ssd_chunk_scan(
+            x,
+            scan_dt,
+            self._a(),
+            b,
+            c,
+            ssm_state[slots],
+            self.cfg.chunk_size,
+            None if taps is None else (taps.rows, taps.lens),
         )
         ssm_state[slots] = final
+        if taps is not None and tapped is not None:  # checkpoints due inside the chunk
+            ssm_state[taps.slots] = tapped.to(ssm_state.dtype)
         y = y + x * self.D.float()[:, None]  # [Rp, L, h, p]
         return y[valid].flatten(1).to(xbc.dtype)  # [sum(lens), inner]
 

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridkv.model.step_context import StateTaps
+
 
 def conv_step_(
     x: torch.Tensor, conv_state: torch.Tensor, live: torch.Tensor | slice, conv1d: nn.Conv1d
@@ -28,12 +30,18 @@ def conv_chunk_(
     slots: torch.Tensor,
     lens: torch.Tensor,
     conv1d: nn.Conv1d,
+    taps: StateTaps | None = None,
 ) -> torch.Tensor:
     """Right-padded rows ``[R, L, C]`` (row r has ``lens[r]`` real inputs) continuing from
     their slots' inputs -> conv outputs ``[R, L, C]`` (no activation); the slots keep each
-    row's last ``kernel - 1`` real inputs."""
+    row's last ``kernel - 1`` real inputs, and each tap's slot the last ``kernel - 1`` inputs
+    before its boundary (written before the live slots change)."""
     k = conv1d.weight.shape[-1] - 1
     seq = torch.cat([conv_state[slots].to(padded.dtype), padded.transpose(1, 2)], dim=-1)
+    if taps is not None:
+        at = taps.lens[:, None] + torch.arange(k, device=seq.device)  # [K, k]
+        windows = seq[taps.rows[:, None], :, at]  # [K, k, C]
+        conv_state[taps.slots] = windows.transpose(1, 2).to(conv_state.dtype)
     idx = lens[:, None] + torch.arange(k, device=seq.device)  # [R, k]
     last = seq.gather(2, idx[:, None, :].expand(-1, seq.shape[1], -1))  # [R, C, k]
     conv_state[slots] = last.to(conv_state.dtype)

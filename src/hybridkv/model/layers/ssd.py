@@ -20,9 +20,12 @@ def ssd_chunk_scan(
     c: torch.Tensor,
     init: torch.Tensor,
     chunk: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    taps: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """x ``[R, L, h, p]``, dt ``[R, L, h]`` (0 at padding), a ``[h]``, b/c ``[R, L, h, n]``,
-    init ``[R, h, p, n]``; all float32. Returns y ``[R, L, h, p]`` and the final state."""
+    init ``[R, h, p, n]``; all float32. Returns y ``[R, L, h, p]``, the final state, and for
+    ``taps = (rows, lens)`` (``[K]`` each) the state of row ``rows[k]`` after ``lens[k]``
+    tokens ``[K, h, p, n]`` (None without taps)."""
     length = x.shape[1]
     pad = (-length) % chunk
     x, dt, b, c = (_pad_time(t, pad) for t in (x, dt, b, c))
@@ -39,13 +42,23 @@ def ssd_chunk_scan(
     from_start = torch.exp(torch.cumsum(incr, dim=-1))  # [R, nc, h, l]
     chunk_decay = from_start[..., -1]  # [R, nc, h]
     state = init
-    y_off = []
+    y_off, inits = [], []
     for i in range(x.shape[1]):
+        inits.append(state)
         y_i = torch.einsum("rlhn,rhpn->rlhp", c[:, i], state)  # [R, l, h, p]
         y_off.append(y_i * from_start[:, i].transpose(1, 2)[..., None])
         state = state * chunk_decay[:, i, :, None, None] + chunk_states[:, i]
     y = y + torch.stack(y_off, dim=1)  # [R, nc, l, h, p]
-    return y.flatten(1, 2)[:, :length], state
+    tapped = None
+    if taps is not None:
+        rows, lens = taps
+        ci, j = (lens - 1) // chunk, (lens - 1) % chunk  # chunk and offset of the last token
+        start = torch.stack(inits, dim=1)[rows, ci]  # [K, h, p, n]
+        inside = torch.einsum(  # the chunk's tokens up to j, decayed to j
+            "klhn,khl,klhp->khpn", b[rows, ci], decay[rows, ci, :, j, :], xdt[rows, ci]
+        )
+        tapped = start * from_start[rows, ci, :, j][..., None, None] + inside
+    return y.flatten(1, 2)[:, :length], state, tapped
 
 
 def ssd_step_(
