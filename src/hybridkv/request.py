@@ -77,6 +77,11 @@ class Request:
         return len(self.all_token_ids) - self.num_prompt_tokens
 
     @property
+    def skip_reading_prefix_cache(self) -> bool:
+        """Prompt logprobs need every prompt position computed (vLLM's rule too)."""
+        return self.sampling_params.prompt_logprobs is not None
+
+    @property
     def output_token_ids(self) -> list[int]:
         return self.all_token_ids[self.num_prompt_tokens :]
 
@@ -94,6 +99,9 @@ class Request:
         if last in params.stop_token_ids:
             self.stop_reason = last
             return RequestStatus.FINISHED_STOPPED
-        if self.num_output_tokens >= params.max_tokens or self.num_tokens >= max_model_len:
+        limit = params.max_tokens
+        if (
+            limit is not None and self.num_output_tokens >= limit
+        ) or self.num_tokens >= max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None

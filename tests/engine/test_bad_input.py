@@ -101,7 +101,18 @@ def test_bad_engine_option_is_named(
         {"max_tokens": 2.0},
         {"top_k": True},
         {"seed": 1.5},
-        {"logprobs": 1},
+        {"logprobs": -1},
+        {"logprobs": 1.5},
+        {"n": 0},
+        {"min_p": 1.5},
+        {"presence_penalty": 3.0},
+        {"repetition_penalty": 0.0},
+        {"min_tokens": 17},
+        {"logit_bias": {"x": 1.0}},
+        {"allowed_token_ids": []},
+        {"bad_words": [""]},
+        {"truncate_prompt_tokens": 0},
+        {"prompt_logprobs": -2},
         {"stop": ["x"] * 300_000},
         {"stop": ["x" * 5000]},
         {"stop_token_ids": list(range(2000))},
@@ -189,5 +200,8 @@ def test_non_finite_logits_fail_that_request_alone(
     assert outs[1].finish_reason == "error" and outs[1].token_ids == []
     assert outs[1].error is not None and "non-finite logits" in outs[1].error
     assert_matches_hf(checkpoints["granitemoehybrid"], good, [outs[0], outs[2]], "beside NaN")
-    assert all(lp == lp for o in (outs[0], outs[2]) for lp in o.outputs[0].logprobs or [])
+    for o in (outs[0], outs[2]):
+        entries = o.outputs[0].logprobs or []
+        assert len(entries) == len(o.token_ids)
+        assert all(e[t].logprob == e[t].logprob for t, e in zip(o.token_ids, entries, strict=True))
     assert_no_leaks(llm.engine)

@@ -15,6 +15,7 @@ from typing import Any
 from hybridkv.engine.detokenizer import IncrementalDetokenizer
 from hybridkv.engine.output import CompletionOutput, RequestOutput
 from hybridkv.engine_stats import EngineStats, GroupCacheStats
+from hybridkv.logprobs import Logprob
 from hybridkv.sampling_params import SamplingParams
 
 BLOCK = 4
@@ -127,7 +128,9 @@ class FakeEngine:
         return outs
 
     def _emit(self, req: _Req) -> RequestOutput:
-        lps = [-0.5] * len(req.out_ids) if req.params.logprobs else None
+        lps = None
+        if req.params.logprobs is not None:
+            lps = [{t: Logprob(-0.5, 1, None)} for t in req.out_ids]
         stable = req.detok.stable_length(req.status is not None)
         out = CompletionOutput(0, req.detok.text, list(req.out_ids), req.status, logprobs=lps,
                                stable_text_len=stable)  # fmt: skip

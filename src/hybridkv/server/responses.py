@@ -123,7 +123,8 @@ def token_logprobs(
         return None
     ids = out.token_ids[start:end]
     tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
-    return TokenLogprobs(tokens, [float(v) for v in values[start:end]], text_offset)
+    chosen = [values[i][t].logprob for i, t in enumerate(ids, start)]
+    return TokenLogprobs(tokens, chosen, text_offset)
 
 
 def full_response(
