@@ -29,9 +29,7 @@ ENGINE_FLAGS = [
 ]
 
 
-def nixl_config(
-    role: str, port: int | None = None, policy: str | None = None, **extra: Any
-) -> str:
+def nixl_config(role: str, port: int | None = None, policy: str | None = None, **extra: Any) -> str:
     options: dict[str, Any] = dict(extra)
     if port is not None:
         options["side_channel_port"] = port
