@@ -15,6 +15,7 @@ from typing import Any
 from hybridkv.engine.detokenizer import IncrementalDetokenizer
 from hybridkv.engine.output import CompletionOutput, RequestOutput
 from hybridkv.engine_stats import EngineStats, GroupCacheStats
+from hybridkv.model.chat_template import text_messages
 from hybridkv.sampling_params import SamplingParams
 
 BLOCK = 4
@@ -33,9 +34,13 @@ class CharTokenizer:
         return "".join(chr(i) for i in ids)
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kw: Any
     ) -> str:
+        """``<role>content`` per message; template kwargs show as ``[name=value]``."""
+        messages = text_messages(messages)
         text = "".join(f"<{m['role']}>{m.get('content', '')}" for m in messages)
+        extra = {k: v for k, v in kw.items() if v is not None and k != "continue_final_message"}
+        text += "".join(f"[{k}={v}]" for k, v in sorted(extra.items()) if k != "tools")
         return text + ("<assistant>" if add_generation_prompt else "")
 
 

@@ -9,28 +9,31 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
 
-from hybridkv.engine.output import RequestOutput
+from hybridkv.engine.output import CompletionOutput, RequestOutput
 from hybridkv.server.async_engine import AsyncEngine, EngineDead, RequestStream
 from hybridkv.server.errors import APIError
-from hybridkv.server.params import PreparedRequest
+from hybridkv.server.params import Answer
 from hybridkv.server.responses import (
     BaseFormat,
     Detokenizer,
     ResponseHeader,
     chunk,
     finish_reason,
-    token_logprobs,
+    join_logprobs,
+    output_logprobs,
+    prompt_logprobs,
     usage_chunk,
 )
 
 
 class DeltaTracker:
-    """The part of a request's cumulative output not sent yet.
+    """The part of one choice's cumulative output not sent yet.
 
     Only text the engine's detokenizer calls stable (``stable_text_len``: it holds back what a
     stop string or a multi-byte character still arriving may change) is sent before the request
@@ -39,18 +42,19 @@ class DeltaTracker:
     def __init__(self) -> None:
         self.num_sent_chars = 0
         self.num_sent_tokens = 0
+        self.first = True
 
-    def take_text(self, out: RequestOutput) -> str:
-        text, stable = out.text, out.outputs[0].stable_text_len
-        end = len(text) if out.finished or stable is None else stable
+    def take_text(self, c: CompletionOutput, finished: bool) -> str:
+        text, stable = c.text, c.stable_text_len
+        end = len(text) if finished or stable is None else stable
         if end <= self.num_sent_chars:
             return ""
         new = text[self.num_sent_chars : end]
         self.num_sent_chars = end
         return new
 
-    def take_tokens(self, out: RequestOutput) -> tuple[int, int]:
-        start, self.num_sent_tokens = self.num_sent_tokens, len(out.token_ids)
+    def take_tokens(self, c: CompletionOutput) -> tuple[int, int]:
+        start, self.num_sent_tokens = self.num_sent_tokens, len(c.token_ids)
         return start, self.num_sent_tokens
 
 
@@ -60,39 +64,99 @@ def sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, allow_nan=False)}\n\n"
 
 
+@dataclass(slots=True)
+class _Choices:
+    """What the stream has sent: one tracker per (prompt, choice)."""
+
+    fmt: BaseFormat
+    header: ResponseHeader
+    answer: Answer
+    tokenizer: Detokenizer
+    trackers: dict[tuple[int, int], DeltaTracker] = field(default_factory=dict)
+
+    def chunks(self, i: int, out: RequestOutput) -> Iterator[dict[str, Any]]:
+        """The chunks ``out`` (prompt ``i``'s newest output) adds, one per changed choice."""
+        for c in out.outputs:
+            tracker = self.trackers.setdefault((i, c.index), DeltaTracker())
+            text, (start, end) = tracker.take_text(c, out.finished), tracker.take_tokens(c)
+            reason = finish_reason(out, c)
+            if not (text or end > start or reason or tracker.first):
+                continue
+            prefix = (out.prompt or "") if self.answer.echo else ""
+            offset = len(prefix) + tracker.num_sent_chars - len(text)
+            lp = output_logprobs(c, start, end, offset, self.answer, self.tokenizer)
+            if tracker.first and self.answer.echo:
+                text = prefix + text
+                lp = join_logprobs(prompt_logprobs(out, self.answer, self.tokenizer), lp)
+            index = i * self.answer.n + c.index
+            choice = self.fmt.chunk_choice(index, text, lp, reason, tracker.first)
+            tracker.first = False
+            yield chunk(self.fmt, self.header, choice, out.kv_transfer_params)
+
+
 async def stream_events(
     engine: AsyncEngine,
-    stream: RequestStream,
+    streams: list[RequestStream],
     fmt: BaseFormat,
     header: ResponseHeader,
-    prepared: PreparedRequest,
+    answer: Answer,
     tokenizer: Detokenizer,
 ) -> AsyncIterator[str]:
-    """OpenAI's chunk stream, ending with ``data: [DONE]``; a failure mid-stream is sent as an
-    ``{"error": ...}`` event before it."""
-    tracker = DeltaTracker()
-    first, last = True, None
+    """OpenAI's chunk stream over every prompt's request, ending with ``data: [DONE]``; a
+    failure mid-stream is sent as an ``{"error": ...}`` event before it."""
+    choices = _Choices(fmt, header, answer, tokenizer)
+    last: dict[int, RequestOutput] = {}
+    queue: asyncio.Queue[tuple[int, RequestOutput | EngineDead]] = asyncio.Queue()
+    pumps = [asyncio.ensure_future(_pump(i, s, queue)) for i, s in enumerate(streams)]
+    try:
+        while len(last) < len(streams) or not all(o.finished for o in last.values()):
+            i, item = await queue.get()
+            if isinstance(item, EngineDead):
+                yield sse(engine_error(item).body())
+                break
+            if item.error is not None:
+                yield sse(request_failed(item.error).body())
+                break
+            last[i] = item
+            for body in choices.chunks(i, item):
+                yield sse(body)
+        else:
+            if answer.include_usage:
+                yield sse(usage_chunk(fmt, header, [last[i] for i in sorted(last)]))
+    finally:
+        for pump in pumps:
+            pump.cancel()
+        for stream in streams:
+            if not stream.finished:  # the client went away (or we failed): free its blocks
+                engine.abort(stream.request_id)
+    yield sse("[DONE]")
+
+
+async def _pump(
+    i: int, stream: RequestStream, queue: asyncio.Queue[tuple[int, RequestOutput | EngineDead]]
+) -> None:
+    """Forward one request's outputs (tagged with its prompt's index) into the shared queue."""
     try:
         while not stream.finished:
-            out = await stream.next_output()
-            if out.error is not None:
-                yield sse(request_failed(out.error).body())
-                break
-            text, (start, end) = tracker.take_text(out), tracker.take_tokens(out)
-            if text or end > start or out.finished or first:
-                lp = token_logprobs(out, start, end, tracker.num_sent_chars - len(text), tokenizer)
-                choice = fmt.chunk_choice(text, lp, finish_reason(out), first)
-                yield sse(chunk(fmt, header, choice, out.kv_transfer_params))
-                first = False
-            last = out
-        if prepared.include_usage and last is not None:
-            yield sse(usage_chunk(fmt, header, last))
+            queue.put_nowait((i, await stream.next_output()))
     except EngineDead as exc:
-        yield sse(engine_error(exc).body())
-    finally:
-        if not stream.finished:  # the client went away (or we failed): free its blocks
-            engine.abort(stream.request_id)
-    yield sse("[DONE]")
+        queue.put_nowait((i, exc))
+
+
+async def wait_for_all(
+    engine: AsyncEngine, streams: list[RequestStream], request: Request
+) -> list[RequestOutput] | None:
+    """Every prompt's finished output, or None if the client disconnected first."""
+    outs = []
+    for stream in streams:
+        out = await wait_for_final(engine, stream, request)
+        if out is None:
+            for other in streams:
+                if not other.finished:
+                    engine.abort(other.request_id)
+            return None
+        outs.append(out)
+    return outs
 
 
 async def wait_for_final(
