@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.logprobs import Logprob
+from hybridkv.sampling_params import SamplingParams, StructuredOutputsParams
 
 if TYPE_CHECKING:
     from hybridkv.engine.llm import LLM
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["LLM", "Logprob", "SamplingParams", "StructuredOutputsParams"]
 __version__ = "0.1.0"
 
 

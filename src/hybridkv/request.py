@@ -92,6 +92,9 @@ class Request:
         if last in params.stop_token_ids:
             self.stop_reason = last
             return RequestStatus.FINISHED_STOPPED
-        if self.num_output_tokens >= params.max_tokens or self.num_tokens >= max_model_len:
+        limit = params.max_tokens
+        if (
+            limit is not None and self.num_output_tokens >= limit
+        ) or self.num_tokens >= max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None

@@ -83,7 +83,7 @@ def make_output(req: Request, state: TextState, keep_logits: bool) -> RequestOut
         token_ids=req.output_token_ids,
         finish_reason=reason,
         stop_reason=req.stop_reason,
-        logprobs=list(state.logprobs) if params.logprobs else None,
+        logprobs=list(state.logprobs) if params.logprobs is not None else None,
         stable_text_len=state.detok.stable_length(finished),
     )
     metrics = {}

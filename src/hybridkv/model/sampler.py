@@ -60,7 +60,7 @@ class Sampler:
             sub = [reqs[i] for i in random_rows.tolist()]
             chosen[random_rows] = self._sample_random(logits[random_rows], temps[random_rows], sub)
         logprobs: list[float | None] = [None] * len(reqs)
-        want = [i for i, r in enumerate(reqs) if r.params.logprobs]
+        want = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
         if want:
             rows = torch.tensor(want, dtype=torch.long)
             values = torch.log_softmax(logits[rows], dim=-1)[torch.arange(len(want)), chosen[rows]]
