@@ -15,6 +15,7 @@ from typing import Any
 from hybridkv.engine.detokenizer import IncrementalDetokenizer
 from hybridkv.engine.output import CompletionOutput, RequestOutput
 from hybridkv.engine_stats import EngineStats, GroupCacheStats
+from hybridkv.logprobs import Logprob
 from hybridkv.model.chat_template import text_messages
 from hybridkv.sampling_params import SamplingParams
 
@@ -132,11 +133,13 @@ class FakeEngine:
         return outs
 
     def _emit(self, req: _Req) -> RequestOutput:
-        lps = [-0.5] * len(req.out_ids) if req.params.logprobs else None
+        lps = None
+        if req.params.logprobs is not None:  # the chosen token, rank 1, at -0.5
+            lps = [{t: Logprob(-0.5, 1, chr(t))} for t in req.out_ids]
         stable = req.detok.stable_length(req.status is not None)
-        out = CompletionOutput(0, req.detok.text, list(req.out_ids), req.status, logprobs=lps,
-                               stable_text_len=stable)  # fmt: skip
-        return RequestOutput(req.request_id, None, req.prompt_ids, [out], req.status is not None,
+        outs = [CompletionOutput(j, req.detok.text, list(req.out_ids), req.status, logprobs=lps,
+                                 stable_text_len=stable) for j in range(req.params.n)]  # fmt: skip
+        return RequestOutput(req.request_id, None, req.prompt_ids, outs, req.status is not None,
                              len(req.prompt_ids), cached_tokens={"local": 0}, error=req.error,
                              kv_transfer_params=self._transfer_params(req))  # fmt: skip
 

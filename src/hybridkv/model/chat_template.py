@@ -80,7 +80,9 @@ def text_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise ChatTemplateError(f"messages[{i}] must be an object, got {type(message).__name__}")
+            raise ChatTemplateError(
+                f"messages[{i}] must be an object, got {type(message).__name__}"
+            )
         content = message.get("content")
         if isinstance(content, list):
             message = {**message, "content": _join_parts(content, i)}

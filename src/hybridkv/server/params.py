@@ -120,7 +120,9 @@ def prepare_chat(
     text = render_chat(body, tokenizer)
     ids = truncate(encode_prompt(tokenizer, text, limits, "messages"), body.truncate_prompt_tokens,
                    limits)  # fmt: skip
-    asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    asked = (
+        body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    )
     # OpenAI's chat default: whatever room the context leaves
     max_tokens = default_max_tokens(asked, max(limits.max_model_len - len(ids), 1), defaults)
     check_context(len(ids), max_tokens, limits.max_model_len, "messages")
@@ -146,6 +148,11 @@ def render_chat(body: ChatCompletionRequest, tokenizer: PromptTokenizer) -> str:
         "tool_choice",
         f"tool_choice={choice!r} needs a tool-call parser, which hybridkv does not have: send "
         "tool_choice='none' (the tools still reach the chat template) and parse the text yourself",
+    )
+    refuse(
+        body.continue_final_message and body.add_generation_prompt,
+        "continue_final_message",
+        "continue_final_message=true needs add_generation_prompt=false",
     )
     kwargs = dict(body.chat_template_kwargs or {})
     clash = sorted(set(kwargs) & {"messages", "add_generation_prompt", "tools", "documents"})

@@ -20,7 +20,7 @@ from hybridkv.server.logprob_format import (
     collect,
     completion_logprobs,
 )
-from hybridkv.server.params import Answer
+from hybridkv.server.params import Answer, Prepared
 
 
 class Detokenizer(Protocol):
@@ -172,12 +172,12 @@ def full_response(
     fmt: BaseFormat,
     header: ResponseHeader,
     outs: Sequence[RequestOutput],
-    answer: Answer,
+    prepared: Prepared,
     tokenizer: Detokenizer,
 ) -> dict[str, Any]:
-    choices = []
+    choices, answer = [], prepared.answer
     for i, out in enumerate(outs):
-        prefix = (out.prompt or "") if answer.echo else ""
+        prefix = echo_prefix(prepared, i)
         head = prompt_logprobs(out, answer, tokenizer) if answer.echo else None
         for j, c in enumerate(kept_outputs(out, answer.n)):
             lp = output_logprobs(c, 0, len(c.token_ids), len(prefix), answer, tokenizer)
@@ -188,6 +188,11 @@ def full_response(
     if len(outs) == 1:
         body["kv_transfer_params"] = outs[0].kv_transfer_params
     return body
+
+
+def echo_prefix(prepared: Prepared, i: int) -> str:
+    """The text before prompt ``i``'s choices: the prompt itself with ``echo``, else nothing."""
+    return (prepared.requests[i].prompt or "") if prepared.answer.echo else ""
 
 
 def chunk(

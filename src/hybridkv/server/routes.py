@@ -11,9 +11,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from hybridkv.server.async_engine import EngineDead, Overloaded, Rejected
+from hybridkv.server.async_engine import EngineDead, Overloaded, Rejected, RequestStream
 from hybridkv.server.errors import APIError, bad_request
-from hybridkv.server.async_engine import RequestStream
 from hybridkv.server.params import Prepared, prepare_chat, prepare_completion
 from hybridkv.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from hybridkv.server.responses import (
@@ -106,14 +105,13 @@ async def _serve(
         _abort(state, streams)
         raise
     header = ResponseHeader(request_id, int(time.time()), model)
-    answer = prepared.answer
-    if answer.stream:
-        events = stream_events(state.engine, streams, fmt, header, answer, state.tokenizer)
+    if prepared.answer.stream:
+        events = stream_events(state.engine, streams, fmt, header, prepared, state.tokenizer)
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
     outs = await wait_for_all(state.engine, streams, request)
     if outs is None:  # the client is gone; nobody reads this
         return Response(status_code=499)
-    return JSONResponse(full_response(fmt, header, outs, answer, state.tokenizer))
+    return JSONResponse(full_response(fmt, header, outs, prepared, state.tokenizer))
 
 
 def _abort(state: ServerState, streams: list[RequestStream]) -> None:

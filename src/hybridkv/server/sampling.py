@@ -12,7 +12,7 @@ import dataclasses
 import re
 from typing import TYPE_CHECKING, Any
 
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling_params import SamplingParams, StructuredOutputsParams
 from hybridkv.server.errors import bad_request
 from hybridkv.server.protocol import _SamplingFields
 
@@ -105,8 +105,6 @@ def structured_outputs(body: _SamplingFields) -> Any:
         )
     if spec is None:
         return None
-    from hybridkv.sampling_params import StructuredOutputsParams  # type: ignore[attr-defined]
-
     try:
         return StructuredOutputsParams(**spec)
     except (ValueError, TypeError) as exc:
@@ -114,7 +112,7 @@ def structured_outputs(body: _SamplingFields) -> Any:
 
 
 def _check_logprobs(name: str, k: int, limit: int) -> None:
-    refuse(k < -1, name, f"{name} must be >= 0 (or -1: the whole vocabulary)")
+    refuse(k < 0, name, f"{name} must be >= 0")
     refuse(k > limit, name, f"{name}={k} is more than --max-logprobs={limit}")
 
 

@@ -18,12 +18,13 @@ from starlette.requests import Request
 from hybridkv.engine.output import CompletionOutput, RequestOutput
 from hybridkv.server.async_engine import AsyncEngine, EngineDead, RequestStream
 from hybridkv.server.errors import APIError
-from hybridkv.server.params import Answer
+from hybridkv.server.params import Prepared
 from hybridkv.server.responses import (
     BaseFormat,
     Detokenizer,
     ResponseHeader,
     chunk,
+    echo_prefix,
     finish_reason,
     join_logprobs,
     output_logprobs,
@@ -70,25 +71,26 @@ class _Choices:
 
     fmt: BaseFormat
     header: ResponseHeader
-    answer: Answer
+    prepared: Prepared
     tokenizer: Detokenizer
     trackers: dict[tuple[int, int], DeltaTracker] = field(default_factory=dict)
 
     def chunks(self, i: int, out: RequestOutput) -> Iterator[dict[str, Any]]:
         """The chunks ``out`` (prompt ``i``'s newest output) adds, one per changed choice."""
+        answer = self.prepared.answer
         for c in out.outputs:
             tracker = self.trackers.setdefault((i, c.index), DeltaTracker())
             text, (start, end) = tracker.take_text(c, out.finished), tracker.take_tokens(c)
             reason = finish_reason(out, c)
             if not (text or end > start or reason or tracker.first):
                 continue
-            prefix = (out.prompt or "") if self.answer.echo else ""
+            prefix = echo_prefix(self.prepared, i)
             offset = len(prefix) + tracker.num_sent_chars - len(text)
-            lp = output_logprobs(c, start, end, offset, self.answer, self.tokenizer)
-            if tracker.first and self.answer.echo:
+            lp = output_logprobs(c, start, end, offset, answer, self.tokenizer)
+            if tracker.first and answer.echo:
                 text = prefix + text
-                lp = join_logprobs(prompt_logprobs(out, self.answer, self.tokenizer), lp)
-            index = i * self.answer.n + c.index
+                lp = join_logprobs(prompt_logprobs(out, answer, self.tokenizer), lp)
+            index = i * answer.n + c.index
             choice = self.fmt.chunk_choice(index, text, lp, reason, tracker.first)
             tracker.first = False
             yield chunk(self.fmt, self.header, choice, out.kv_transfer_params)
@@ -99,12 +101,12 @@ async def stream_events(
     streams: list[RequestStream],
     fmt: BaseFormat,
     header: ResponseHeader,
-    answer: Answer,
+    prepared: Prepared,
     tokenizer: Detokenizer,
 ) -> AsyncIterator[str]:
     """OpenAI's chunk stream over every prompt's request, ending with ``data: [DONE]``; a
     failure mid-stream is sent as an ``{"error": ...}`` event before it."""
-    choices = _Choices(fmt, header, answer, tokenizer)
+    choices = _Choices(fmt, header, prepared, tokenizer)
     last: dict[int, RequestOutput] = {}
     queue: asyncio.Queue[tuple[int, RequestOutput | EngineDead]] = asyncio.Queue()
     pumps = [asyncio.ensure_future(_pump(i, s, queue)) for i, s in enumerate(streams)]
@@ -121,7 +123,7 @@ async def stream_events(
             for body in choices.chunks(i, item):
                 yield sse(body)
         else:
-            if answer.include_usage:
+            if prepared.answer.include_usage:
                 yield sse(usage_chunk(fmt, header, [last[i] for i in sorted(last)]))
     finally:
         for pump in pumps:
