@@ -75,6 +75,11 @@ class Request:
         return len(self.all_token_ids) - self.num_prompt_tokens
 
     @property
+    def skip_reading_prefix_cache(self) -> bool:
+        """Prompt logprobs need every prompt position computed (vLLM's rule too)."""
+        return self.sampling_params.prompt_logprobs is not None
+
+    @property
     def output_token_ids(self) -> list[int]:
         return self.all_token_ids[self.num_prompt_tokens :]
 

@@ -68,6 +68,11 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    # ``bad_words`` as token ids, filled by the engine from its tokenizer (vLLM keeps them as
+    # ``_bad_words_token_ids``): each word alone and after a space
+    bad_words_token_ids: tuple[tuple[int, ...], ...] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         self._normalise()

@@ -19,6 +19,7 @@ the request's live slot in the i-th state group of the layout (``layout.state_gr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,8 @@ __all__ = [
     "FailureReason",
     "KVConnectorOutput",
     "LoadSpec",
+    "PositionLogprobs",
+    "PromptLogprobsChunk",
     "RunnerOutput",
     "ScheduledRequest",
     "SchedulerOutput",
@@ -126,6 +129,10 @@ class ScheduledRequest:
     sample: bool  # sample a token after the last position (prefill done, or decoding)
     sampling_params: SamplingParams
     num_output_tokens: int = 0  # tokens generated so far (seeded sampling offsets by this)
+    # the request's prompt + output tokens (a reference, read during the step only: penalties,
+    # bad words, grammar state and prompt logprobs read it) and how many are prompt
+    all_token_ids: Sequence[int] = ()
+    num_prompt_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -158,6 +165,26 @@ class SchedulerOutput:
         return not self.requests
 
 
+@dataclass(frozen=True, slots=True)
+class PositionLogprobs:
+    """Log-probabilities at one position: entry 0 is the chosen (or, for a prompt position,
+    the actual next) token, then the top k by rank. ``ranks[i]`` is 1 + how many tokens are
+    more likely (the top k are 1..k)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    ranks: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLogprobsChunk:
+    """``entries[j]``: the logprobs of prompt token ``start + j`` (``start >= 1``), computed
+    from the logits at position ``start + j - 1`` in this step's chunk."""
+
+    start: int
+    entries: list[PositionLogprobs]
+
+
 @dataclass(slots=True)
 class RunnerOutput:
     """Sampled tokens of the requests that asked to sample, keyed by request id; ``errors``
@@ -165,6 +192,7 @@ class RunnerOutput:
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
-    logprobs: dict[str, float] = field(default_factory=dict)  # only where sampling_params.logprobs
+    logprobs: dict[str, PositionLogprobs] = field(default_factory=dict)  # where params.logprobs
+    prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
     logits: dict[str, list[float]] = field(default_factory=dict)  # only if the runner keeps logits
     kv_connector_output: KVConnectorOutput | None = None  # filled by the engine after the step

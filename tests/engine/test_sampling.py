@@ -107,17 +107,29 @@ def test_stop_token_ids_finish_with_that_token(model_dir: Path) -> None:
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_logprobs_are_log_softmax_of_the_kept_logits(model_dir: Path, temperature: float) -> None:
+    """vLLM's shape: per token {id: Logprob(logprob, rank, decoded_token)}, the chosen token
+    and the top k (ranks 1..k; the chosen one's rank counts the more likely tokens)."""
     llm = make_llm(model_dir)
     params = SamplingParams(
-        temperature=temperature, seed=3, max_tokens=10, ignore_eos=True, logprobs=True
+        temperature=temperature, seed=3, max_tokens=10, ignore_eos=True, logprobs=5
     )
     prompts = [random_ids(12, 48), random_ids(40, 49)]
     for out in llm.generate(prompts, params, use_tqdm=False):
         logprobs = out.outputs[0].logprobs
         assert logprobs is not None and len(logprobs) == len(out.token_ids) == 10
         expected = torch.log_softmax(torch.tensor(out.logits), dim=-1)  # [10, V]
+        for i, (token, entry) in enumerate(zip(out.token_ids, logprobs, strict=True)):
+            top = expected[i].topk(5)
+            assert set(top.indices.tolist()) | {token} == set(entry)
+            assert abs(entry[token].logprob - expected[i, token].item()) < 1e-5
+            assert entry[token].rank == int((expected[i] > expected[i, token]).sum()) + 1
+            assert entry[token].decoded_token == llm.tokenizer.decode([token], False)
+            for rank, (tid, value) in enumerate(zip(top.indices, top.values, strict=True), 1):
+                assert abs(entry[int(tid)].logprob - value.item()) < 1e-5
+                assert entry[int(tid)].rank == rank or int(tid) == token
         chosen = expected[torch.arange(10), torch.tensor(out.token_ids)]
-        assert torch.allclose(torch.tensor(logprobs), chosen, atol=1e-5)
+        cumulative = out.outputs[0].cumulative_logprob
+        assert cumulative is not None and abs(cumulative - chosen.sum().item()) < 1e-4
     plain = llm.generate(prompts, greedy(4), use_tqdm=False)
     assert all(o.outputs[0].logprobs is None for o in plain)
 

@@ -22,7 +22,8 @@ def test_greedy_is_argmax_and_logprob_is_log_softmax() -> None:
     out = Sampler().sample(logits, reqs)
     assert out.token_ids == logits.argmax(-1).tolist()
     expected = torch.log_softmax(logits[0], -1)[out.token_ids[0]].item()
-    assert out.logprobs[0] is not None and abs(out.logprobs[0] - expected) < 1e-6
+    assert out.logprobs[0] is not None and abs(out.logprobs[0].logprobs[0] - expected) < 1e-6
+    assert out.logprobs[0].token_ids == [out.token_ids[0]]  # logprobs=True: the chosen only
     assert out.logprobs[1] is None
 
 

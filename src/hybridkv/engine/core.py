@@ -19,8 +19,11 @@ from hybridkv.connectors.stats import ConnectorStats
 from hybridkv.engine.cache_access import DeviceCacheAccess
 from hybridkv.engine.detokenizer import IncrementalDetokenizer
 from hybridkv.engine.output import RequestOutput, TextState, make_output
+from hybridkv.engine.parallel import ParallelSampling, ParentRequest
+from hybridkv.engine.request_prep import prepare_params, truncate_prompt
 from hybridkv.engine.step import run_step
 from hybridkv.engine_stats import EngineStats, GroupCacheStats, TransferStats
+from hybridkv.grammar import GrammarBackend
 from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHasher, get_hash_fn
 from hybridkv.kv.spec import KVCacheLayout, create_layout
@@ -84,6 +87,9 @@ class EngineCore:
         specs = self.model_config.layer_specs(config.cache.block_size, self.dtype)
         self.layout = create_layout(specs, config.cache.block_size)
         self.sizing = size_cache(config, self.layout, self.max_model_len)
+        self.grammar = GrammarBackend(
+            self.model_dir, self.model_config.vocab_size, self.model_config.eos_token_ids
+        )
         kv_config = KVCacheConfig(
             self.sizing.num_blocks,
             self.sizing.num_state_slots,
@@ -100,6 +106,7 @@ class EngineCore:
             self.sizing.num_state_slots,
             keep_logits=keep_logits,
             seed=config.seed,  # unseeded requests sample from the runner's own generator
+            grammar=self.grammar,
         )
         self.connector = self._create_connector()
         transfer = None
@@ -112,6 +119,8 @@ class EngineCore:
         self._texts: dict[str, TextState] = {}
         self._live: dict[str, Request] = {}
         self._ids = itertools.count()
+        self._parallel = ParallelSampling(self._add_child)
+        self._prompts: dict[str, tuple[list[int], str | None, str | None]] = {}  # of n > 1
 
     def _create_connector(self) -> KVConnectorPair | None:
         transfer_config = self.config.kv_transfer_config
@@ -202,8 +211,16 @@ class EngineCore:
         prompt: str | None = None,
         cache_salt: str | None = None,
     ) -> Request:
-        """Queue a request; raises ValueError naming the problem (nothing is queued then)."""
+        """Queue a request; raises ValueError naming the problem (nothing is queued then).
+        With ``params.n > 1`` the request fans out (``engine/parallel.py``): outputs come
+        under ``request_id`` with n completions; the first child's ``Request`` is returned."""
         request_id = request_id or self.new_request_id()
+        prompt_token_ids = truncate_prompt(prompt_token_ids, params, self.max_model_len)
+        params = prepare_params(params, self.tokenizer, self.model_config.vocab_size, self.grammar)
+        if params.n > 1:
+            parent = ParentRequest(request_id, params, prompt, prompt_token_ids)
+            self._prompts[request_id] = (prompt_token_ids, prompt, cache_salt)
+            request_id, params = self._parallel.add(parent)
         vocab = self.model_config.vocab_size
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
@@ -219,14 +236,27 @@ class EngineCore:
         hasher = BlockHasher(self.layout.block_size, self._hash_fn, cache_salt)
         req = Request(request_id, prompt_token_ids, params, hasher, self.model_config.eos_token_ids)
         self.scheduler.add_request(req)
-        self._texts[request_id] = TextState(
-            prompt, IncrementalDetokenizer(self.tokenizer, params.stop)
+        detok = IncrementalDetokenizer(
+            self.tokenizer,
+            params.stop,
+            skip_special_tokens=params.skip_special_tokens,
+            include_stop_str_in_output=params.include_stop_str_in_output,
         )
+        state = self._texts[request_id] = TextState(prompt, detok)
+        if params.prompt_logprobs is not None:
+            state.prompt_logprobs = [None] * len(prompt_token_ids)
         self._live[request_id] = req
         return req
 
+    def _add_child(self, child_id: str, params: SamplingParams) -> None:
+        parent_id = child_id.split("_", 1)[1]
+        ids, prompt, salt = self._prompts[parent_id]
+        self.add_request(ids, params, child_id, prompt, salt)
+
     def abort_request(self, request_id: str) -> None:
-        self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+        children = self._parallel.abort(request_id)
+        for child_id in children if children is not None else [request_id]:
+            self.scheduler.finish_request(child_id, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -239,6 +269,9 @@ class EngineCore:
             self.scheduler, self.runner, self.connector.worker if self.connector else None
         )
         self._collect_connector_stats()
+        for request_id, chunk in result.prompt_logprobs.items():
+            if request_id in self._texts:
+                self._texts[request_id].add_prompt_logprobs(chunk)
         now = time.monotonic()
         outputs = []
         for req in updated:
@@ -246,12 +279,16 @@ class EngineCore:
             if req.first_token_time is None:
                 req.first_token_time = now
             if req.request_id in result.logprobs:
-                state.logprobs.append(result.logprobs[req.request_id])
+                state.add_logprobs(result.logprobs[req.request_id])
             if req.request_id in result.logits:
                 state.logits.append(result.logits[req.request_id])
             self._apply_stop_strings(req, state)
             outputs.append(self._emit(req))
-        return outputs + self._take_aborted()
+        routed = self._parallel.route(outputs + self._take_aborted())
+        for output in routed:
+            if output.finished:
+                self._prompts.pop(output.request_id, None)
+        return routed
 
     def _apply_stop_strings(self, req: Request, state: TextState) -> None:
         stop = state.update(req)

@@ -34,8 +34,20 @@ class Decoder(Protocol):
 
 
 class IncrementalDetokenizer:
-    def __init__(self, decoder: Decoder, stop: Sequence[str] = ()) -> None:
+    """``skip_special_tokens`` as the tokenizer's; ``include_stop_str_in_output`` keeps a stop
+    string found at the end of the text (vLLM's option)."""
+
+    def __init__(
+        self,
+        decoder: Decoder,
+        stop: Sequence[str] = (),
+        *,
+        skip_special_tokens: bool = True,
+        include_stop_str_in_output: bool = False,
+    ) -> None:
         self._decoder = decoder
+        self._skip_special = skip_special_tokens
+        self._include_stop = include_stop_str_in_output
         self._stop = tuple(stop)
         self.hold = max((len(s) for s in self._stop), default=1) - 1
         self._ids: list[int] = []
@@ -50,9 +62,11 @@ class IncrementalDetokenizer:
         """Tokens fed so far."""
         return len(self._ids)
 
-    def update(self, new_ids: Sequence[int]) -> str | None:
+    def update(self, new_ids: Sequence[int], check_stop: bool = True) -> str | None:
         """Decode ``new_ids`` onto the text; return the stop string that now appears in it
-        (the text is cut before it and the caller finishes the request), else None."""
+        (the text is cut before it, or after it with ``include_stop_str_in_output``, and the
+        caller finishes the request), else None. ``check_stop=False`` (before min_tokens)
+        looks for none: text before min_tokens never stops the request, as in vLLM."""
         if self.stop_string is not None:
             return None
         searched_to = max(0, len(self._done) - self.hold)  # before this no new stop can start
@@ -62,13 +76,17 @@ class IncrementalDetokenizer:
             text = self._done + tail
         else:
             text = self.text
-        for stop in self._stop:  # the first stop string listed that occurs, as before
+        for stop in self._stop if check_stop else ():  # the first stop string listed that occurs
             at = text.find(stop, searched_to)
             if at != -1:
-                self.text, self.stop_string = text[:at], stop
+                self.text, self.stop_string = text[: at + len(stop) * self._include_stop], stop
                 return stop
         self.text = text
         return None
+
+    def decode_token(self, token_id: int) -> str:
+        """One token's text alone (a logprob's ``decoded_token``; special tokens shown)."""
+        return self._decoder.decode([token_id], False)
 
     def stable_length(self, finished: bool) -> int:
         """How many characters of ``text`` no later update changes: all once finished; else
@@ -83,8 +101,9 @@ class IncrementalDetokenizer:
 
     def _decode_window(self) -> str:
         """Text of ``ids[read:]``; moves the window on when it ends on a whole character."""
-        prefix_text = self._decoder.decode(self._ids[self._prefix : self._read])
-        window_text = self._decoder.decode(self._ids[self._prefix :])
+        skip = self._skip_special
+        prefix_text = self._decoder.decode(self._ids[self._prefix : self._read], skip)
+        window_text = self._decoder.decode(self._ids[self._prefix :], skip)
         new = window_text[len(prefix_text) :]
         if window_text.endswith(REPLACEMENT_CHAR):
             return new  # not done: decoded again with the next tokens

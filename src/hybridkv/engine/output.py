@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hybridkv.engine.detokenizer import IncrementalDetokenizer
+from hybridkv.logprobs import Logprob, PromptLogprobs, SampleLogprobs, TokenLogprobs
 from hybridkv.request import Request, RequestStatus
+from hybridkv.step_io import PositionLogprobs, PromptLogprobsChunk
 
 
 @dataclass(slots=True)
@@ -15,8 +17,12 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None
     stop_reason: int | str | None = None
-    logprobs: list[float] | None = None
+    logprobs: SampleLogprobs | None = None  # per token: {id: Logprob} (chosen + top k)
     stable_text_len: int | None = None  # chars of ``text`` no later output changes (None: all)
+    cumulative_logprob: float | None = None  # sum of the chosen tokens' logprobs
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
 @dataclass(slots=True)
@@ -35,6 +41,7 @@ class RequestOutput:
     metrics: dict[str, float] = field(default_factory=dict)
     logits: list[list[float]] | None = None  # per generated token, only if the engine keeps them
     kv_transfer_params: dict[str, object] | None = None  # the connector's, once finished
+    prompt_logprobs: PromptLogprobs | None = None  # per prompt token, None first (as vLLM)
 
     @property
     def text(self) -> str:
@@ -60,17 +67,40 @@ class TextState:
 
     prompt: str | None
     detok: IncrementalDetokenizer
-    logprobs: list[float] = field(default_factory=list)
+    logprobs: SampleLogprobs = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    prompt_logprobs: PromptLogprobs | None = None  # sized to the prompt when asked for
     logits: list[list[float]] = field(default_factory=list)
 
     def update(self, req: Request) -> str | None:
         """Feed the output tokens the detokenizer has not seen; return the stop string found,
         if any (text cut before it)."""
+        params = req.sampling_params
         start = req.num_prompt_tokens + self.detok.num_tokens
         ids = req.all_token_ids[start:]  # the new tokens only: O(1) per step
-        if req.status is RequestStatus.FINISHED_STOPPED and ids and req.stop_reason == ids[-1]:
+        on_token = (
+            req.status is RequestStatus.FINISHED_STOPPED and ids and req.stop_reason == ids[-1]
+        )
+        if on_token and not params.include_stop_str_in_output:
             ids = ids[:-1]  # the stop/eos token itself is not part of the text
-        return self.detok.update(ids)
+        return self.detok.update(ids, check_stop=req.num_output_tokens > params.min_tokens)
+
+    def add_logprobs(self, entry: PositionLogprobs) -> None:
+        self.cumulative_logprob += entry.logprobs[0]
+        self.logprobs.append(self._token_logprobs(entry))
+
+    def add_prompt_logprobs(self, chunk: PromptLogprobsChunk) -> None:
+        assert self.prompt_logprobs is not None
+        for j, entry in enumerate(chunk.entries):  # a recomputed chunk overwrites its entries
+            self.prompt_logprobs[chunk.start + j] = self._token_logprobs(entry)
+
+    def _token_logprobs(self, entry: PositionLogprobs) -> TokenLogprobs:
+        out: TokenLogprobs = {}
+        for token, value, rank in zip(entry.token_ids, entry.logprobs, entry.ranks, strict=True):
+            if token not in out:  # the chosen token may also be in the top k: one entry
+                text = self.detok.decode_token(token)
+                out[token] = Logprob(value, rank, text)
+        return out
 
 
 def make_output(req: Request, state: TextState, keep_logits: bool) -> RequestOutput:
@@ -85,6 +115,7 @@ def make_output(req: Request, state: TextState, keep_logits: bool) -> RequestOut
         stop_reason=req.stop_reason,
         logprobs=list(state.logprobs) if params.logprobs is not None else None,
         stable_text_len=state.detok.stable_length(finished),
+        cumulative_logprob=state.cumulative_logprob if params.logprobs is not None else None,
     )
     metrics = {}
     if req.first_token_time is not None:
@@ -101,6 +132,7 @@ def make_output(req: Request, state: TextState, keep_logits: bool) -> RequestOut
         metrics=metrics,
         logits=list(state.logits) if keep_logits else None,
         kv_transfer_params=req.kv_transfer_params if finished else None,
+        prompt_logprobs=list(state.prompt_logprobs) if state.prompt_logprobs is not None else None,
     )
 
 

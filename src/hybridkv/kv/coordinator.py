@@ -99,12 +99,16 @@ class KVCacheCoordinator:
 
     # -- hit search ----------------------------------------------------------------------
 
+    def no_cache_hit(self) -> CacheHit:
+        """A hit of no tokens (caching off, or a request that must compute its prompt)."""
+        return CacheHit(
+            block_ids=tuple(() for _ in self.attn), state_slots=tuple(None for _ in self.state)
+        )
+
     def find_cache_hit(self, req: KVRequest) -> CacheHit:
         """The longest prefix valid in every group, capped at N-1 tokens. No side effects."""
         if not self.caching:
-            return CacheHit(
-                block_ids=tuple(() for _ in self.attn), state_slots=tuple(None for _ in self.state)
-            )
+            return self.no_cache_hit()
         hashes = req.block_hashes
         max_blocks = min((req.num_tokens - 1) // self.block_size, len(hashes))
         own = [0] * len(self.layout.groups)

@@ -7,15 +7,21 @@ requests with ``reset_state``; forward pass; save state checkpoints; sample.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from hybridkv.kv.spec import KVCacheLayout
 from hybridkv.model.cache_tensors import CacheTensors
 from hybridkv.model.config import ModelConfig
 from hybridkv.model.models.common import CausalLM
+from hybridkv.model.prompt_logprobs import prompt_logprobs
 from hybridkv.model.sampler import Sampler, SampleRequest
 from hybridkv.model.step_builder import build_step
 from hybridkv.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput, StateCopy
+
+if TYPE_CHECKING:
+    from hybridkv.grammar import GrammarBackend
 
 
 class ModelRunner:
@@ -29,6 +35,7 @@ class ModelRunner:
         *,
         keep_logits: bool = False,
         seed: int = 0,
+        grammar: GrammarBackend | None = None,
     ) -> None:
         if layout.num_layers != model_config.num_hidden_layers:
             raise ValueError(
@@ -39,7 +46,7 @@ class ModelRunner:
         self.layout = layout
         self.keep_logits = keep_logits
         self.cache = CacheTensors(layout, num_blocks, num_state_slots)
-        self.sampler = Sampler(seed)
+        self.sampler = Sampler(seed, eos_token_ids=model_config.eos_token_ids, grammar=grammar)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
@@ -62,7 +69,7 @@ class ModelRunner:
         result = RunnerOutput()
         every: dict[str, torch.Tensor] = {}
         if out.requests:
-            logits, every = self._forward(out.requests, all_logits)
+            logits, every = self._forward(out.requests, all_logits, result)
             self._copy_states(out.state_saves)
             self._sample(out.requests, logits, result)
         else:
@@ -70,11 +77,13 @@ class ModelRunner:
         return result, every
 
     def _forward(
-        self, requests: list[ScheduledRequest], all_logits: bool
+        self, requests: list[ScheduledRequest], all_logits: bool, result: RunnerOutput
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         step = build_step(requests, self.layout, self.cache.kv_pages, self.cache.states)
         hidden = self.model(step.input_ids, step.ctx)  # [T, hidden]
         logits = self.model.compute_logits(hidden[step.sample_token_idx])  # [S, vocab]
+        if any(r.sampling_params.prompt_logprobs is not None for r in requests):
+            result.prompt_logprobs.update(prompt_logprobs(self.model, hidden, requests))
         every: dict[str, torch.Tensor] = {}
         if all_logits:
             full = self.model.compute_logits(hidden)  # [T, vocab]
@@ -100,9 +109,13 @@ class ModelRunner:
         if not sampling:
             return
         reqs = [
-            SampleRequest(r.request_id, r.sampling_params, r.num_output_tokens) for r in sampling
-        ]
+            SampleRequest(r.request_id, r.sampling_params, r.num_output_tokens,
+                          r.all_token_ids, r.num_prompt_tokens)
+            for r in sampling
+        ]  # fmt: skip
         sampled = self.sampler.sample(logits, reqs)
+        for i, message in sampled.errors.items():
+            result.errors[sampling[i].request_id] = message
         for i in sampled.invalid_rows:
             result.errors[sampling[i].request_id] = (
                 "the model produced non-finite logits (NaN or infinity) for this request: "

@@ -1,18 +1,33 @@
-"""Batched token sampling: greedy, temperature, top-k, top-p, per-request seeds.
+"""Batched token sampling: logits processors, greedy, temperature, min-p, top-k, top-p, seeds.
 
 Sampling uses the exponential race (``argmax(p / E)`` with ``E ~ Exp(1)``), which draws from
 ``p`` exactly and needs one noise row per request. A seeded request's noise comes from its own
 ``torch.Generator``, reseeded every step from ``(seed, num_output_tokens)``: the same request
 gives the same tokens whatever else is in the batch, and again after a preemption.
+
+Requests with penalties, logit_bias, allowed_token_ids, bad_words, min_tokens or structured
+outputs keep a ``RequestSamplingState`` here and go through ``process_logits``; a batch
+without them takes the fast path (no copy of the logits). Logprobs are of the raw logits
+(vLLM's default ``raw_logprobs``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
+from hybridkv.model import logits_process as lp
+from hybridkv.model.logits_batch import ProcessRow, process_logits
+from hybridkv.model.logprobs_compute import position_logprobs
+from hybridkv.model.sampling_state import RequestSamplingState
 from hybridkv.sampling_params import SamplingParams
+from hybridkv.step_io import PositionLogprobs
+
+if TYPE_CHECKING:
+    from hybridkv.grammar import GrammarBackend
 
 _SEED_MIX = 0x9E3779B97F4A7C15
 
@@ -22,29 +37,43 @@ class SampleRequest:
     request_id: str
     params: SamplingParams
     num_output_tokens: int
+    history: Sequence[int] = ()  # prompt + output tokens (read by the logits processors)
+    num_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class SampleResult:
     """``invalid_rows``: rows whose logits hold NaN or +inf (or only -inf): nothing can be
-    sampled from them; their token and log-probability are meaningless."""
+    sampled from them; their token and log-probability are meaningless. ``errors``: rows the
+    request's own options left without a token (every token masked, a grammar error)."""
 
     token_ids: list[int]
-    logprobs: list[float | None]
+    logprobs: list[PositionLogprobs | None]
     invalid_rows: list[int]
+    errors: dict[int, str] = field(default_factory=dict)
 
 
 class Sampler:
     """Unseeded requests draw from the sampler's own generator (seeded with the engine seed),
     never from torch's process-wide one."""
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(
+        self,
+        seed: int = 0,
+        *,
+        eos_token_ids: tuple[int, ...] = (),
+        grammar: GrammarBackend | None = None,
+    ) -> None:
         self._generators: dict[str, torch.Generator] = {}
         self._default = torch.Generator().manual_seed(seed)
+        self._states: dict[str, RequestSamplingState] = {}
+        self.eos_token_ids = eos_token_ids
+        self.grammar = grammar
 
     def drop(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
             self._generators.pop(request_id, None)
+            self._states.pop(request_id, None)
 
     def sample(self, logits: torch.Tensor, reqs: list[SampleRequest]) -> SampleResult:
         """``logits [S, V]`` float32, one row per request in ``reqs``."""
@@ -52,6 +81,14 @@ class Sampler:
         if invalid:
             logits = logits.clone()
             logits[invalid] = 0.0  # sample something harmless; the caller fails these rows
+        errors: dict[int, str] = {}
+        processed = logits
+        if any(r.params.needs_processing for r in reqs):
+            processed = self._process(logits, reqs, errors)
+        chosen = self._choose(processed, reqs)
+        return SampleResult(chosen.tolist(), self._logprobs(logits, chosen, reqs), invalid, errors)
+
+    def _choose(self, logits: torch.Tensor, reqs: list[SampleRequest]) -> torch.Tensor:
         temps = torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32)
         greedy = temps == 0.0  # [S]
         chosen = logits.argmax(dim=-1)  # [S]
@@ -59,21 +96,65 @@ class Sampler:
             random_rows = torch.nonzero(~greedy).flatten()
             sub = [reqs[i] for i in random_rows.tolist()]
             chosen[random_rows] = self._sample_random(logits[random_rows], temps[random_rows], sub)
-        logprobs: list[float | None] = [None] * len(reqs)
+        return chosen
+
+    def _process(
+        self, logits: torch.Tensor, reqs: list[SampleRequest], errors: dict[int, str]
+    ) -> torch.Tensor:
+        rows = []
+        for i, r in enumerate(reqs):
+            if not r.params.needs_processing:
+                continue
+            state = self._state(r, logits.shape[-1])
+            state.sync(r.history, r.num_prompt_tokens, r.num_output_tokens)
+            if state.error is not None:
+                errors[i] = state.error
+                continue
+            rows.append(ProcessRow(i, r.params, state, r.history, r.num_prompt_tokens,
+                                   r.num_output_tokens))  # fmt: skip
+        out = process_logits(logits, rows, self.eos_token_ids, self.grammar)
+        blocked = torch.isneginf(out).all(dim=-1)
+        for i in torch.nonzero(blocked).flatten().tolist():
+            errors.setdefault(int(i), "the request's options (allowed_token_ids, bad_words, "
+                              "structured outputs, min_tokens) leave no token to sample")  # fmt: skip
+            out[i] = 0.0
+        return out
+
+    def _state(self, req: SampleRequest, vocab_size: int) -> RequestSamplingState:
+        state = self._states.get(req.request_id)
+        if state is None:
+            so = req.params.structured_outputs
+            if so is not None and self.grammar is None:
+                raise RuntimeError("structured outputs need the runner's grammar backend")
+            matcher = self.grammar.compile(so) if so is not None and self.grammar else None
+            state = self._states[req.request_id] = RequestSamplingState(
+                req.params, vocab_size, matcher
+            )
+        return state
+
+    def _logprobs(
+        self, logits: torch.Tensor, chosen: torch.Tensor, reqs: list[SampleRequest]
+    ) -> list[PositionLogprobs | None]:
+        out: list[PositionLogprobs | None] = [None] * len(reqs)
         want = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
         if want:
             rows = torch.tensor(want, dtype=torch.long)
-            values = torch.log_softmax(logits[rows], dim=-1)[torch.arange(len(want)), chosen[rows]]
-            for i, value in zip(want, values.tolist(), strict=True):
-                logprobs[i] = value
-        return SampleResult(chosen.tolist(), logprobs, invalid)
+            ks = [int(reqs[i].params.logprobs or 0) for i in want]
+            for i, entry in zip(
+                want, position_logprobs(logits[rows], chosen[rows], ks), strict=True
+            ):
+                out[i] = entry
+        return out
 
     def _sample_random(
         self, logits: torch.Tensor, temps: torch.Tensor, reqs: list[SampleRequest]
     ) -> torch.Tensor:
         scaled = logits / temps[:, None]  # [S, V]
-        scaled = _apply_top_k(scaled, [r.params.top_k for r in reqs])
-        scaled = _apply_top_p(scaled, [r.params.top_p for r in reqs])
+        min_ps = [r.params.min_p for r in reqs]
+        if any(min_ps):
+            scaled = lp.apply_min_p(scaled, torch.tensor(min_ps, dtype=torch.float32))
+        scaled = lp.apply_top_k(scaled, [r.params.top_k for r in reqs])
+        scaled = lp.apply_top_p(scaled, [r.params.top_p for r in reqs])
         probs = torch.softmax(scaled, dim=-1)  # [S, V]
         noise = torch.empty_like(probs).exponential_(generator=self._default)  # [S, V]
         for row, req in enumerate(reqs):
@@ -96,25 +177,3 @@ def invalid_logit_rows(logits: torch.Tensor) -> list[int]:
     bad = torch.isnan(logits).any(dim=-1) | torch.isposinf(logits).any(dim=-1)  # [S]
     bad |= torch.isneginf(logits).all(dim=-1)
     return [int(i) for i in torch.nonzero(bad).flatten().tolist()]
-
-
-def _apply_top_k(logits: torch.Tensor, top_ks: list[int]) -> torch.Tensor:
-    if not any(top_ks):
-        return logits
-    vocab = logits.shape[-1]
-    ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_ks])  # [S]
-    sorted_desc = logits.sort(dim=-1, descending=True).values  # [S, V]
-    kth = sorted_desc.gather(1, (ks - 1)[:, None])  # [S, 1]
-    return logits.masked_fill(logits < kth, float("-inf"))
-
-
-def _apply_top_p(logits: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
-    if all(p >= 1.0 for p in top_ps):
-        return logits
-    ps = torch.tensor(top_ps, dtype=torch.float32)[:, None]  # [S, 1]
-    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [S, V]
-    probs = torch.softmax(sorted_logits, dim=-1)
-    mass_before = torch.cumsum(probs, dim=-1) - probs  # [S, V]
-    drop_sorted = mass_before >= ps  # keep the smallest prefix whose mass reaches p
-    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))

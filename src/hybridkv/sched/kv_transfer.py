@@ -69,7 +69,7 @@ class KVTransfer:
 
     def lookup(self, req: Request, num_local: int) -> tuple[int, bool] | None:
         """External tokens beyond the local hit and whether the load is async; None = later."""
-        if req.request_id in self.no_external:
+        if req.request_id in self.no_external or req.skip_reading_prefix_cache:
             return 0, False
         found = self.connector.get_num_new_matched_tokens(req, num_local)
         if found is None:

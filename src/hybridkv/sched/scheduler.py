@@ -191,7 +191,9 @@ class Scheduler:
         """Local hit, then the connector's external tokens, then allocation.
 
         Returns False if the request does not fit, None if the connector is not ready."""
-        hit = self.kv.find_cache_hit(req)
+        # prompt logprobs need the logits of every prompt position: no prefix hit (as vLLM)
+        skip = req.skip_reading_prefix_cache
+        hit = self.kv.no_cache_hit() if skip else self.kv.find_cache_hit(req)
         num_external, is_async = 0, False
         if self.transfer is not None:
             found = self.transfer.lookup(req, hit.num_tokens)
@@ -254,6 +256,8 @@ class Scheduler:
                     sample=s.end == req.num_tokens,
                     sampling_params=req.sampling_params,
                     num_output_tokens=req.num_output_tokens,
+                    all_token_ids=req.all_token_ids,
+                    num_prompt_tokens=req.num_prompt_tokens,
                 )
             )
         return out
