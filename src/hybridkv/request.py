@@ -62,6 +62,7 @@ class Request:
         self.kv_transfer_params: dict[str, object] | None = sampling_params.kv_transfer_params
         self.arrival_time = time.monotonic()
         self.first_token_time: float | None = None
+        self.scheduled_time: float | None = None  # when a step first computed it (queue end)
         self._hasher = hasher
         self.block_hashes: list[BlockHash] = []
         hasher.extend(self.block_hashes, self.all_token_ids)

@@ -22,7 +22,7 @@ from hybridkv.engine.output import RequestOutput, TextState, make_output
 from hybridkv.engine.parallel import ParallelSampling, ParentRequest
 from hybridkv.engine.request_prep import prepare_params, truncate_prompt
 from hybridkv.engine.step import run_step
-from hybridkv.engine_stats import EngineStats, GroupCacheStats, TransferStats
+from hybridkv.engine_stats import EngineStats, GroupCacheStats, StepCounters, TransferStats
 from hybridkv.grammar import GrammarBackend
 from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHasher, get_hash_fn
@@ -119,6 +119,7 @@ class EngineCore:
         self._texts: dict[str, TextState] = {}
         self._live: dict[str, Request] = {}
         self._ids = itertools.count()
+        self._counters = StepCounters()  # tokens per step and in all, for stats()
         self._parallel = ParallelSampling(self._add_child)
         self._prompts: dict[str, tuple[list[int], str | None, str | None]] = {}  # of n > 1
 
@@ -182,6 +183,7 @@ class EngineCore:
             prefix_cache_hit_tokens=cache.hit_tokens,
             groups=groups,
             transfer=self._transfer_stats(),
+            steps=self._counters.snapshot(),
         )
 
     def _transfer_stats(self) -> TransferStats:
@@ -265,9 +267,11 @@ class EngineCore:
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; return an output for each request that got a token or finished."""
+        started = time.monotonic()
         out, result, updated = run_step(
             self.scheduler, self.runner, self.connector.worker if self.connector else None
         )
+        self._counters.record(out, len(result.sampled_token_ids), self._live, started)
         self._collect_connector_stats()
         for request_id, chunk in result.prompt_logprobs.items():
             if request_id in self._texts:

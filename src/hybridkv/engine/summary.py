@@ -96,3 +96,17 @@ def connector_summary(engine: EngineCore) -> str:
     text = f"{config.kv_connector} (role {config.kv_role}, on load failure "
     text += f"{config.kv_load_failure_policy})"
     return text + (f", tiers {' > '.join(tiers)}" if tiers else "")
+
+
+def cache_info(engine: EngineCore) -> dict[str, object]:
+    """The labels of ``hybridkv:cache_config_info`` (``metrics.CACHE_INFO_LABELS``)."""
+    cache = engine.config.cache
+    return {
+        "block_size": engine.layout.block_size,
+        "num_blocks": engine.sizing.num_blocks,
+        "num_state_slots": engine.sizing.num_state_slots,
+        "num_layout_groups": len(engine.layout.groups),
+        "enable_prefix_caching": cache.enable_prefix_caching,
+        "cache_dtype": engine.dtype,
+        "kv_cache_memory": cache.kv_cache_memory,
+    }

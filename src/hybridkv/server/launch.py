@@ -37,6 +37,7 @@ def build_state(options: ServeOptions) -> ServerState:
     from hybridkv.config import EngineConfig
     from hybridkv.engine.core import EngineCore
     from hybridkv.engine.default_model import DEFAULT_NAME, ensure_default_model
+    from hybridkv.engine.summary import cache_info
 
     config = EngineConfig.create(options.model or "", **options.engine_options)  # fails fast
     if not options.model:
