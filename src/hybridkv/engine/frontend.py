@@ -9,8 +9,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from hybridkv.engine.generation_config import sampling_defaults
 from hybridkv.engine.summary import startup_summary
-from hybridkv.model.generation_config import sampling_defaults
 
 if TYPE_CHECKING:
     from hybridkv.engine.core import EngineCore

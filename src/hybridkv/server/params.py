@@ -94,7 +94,7 @@ def prepare_completion(
         max_tokens = default_max_tokens(body.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, defaults)
         check_context(len(ids), max_tokens, limits.max_model_len, param)
         params = build_sampling_params(
-            body, defaults, max_tokens, logprobs=logprobs, n=best_of, limits=limits
+            body, defaults, max_tokens, logprobs=logprobs, n=best_of, limits=limits, echo=body.echo
         )
         if body.echo and text is None:
             text = tokenizer.decode(ids, skip_special_tokens=False)

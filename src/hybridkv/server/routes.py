@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -11,6 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from hybridkv.sampling_params import SamplingParams
 from hybridkv.server.async_engine import EngineDead, Overloaded, Rejected, RequestStream
 from hybridkv.server.errors import APIError, bad_request
 from hybridkv.server.params import Prepared, prepare_chat, prepare_completion
@@ -83,8 +85,8 @@ async def _serve(
         for i, p in enumerate(prepared.requests):
             rid = request_id if len(prepared.requests) == 1 else f"{request_id}-{i}"
             if state.log_requests:
-                logger.info("received request %s: %d prompt tokens, params=%s", rid,
-                            len(p.prompt_token_ids), p.params)  # fmt: skip
+                logger.info("received request %s: %d prompt tokens, %s", rid,
+                            len(p.prompt_token_ids), _changed(p.params))  # fmt: skip
             streams.append(await state.engine.submit(p, rid))
     except Rejected as exc:
         _abort(state, streams)
@@ -118,3 +120,14 @@ def _abort(state: ServerState, streams: list[RequestStream]) -> None:
     """A later prompt of the request was refused: the earlier ones must not run on."""
     for stream in streams:
         state.engine.abort(stream.request_id)
+
+
+def _changed(params: SamplingParams) -> str:
+    """The sampling parameters that differ from the defaults, for the request log."""
+    default = SamplingParams()
+    parts = [
+        f"{f.name}={getattr(params, f.name)!r}"
+        for f in dataclasses.fields(params)
+        if getattr(params, f.name) != getattr(default, f.name)
+    ]
+    return "SamplingParams(" + ", ".join(parts) + ")"

@@ -48,6 +48,7 @@ def build_sampling_params(
     logprobs: int | None,
     n: int,
     limits: PromptLimits,
+    echo: bool = False,
 ) -> SamplingParams:
     kwargs: dict[str, Any] = {k: v for k, v in defaults.items() if k != "max_tokens"}
     kwargs.update({k: getattr(body, k) for k in PASS_THROUGH if getattr(body, k) is not None})
@@ -60,8 +61,10 @@ def build_sampling_params(
     if logprobs is not None:
         _check_logprobs("logprobs", logprobs, limits.max_logprobs)
         kwargs["logprobs"] = logprobs
-    if body.prompt_logprobs is not None:
-        _check_logprobs("prompt_logprobs", body.prompt_logprobs, limits.max_logprobs)
+    if echo and logprobs is not None:  # echo shows the prompt's logprobs too (vLLM's)
+        kwargs["prompt_logprobs"] = max(logprobs, body.prompt_logprobs or 0)
+    if kwargs.get("prompt_logprobs") is not None:
+        _check_logprobs("prompt_logprobs", kwargs["prompt_logprobs"], limits.max_logprobs)
     if body.logit_bias:
         kwargs["logit_bias"] = _logit_bias(body.logit_bias)
     structured = structured_outputs(body)
