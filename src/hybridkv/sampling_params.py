@@ -198,10 +198,10 @@ class SamplingParams:
 
     @property
     def needs_processing(self) -> bool:
-        """Whether anything besides temperature/top-k/top-p changes the logits (the sampler's
-        fast path skips the logits processors otherwise)."""
+        """Whether anything besides temperature/min-p/top-k/top-p changes the logits (the
+        sampler's fast path skips the logits processors otherwise)."""
         return bool(
-            self.has_penalties or self.min_p > 0.0 or self.min_tokens > 0 or self.logit_bias
+            self.has_penalties or self.min_tokens > 0 or self.logit_bias
             or self.allowed_token_ids is not None or self.bad_words
             or self.structured_outputs is not None
         )  # fmt: skip

@@ -88,8 +88,9 @@ class LLM:
                 text, ids = self._tokenize(item)
                 salt = _cache_salt(item)
                 check_logprobs(p, self.frontend.options.max_logprobs)
-                req = self.engine.add_request(ids, p, prompt=text, cache_salt=salt)
-                order[req.request_id] = i
+                request_id = self.engine.new_request_id()
+                self.engine.add_request(ids, p, request_id, prompt=text, cache_salt=salt)
+                order[request_id] = i
             except (ValueError, TypeError) as exc:
                 results[i] = error_output(f"rejected-{i}", text, ids, str(exc))
         self._run(order, results, use_tqdm)
