@@ -1,0 +1,150 @@
+"""The offline API as a vLLM user writes it: a vLLM script runs with only its import changed;
+``get_tokenizer()``, ``chat`` options, templates' helpers, ``generation_config.json``
+defaults, ``inputs.TokensPrompt``, the progress bar's token rates, vLLM's dtype names."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hybridkv import LLM, SamplingParams
+from hybridkv.inputs import TextPrompt, TokensPrompt
+from tests.cli.helpers import run_cli
+
+VLLM_SCRIPT = """
+from vllm import LLM, SamplingParams
+
+prompts = ["Hello, my name is", "The president of the United States is",
+           "The capital of France is", "The future of AI is"]
+sampling_params = SamplingParams(temperature=0.8, top_p=0.95)
+llm = LLM(model=MODEL, kv_cache_memory="64MiB")
+outputs = llm.generate(prompts, sampling_params)
+for output in outputs:
+    prompt = output.prompt
+    generated_text = output.outputs[0].text
+    print(f"Prompt: {prompt!r}, Generated text: {generated_text!r}")
+
+outputs = llm.generate(prompts[:1], SamplingParams(max_tokens=4, logprobs=5, temperature=0))
+completion = outputs[0].outputs[0]
+for i, tok in enumerate(completion.token_ids):
+    entry = completion.logprobs[i]
+    assert len(entry) >= 5 and entry[tok].rank >= 1 and entry[tok].logprob <= 0.0
+tokenizer = llm.get_tokenizer()
+messages = [{"role": "user", "content": "Hi"}]
+text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+ids = tokenizer.encode(text, add_special_tokens=False)
+assert tokenizer.decode(ids, skip_special_tokens=False) == text
+assert tokenizer(text)["input_ids"] and tokenizer.eos_token_id is not None
+chat = llm.chat(messages, SamplingParams(max_tokens=3, temperature=0),
+                chat_template_kwargs={"enable_thinking": False})
+RESULT = chat[0].outputs[0].text
+"""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from hybridkv.model.make_model import make_model
+
+    return make_model("granitemoehybrid", tmp_path_factory.mktemp("model"), size="tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir: Path) -> LLM:
+    return LLM(str(model_dir), kv_cache_memory="64MiB")
+
+
+def test_a_vllm_script_runs_with_only_the_import_changed(model_dir: Path) -> None:
+    source = VLLM_SCRIPT.replace("from vllm import", "from hybridkv import")
+    scope: dict[str, Any] = {"MODEL": str(model_dir)}
+    exec(compile(source, "vllm_quickstart.py", "exec"), scope)
+    assert isinstance(scope["RESULT"], str)
+
+
+def test_prompt_types_and_progress_bar(llm: LLM, capsys: pytest.CaptureFixture[str]) -> None:
+    ids = llm.get_tokenizer().encode("Once upon a time")
+    prompts: list[Any] = [TextPrompt(prompt="Once upon a time"), TokensPrompt(prompt_token_ids=ids)]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0), use_tqdm=True)
+    assert outs[0].token_ids == outs[1].token_ids
+    err = capsys.readouterr().err
+    assert "Processed prompts" in err and "est. speed input:" in err and "toks/s" in err
+
+
+def test_chat_content_parts_and_continue_final_message(llm: LLM) -> None:
+    tok = llm.get_tokenizer()
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                          {"type": "text", "text": "b"}]}]  # fmt: skip
+    joined = [{"role": "user", "content": "a\nb"}]
+    assert tok.apply_chat_template(parts) == tok.apply_chat_template(joined)
+    with pytest.raises(ValueError, match="image_url"):
+        llm.chat([{"role": "user", "content": [{"type": "image_url"}]}])
+    partial = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, "}]
+    text = tok.apply_chat_template(partial, add_generation_prompt=False,
+                                   continue_final_message=True)  # fmt: skip
+    assert text.endswith("Sure,")
+
+
+def test_template_helpers_and_chat_template_option(llm: LLM, tmp_path: Path) -> None:
+    tok = llm.get_tokenizer()
+    source = (
+        "{{ strftime_now('%Y') }}|{% for m in messages %}{% generation %}{{ m['content'] }}"
+        "{% endgeneration %}{% if loop.index == 1 %}{% break %}{% endif %}{% endfor %}"
+        "|{{ tools | tojson }}|{{ enable_thinking }}"
+        "{% if messages | length > 2 %}{{ raise_exception('too many') }}{% endif %}"
+    )
+    path = tmp_path / "template.jinja"
+    path.write_text(source)
+    tok.set_chat_template(str(path))
+    try:
+        messages = [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}]
+        text = tok.apply_chat_template(messages, tools=[{"name": "é"}], enable_thinking=False)
+        year, body, tools, thinking = text.split("|")
+        assert len(year) == 4 and body == "x" and tools == '[{"name": "é"}]'
+        assert thinking == "False"
+        with pytest.raises(ValueError, match="too many"):
+            tok.apply_chat_template(messages * 2)
+    finally:
+        tok.set_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    with pytest.raises(ValueError, match="no such file"):
+        tok.set_chat_template("missing.jinja")
+
+
+def test_generation_config_defaults(model_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    config = json.loads((model / "generation_config.json").read_text())
+    config |= {"temperature": 0.0, "max_new_tokens": 3, "top_k": 5}
+    (model / "generation_config.json").write_text(json.dumps(config))
+    llm = LLM(str(model), kv_cache_memory="64MiB")
+    defaults = llm.get_default_sampling_params()
+    assert (defaults.temperature, defaults.max_tokens, defaults.top_k) == (0.0, 3, 5)
+    out = llm.generate(["Once upon a time"], use_tqdm=False)[0]
+    assert len(out.token_ids) == 3
+    plain = LLM(str(model), kv_cache_memory="64MiB", generation_config="vllm")
+    assert plain.get_default_sampling_params() == SamplingParams()
+    with pytest.raises(ValueError, match="generation-config"):
+        LLM(str(model), kv_cache_memory="64MiB", generation_config=str(tmp_path / "nope"))
+
+
+def test_dtype_names(model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="bfloat16"):
+        LLM(str(model_dir), dtype="half")
+    assert LLM(str(model_dir), dtype="float", kv_cache_memory="64MiB").engine.dtype == "float32"
+
+
+def test_cli_names(model_dir: Path) -> None:
+    from hybridkv import __version__
+
+    assert run_cli("--version").stdout.strip() == f"hybridkv {__version__}"
+    done = run_cli("serve", model_dir, "--dtype", "float16")
+    assert done.returncode == 2 and "float16" in done.stderr and "bfloat16" in done.stderr
+    done = run_cli("serve", model_dir, "--model", "/elsewhere")
+    assert done.returncode == 2 and "two models" in done.stderr
+    help_text = run_cli("serve", "--help").stdout
+    for flag in ("MODEL", "--served-model-name", "--tokenizer", "--chat-template",
+                 "--generation-config", "--max-logprobs", "--disable-log-requests",
+                 "--log-level", "--uvicorn-log-level"):  # fmt: skip
+        assert flag in help_text
