@@ -188,3 +188,17 @@ def test_the_periodic_log_line_reads_the_snapshot() -> None:
         transfer=TransferStats({FailureReason.CORRUPT: 3}, connector=ConnectorStats())
     )
     assert "KV load failures: 3" in stats_line(with_connector)
+
+
+def test_docs_list_the_same_metrics() -> None:
+    from pathlib import Path
+
+    from hybridkv.metrics import METRICS
+
+    doc = Path(__file__).parents[2] / "docs" / "metrics.md"
+    names = [
+        line.split("|")[1].strip().strip("`")
+        for line in doc.read_text().splitlines()
+        if line.startswith("| `")
+    ]
+    assert names == list(METRICS)
