@@ -135,9 +135,11 @@ def test_allowed_token_ids_mask_every_other_token() -> None:
 def test_token_bitmask_matches_llguidance() -> None:
     logits = _logits(3, seed=7)
     bitmask = np.random.default_rng(0).integers(-(2**31), 2**31, (3, 2), dtype=np.int32)
+    bitmask[1] = -1  # all allowed
+    bitmask[2, 0] = 0  # none of the first 32
     want = logits.numpy().copy()
     llnp.apply_token_bitmask_inplace(want, bitmask)
-    got = lp.apply_token_bitmask(logits, torch.from_numpy(bitmask))
+    got = lp.apply_token_bitmask(logits, bitmask)
     assert torch.equal(got, torch.from_numpy(want))
 
 

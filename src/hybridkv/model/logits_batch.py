@@ -65,7 +65,7 @@ def _grammar_mask(
     if not constrained:
         return
     assert grammar is not None
-    bitmask = torch.from_numpy(grammar.fill_bitmask([r.state.matcher for r in constrained]))
+    bitmask = grammar.fill_bitmask([r.state.matcher for r in constrained])
     _update(out, constrained, lambda x: lp.apply_token_bitmask(x, bitmask))
 
 

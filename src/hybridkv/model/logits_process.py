@@ -8,6 +8,7 @@ sampled rows only, temperature, min_p, top-k, top-p.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 NEG_INF = float("-inf")
@@ -61,12 +62,13 @@ def apply_ban(logits: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> to
     return logits.index_put((rows, ids), torch.tensor(NEG_INF))
 
 
-def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """``bitmask [R, ceil(V/32)]`` int32, bit j of word w allows token ``32 w + j``."""
+def apply_token_bitmask(logits: torch.Tensor, bitmask: np.ndarray) -> torch.Tensor:
+    """``bitmask [R, ceil(V/32)]`` int32, bit j of word w allows token ``32 w + j`` (one
+    ``unpackbits`` over the little-endian words)."""
     vocab = logits.shape[-1]
-    bits = torch.arange(32, dtype=torch.int32)
-    allowed = ((bitmask[:, :, None] >> bits) & 1).bool().flatten(1)[:, :vocab]  # [R, V]
-    return logits.masked_fill(~allowed, NEG_INF)
+    words = np.ascontiguousarray(bitmask, dtype="<i4")
+    bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab]
+    return logits.masked_fill(torch.from_numpy(bits) == 0, NEG_INF)
 
 
 def apply_top_k(logits: torch.Tensor, top_ks: list[int]) -> torch.Tensor:
