@@ -1,6 +1,7 @@
-"""The offline API as a vLLM user writes it: a vLLM script runs with only its import changed;
-``get_tokenizer()``, ``chat`` options, templates' helpers, ``generation_config.json``
-defaults, ``inputs.TokensPrompt``, the progress bar's token rates, vLLM's dtype names."""
+"""The offline API as a vLLM user writes it: a vLLM script's ``get_tokenizer()`` and ``chat``
+calls run with only its import changed; ``chat`` options, templates' helpers,
+``generation_config.json`` defaults, ``inputs.TokensPrompt``, the progress bar's token rates,
+vLLM's dtype and CLI names."""
 
 from __future__ import annotations
 
@@ -18,21 +19,7 @@ from tests.cli.helpers import run_cli
 VLLM_SCRIPT = """
 from vllm import LLM, SamplingParams
 
-prompts = ["Hello, my name is", "The president of the United States is",
-           "The capital of France is", "The future of AI is"]
-sampling_params = SamplingParams(temperature=0.8, top_p=0.95)
 llm = LLM(model=MODEL, kv_cache_memory="64MiB")
-outputs = llm.generate(prompts, sampling_params)
-for output in outputs:
-    prompt = output.prompt
-    generated_text = output.outputs[0].text
-    print(f"Prompt: {prompt!r}, Generated text: {generated_text!r}")
-
-outputs = llm.generate(prompts[:1], SamplingParams(max_tokens=4, logprobs=5, temperature=0))
-completion = outputs[0].outputs[0]
-for i, tok in enumerate(completion.token_ids):
-    entry = completion.logprobs[i]
-    assert len(entry) >= 5 and entry[tok].rank >= 1 and entry[tok].logprob <= 0.0
 tokenizer = llm.get_tokenizer()
 messages = [{"role": "user", "content": "Hi"}]
 text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -57,7 +44,8 @@ def llm(model_dir: Path) -> LLM:
     return LLM(str(model_dir), kv_cache_memory="64MiB")
 
 
-def test_a_vllm_script_runs_with_only_the_import_changed(model_dir: Path) -> None:
+def test_a_vllm_scripts_tokenizer_and_chat_calls_run(model_dir: Path) -> None:
+    """The quickstart and logprobs parts are tests/engine/test_vllm_script.py's."""
     source = VLLM_SCRIPT.replace("from vllm import", "from hybridkv import")
     scope: dict[str, Any] = {"MODEL": str(model_dir)}
     exec(compile(source, "vllm_quickstart.py", "exec"), scope)
