@@ -85,6 +85,15 @@ def test_n_choices_share_the_prompt(client: openai.OpenAI, llm: Any) -> None:
     assert chat.choices[0].message.content == chat.choices[1].message.content  # greedy
 
 
+def test_best_of_keeps_the_most_likely(client: openai.OpenAI) -> None:
+    kw: Any = {"model": NAME, "prompt": PROMPTS[1], "max_tokens": 4, "seed": 5}
+    every = client.completions.create(n=3, logprobs=0, **kw).choices
+    best = client.completions.create(best_of=3, **kw).choices
+    assert len(best) == 1 and best[0].logprobs is None
+    totals = {c.text: sum(c.logprobs.token_logprobs) for c in every}
+    assert best[0].text == max(totals, key=lambda t: totals[t])
+
+
 def test_echo_prompt_logprobs_equal_llm_generate(client: openai.OpenAI, llm: Any) -> None:
     prompt = PROMPTS[0]
     want = llm.generate([prompt], greedy(max_tokens=1, prompt_logprobs=1), use_tqdm=False)[0]

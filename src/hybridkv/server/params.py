@@ -93,8 +93,10 @@ def prepare_completion(
         ids = truncate(ids, body.truncate_prompt_tokens, limits)
         max_tokens = default_max_tokens(body.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, defaults)
         check_context(len(ids), max_tokens, limits.max_model_len, param)
+        # best_of > n ranks the candidates by cumulative logprob: the engine must compute it
+        ranked = logprobs if logprobs is not None or best_of == n else 0
         params = build_sampling_params(
-            body, defaults, max_tokens, logprobs=logprobs, n=best_of, limits=limits, echo=body.echo
+            body, defaults, max_tokens, logprobs=ranked, n=best_of, limits=limits, echo=body.echo
         )
         if body.echo and text is None:
             text = tokenizer.decode(ids, skip_special_tokens=False)
