@@ -35,6 +35,16 @@ class TransferStats:
 
 
 @dataclass(frozen=True, slots=True)
+class StepStats:
+    """Engine steps: how many ran, the newest one's tokens, and tokens computed in all."""
+
+    num_steps: int = 0
+    last_step_tokens: int = 0  # prompt + output tokens the newest step computed
+    prompt_tokens: int = 0  # prompt tokens computed (prefix hits and loads excluded)
+    generation_tokens: int = 0  # tokens sampled
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStats:
     num_running: int = 0
     num_waiting: int = 0
@@ -46,7 +56,7 @@ class EngineStats:
     prefix_cache_hit_tokens: int = 0  # usable hits: valid in every group
     groups: tuple[GroupCacheStats, ...] = ()
     transfer: TransferStats = field(default_factory=TransferStats)
-    steps: StepStats = field(default_factory=lambda: StepStats())
+    steps: StepStats = field(default_factory=StepStats)
 
 
 def stats_line(s: EngineStats, prev: EngineStats | None = None, seconds: float = 0.0) -> str:
@@ -84,16 +94,6 @@ def stats_line(s: EngineStats, prev: EngineStats | None = None, seconds: float =
 
 def _rate(part: int, whole: int) -> float:
     return part / whole if whole > 0 else 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class StepStats:
-    """Engine steps: how many ran, the newest one's tokens, and tokens computed in all."""
-
-    num_steps: int = 0
-    last_step_tokens: int = 0  # prompt + output tokens the newest step computed
-    prompt_tokens: int = 0  # prompt tokens computed (prefix hits and loads excluded)
-    generation_tokens: int = 0  # tokens sampled
 
 
 class _Live(Protocol):

@@ -136,3 +136,26 @@ def test_cli_names(model_dir: Path) -> None:
                  "--generation-config", "--max-logprobs", "--disable-log-requests",
                  "--log-level", "--uvicorn-log-level"):  # fmt: skip
         assert flag in help_text
+
+
+def test_chat_adds_no_special_tokens_the_template_did_not_write(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """A tokenizer that adds BOS to every text: chat prompts get none on top of the template's
+    (vLLM's and transformers' rule), plain prompts get it."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    hf = HFTokenizer.from_file(str(model / "tokenizer.json"))
+    bos = hf.id_to_token(1)
+    hf.post_processor = TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, 1)])
+    hf.save(str(model / "tokenizer.json"))
+    llm = LLM(str(model), kv_cache_memory="64MiB")
+    messages = [{"role": "user", "content": "hi"}]
+    text = llm.get_tokenizer().apply_chat_template(messages)
+    out = llm.chat(messages, SamplingParams(max_tokens=1), use_tqdm=False)[0]
+    assert out.prompt_token_ids == llm.get_tokenizer().encode(text, add_special_tokens=False)
+    plain = llm.generate([text], SamplingParams(max_tokens=1), use_tqdm=False)[0]
+    assert plain.prompt_token_ids == [1, *out.prompt_token_ids]

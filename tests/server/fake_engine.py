@@ -24,7 +24,7 @@ NUM_BLOCKS = 64
 
 
 class CharTokenizer:
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if "BUG" in text:
             raise KeyError("a bug in the tokenizer")
         if "SLOWTOKENS" in text:

@@ -113,7 +113,7 @@ class LLM:
         ``{"enable_thinking": False}``), then generate."""
         single = bool(messages) and isinstance(messages[0], dict)
         conversations: list[Any] = [messages] if single else list(messages)
-        prompts: list[PromptInput] = [
+        texts = [
             self.tokenizer.apply_chat_template(
                 conv,
                 add_generation_prompt=add_generation_prompt,
@@ -123,6 +123,11 @@ class LLM:
                 **(chat_template_kwargs or {}),
             )
             for conv in conversations
+        ]
+        # the template writes the special tokens (BOS...): none are added on top (vLLM's rule)
+        prompts: list[PromptInput] = [
+            {"prompt": t, "prompt_token_ids": self.tokenizer.encode(t, add_special_tokens=False)}
+            for t in texts
         ]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 

@@ -23,7 +23,7 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
 class PromptTokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
@@ -87,7 +87,8 @@ def prepare_completion(
     for i, prompt in enumerate(body.prompt):
         param = "prompt" if len(body.prompt) == 1 else f"prompt.{i}"
         if isinstance(prompt, str):
-            text, ids = prompt, encode_prompt(tokenizer, prompt, limits, param)
+            special = body.add_special_tokens
+            text, ids = prompt, encode_prompt(tokenizer, prompt, limits, param, special)
         else:
             text, ids = None, list(prompt)
         ids = truncate(ids, body.truncate_prompt_tokens, limits)
@@ -120,8 +121,8 @@ def prepare_chat(
         "top_logprobs needs logprobs=true",
     )
     text = render_chat(body, tokenizer)
-    ids = truncate(encode_prompt(tokenizer, text, limits, "messages"), body.truncate_prompt_tokens,
-                   limits)  # fmt: skip
+    ids = encode_prompt(tokenizer, text, limits, "messages", body.add_special_tokens)
+    ids = truncate(ids, body.truncate_prompt_tokens, limits)
     asked = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
@@ -192,7 +193,11 @@ def truncate(ids: list[int], keep: int | None, limits: PromptLimits) -> list[int
 
 
 def encode_prompt(
-    tokenizer: PromptTokenizer, text: str, limits: PromptLimits, param: str
+    tokenizer: PromptTokenizer,
+    text: str,
+    limits: PromptLimits,
+    param: str,
+    add_special_tokens: bool = True,
 ) -> list[int]:
     """Token ids of a valid Unicode text no longer than a prompt can be (400 otherwise)."""
     check_unicode(text, param)
@@ -202,7 +207,7 @@ def encode_prompt(
             f"so more than max_model_len={limits.max_model_len} tokens",
             param,
         )
-    return tokenizer.encode(text)
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 def check_unicode(text: str, param: str) -> None:

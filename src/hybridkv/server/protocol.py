@@ -101,6 +101,7 @@ class CompletionRequest(_SamplingFields):
     prompt: Any = Field(description="a string, token ids, or a list of either")
     logprobs: int | None = None
     echo: bool = False
+    add_special_tokens: bool = True  # vLLM's: the tokenizer's BOS etc. on top of the prompt
     best_of: int | None = None
     suffix: str | None = None
 
@@ -153,6 +154,7 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True  # vLLM's
+    add_special_tokens: bool = False  # vLLM's: the template writes them already
     continue_final_message: bool = False  # vLLM's
     chat_template: str | None = None  # vLLM's: a template for this request only
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra template variables
