@@ -211,3 +211,31 @@ def test_skip_special_tokens_false_shows_them(model_dir: Path) -> None:
                          use_tqdm=False)[0]  # fmt: skip
     assert hidden.token_ids == [special] * 3
     assert hidden.text == "" and shown.text == "<|im_start|>" * 3
+
+
+def test_n_with_prompt_logprobs_computes_them_once(model_dir: Path) -> None:
+    prompt = random_ids(40, 76)
+    llm = make_llm(model_dir)
+    params = SamplingParams(n=2, seed=1, max_tokens=2, prompt_logprobs=0)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == len(prompt)
+    assert out.cached_tokens.get("local") == 32  # the second child hit the first's prompt
+
+
+def test_ids_outside_the_vocabulary_fail_naming_the_field(model_dir: Path) -> None:
+    llm = make_llm(model_dir)
+    for params in (SamplingParams(logit_bias={10**6: 1.0}),
+                   SamplingParams(allowed_token_ids=[10**6]),
+                   SamplingParams(stop_token_ids=[10**6])):  # fmt: skip
+        out = llm.generate([random_ids(5, 77)], params, use_tqdm=False)[0]
+        assert out.finish_reason == "error" and out.error is not None
+        assert "invalid sampling parameter" in out.error
+
+
+def test_bad_words_are_tokenized_alone_and_after_a_space(model_dir: Path) -> None:
+    tok = make_llm(model_dir).tokenizer
+    ids = bad_words_token_ids(("cache", " window"), tok)
+    plain, spaced = tok.encode("cache", False), tok.encode(" cache", False)
+    assert tuple(plain) in ids
+    assert (tuple(spaced) in ids) == (len(spaced) == len(plain) and spaced[0] != plain[0])
+    assert tuple(tok.encode("window", False)) in ids  # leading spaces are stripped first

@@ -2,7 +2,8 @@
 
 The first child runs alone; when it has its first token its prompt KV is in the prefix cache,
 and the other ``n - 1`` children are added: they hit that cache for the prompt (all but the
-last, partial block; ``cached_tokens`` shows it), so the prompt is computed once. Child i runs
+last, partial block; ``cached_tokens`` shows it), so the prompt is computed once (prompt
+logprobs, if asked for, come from the first child, which alone computes them). Child i runs
 with ``n=1`` and, if the parent is seeded, ``seed + i`` (vLLM's derivation); its id is
 ``f"{i}_{parent_id}"`` (vLLM's). The parent's ``RequestOutput`` holds the n completions
 (``index`` i), is finished when all are, and sums the children's ``cached_tokens``.
@@ -38,8 +39,12 @@ class ParentRequest:
         return f"{index}_{self.request_id}"
 
     def child_params(self, index: int) -> SamplingParams:
+        """n=1, ``seed + index``; only the first child computes prompt logprobs (the others
+        then hit the prefix cache for the prompt)."""
         seed = self.params.seed
-        return dataclasses.replace(self.params, n=1, seed=None if seed is None else seed + index)
+        prompt_logprobs = self.params.prompt_logprobs if index == 0 else None
+        return dataclasses.replace(self.params, n=1, seed=None if seed is None else seed + index,
+                                   prompt_logprobs=prompt_logprobs)  # fmt: skip
 
     @property
     def finished(self) -> bool:

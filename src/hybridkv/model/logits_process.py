@@ -26,13 +26,16 @@ def apply_penalties(
     (token occurs in the prompt), per-row penalties ``[R]``. Repetition divides positive
     logits of every prompt or output token by the penalty and multiplies negative ones;
     frequency subtracts ``penalty * count``, presence ``penalty`` once, over output tokens."""
-    seen = prompt_mask | (output_counts > 0)  # [R, V]
-    rep = repetition[:, None].expand_as(logits)
-    penalised = torch.where(logits > 0, logits / rep, logits * rep)
-    logits = torch.where(seen, penalised, logits)
-    counts = output_counts.to(logits.dtype)
-    logits = logits - frequency[:, None] * counts
-    return logits - presence[:, None] * (counts > 0).to(logits.dtype)
+    generated = output_counts > 0  # [R, V]
+    if bool((repetition != 1.0).any()):
+        rep = repetition[:, None]
+        penalised = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(prompt_mask | generated, penalised, logits)
+    if bool((frequency != 0.0).any()):
+        logits = logits - frequency[:, None] * output_counts.to(logits.dtype)
+    if bool((presence != 0.0).any()):
+        logits = logits - presence[:, None] * generated.to(logits.dtype)
+    return logits
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
