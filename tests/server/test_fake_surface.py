@@ -170,3 +170,17 @@ def test_stream_of_chat_with_n(url: str) -> None:
     chunks = [json.loads(e) for e in events[:-1]]
     firsts = [c["choices"][0] for c in chunks if c["choices"][0]["delta"].get("role")]
     assert sorted(c["index"] for c in firsts) == [0, 1]
+
+
+def test_requests_are_logged_unless_disabled(caplog: pytest.LogCaptureFixture) -> None:
+    for log_requests in (True, False):
+        caplog.clear()
+        with serve(log_requests=log_requests) as server, caplog.at_level(logging.INFO):
+            post(server.url, "/v1/completions", {"prompt": "a", "max_tokens": 2, "seed": 7})
+            post(server.url, "/v1/completions", {"prompt": "a", "max_tokens": 0})
+        received = [m for m in caplog.messages if m.startswith("received request")]
+        assert len(received) == (1 if log_requests else 0)
+        if log_requests:
+            assert "1 prompt tokens, SamplingParams(max_tokens=2, seed=7)" in received[0]
+        refused = [m for m in caplog.messages if m.startswith("refused POST /v1/completions")]
+        assert len(refused) == 1 and "400 invalid_request_error [max_tokens]" in refused[0]
