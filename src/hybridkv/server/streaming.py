@@ -108,23 +108,28 @@ async def stream_events(
     failure mid-stream is sent as an ``{"error": ...}`` event before it."""
     choices = _Choices(fmt, header, prepared, tokenizer)
     last: dict[int, RequestOutput] = {}
-    queue: asyncio.Queue[tuple[int, RequestOutput | EngineDead]] = asyncio.Queue()
-    pumps = [asyncio.ensure_future(_pump(i, s, queue)) for i, s in enumerate(streams)]
+    mailbox = _Mailbox()
+    pumps = [asyncio.ensure_future(_pump(i, s, mailbox)) for i, s in enumerate(streams)]
+    failure: dict[str, Any] | None = None
     try:
-        while len(last) < len(streams) or not all(o.finished for o in last.values()):
-            i, item = await queue.get()
-            if isinstance(item, EngineDead):
-                yield sse(engine_error(item).body())
-                break
-            if item.error is not None:
-                yield sse(request_failed(item.error).body())
-                break
-            last[i] = item
-            for body in choices.chunks(i, item):
-                yield sse(body)
-        else:
-            if prepared.answer.include_usage:
-                yield sse(usage_chunk(fmt, header, [last[i] for i in sorted(last)]))
+        while failure is None and (
+            len(last) < len(streams) or not all(o.finished for o in last.values())
+        ):
+            for i, item in await mailbox.take():
+                if isinstance(item, EngineDead):
+                    failure = engine_error(item).body()
+                elif item.error is not None:
+                    failure = request_failed(item.error).body()
+                if failure is not None:
+                    break
+                assert isinstance(item, RequestOutput)
+                last[i] = item
+                for body in choices.chunks(i, item):
+                    yield sse(body)
+        if failure is not None:
+            yield sse(failure)
+        elif prepared.answer.include_usage:
+            yield sse(usage_chunk(fmt, header, [last[i] for i in sorted(last)]))
     finally:
         for pump in pumps:
             pump.cancel()
@@ -134,15 +139,33 @@ async def stream_events(
     yield sse("[DONE]")
 
 
-async def _pump(
-    i: int, stream: RequestStream, queue: asyncio.Queue[tuple[int, RequestOutput | EngineDead]]
-) -> None:
-    """Forward one request's outputs (tagged with its prompt's index) into the shared queue."""
+class _Mailbox:
+    """Each prompt's newest output (outputs are cumulative: a newer one replaces an unread
+    older one, so a slow client costs no memory per step)."""
+
+    def __init__(self) -> None:
+        self._items: dict[int, RequestOutput | EngineDead] = {}
+        self._ready = asyncio.Event()
+
+    def put(self, i: int, item: RequestOutput | EngineDead) -> None:
+        self._items[i] = item
+        self._ready.set()
+
+    async def take(self) -> list[tuple[int, RequestOutput | EngineDead]]:
+        await self._ready.wait()
+        self._ready.clear()
+        items = sorted(self._items.items(), key=lambda kv: kv[0])
+        self._items.clear()
+        return items
+
+
+async def _pump(i: int, stream: RequestStream, mailbox: _Mailbox) -> None:
+    """Forward one request's outputs (tagged with its prompt's index) to the mailbox."""
     try:
         while not stream.finished:
-            queue.put_nowait((i, await stream.next_output()))
+            mailbox.put(i, await stream.next_output())
     except EngineDead as exc:
-        queue.put_nowait((i, exc))
+        mailbox.put(i, exc)
 
 
 async def wait_for_all(
