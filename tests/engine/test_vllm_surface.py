@@ -159,3 +159,15 @@ def test_chat_adds_no_special_tokens_the_template_did_not_write(
     assert out.prompt_token_ids == llm.get_tokenizer().encode(text, add_special_tokens=False)
     plain = llm.generate([text], SamplingParams(max_tokens=1), use_tqdm=False)[0]
     assert plain.prompt_token_ids == [1, *out.prompt_token_ids]
+
+
+def test_tokenizer_option(model_dir: Path, tmp_path: Path) -> None:
+    other = tmp_path / "tokenizer"
+    other.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model_dir / name, other / name)
+    (other / "chat_template.jinja").write_text("X{{ messages[0]['content'] }}")
+    llm = LLM(str(model_dir), kv_cache_memory="64MiB", tokenizer=str(other))
+    assert llm.get_tokenizer().apply_chat_template([{"role": "user", "content": "hi"}]) == "Xhi"
+    out = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=1))[0]
+    assert out.prompt == "Xhi"
