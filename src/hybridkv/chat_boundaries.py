@@ -19,22 +19,28 @@ MAX_MESSAGES = 64  # a longer conversation: boundaries at its last MAX_MESSAGES 
 
 
 class ChatTokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
-    ) -> str: ...
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> Any: ...
 
 
 def message_boundaries(
-    tokenizer: ChatTokenizer, messages: list[dict[str, Any]], prompt_ids: list[int]
+    tokenizer: ChatTokenizer,
+    messages: list[dict[str, Any]],
+    prompt_ids: list[int],
+    add_special_tokens: bool = True,
+    **template_kwargs: Any,
 ) -> list[int]:
     """Token positions in ``prompt_ids`` where each message of ``messages`` ends (ascending,
-    > 0, duplicates removed)."""
+    > 0, duplicates removed). Render and encode as the prompt was (``add_special_tokens``,
+    the template's ``tools`` / ``chat_template_kwargs``...), or nothing will agree."""
     found: set[int] = set()
     for k in range(max(1, len(messages) - MAX_MESSAGES + 1), len(messages) + 1):
         try:
-            ids = tokenizer.encode(tokenizer.apply_chat_template(messages[:k], False))
+            text = tokenizer.apply_chat_template(messages[:k], False, **template_kwargs)
+            ids = tokenizer.encode(str(text), add_special_tokens=add_special_tokens)
         except Exception:  # noqa: BLE001 - any template error: no boundary for this prefix
             continue
         n = _common_prefix(ids, prompt_ids)

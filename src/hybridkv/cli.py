@@ -9,7 +9,14 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
+from hybridkv import __version__
 from hybridkv.config import BF16_MATMUL_CHOICES, CacheConfig, EngineConfig, SchedulerConfig
+from hybridkv.engine.frontend import (
+    DEFAULT_MAX_LOGPROBS,
+    DTYPE_CHOICES,
+    FrontendOptions,
+    engine_dtype,
+)
 
 ARCH_CHOICES = (  # hybridkv.model.make_model.ARCHS (not imported: it pulls in torch)
     "qwen3",
@@ -29,9 +36,11 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine options")
     g.add_argument(
         "--dtype",
-        choices=("auto", "float32", "bfloat16"),
+        choices=DTYPE_CHOICES,
         default="auto",
-        help="weights and KV dtype",
+        help="weights and KV dtype; auto: the checkpoint's (bfloat16 stays bfloat16, else "
+        "float32); float is float32; half/float16 are refused with an error (CPU float16 "
+        "matmuls are slow: use bfloat16, same memory)",
     )
     g.add_argument(
         "--bf16-matmul",
@@ -72,6 +81,42 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                 g.add_argument(flag, type=int, default=None, help=helptext)
 
 
+def add_frontend_flags(p: argparse.ArgumentParser) -> None:
+    """What sits on top of the engine (vLLM's flags): tokenizer, template, sampling defaults."""
+    g = p.add_argument_group("tokenizer, chat template and sampling defaults")
+    g.add_argument(
+        "--tokenizer", default=None, help="tokenizer directory (default: the model's own)"
+    )
+    g.add_argument(
+        "--chat-template",
+        default=None,
+        help="chat template: a jinja file, or the template text (default: the model's)",
+    )
+    g.add_argument(
+        "--generation-config",
+        default="auto",
+        help="sampling defaults: 'auto' reads the model's generation_config.json "
+        "(temperature, top_p, top_k, min_p, repetition_penalty; max_new_tokens caps "
+        "max_tokens), 'vllm' ignores it, or a directory holding one (default: auto)",
+    )
+    g.add_argument(
+        "--max-logprobs",
+        type=int,
+        default=DEFAULT_MAX_LOGPROBS,
+        help=f"most alternatives per token for logprobs / prompt_logprobs "
+        f"(default: {DEFAULT_MAX_LOGPROBS})",
+    )
+
+
+def frontend_options(args: argparse.Namespace) -> FrontendOptions:
+    return FrontendOptions(
+        tokenizer=args.tokenizer,
+        chat_template=args.chat_template,
+        generation_config=args.generation_config,
+        max_logprobs=args.max_logprobs,
+    )
+
+
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """The engine options given, checked: ``kv_transfer_config`` comes back parsed (with its
     connector's options), so a bad option fails here, before torch or any weight loads."""
@@ -79,7 +124,10 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         f.name for sub in (CacheConfig, SchedulerConfig) for f in fields(sub)
     ]
     options = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
-    config = EngineConfig.create(getattr(args, "model", None) or "", **options)
+    if "dtype" in options:
+        options["dtype"] = engine_dtype(options["dtype"])
+    model = getattr(args, "model_tag", None) or getattr(args, "model", None)
+    config = EngineConfig.create(model or "", **options)
     if config.kv_transfer_config is not None:
         options["kv_transfer_config"] = config.kv_transfer_config
     if config.kv_events_config is not None:
@@ -93,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="An LLM inference engine for hybrid models.",
         allow_abbrev=False,
     )
+    parser.add_argument("--version", action="version", version=f"hybridkv {__version__}")
     subs = parser.add_subparsers(dest="command", required=True)
 
     mk = subs.add_parser(
@@ -117,11 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", type=int, default=32)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--json", action="store_true", help="one JSON object per request on stdout")
+    add_frontend_flags(gen)
     add_engine_flags(gen)
 
     from hybridkv.server.command import add_serve_parser
 
-    add_serve_parser(subs, add_engine_flags)
+    add_serve_parser(subs, add_frontend_flags, add_engine_flags)
     from hybridkv.proxy.command import add_proxy_parser
 
     add_proxy_parser(subs)
@@ -144,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             from hybridkv.server.command import run_serve
 
-            return run_serve(args, engine_options(args))
+            return run_serve(args, engine_options(args), frontend_options(args))
     except (ValueError, FileNotFoundError) as exc:
         print(f"hybridkv: error: {exc}", file=sys.stderr)
         return 2
@@ -196,7 +246,11 @@ def _generate(args: argparse.Namespace) -> int:
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
     )
-    llm = LLM(args.model, **options)
+    front = frontend_options(args)
+    llm = LLM(args.model, tokenizer=front.tokenizer, generation_config=front.generation_config,
+              max_logprobs=front.max_logprobs, **options)  # fmt: skip
+    if front.chat_template is not None:
+        llm.get_tokenizer().set_chat_template(front.chat_template)
     outputs = llm.generate(prompts, params, use_tqdm=not args.json and len(prompts) > 1)
     failed = 0
     for out in outputs:

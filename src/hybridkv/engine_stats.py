@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from hybridkv.connectors.stats import ConnectorStats
 from hybridkv.kv_events.stats import PublisherStats
-from hybridkv.step_io import FailureReason
+from hybridkv.step_io import FailureReason, SchedulerOutput
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,16 @@ class TransferStats:
 
 
 @dataclass(frozen=True, slots=True)
+class StepStats:
+    """Engine steps: how many ran, the newest one's tokens, and tokens computed in all."""
+
+    num_steps: int = 0
+    last_step_tokens: int = 0  # prompt + output tokens the newest step computed
+    prompt_tokens: int = 0  # prompt tokens computed (prefix hits and loads excluded)
+    generation_tokens: int = 0  # tokens sampled
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStats:
     num_running: int = 0
     num_waiting: int = 0
@@ -47,22 +58,77 @@ class EngineStats:
     groups: tuple[GroupCacheStats, ...] = ()
     transfer: TransferStats = field(default_factory=TransferStats)
     kv_events: PublisherStats | None = None  # KV event batches published / dropped (if on)
+    steps: StepStats = field(default_factory=StepStats)
 
 
-def stats_line(s: EngineStats) -> str:
-    """The periodic log line."""
-    hit = (
-        s.prefix_cache_hit_tokens / s.prefix_cache_queried_tokens
-        if s.prefix_cache_queried_tokens
-        else 0.0
-    )
+def stats_line(s: EngineStats, prev: EngineStats | None = None, seconds: float = 0.0) -> str:
+    """The periodic log line (vLLM's): throughput and prefix hit rates over the interval since
+    ``prev`` (``seconds`` long), queues, KV usage, per-group hits, external hits."""
+    prev = prev or EngineStats()
+    dt = max(seconds, 1e-9)
+    prompt_tps = (s.steps.prompt_tokens - prev.steps.prompt_tokens) / dt
+    gen_tps = (s.steps.generation_tokens - prev.steps.generation_tokens) / dt
+    queried = s.prefix_cache_queried_tokens - prev.prefix_cache_queried_tokens
+    hit = _rate(s.prefix_cache_hit_tokens - prev.prefix_cache_hit_tokens, queried)
     line = (
-        f"running: {s.num_running} reqs, waiting: {s.num_waiting} reqs, "
-        f"KV cache usage: {s.kv_usage:.1%}, prefix cache hit rate: {hit:.1%}, "
-        f"preemptions: {s.num_preemptions}"
+        f"Avg prompt throughput: {prompt_tps:.1f} tokens/s, Avg generation throughput: "
+        f"{gen_tps:.1f} tokens/s, Running: {s.num_running} reqs, Waiting: {s.num_waiting} reqs "
+        f"(loading KV: {s.num_waiting_for_remote_kv}), KV cache usage: {s.kv_usage:.1%}, "
+        f"Prefix cache hit rate: {hit:.1%}"
     )
-    t = s.transfer
+    old = {g.group_id: g for g in prev.groups}
+    per_group = []
+    for g in s.groups:
+        before = old.get(g.group_id, GroupCacheStats(g.group_id, g.kind, 0, 0))
+        rate = _rate(g.hit_tokens - before.hit_tokens, g.queried_tokens - before.queried_tokens)
+        per_group.append(f"{g.group_id}:{g.kind} {rate:.1%}")
+    if per_group:
+        line += f" (per group: {', '.join(per_group)})"
+    line += f", Preemptions: {s.num_preemptions}"
+    t, pt = s.transfer, prev.transfer
     if t.connector is not None:
+        external = t.external_tokens - pt.external_tokens
         failures = sum(t.load_failures.values())
-        line += f", external tokens: {t.external_tokens}, load failures: {failures}"
+        line += f", External hits: {external} tokens ({_rate(external, queried):.1%})"
+        line += f", KV load failures: {failures}"
     return line
+
+
+def _rate(part: int, whole: int) -> float:
+    return part / whole if whole > 0 else 0.0
+
+
+class _Live(Protocol):
+    num_prompt_tokens: int
+    scheduled_time: float | None
+
+
+class StepCounters:
+    """Counts each step's tokens (on the engine thread) and stamps when a request was first
+    scheduled (the end of its queue time)."""
+
+    def __init__(self) -> None:
+        self._stats = StepStats()
+
+    def record(
+        self, out: SchedulerOutput, num_sampled: int, live: Mapping[str, _Live], started: float
+    ) -> None:
+        num_prompt = 0
+        for r in out.requests:
+            req = live.get(r.request_id)
+            if req is None:
+                continue
+            if req.scheduled_time is None:
+                req.scheduled_time = started
+            end = min(r.start_pos + len(r.token_ids), req.num_prompt_tokens)
+            num_prompt += max(0, end - r.start_pos)
+        s = self._stats
+        self._stats = StepStats(
+            s.num_steps + 1 if out.requests else s.num_steps,
+            out.num_scheduled_tokens if out.requests else s.last_step_tokens,
+            s.prompt_tokens + num_prompt,
+            s.generation_tokens + num_sampled,
+        )
+
+    def snapshot(self) -> StepStats:
+        return self._stats

@@ -64,6 +64,7 @@ class Request:
         self.cache_boundaries: tuple[int, ...] = sampling_params.cache_boundaries
         self.arrival_time = time.monotonic()
         self.first_token_time: float | None = None
+        self.scheduled_time: float | None = None  # when a step first computed it (queue end)
         self._hasher = hasher
         self.block_hashes: list[BlockHash] = []
         hasher.extend(self.block_hashes, self.all_token_ids)

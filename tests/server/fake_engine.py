@@ -16,6 +16,7 @@ from hybridkv.engine.detokenizer import IncrementalDetokenizer
 from hybridkv.engine.output import CompletionOutput, RequestOutput
 from hybridkv.engine_stats import EngineStats, GroupCacheStats
 from hybridkv.logprobs import Logprob
+from hybridkv.model.chat_template import text_messages
 from hybridkv.sampling_params import SamplingParams
 
 BLOCK = 4
@@ -23,7 +24,7 @@ NUM_BLOCKS = 64
 
 
 class CharTokenizer:
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if "BUG" in text:
             raise KeyError("a bug in the tokenizer")
         if "SLOWTOKENS" in text:
@@ -34,9 +35,13 @@ class CharTokenizer:
         return "".join(chr(i) for i in ids)
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kw: Any
     ) -> str:
+        """``<role>content`` per message; template kwargs show as ``[name=value]``."""
+        messages = text_messages(messages)
         text = "".join(f"<{m['role']}>{m.get('content', '')}" for m in messages)
+        extra = {k: v for k, v in kw.items() if v is not None and k != "continue_final_message"}
+        text += "".join(f"[{k}={v}]" for k, v in sorted(extra.items()) if k != "tools")
         return text + ("<assistant>" if add_generation_prompt else "")
 
 
@@ -129,12 +134,12 @@ class FakeEngine:
 
     def _emit(self, req: _Req) -> RequestOutput:
         lps = None
-        if req.params.logprobs is not None:
-            lps = [{t: Logprob(-0.5, 1, None)} for t in req.out_ids]
+        if req.params.logprobs is not None:  # the chosen token, rank 1, at -0.5
+            lps = [{t: Logprob(-0.5, 1, chr(t))} for t in req.out_ids]
         stable = req.detok.stable_length(req.status is not None)
-        out = CompletionOutput(0, req.detok.text, list(req.out_ids), req.status, logprobs=lps,
-                               stable_text_len=stable)  # fmt: skip
-        return RequestOutput(req.request_id, None, req.prompt_ids, [out], req.status is not None,
+        outs = [CompletionOutput(j, req.detok.text, list(req.out_ids), req.status, logprobs=lps,
+                                 stable_text_len=stable) for j in range(req.params.n)]  # fmt: skip
+        return RequestOutput(req.request_id, None, req.prompt_ids, outs, req.status is not None,
                              len(req.prompt_ids), cached_tokens={"local": 0}, error=req.error,
                              kv_transfer_params=self._transfer_params(req))  # fmt: skip
 

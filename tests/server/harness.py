@@ -94,12 +94,17 @@ class SubprocessServer:
 
 
 def scrape(url: str) -> dict[str, float]:
-    """/metrics as {'name{label=value,...}': value} (parsed by prometheus_client)."""
-    text = httpx.get(url + "/metrics", timeout=10).text
+    """/metrics as {'name{label=value,...}': value} (parsed by prometheus_client); the
+    ``model_name`` label every sample carries is left out."""
+    return parse_metrics(httpx.get(url + "/metrics", timeout=10).text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
     values = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            named = {k: v for k, v in s.labels.items() if k != "model_name"}
+            labels = ",".join(f"{k}={v}" for k, v in sorted(named.items()))
             values[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
     return values
 

@@ -137,30 +137,26 @@ def test_models(client: openai.OpenAI) -> None:
 BAD_REQUESTS = [
     # (path, raw body or JSON, status, param)
     ("/v1/completions", b'{"model": "fake-model", "prompt": ', 400, None),
-    ("/v1/completions", {"model": MODEL}, 422, "prompt"),
-    ("/v1/completions", {"prompt": "a"}, 422, "model"),
-    ("/v1/completions", {"model": MODEL, "prompt": {"a": 1}}, 422, "prompt"),
-    ("/v1/completions", {"model": MODEL, "prompt": ["a", "b"]}, 422, "prompt"),
-    ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": "many"}, 422, "max_tokens"),
-    ("/v1/completions", {"model": MODEL, "prompt": "a", "bogus": 1}, 422, "bogus"),
+    ("/v1/completions", {"model": MODEL}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "a"}, 400, "model"),
+    ("/v1/completions", {"model": MODEL, "prompt": {"a": 1}}, 400, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": "many"}, 400, "max_tokens"),
     ("/v1/completions", {"model": "other", "prompt": "a"}, 404, "model"),
     ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": -3}, 400, "max_tokens"),
     ("/v1/completions", {"model": MODEL, "prompt": "a" * 64}, 400, "prompt"),
-    ("/v1/completions", {"model": MODEL, "prompt": "a", "n": 2}, 400, "n"),
     ("/v1/completions", {"model": MODEL, "prompt": "a", "temperature": -1}, 400, "temperature"),
-    ("/v1/completions", {"model": MODEL, "prompt": "a", "echo": True}, 400, "echo"),
     (
         "/v1/completions",
         {"model": MODEL, "prompt": "a", "stream_options": {"include_usage": True}},
         400,
         "stream_options",
     ),  # fmt: skip
-    ("/v1/chat/completions", {"model": MODEL, "messages": []}, 422, "messages"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
     (
         "/v1/chat/completions",
         {"model": MODEL, "messages": [{"content": "x"}]},
-        422,
+        400,
         "messages.0.role",
     ),
     (
@@ -171,21 +167,20 @@ BAD_REQUESTS = [
     ),  # fmt: skip
     ("/v1/nothing", {}, 404, None),
     # hostile values (issue 18): no coercion, finite numbers, valid Unicode, bounded lists
-    ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": True}, 422, "max_tokens"),
-    ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": "5"}, 422, "max_tokens"),
-    ("/v1/completions", {"model": MODEL, "prompt": "a", "top_p": "0.5"}, 422, "top_p"),
-    ("/v1/completions", {"model": MODEL, "prompt": "a", "stream": 1}, 422, "stream"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": True}, 400, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": "5"}, 400, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "top_p": "0.5"}, 400, "top_p"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "stream": 1}, 400, "stream"),
     (
         "/v1/completions",
         b'{"model": "fake-model", "prompt": "a", "temperature": Infinity}',
-        422,
+        400,
         "temperature",
     ),  # fmt: skip
-    ("/v1/completions", b'{"model": "fake-model", "prompt": "a", "top_p": NaN}', 422, "top_p"),
+    ("/v1/completions", b'{"model": "fake-model", "prompt": "a", "top_p": NaN}', 400, "top_p"),
     ("/v1/completions", {"model": MODEL, "prompt": "a", "logprobs": -1}, 400, "logprobs"),
     ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 64}, 400, "max_tokens"),
     ("/v1/completions", {"model": MODEL, "prompt": "a", "stop": ["x"] * 65}, 400, "stop"),
-    ("/v1/completions", {"model": MODEL, "prompt": "a", "logit_bias": {"1": 5}}, 400, "logit_bias"),
     ("/v1/completions", {"model": MODEL, "prompt": "a", "cache_salt": ""}, 400, "cache_salt"),
     ("/v1/completions", b'{"model": "fake-model", "prompt": "a\\ud800b"}', 400, "prompt"),
     (

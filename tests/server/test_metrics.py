@@ -9,18 +9,14 @@ from hybridkv.connectors.fault_injection import FaultStats
 from hybridkv.connectors.offloading.stats import OffloadingStats
 from hybridkv.connectors.stats import ConnectorStats, Direction
 from hybridkv.engine.output import CompletionOutput, RequestOutput
-from hybridkv.engine_stats import EngineStats, GroupCacheStats, TransferStats
+from hybridkv.engine_stats import EngineStats, GroupCacheStats, StepStats, TransferStats
 from hybridkv.metrics import ServerMetrics
 from hybridkv.step_io import FailureReason
+from tests.server.harness import parse_metrics
 
 
 def parse(metrics: ServerMetrics) -> dict[str, float]:
-    out = {}
-    for family in text_string_to_metric_families(metrics.render().decode()):
-        for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return out
+    return parse_metrics(metrics.render().decode())
 
 
 def test_connector_stats_fold_children_and_name_events() -> None:
@@ -134,21 +130,75 @@ def test_every_metric_is_in_the_one_table() -> None:
         assert (family.type, family.documentation) == (METRICS[name].kind, METRICS[name].help)
 
 
+def test_every_sample_names_the_model_and_cache_config_is_shown() -> None:
+    info = {"block_size": 16, "num_blocks": 100, "enable_prefix_caching": True}
+    metrics = ServerMetrics("my-model", info)
+    metrics.publish(EngineStats(steps=StepStats(num_steps=1, last_step_tokens=40)))
+    metrics.publish(EngineStats(steps=StepStats(num_steps=1, last_step_tokens=40)))  # no step
+    samples = [
+        s for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples
+    ]
+    assert samples and all(s.labels["model_name"] == "my-model" for s in samples)
+    m = parse(metrics)
+    key = "hybridkv:cache_config_info{block_size=16,cache_dtype=,enable_prefix_caching=True,"
+    key += "kv_cache_memory=,num_blocks=100,num_layout_groups=,num_state_slots=}"
+    assert m[key] == 1.0
+    assert m["hybridkv:iteration_tokens_total_count"] == 1
+    assert m["hybridkv:iteration_tokens_total_sum"] == 40
+
+
+def test_request_phases_and_lengths() -> None:
+    metrics = ServerMetrics()
+    rec = metrics.requests
+    rec.on_arrival("r", 10.0)
+    rec.on_output(_output("r", 1, False, {}), 10.5)
+    done = _output("r", 4, True, {})
+    done.metrics = {"queue_s": 0.125, "ttft_s": 0.375}
+    rec.on_output(done, 12.0)
+    m = parse(metrics)
+    assert m["hybridkv:request_queue_time_seconds_sum"] == 0.125
+    assert m["hybridkv:request_prefill_time_seconds_sum"] == 0.25
+    assert m["hybridkv:request_decode_time_seconds_sum"] == 1.5
+    assert m["hybridkv:request_prompt_tokens_sum"] == 3
+    assert m["hybridkv:request_generation_tokens_sum"] == 4
+    assert m["hybridkv:request_generation_tokens_bucket{le=5.0}"] == 1
+
+
 def test_the_periodic_log_line_reads_the_snapshot() -> None:
     from hybridkv.engine_stats import stats_line
 
-    line = stats_line(
-        EngineStats(
-            num_running=2,
-            num_waiting=1,
-            kv_usage=0.5,
-            prefix_cache_queried_tokens=100,
-            prefix_cache_hit_tokens=25,
-        )  # fmt: skip
+    prev = EngineStats(prefix_cache_queried_tokens=20, prefix_cache_hit_tokens=5)
+    now = EngineStats(
+        num_running=2,
+        num_waiting=1,
+        kv_usage=0.5,
+        prefix_cache_queried_tokens=120,
+        prefix_cache_hit_tokens=30,
+        groups=(GroupCacheStats(0, "full_attention", 100, 50),),
+        steps=StepStats(2, 8, prompt_tokens=300, generation_tokens=40),
     )
-    assert line.startswith("running: 2 reqs, waiting: 1 reqs, KV cache usage: 50.0%")
-    assert "prefix cache hit rate: 25.0%" in line and "load failures" not in line
+    line = stats_line(now, prev, 10.0)
+    assert line.startswith(
+        "Avg prompt throughput: 30.0 tokens/s, Avg generation throughput: 4.0 tokens/s, "
+        "Running: 2 reqs, Waiting: 1 reqs (loading KV: 0), KV cache usage: 50.0%, "
+        "Prefix cache hit rate: 25.0% (per group: 0:full_attention 50.0%)"
+    )
+    assert "load failures" not in line
     with_connector = EngineStats(
         transfer=TransferStats({FailureReason.CORRUPT: 3}, connector=ConnectorStats())
     )
-    assert "load failures: 3" in stats_line(with_connector)
+    assert "KV load failures: 3" in stats_line(with_connector)
+
+
+def test_docs_list_the_same_metrics() -> None:
+    from pathlib import Path
+
+    from hybridkv.metrics import METRICS
+
+    doc = Path(__file__).parents[2] / "docs" / "metrics.md"
+    names = [
+        line.split("|")[1].strip().strip("`")
+        for line in doc.read_text().splitlines()
+        if line.startswith("| `")
+    ]
+    assert names == list(METRICS)

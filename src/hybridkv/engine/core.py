@@ -24,7 +24,7 @@ from hybridkv.engine.output import RequestOutput, TextState, make_output
 from hybridkv.engine.parallel import ParallelSampling, ParentRequest
 from hybridkv.engine.request_prep import prepare_params, truncate_prompt
 from hybridkv.engine.step import run_step
-from hybridkv.engine_stats import EngineStats, GroupCacheStats, TransferStats
+from hybridkv.engine_stats import EngineStats, GroupCacheStats, StepCounters, TransferStats
 from hybridkv.grammar import GrammarBackend
 from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHasher, get_hash_fn
@@ -140,6 +140,7 @@ class EngineCore:
         self._texts: dict[str, TextState] = {}
         self._live: dict[str, Request] = {}
         self._ids = itertools.count()
+        self._counters = StepCounters()  # tokens per step and in all, for stats()
         self._parallel = ParallelSampling(self._add_child)
         self._prompts: dict[str, tuple[list[int], str | None, str | None]] = {}  # of n > 1
 
@@ -210,6 +211,7 @@ class EngineCore:
             groups=groups,
             transfer=self._transfer_stats(),
             kv_events=self.kv_events.stats() if self.kv_events is not None else None,
+            steps=self._counters.snapshot(),
         )
 
     def _transfer_stats(self) -> TransferStats:
@@ -301,9 +303,11 @@ class EngineCore:
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; return an output for each request that got a token or finished."""
+        started = time.monotonic()
         out, result, updated = run_step(
             self.scheduler, self.runner, self.connector.worker if self.connector else None
         )
+        self._counters.record(out, len(result.sampled_token_ids), self._live, started)
         self._collect_connector_stats()
         if self.kv_events is not None:
             self.kv_events.publish_step(self.kv.take_events())

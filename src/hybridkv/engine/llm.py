@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
-
-from tqdm import tqdm
+from typing import TYPE_CHECKING, Any
 
 from hybridkv.chat_boundaries import message_boundaries, with_cache_boundaries
 from hybridkv.config import EngineConfig
 from hybridkv.engine.core import EngineCore
+from hybridkv.engine.frontend import FrontendOptions, attach, check_logprobs, engine_dtype
 from hybridkv.engine.output import RequestOutput, error_output
+from hybridkv.engine.progress import Progress
 from hybridkv.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from hybridkv.model.tokenizer import Tokenizer
 
 PromptInput = str | list[int] | dict[str, Any]
 
@@ -22,12 +25,24 @@ class LLM:
 
     Options use vLLM's names: ``dtype``, ``max_model_len``, ``max_num_seqs``,
     ``max_num_batched_tokens``, ``block_size``, ``enable_prefix_caching``, ``kv_cache_memory``
-    (bytes or "4GiB"), ``seed``...
+    (bytes or "4GiB"), ``seed``, ``tokenizer`` (another tokenizer directory),
+    ``generation_config`` (``auto``: the model's sampling defaults; ``vllm``: none; or a
+    directory), ``max_logprobs``...
     """
 
     def __init__(
-        self, model: str | None = None, *, keep_logits: bool = False, **options: Any
+        self,
+        model: str | None = None,
+        *,
+        keep_logits: bool = False,
+        tokenizer: str | None = None,
+        generation_config: str = "auto",
+        max_logprobs: int = 20,
+        **options: Any,
     ) -> None:
+        if "dtype" in options:
+            options["dtype"] = engine_dtype(options["dtype"])
+        frontend = FrontendOptions(tokenizer, None, generation_config, max_logprobs)
         config = EngineConfig.create(str(model or ""), **options)  # bad options fail here
         if model is None:
             from hybridkv.engine.default_model import ensure_default_model
@@ -35,7 +50,17 @@ class LLM:
             config = dataclasses.replace(config, model=str(ensure_default_model()))
         self.config = config
         self.engine = EngineCore(self.config, keep_logits=keep_logits)
+        self.frontend = attach(self.engine, frontend)
         self.tokenizer = self.engine.tokenizer
+
+    def get_tokenizer(self) -> Tokenizer:
+        """The tokenizer (``encode``, ``decode``, ``__call__``, ``apply_chat_template``,
+        ``eos_token_id``), as vLLM's ``LLM.get_tokenizer()``."""
+        return self.engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults (vLLM's)."""
+        return SamplingParams(**self.frontend.defaults)
 
     def generate(
         self,
@@ -52,6 +77,8 @@ class LLM:
         gets an output with ``finish_reason == "error"`` and ``error`` saying why; the others
         run normally."""
         items = _as_list(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params = _params_for(items, sampling_params)
         results: dict[int, RequestOutput] = {}
         order: dict[str, int] = {}
@@ -61,6 +88,7 @@ class LLM:
             try:  # a malformed prompt fails alone, like one that is too long
                 text, ids = self._tokenize(item)
                 salt = _cache_salt(item)
+                check_logprobs(p, self.frontend.options.max_logprobs)
                 request_id = self.engine.new_request_id()
                 self.engine.add_request(ids, p, request_id, prompt=text, cache_salt=salt)
                 order[request_id] = i
@@ -71,22 +99,36 @@ class LLM:
 
     def chat(
         self,
-        messages: list[dict[str, str]] | list[list[dict[str, str]]],
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the model's chat template to each conversation, then generate. Each message's
-        end in the rendered prompt is a state checkpoint boundary (``chat_boundaries``)."""
+        """Apply the chat template to each conversation (content may be a list of text
+        parts; ``chat_template_kwargs`` become template variables, e.g.
+        ``{"enable_thinking": False}``), then generate. Each message's end in the rendered
+        prompt is a state checkpoint boundary (``chat_boundaries``)."""
         single = bool(messages) and isinstance(messages[0], dict)
         conversations: list[Any] = [messages] if single else list(messages)
+        template = {"tools": tools, "chat_template": chat_template, **(chat_template_kwargs or {})}
         prompts: list[PromptInput] = []
         bounds: list[list[int]] = []
         for conv in conversations:
-            text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=True)
-            ids = self.tokenizer.encode(text)
+            text = self.tokenizer.apply_chat_template(
+                conv,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                **template,
+            )
+            # the template writes the special tokens (BOS...): none are added on top (vLLM's)
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-            bounds.append(message_boundaries(self.tokenizer, conv, ids))
+            bounds.append(message_boundaries(self.tokenizer, conv, ids, False, **template))
         params = [
             with_cache_boundaries(p, b)
             for p, b in zip(_params_for(prompts, sampling_params), bounds, strict=True)
@@ -120,15 +162,15 @@ class LLM:
     def _run(
         self, order: dict[str, int], results: dict[int, RequestOutput], use_tqdm: bool
     ) -> None:
-        bar = tqdm(
-            total=len(order), desc="generating", unit="req", disable=not use_tqdm or not order
-        )
-        while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
-                if out.finished and out.request_id in order:
-                    results[order[out.request_id]] = out
-                    bar.update(1)
-        bar.close()
+        progress = Progress(len(order), use_tqdm)
+        try:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished and out.request_id in order:
+                        results[order[out.request_id]] = out
+                        progress.finished(out)
+        finally:
+            progress.close()
 
 
 def _cache_salt(item: PromptInput) -> str | None:

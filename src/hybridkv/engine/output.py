@@ -120,6 +120,8 @@ def make_output(req: Request, state: TextState, keep_logits: bool) -> RequestOut
     metrics = {}
     if req.first_token_time is not None:
         metrics["ttft_s"] = req.first_token_time - req.arrival_time
+    if req.scheduled_time is not None:
+        metrics["queue_s"] = req.scheduled_time - req.arrival_time
     return RequestOutput(
         request_id=req.request_id,
         prompt=state.prompt,

@@ -11,10 +11,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from hybridkv.model.chat_template import (
+    checkpoint_template,
+    compile_template,
+    render,
+    template_source,
+)
 from hybridkv.model.errors import ModelLoadError
 
 
@@ -26,7 +30,8 @@ class Tokenizer:
             raise ModelLoadError(f"{str(model_dir)!r} has no tokenizer.json")
         self._tok = HFTokenizer.from_file(str(path))
         self._config = _read_json(model_dir / "tokenizer_config.json")
-        self._template = _read_template(model_dir, self._config)
+        source = checkpoint_template(model_dir, self._config)
+        self._template = compile_template(source) if source is not None else None
         self.bos_token = _token_text(self._config.get("bos_token"))
         self.eos_token = _token_text(self._config.get("eos_token"))
         self.bos_token_id = self._id_of(self.bos_token)
@@ -56,20 +61,54 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
 
+    @property
+    def eos_token_id(self) -> int | None:
+        """The first end-of-sequence id (transformers' attribute)."""
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        """transformers' call shape for one text: ``{"input_ids", "attention_mask"}``."""
+        ids = self.encode(text, add_special_tokens=add_special_tokens)
+        return {"input_ids": ids, "attention_mask": [1] * len(ids)}
+
+    def set_chat_template(self, value: str) -> None:
+        """Use this template (``--chat-template``: a file path or the template text)."""
+        self._template = compile_template(template_source(value))
+
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
-    ) -> str:
-        if self._template is None:
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        *,
+        tokenize: bool = False,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        chat_template: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """The prompt text (token ids with ``tokenize=True``), as transformers renders it;
+        ``kwargs`` are extra template variables (``enable_thinking=False``...). Raises
+        ``ChatTemplateError`` (a ValueError) naming the problem."""
+        template = compile_template(chat_template) if chat_template else self._template
+        if template is None:
             raise ModelLoadError(
                 "this checkpoint has no chat template (neither tokenizer_config.json"
-                " 'chat_template' nor chat_template.jinja)"
+                " 'chat_template' nor chat_template.jinja): pass --chat-template"
             )
-        return self._template.render(
-            messages=messages,
+        specials = {
+            name: _token_text(self._config.get(name)) or ""
+            for name in ("bos_token", "eos_token", "unk_token", "pad_token")
+        }
+        variables = {**specials, "tools": tools, "documents": documents, **kwargs}
+        text = render(
+            template,
+            messages,
             add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "",
-            eos_token=self.eos_token or "",
+            continue_final_message=continue_final_message,
+            variables=variables,
         )
+        return self.encode(text, add_special_tokens=False) if tokenize else text
 
     def _id_of(self, token: str | None) -> int | None:
         return None if token is None else self._tok.token_to_id(token)
@@ -99,27 +138,3 @@ def _token_text(value: object) -> str | None:
     if isinstance(value, dict):  # {"content": "<s>", ...}
         value = value.get("content")
     return value if isinstance(value, str) else None
-
-
-def _read_template(model_dir: Path, config: dict[str, Any]) -> jinja2.Template | None:
-    source = config.get("chat_template")
-    jinja_file = model_dir / "chat_template.jinja"
-    if jinja_file.is_file():
-        source = jinja_file.read_text()
-    if isinstance(source, list):  # named templates: take "default"
-        named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
-        source = named.get("default")
-    if not isinstance(source, str):
-        return None
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = _raise_exception
-    env.filters["tojson"] = _tojson  # like transformers: no HTML escaping
-    return env.from_string(source)
-
-
-def _tojson(value: object, indent: int | None = None) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=indent)
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.TemplateError(message)

@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hybridkv.engine_stats import stats_line
+from hybridkv.engine_stats import EngineStats, stats_line
 from hybridkv.metrics import ServerMetrics
 from hybridkv.server.params import PreparedRequest
 
@@ -128,6 +128,7 @@ class AsyncEngine:
         self._streams: dict[str, RequestStream] = {}  # engine thread only
         self._needs_flush = False  # an abort's output (and runner cleanup) is still due
         self._last_log = time.monotonic()
+        self._logged: EngineStats | None = None  # the snapshot of the last log line
         self._thread = threading.Thread(target=self._run, name="hybridkv-engine", daemon=True)
 
     # -- event-loop side -----------------------------------------------------------------
@@ -223,8 +224,8 @@ class AsyncEngine:
         self.metrics.publish(snapshot)
         now = time.monotonic()
         if now - self._last_log >= LOG_INTERVAL_SECONDS:  # the periodic log line
-            self._last_log = now
-            logger.info("%s", stats_line(snapshot))
+            logger.info("%s", stats_line(snapshot, self._logged, now - self._last_log))
+            self._last_log, self._logged = now, snapshot
         with self._cond:  # the adds still in the inbox, plus the engine's waiting queue
             num_adds = sum(isinstance(c, _Add) for c in self._inbox)
             self._num_queued = num_adds + snapshot.num_waiting

@@ -4,20 +4,33 @@ importing it does not import the web stack)."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hybridkv.engine.frontend import FrontendOptions
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 API_KEY_ENV = "HYBRIDKV_API_KEY"
 
 
 def add_serve_parser(
-    subs: Any, add_engine_flags: Callable[[argparse.ArgumentParser], None]
+    subs: Any,
+    add_frontend_flags: Callable[[argparse.ArgumentParser], None],
+    add_engine_flags: Callable[[argparse.ArgumentParser], None],
 ) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subs.add_parser(
         "serve", help="serve an OpenAI-compatible API with Prometheus metrics"
+    )
+    p.add_argument(
+        "model_tag",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="checkpoint directory or org/name (as `vllm serve MODEL`; or --model)",
     )
     p.add_argument(
         "--model", default=None, help="checkpoint directory (default: the embedded tiny hybrid)"
@@ -38,8 +51,25 @@ def add_serve_parser(
         default=None,
         help="the model name clients send (default: --model, or the embedded model's name)",
     )
-    p.add_argument("--uvicorn-log-level", choices=LOG_LEVELS, default="info")
+    p.add_argument(
+        "--uvicorn-log-level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="uvicorn's log level (access log at info) (default: info)",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS[:-1],
+        default="info",
+        help="hybridkv's own log level: start-up summary, stats line, requests (default: info)",
+    )
+    p.add_argument(
+        "--disable-log-requests",
+        action="store_true",
+        help="do not log each request as it arrives (logged by default)",
+    )
     _add_limit_flags(p)
+    add_frontend_flags(p)
     add_engine_flags(p)  # includes --kv-transfer-config
     return p
 
@@ -83,10 +113,33 @@ def resolve_api_key(args: argparse.Namespace) -> str | None:
     return key
 
 
-def run_serve(args: argparse.Namespace, engine_options: dict[str, Any]) -> int:
+def model_of(args: argparse.Namespace) -> str | None:
+    """``serve MODEL`` or ``--model MODEL`` (both only if they agree)."""
+    if args.model_tag and args.model and args.model_tag != args.model:
+        raise ValueError(f"two models given: {args.model_tag!r} and --model {args.model!r}")
+    return args.model_tag or args.model  # type: ignore[no-any-return]
+
+
+def setup_logging(level: str) -> None:
+    """hybridkv's loggers print ``LEVEL time [logger] message`` to stderr (vLLM's layout)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s", "%m-%d %H:%M:%S")
+    )
+    root = logging.getLogger("hybridkv")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+def run_serve(
+    args: argparse.Namespace, engine_options: dict[str, Any], frontend: FrontendOptions
+) -> int:
     from hybridkv.paths import parse_bytes
     from hybridkv.server.launch import ServeOptions, run_server
     from hybridkv.server.limits import ServerLimits
+
+    setup_logging(args.log_level)
 
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} is not a port number (1..65535)")
@@ -97,7 +150,7 @@ def run_serve(args: argparse.Namespace, engine_options: dict[str, Any]) -> int:
     )
     return run_server(
         ServeOptions(
-            model=args.model,
+            model=model_of(args),
             host=args.host,
             port=args.port,
             api_key=resolve_api_key(args),
@@ -105,5 +158,7 @@ def run_serve(args: argparse.Namespace, engine_options: dict[str, Any]) -> int:
             served_model_name=args.served_model_name,
             log_level=args.uvicorn_log_level,
             engine_options=engine_options,
+            frontend=frontend,
+            log_requests=not args.disable_log_requests,
         )
     )

@@ -2,12 +2,12 @@
 
 | status | type                  | when                                                        |
 |--------|-----------------------|-------------------------------------------------------------|
-| 400    | invalid_request_error | malformed JSON; a well-typed value the engine cannot serve  |
+| 400    | invalid_request_error | malformed JSON; a body that breaks the schema (missing     |
+|        |                       | field, wrong type); a value the engine cannot serve         |
 | 401    | authentication_error  | missing or wrong ``Authorization: Bearer <key>``            |
 | 404    | invalid_request_error | unknown model (code ``model_not_found``) or route           |
 | 408    | invalid_request_error | the body took longer than ``body_timeout_seconds`` to send  |
 | 413    | invalid_request_error | the body is larger than ``--max-request-bytes``             |
-| 422    | invalid_request_error | the body does not match the schema (missing field, type)    |
 | 500    | server_error          | the engine failed this request; a bug in the server         |
 | 503    | service_unavailable   | the engine is not running or stalled; the queue is full     |
 |        |                       | (``Retry-After`` then says when to try again)               |
@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,6 +24,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 INVALID_REQUEST = "invalid_request_error"
+logger = logging.getLogger("hybridkv.server")
 
 
 class APIError(Exception):
@@ -71,8 +73,16 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _on_unexpected_error)
 
 
-async def _on_api_error(_: Request, exc: APIError) -> JSONResponse:
+async def _on_api_error(request: Request, exc: APIError) -> JSONResponse:
+    log_refusal(request, exc)
     return exc.response()
+
+
+def log_refusal(request: Request, exc: APIError) -> None:
+    """Every refused request says why in the log (the client got the same message)."""
+    where = f"{request.method} {request.url.path}"
+    param = f" [{exc.param}]" if exc.param else ""
+    logger.info("refused %s: %d %s%s: %s", where, exc.status, exc.type, param, exc.message)
 
 
 async def _on_http_error(_: Request, exc: HTTPException) -> JSONResponse:
@@ -85,12 +95,15 @@ async def _on_unexpected_error(_: Request, exc: Exception) -> JSONResponse:
     return APIError(500, message, type="server_error", code="internal_error").response()
 
 
-async def _on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    return validation_error(exc.errors()).response()
+async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    error = validation_error(exc.errors())
+    log_refusal(request, error)
+    return error.response()
 
 
 def validation_error(errors: Any) -> APIError:
-    """400 for a body that is not JSON; 422 naming the first field that breaks the schema."""
+    """400 for a body that is not JSON, or naming the first field that breaks the schema
+    (OpenAI answers 400 there too; FastAPI's default would be 422)."""
     first = dict(errors[0]) if errors else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
@@ -102,4 +115,4 @@ def validation_error(errors: Any) -> APIError:
         message = f"{param}: {message}"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problems)"
-    return APIError(422, message, param=param, code=first.get("type"))
+    return APIError(400, message, param=param, code=first.get("type"))

@@ -9,6 +9,7 @@ import socket
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from hybridkv.engine.frontend import FrontendOptions, attach
 from hybridkv.metrics import ServerMetrics
 from hybridkv.server.async_engine import AsyncEngine
 from hybridkv.server.limits import ServerLimits
@@ -27,6 +28,8 @@ class ServeOptions:
     log_level: str = "info"
     limits: ServerLimits = field(default_factory=ServerLimits)
     engine_options: dict[str, Any] = field(default_factory=dict)  # incl. kv_transfer_config
+    frontend: FrontendOptions = field(default_factory=FrontendOptions)
+    log_requests: bool = True
 
 
 def build_state(options: ServeOptions) -> ServerState:
@@ -34,21 +37,27 @@ def build_state(options: ServeOptions) -> ServerState:
     from hybridkv.config import EngineConfig
     from hybridkv.engine.core import EngineCore
     from hybridkv.engine.default_model import DEFAULT_NAME, ensure_default_model
+    from hybridkv.engine.summary import cache_info
 
     config = EngineConfig.create(options.model or "", **options.engine_options)  # fails fast
     if not options.model:
         config = replace(config, model=str(ensure_default_model()))
     engine = EngineCore(config)
-    metrics = ServerMetrics()
+    frontend = attach(engine, options.frontend)
+    model_name = options.served_model_name or options.model or DEFAULT_NAME
+    metrics = ServerMetrics(model_name, cache_info(engine))
     return ServerState(
         engine=AsyncEngine(engine, metrics, options.limits.max_queued_requests),
         metrics=metrics,
         tokenizer=engine.tokenizer,
-        model_name=options.served_model_name or options.model or DEFAULT_NAME,
+        model_name=model_name,
         max_model_len=engine.max_model_len,
         limits=options.limits,
         # x2: headroom for normalizers that shorten text (NFC composing "e" + U+0301)
         max_prompt_chars=2 * engine.max_model_len * engine.tokenizer.max_token_chars,
+        sampling_defaults=frontend.defaults,
+        max_logprobs=options.frontend.max_logprobs,
+        log_requests=options.log_requests,
     )
 
 

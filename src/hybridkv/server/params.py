@@ -1,34 +1,36 @@
 """From a validated request body to what the engine takes: prompt token ids + SamplingParams.
 
 Everything here raises ``APIError`` (400) naming the parameter at fault; value checks are
-``SamplingParams``'s own, so the server and ``LLM.generate`` accept the same values. The
-functions here tokenize, so routes run them off the event loop (``Tokenizer.encode`` releases
-the GIL); a text longer than any prompt of ``max_model_len`` tokens can be is refused before
-it is tokenized (``PromptLimits.max_prompt_chars``).
+``SamplingParams``'s own, so the server and ``LLM.generate`` accept the same values. A field
+the request leaves unset takes the model's default (``generation_config.json``, see
+``hybridkv.model.generation_config``), else SamplingParams's. The functions here tokenize, so
+routes run them off the event loop (``Tokenizer.encode`` releases the GIL); a text longer than
+any prompt of ``max_model_len`` tokens can be is refused before it is tokenized
+(``PromptLimits.max_prompt_chars``).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Protocol
-
-import jinja2
 
 from hybridkv.chat_boundaries import message_boundaries, with_cache_boundaries
 from hybridkv.sampling_params import SamplingParams
 from hybridkv.server.errors import bad_request
 from hybridkv.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from hybridkv.server.sampling import build_sampling_params, refuse
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
 class PromptTokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
-    ) -> str: ...
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,72 +40,174 @@ class PromptLimits:
 
     max_model_len: int
     max_prompt_chars: int | None = None
+    max_logprobs: int = 20  # --max-logprobs: the largest logprobs / prompt_logprobs k
 
 
 @dataclass(frozen=True, slots=True)
 class PreparedRequest:
-    """One request ready for the engine, plus how to answer it."""
+    """One engine request (one prompt; the engine makes ``params.n`` choices of it)."""
 
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
-    stream: bool
-    include_usage: bool
     cache_salt: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """How to answer: streamed or not, and which choices and log-probabilities to show."""
+
+    stream: bool
+    include_usage: bool
+    n: int = 1  # choices per prompt shown (best_of > n: the engine makes more, we keep n)
+    echo: bool = False  # completions: the prompt (and its logprobs) before each choice
+    top_logprobs: int | None = None  # alternatives per token shown; None: no logprobs
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    requests: list[PreparedRequest]
+    answer: Answer
+
+
 def prepare_completion(
-    body: CompletionRequest, tokenizer: PromptTokenizer, limits: PromptLimits
-) -> PreparedRequest:
-    _refuse_unsupported(body)
-    _refuse(body.echo, "echo", "echo=true (prompt log-probabilities) is not supported")
-    _refuse((body.best_of or 1) > 1, "best_of", "best_of > 1 is not supported")
-    _refuse(body.suffix is not None, "suffix", "suffix (insertion) is not supported")
-    _refuse((body.logprobs or 0) < 0, "logprobs", "logprobs must be >= 0")
-    _refuse(
-        (body.logprobs or 0) > 0,
-        "logprobs",
-        "only logprobs=0 (the chosen tokens' log-probabilities) is supported",
-    )
-    if isinstance(body.prompt, str):
-        text, ids = body.prompt, encode_prompt(tokenizer, body.prompt, limits, "prompt")
-    else:
-        text, ids = None, list(body.prompt)
-    max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
-    check_context(len(ids), max_tokens, limits.max_model_len, "prompt")
-    params = build_sampling_params(body, max_tokens, logprobs=body.logprobs is not None)
-    return _prepared(body, text, ids, params)
+    body: CompletionRequest,
+    tokenizer: PromptTokenizer,
+    limits: PromptLimits,
+    defaults: dict[str, Any] | None = None,
+) -> Prepared:
+    defaults = defaults or {}
+    refuse(body.suffix is not None, "suffix", "suffix (insertion) is not supported")
+    logprobs = body.logprobs
+    refuse(logprobs is not None and logprobs < 0, "logprobs", "logprobs must be >= 0")
+    n = 1 if body.n is None else body.n
+    best_of = n if body.best_of is None else body.best_of
+    refuse(best_of < n, "best_of", f"best_of={best_of} must be >= n={n}")
+    refuse(best_of > n and body.stream, "best_of", "best_of > n cannot be streamed")
+    requests = []
+    for i, prompt in enumerate(body.prompt):
+        param = "prompt" if len(body.prompt) == 1 else f"prompt.{i}"
+        if isinstance(prompt, str):
+            special = body.add_special_tokens
+            text, ids = prompt, encode_prompt(tokenizer, prompt, limits, param, special)
+        else:
+            text, ids = None, list(prompt)
+        ids = truncate(ids, body.truncate_prompt_tokens, limits)
+        max_tokens = default_max_tokens(body.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, defaults)
+        check_context(len(ids), max_tokens, limits.max_model_len, param)
+        # best_of > n ranks the candidates by cumulative logprob: the engine must compute it
+        ranked = logprobs if logprobs is not None or best_of == n else 0
+        params = build_sampling_params(
+            body, defaults, max_tokens, logprobs=ranked, n=best_of, limits=limits, echo=body.echo
+        )
+        if body.echo and text is None:
+            text = tokenizer.decode(ids, skip_special_tokens=False)
+        requests.append(PreparedRequest(text, ids, params, _cache_salt(body)))
+    answer = Answer(*_stream_flags(body), n=n, echo=body.echo, top_logprobs=logprobs)
+    return Prepared(requests, answer)
 
 
 def prepare_chat(
-    body: ChatCompletionRequest, tokenizer: PromptTokenizer, limits: PromptLimits
-) -> PreparedRequest:
-    _refuse_unsupported(body)
-    _refuse((body.top_logprobs or 0) < 0, "top_logprobs", "top_logprobs must be >= 0")
-    _refuse(
-        (body.top_logprobs or 0) > 0,
+    body: ChatCompletionRequest,
+    tokenizer: PromptTokenizer,
+    limits: PromptLimits,
+    defaults: dict[str, Any] | None = None,
+) -> Prepared:
+    defaults = defaults or {}
+    top = body.top_logprobs
+    refuse(top is not None and top < 0, "top_logprobs", "top_logprobs must be >= 0")
+    refuse(
+        top is not None and top > 0 and not body.logprobs,
         "top_logprobs",
-        "top_logprobs > 0 is not supported: logprobs=true gives the chosen tokens' log-probabilities",
+        "top_logprobs needs logprobs=true",
     )
-    messages = [m.as_template_input() for m in body.messages]
-    try:
-        text = tokenizer.apply_chat_template(messages, body.add_generation_prompt)
-    except (ValueError, jinja2.TemplateError) as exc:
-        raise bad_request(f"cannot apply the chat template: {exc}", "messages") from None
-    ids = encode_prompt(tokenizer, text, limits, "messages")
-    max_tokens = body.max_completion_tokens
-    if max_tokens is None:
-        max_tokens = body.max_tokens
-    if max_tokens is None:  # OpenAI's chat default: whatever room the context leaves
-        max_tokens = max(limits.max_model_len - len(ids), 1)
+    text = render_chat(body, tokenizer)
+    ids = encode_prompt(tokenizer, text, limits, "messages", body.add_special_tokens)
+    ids = truncate(ids, body.truncate_prompt_tokens, limits)
+    asked = (
+        body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    )
+    # OpenAI's chat default: whatever room the context leaves
+    max_tokens = default_max_tokens(asked, max(limits.max_model_len - len(ids), 1), defaults)
     check_context(len(ids), max_tokens, limits.max_model_len, "messages")
-    params = build_sampling_params(body, max_tokens, logprobs=body.logprobs)
-    params = with_cache_boundaries(params, message_boundaries(tokenizer, messages, ids))
-    return _prepared(body, text, ids, params)
+    logprobs = (top or 0) if body.logprobs else None
+    n = 1 if body.n is None else body.n
+    params = build_sampling_params(body, defaults, max_tokens, logprobs=logprobs, n=n,
+                                   limits=limits)  # fmt: skip
+    params = with_cache_boundaries(params, chat_boundaries(body, tokenizer, ids))
+    request = PreparedRequest(text, ids, params, _cache_salt(body))
+    return Prepared([request], Answer(*_stream_flags(body), n=n, top_logprobs=logprobs))
+
+
+def render_chat(body: ChatCompletionRequest, tokenizer: PromptTokenizer) -> str:
+    """The prompt text: the model's template over the messages, tools and template kwargs."""
+    refuse(
+        body.chat_template is not None,
+        "chat_template",
+        "a per-request chat_template is not accepted (as vLLM without "
+        "--trust-request-chat-template): start the server with --chat-template",
+    )
+    choice = body.tool_choice
+    refuse(
+        choice not in (None, "none") and bool(body.tools),
+        "tool_choice",
+        f"tool_choice={choice!r} needs a tool-call parser, which hybridkv does not have: send "
+        "tool_choice='none' (the tools still reach the chat template) and parse the text yourself",
+    )
+    refuse(
+        body.continue_final_message and body.add_generation_prompt,
+        "continue_final_message",
+        "continue_final_message=true needs add_generation_prompt=false",
+    )
+    kwargs = dict(body.chat_template_kwargs or {})
+    clash = sorted(set(kwargs) & {"messages", "add_generation_prompt", "tools", "documents"})
+    refuse(bool(clash), "chat_template_kwargs", f"chat_template_kwargs may not set {clash}")
+    try:
+        text = tokenizer.apply_chat_template(
+            [m.as_template_input() for m in body.messages],
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+            tools=body.tools,
+            documents=body.documents,
+            **kwargs,
+        )
+    except ValueError as exc:
+        raise bad_request(f"cannot apply the chat template: {exc}", "messages") from None
+    return str(text)
+
+
+def chat_boundaries(body: ChatCompletionRequest, tokenizer: PromptTokenizer, ids: list[int]) -> list[int]:
+    """Where each message ends in the prompt ``ids``, rendered and encoded as ``render_chat``
+    and ``encode_prompt`` did (state checkpoint boundaries for later conversations)."""
+    template = {"tools": body.tools, "documents": body.documents, **(body.chat_template_kwargs or {})}
+    messages = [m.as_template_input() for m in body.messages]
+    return message_boundaries(tokenizer, messages, ids, body.add_special_tokens, **template)
+
+
+def default_max_tokens(asked: int | None, fallback: int, defaults: dict[str, Any]) -> int:
+    """The request's max_tokens, else ``fallback``; never above the model's
+    ``max_new_tokens`` (generation_config.json: a server-wide limit, as in vLLM)."""
+    value = fallback if asked is None else asked
+    limit = defaults.get("max_tokens")
+    return min(value, limit) if isinstance(limit, int) and limit >= 1 else value
+
+
+def truncate(ids: list[int], keep: int | None, limits: PromptLimits) -> list[int]:
+    """vLLM's ``truncate_prompt_tokens``: keep the last ``keep`` tokens (-1: max_model_len)."""
+    if keep is None:
+        return ids
+    if keep == -1:
+        keep = limits.max_model_len
+    refuse(keep < 1, "truncate_prompt_tokens", "truncate_prompt_tokens must be -1 or >= 1")
+    return ids[-keep:]
 
 
 def encode_prompt(
-    tokenizer: PromptTokenizer, text: str, limits: PromptLimits, param: str
+    tokenizer: PromptTokenizer,
+    text: str,
+    limits: PromptLimits,
+    param: str,
+    add_special_tokens: bool = True,
 ) -> list[int]:
     """Token ids of a valid Unicode text no longer than a prompt can be (400 otherwise)."""
     check_unicode(text, param)
@@ -113,7 +217,7 @@ def encode_prompt(
             f"so more than max_model_len={limits.max_model_len} tokens",
             param,
         )
-    return tokenizer.encode(text)
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 def check_unicode(text: str, param: str) -> None:
@@ -145,65 +249,15 @@ def check_context(num_prompt_tokens: int, max_tokens: int, max_model_len: int, p
         )
 
 
-def build_sampling_params(body: _SamplingFields, max_tokens: int, logprobs: bool) -> SamplingParams:
-    try:
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=body.top_k or 0,
-            seed=body.seed,
-            stop=tuple(body.stop or ()),
-            stop_token_ids=tuple(body.stop_token_ids or ()),
-            ignore_eos=body.ignore_eos,
-            logprobs=logprobs,
-            extra_args=_extra_args(body),
-        )
-    except ValueError as exc:
-        raise bad_request(str(exc), _param_of(str(exc))) from None
-
-
-def _extra_args(body: _SamplingFields) -> dict[str, object] | None:
-    extra: dict[str, object] = {}
-    if body.kv_transfer_params is not None:
-        extra["kv_transfer_params"] = body.kv_transfer_params
-    if body.cache_boundaries is not None:
-        extra["cache_boundaries"] = body.cache_boundaries
-    return extra or None
-
-
-def _prepared(
-    body: _SamplingFields, text: str | None, ids: list[int], params: SamplingParams
-) -> PreparedRequest:
+def _stream_flags(body: _SamplingFields) -> tuple[bool, bool]:
     options = body.stream_options
     if options is not None and not body.stream:
         raise bad_request("stream_options is only allowed with stream=true", "stream_options")
+    return body.stream, bool(options and options.include_usage)
+
+
+def _cache_salt(body: _SamplingFields) -> str | None:
     if body.cache_salt is not None:
-        _refuse(not body.cache_salt, "cache_salt", "cache_salt must be a non-empty string")
+        refuse(not body.cache_salt, "cache_salt", "cache_salt must be a non-empty string")
         check_unicode(body.cache_salt, "cache_salt")
-    return PreparedRequest(
-        prompt=text,
-        prompt_token_ids=ids,
-        params=params,
-        stream=body.stream,
-        include_usage=bool(options and options.include_usage),
-        cache_salt=body.cache_salt,
-    )
-
-
-def _refuse_unsupported(body: _SamplingFields) -> None:
-    _refuse(body.n != 1, "n", f"n={body.n} is not supported: only n=1 (one choice per request)")
-    for name in ("presence_penalty", "frequency_penalty"):
-        _refuse(getattr(body, name) != 0.0, name, f"{name} is not supported (must be 0)")
-    _refuse(bool(body.logit_bias), "logit_bias", "logit_bias is not supported")
-
-
-def _refuse(cond: bool, param: str, message: str) -> None:
-    if cond:
-        raise bad_request(message, param)
-
-
-def _param_of(message: str) -> str | None:
-    """The parameter a SamplingParams error names ('invalid sampling parameter top_p=...')."""
-    match = re.search(r"parameter (\w+)=", message)
-    return match.group(1) if match else None
+    return body.cache_salt

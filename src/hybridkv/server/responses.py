@@ -1,17 +1,26 @@
 """Response bodies in OpenAI's shapes, for /v1/completions and /v1/chat/completions.
 
 One ``BaseFormat`` per endpoint says how a choice looks (whole or as a streamed delta) and how
-log-probabilities look; the functions below build whole responses, chunks and usage from a
-``RequestOutput``.
+log-probabilities look; the functions below build whole responses, chunks and usage from the
+``RequestOutput`` of each prompt. Prompt ``i``'s choice ``j`` has index ``i * n + j`` (OpenAI's
+order for a list of prompts with ``n`` choices each).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from hybridkv.engine.output import RequestOutput
+from hybridkv.engine.output import CompletionOutput, RequestOutput
+from hybridkv.server.logprob_format import (
+    TokenLogprobs,
+    chat_logprobs,
+    collect,
+    completion_logprobs,
+)
+from hybridkv.server.params import Answer, Prepared
 
 
 class Detokenizer(Protocol):
@@ -28,15 +37,6 @@ class ResponseHeader:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
 
 
-@dataclass(frozen=True, slots=True)
-class TokenLogprobs:
-    """Chosen tokens [start, end) of one output: their text and log-probabilities."""
-
-    tokens: list[str]
-    logprobs: list[float]
-    text_offset: int  # characters of output text before the first of them
-
-
 class BaseFormat(ABC):
     id_prefix: str
     object_full: str
@@ -45,13 +45,13 @@ class BaseFormat(ABC):
 
     @abstractmethod
     def full_choice(
-        self, text: str, lp: TokenLogprobs | None, reason: str | None
+        self, index: int, text: str, lp: TokenLogprobs | None, reason: str | None
     ) -> dict[str, Any]:
         """A choice of a whole (non-streamed) response."""
 
     @abstractmethod
     def chunk_choice(
-        self, text: str, lp: TokenLogprobs | None, reason: str | None, first: bool
+        self, index: int, text: str, lp: TokenLogprobs | None, reason: str | None, first: bool
     ) -> dict[str, Any]:
         """A choice of one streamed chunk: ``text`` is the new text only."""
 
@@ -61,19 +61,19 @@ class CompletionFormat(BaseFormat):
     prompt_param = "prompt"
 
     def full_choice(
-        self, text: str, lp: TokenLogprobs | None, reason: str | None
+        self, index: int, text: str, lp: TokenLogprobs | None, reason: str | None
     ) -> dict[str, Any]:
         return {
-            "index": 0,
+            "index": index,
             "text": text,
-            "logprobs": _completion_logprobs(lp),
+            "logprobs": completion_logprobs(lp),
             "finish_reason": reason,
         }
 
     def chunk_choice(
-        self, text: str, lp: TokenLogprobs | None, reason: str | None, first: bool
+        self, index: int, text: str, lp: TokenLogprobs | None, reason: str | None, first: bool
     ) -> dict[str, Any]:
-        return self.full_choice(text, lp, reason)
+        return self.full_choice(index, text, lp, reason)
 
 
 class ChatFormat(BaseFormat):
@@ -81,63 +81,118 @@ class ChatFormat(BaseFormat):
     prompt_param = "messages"
 
     def full_choice(
-        self, text: str, lp: TokenLogprobs | None, reason: str | None
+        self, index: int, text: str, lp: TokenLogprobs | None, reason: str | None
     ) -> dict[str, Any]:
         message = {"role": "assistant", "content": text}
         return {
-            "index": 0,
+            "index": index,
             "message": message,
-            "logprobs": _chat_logprobs(lp),
+            "logprobs": chat_logprobs(lp),
             "finish_reason": reason,
         }
 
     def chunk_choice(
-        self, text: str, lp: TokenLogprobs | None, reason: str | None, first: bool
+        self, index: int, text: str, lp: TokenLogprobs | None, reason: str | None, first: bool
     ) -> dict[str, Any]:
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         if text or first:
             delta["content"] = text
-        return {"index": 0, "delta": delta, "logprobs": _chat_logprobs(lp), "finish_reason": reason}
+        return {
+            "index": index,
+            "delta": delta,
+            "logprobs": chat_logprobs(lp),
+            "finish_reason": reason,
+        }
 
 
-def finish_reason(out: RequestOutput) -> str | None:
+def finish_reason(out: RequestOutput, completion: CompletionOutput) -> str | None:
     """OpenAI's reasons are ``stop`` and ``length``; ``abort`` and ``error`` pass through."""
-    return out.finish_reason if out.finished else None
+    return completion.finish_reason if out.finished else None
 
 
-def usage(out: RequestOutput) -> dict[str, Any]:
-    num_completion = len(out.token_ids)
+def usage(outs: Sequence[RequestOutput]) -> dict[str, Any]:
+    num_prompt = sum(o.num_prompt_tokens for o in outs)
+    num_completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
     return {
-        "prompt_tokens": out.num_prompt_tokens,
+        "prompt_tokens": num_prompt,
         "completion_tokens": num_completion,
-        "total_tokens": out.num_prompt_tokens + num_completion,
-        "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
+        "total_tokens": num_prompt + num_completion,
+        "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in outs)},
     }
 
 
-def token_logprobs(
-    out: RequestOutput, start: int, end: int, text_offset: int, tokenizer: Detokenizer
+def kept_outputs(out: RequestOutput, n: int) -> list[CompletionOutput]:
+    """The ``n`` choices shown: all of them, or (``best_of > n``) the ``n`` with the highest
+    cumulative log-probability."""
+    outputs = sorted(out.outputs, key=lambda c: c.index)
+    if len(outputs) <= n:
+        return outputs
+    return sorted(outputs, key=lambda c: -_cumulative(c))[:n]
+
+
+def _cumulative(c: CompletionOutput) -> float:
+    value = getattr(c, "cumulative_logprob", None)
+    return float("-inf") if value is None else float(value)
+
+
+def output_logprobs(
+    c: CompletionOutput,
+    start: int,
+    end: int,
+    text_offset: int,
+    answer: Answer,
+    tokenizer: Detokenizer,
 ) -> TokenLogprobs | None:
-    values = out.outputs[0].logprobs
-    if values is None:
+    """The log-probabilities of output tokens [start, end), if the request asked for them."""
+    entries: Any = c.logprobs
+    if answer.top_logprobs is None or entries is None:
         return None
-    ids = out.token_ids[start:end]
-    tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
-    chosen = [values[i][t].logprob for i, t in enumerate(ids, start)]
-    return TokenLogprobs(tokens, chosen, text_offset)
+    return collect(c.token_ids[start:end], entries[start:end], answer.top_logprobs,
+                   _decoder(tokenizer), text_offset)  # fmt: skip
+
+
+def prompt_logprobs(
+    out: RequestOutput, answer: Answer, tokenizer: Detokenizer
+) -> TokenLogprobs | None:
+    """The prompt's log-probabilities (echo with logprobs): None for the first token."""
+    if answer.top_logprobs is None:
+        return None
+    entries = getattr(out, "prompt_logprobs", None) or [None] * len(out.prompt_token_ids)
+    return collect(out.prompt_token_ids, entries, answer.top_logprobs, _decoder(tokenizer), 0)
+
+
+def join_logprobs(a: TokenLogprobs | None, b: TokenLogprobs | None) -> TokenLogprobs | None:
+    if a is None or b is None:
+        return a or b
+    return TokenLogprobs(a.tokens + b.tokens, a.logprobs + b.logprobs, a.top + b.top,
+                         a.chosen + b.chosen, a.text_offset)  # fmt: skip
 
 
 def full_response(
-    fmt: BaseFormat, header: ResponseHeader, out: RequestOutput, tokenizer: Detokenizer
+    fmt: BaseFormat,
+    header: ResponseHeader,
+    outs: Sequence[RequestOutput],
+    prepared: Prepared,
+    tokenizer: Detokenizer,
 ) -> dict[str, Any]:
-    lp = token_logprobs(out, 0, len(out.token_ids), 0, tokenizer)
-    choice = fmt.full_choice(out.text, lp, finish_reason(out))
-    return {
-        **header.fields(fmt.object_full),
-        "choices": [choice],
-        "usage": usage(out),
-        "kv_transfer_params": out.kv_transfer_params,
-    }
+    choices, answer = [], prepared.answer
+    for i, out in enumerate(outs):
+        prefix = echo_prefix(prepared, i)
+        head = prompt_logprobs(out, answer, tokenizer) if answer.echo else None
+        for j, c in enumerate(kept_outputs(out, answer.n)):
+            lp = output_logprobs(c, 0, len(c.token_ids), len(prefix), answer, tokenizer)
+            lp = join_logprobs(head, lp)
+            reason = finish_reason(out, c)
+            choices.append(fmt.full_choice(i * answer.n + j, prefix + c.text, lp, reason))
+    body = {**header.fields(fmt.object_full), "choices": choices, "usage": usage(outs)}
+    if len(outs) == 1:
+        body["kv_transfer_params"] = outs[0].kv_transfer_params
+    return body
+
+
+def echo_prefix(prepared: Prepared, i: int) -> str:
+    """The text before prompt ``i``'s choices: the prompt itself with ``echo``, else nothing."""
+    return (prepared.requests[i].prompt or "") if prepared.answer.echo else ""
 
 
 def chunk(
@@ -153,30 +208,11 @@ def chunk(
     return body
 
 
-def usage_chunk(fmt: BaseFormat, header: ResponseHeader, out: RequestOutput) -> dict[str, Any]:
-    return {**header.fields(fmt.object_chunk), "choices": [], "usage": usage(out)}
+def usage_chunk(
+    fmt: BaseFormat, header: ResponseHeader, outs: Sequence[RequestOutput]
+) -> dict[str, Any]:
+    return {**header.fields(fmt.object_chunk), "choices": [], "usage": usage(outs)}
 
 
-def _completion_logprobs(lp: TokenLogprobs | None) -> dict[str, Any] | None:
-    if lp is None:
-        return None
-    offsets, at = [], lp.text_offset
-    for token in lp.tokens:
-        offsets.append(at)
-        at += len(token)
-    return {
-        "tokens": lp.tokens,
-        "token_logprobs": lp.logprobs,
-        "top_logprobs": [{t: v} for t, v in zip(lp.tokens, lp.logprobs, strict=True)],
-        "text_offset": offsets,
-    }
-
-
-def _chat_logprobs(lp: TokenLogprobs | None) -> dict[str, Any] | None:
-    if lp is None:
-        return None
-    content = [
-        {"token": t, "logprob": v, "bytes": list(t.encode()), "top_logprobs": []}
-        for t, v in zip(lp.tokens, lp.logprobs, strict=True)
-    ]
-    return {"content": content}
+def _decoder(tokenizer: Detokenizer) -> Any:
+    return lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import time
 import uuid
 from typing import Any
@@ -10,10 +12,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from hybridkv.server.async_engine import EngineDead, Overloaded, Rejected
+from hybridkv.sampling_params import SamplingParams
+from hybridkv.server.async_engine import EngineDead, Overloaded, Rejected, RequestStream
 from hybridkv.server.errors import APIError, bad_request
-from hybridkv.server.params import PreparedRequest, prepare_chat, prepare_completion
-from hybridkv.server.protocol import ChatCompletionRequest, CompletionRequest
+from hybridkv.server.params import Prepared, prepare_chat, prepare_completion
+from hybridkv.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from hybridkv.server.responses import (
     BaseFormat,
     ChatFormat,
@@ -22,9 +25,10 @@ from hybridkv.server.responses import (
     full_response,
 )
 from hybridkv.server.state import ServerState
-from hybridkv.server.streaming import engine_error, stream_events, wait_for_final
+from hybridkv.server.streaming import engine_error, stream_events, wait_for_all
 
 router = APIRouter(prefix="/v1")
+logger = logging.getLogger("hybridkv.server")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 RETRY_AFTER_SECONDS = 1
@@ -32,20 +36,20 @@ RETRY_AFTER_SECONDS = 1
 
 @router.post("/completions")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    state = ServerState.of(request)
-    state.check_model(body.model)
+    state = _checked(request, body)
     # off the event loop: tokenizing a long prompt must not hold up other requests
     prepared = await asyncio.to_thread(
-        prepare_completion, body, state.tokenizer, state.prompt_limits
+        prepare_completion, body, state.tokenizer, state.prompt_limits, state.sampling_defaults
     )
     return await _serve(request, state, prepared, CompletionFormat(), body.model)
 
 
 @router.post("/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    state = ServerState.of(request)
-    state.check_model(body.model)
-    prepared = await asyncio.to_thread(prepare_chat, body, state.tokenizer, state.prompt_limits)
+    state = _checked(request, body)
+    prepared = await asyncio.to_thread(
+        prepare_chat, body, state.tokenizer, state.prompt_limits, state.sampling_defaults
+    )
     return await _serve(request, state, prepared, ChatFormat(), body.model)
 
 
@@ -61,15 +65,34 @@ async def get_model(model_id: str, request: Request) -> dict[str, Any]:
     return state.model_card()
 
 
+def _checked(request: Request, body: _SamplingFields) -> ServerState:
+    """The server's state, once the model is ours; fields we do not know are logged (vLLM's
+    behaviour: ignored, with a warning)."""
+    state = ServerState.of(request)
+    state.check_model(body.model)
+    ignored = body.ignored_fields()
+    if ignored:
+        logger.warning("the request's fields %s are not used by this server: ignored", ignored)
+    return state
+
+
 async def _serve(
-    request: Request, state: ServerState, prepared: PreparedRequest, fmt: BaseFormat, model: str
+    request: Request, state: ServerState, prepared: Prepared, fmt: BaseFormat, model: str
 ) -> Response:
     request_id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
+    streams: list[RequestStream] = []
     try:
-        stream = await state.engine.submit(prepared, request_id)
+        for i, p in enumerate(prepared.requests):
+            rid = request_id if len(prepared.requests) == 1 else f"{request_id}-{i}"
+            if state.log_requests:
+                logger.info("received request %s: %d prompt tokens, %s", rid,
+                            len(p.prompt_token_ids), _changed(p.params))  # fmt: skip
+            streams.append(await state.engine.submit(p, rid))
     except Rejected as exc:
+        _abort(state, streams)
         raise bad_request(str(exc), fmt.prompt_param) from None
     except Overloaded as exc:
+        _abort(state, streams)
         state.metrics.on_refused("overloaded")
         raise APIError(
             503,
@@ -80,11 +103,31 @@ async def _serve(
         ) from None
     except EngineDead as exc:
         raise engine_error(exc) from None
+    except BaseException:
+        _abort(state, streams)
+        raise
     header = ResponseHeader(request_id, int(time.time()), model)
-    if prepared.stream:
-        events = stream_events(state.engine, stream, fmt, header, prepared, state.tokenizer)
+    if prepared.answer.stream:
+        events = stream_events(state.engine, streams, fmt, header, prepared, state.tokenizer)
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-    out = await wait_for_final(state.engine, stream, request)
-    if out is None:  # the client is gone; nobody reads this
+    outs = await wait_for_all(state.engine, streams, request)
+    if outs is None:  # the client is gone; nobody reads this
         return Response(status_code=499)
-    return JSONResponse(full_response(fmt, header, out, state.tokenizer))
+    return JSONResponse(full_response(fmt, header, outs, prepared, state.tokenizer))
+
+
+def _abort(state: ServerState, streams: list[RequestStream]) -> None:
+    """A later prompt of the request was refused: the earlier ones must not run on."""
+    for stream in streams:
+        state.engine.abort(stream.request_id)
+
+
+def _changed(params: SamplingParams) -> str:
+    """The sampling parameters that differ from the defaults, for the request log."""
+    default = SamplingParams()
+    parts = [
+        f"{f.name}={getattr(params, f.name)!r}"
+        for f in dataclasses.fields(params)
+        if getattr(params, f.name) != getattr(default, f.name)
+    ]
+    return "SamplingParams(" + ", ".join(parts) + ")"

@@ -24,6 +24,9 @@ class ServerState:
     max_model_len: int
     limits: ServerLimits = field(default_factory=ServerLimits)
     max_prompt_chars: int | None = None  # None: no check before tokenizing
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)  # generation_config.json
+    max_logprobs: int = 20  # --max-logprobs
+    log_requests: bool = True  # --disable-log-requests turns it off
     created: int = field(default_factory=lambda: int(time.time()))
 
     @staticmethod
@@ -33,7 +36,7 @@ class ServerState:
 
     @property
     def prompt_limits(self) -> PromptLimits:
-        return PromptLimits(self.max_model_len, self.max_prompt_chars)
+        return PromptLimits(self.max_model_len, self.max_prompt_chars, self.max_logprobs)
 
     def check_model(self, name: str) -> None:
         if name != self.model_name:
