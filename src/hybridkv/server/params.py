@@ -176,10 +176,16 @@ def render_chat(body: ChatCompletionRequest, tokenizer: PromptTokenizer) -> str:
     return str(text)
 
 
-def chat_boundaries(body: ChatCompletionRequest, tokenizer: PromptTokenizer, ids: list[int]) -> list[int]:
+def chat_boundaries(
+    body: ChatCompletionRequest, tokenizer: PromptTokenizer, ids: list[int]
+) -> list[int]:
     """Where each message ends in the prompt ``ids``, rendered and encoded as ``render_chat``
     and ``encode_prompt`` did (state checkpoint boundaries for later conversations)."""
-    template = {"tools": body.tools, "documents": body.documents, **(body.chat_template_kwargs or {})}
+    template = {
+        "tools": body.tools,
+        "documents": body.documents,
+        **(body.chat_template_kwargs or {}),
+    }
     messages = [m.as_template_input() for m in body.messages]
     return message_boundaries(tokenizer, messages, ids, body.add_special_tokens, **template)
 

@@ -70,7 +70,10 @@ def build_sampling_params(
     structured = structured_outputs(body)
     if structured is not None:
         kwargs["structured_outputs"] = structured
-    extra = {"kv_transfer_params": body.kv_transfer_params, "cache_boundaries": body.cache_boundaries}
+    extra = {
+        "kv_transfer_params": body.kv_transfer_params,
+        "cache_boundaries": body.cache_boundaries,
+    }
     if any(v is not None for v in extra.values()):
         kwargs["extra_args"] = {k: v for k, v in extra.items() if v is not None}
     return make_sampling_params(kwargs)
