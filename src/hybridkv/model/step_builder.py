@@ -2,7 +2,9 @@
 
 Attention metadata is built per attention group; decode requests (one query) and the rest
 form separate sub-batches so a long prefill does not pad every decode row to its length.
-Keys are gathered by whole blocks starting at the first block a request's window needs::
+With the native kernels (``hybridkv.native.attention``, the default where they build) an
+attention group needs only its block table and each token's row and position: no sub-batches,
+masks or gathers. The pure-torch path below gathers keys by whole blocks starting at the first block a request's window needs::
 
     full:     blocks [0, cdiv(ctx, B))
     sliding:  blocks [(start - W + 1) // B, cdiv(ctx, B))   (earlier entries are null)
@@ -12,11 +14,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain
+from typing import Literal
 
 import torch
 
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, StateSpec
-from hybridkv.model.step_context import AttnMeta, AttnSubBatch, StateMeta, StepContext
+from hybridkv.model.step_context import (
+    AttnMeta,
+    AttnSubBatch,
+    KernelAttnMeta,
+    StateMeta,
+    StepContext,
+)
+from hybridkv.native.attention import AttentionKernels, KernelTable, load_attention
 from hybridkv.step_io import ScheduledRequest
 
 
@@ -46,9 +56,14 @@ def build_step(
     layout: KVCacheLayout,
     kv_pages: dict[int, torch.Tensor],
     states: dict[int, tuple[torch.Tensor, ...]],
+    kernels: AttentionKernels | None | Literal["auto"] = "auto",
 ) -> StepInputs:
+    """``kernels``: the native attention kernels, None for the pure-torch path, ``"auto"``
+    for the kernels where they could be built."""
+    if kernels == "auto":
+        kernels = load_attention()
     reqs = _request_tensors(requests)
-    attn_meta: dict[int, AttnMeta] = {}
+    attn_meta: dict[int, AttnMeta | KernelAttnMeta] = {}
     state_meta: dict[int, StateMeta] = {}
     mask_cache: dict[int | None, dict[str, _SubBatchShape]] = {}
     state_index = 0
@@ -61,8 +76,16 @@ def build_step(
             continue
         window = group.spec.sliding_window if isinstance(group.spec, SlidingWindowSpec) else None
         table = _block_table([r.block_ids[group.group_id] for r in requests])
-        masks = mask_cache.setdefault(window, {})
-        meta_a = _attn_meta(reqs, table, group.spec.block_size, window, masks)
+        meta_a: AttnMeta | KernelAttnMeta
+        if kernels is not None:
+            num_blocks = kv_pages[group.layer_ids[0]].shape[0]
+            checked = KernelTable.checked(
+                table, reqs.tok_req, reqs.positions, window, group.spec.block_size, num_blocks
+            )
+            meta_a = KernelAttnMeta(checked, kernels)
+        else:
+            masks = mask_cache.setdefault(window, {})
+            meta_a = _attn_meta(reqs, table, group.spec.block_size, window, masks)
         attn_meta.update(dict.fromkeys(group.layer_ids, meta_a))
     input_ids = torch.tensor(
         list(chain.from_iterable(r.token_ids for r in requests)), dtype=torch.long

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hybridkv.native.attention import AttentionKernels, KernelTable
+
 
 @dataclass(frozen=True, slots=True)
 class AttnSubBatch:
@@ -36,6 +38,15 @@ class AttnMeta:
     write_blocks: torch.Tensor  # [T] block id of each token's K/V
     write_offsets: torch.Tensor  # [T] offset inside that block
     sub_batches: tuple[AttnSubBatch, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KernelAttnMeta:
+    """One attention group in one step, on the native kernels: they write and read K/V
+    through the block table in place (no gathered context, no masks)."""
+
+    table: KernelTable
+    kernels: AttentionKernels
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +77,6 @@ class StepContext:
     positions: torch.Tensor  # [T]
     max_position: int
     kv_pages: dict[int, torch.Tensor]  # layer id -> [num_blocks, 2, B, kv_heads, head_dim]
-    attn_meta: dict[int, AttnMeta]  # layer id -> its group's metadata
+    attn_meta: dict[int, AttnMeta | KernelAttnMeta]  # layer id -> its group's metadata
     states: dict[int, tuple[torch.Tensor, ...]]  # layer id -> state tensors [num_slots, ...]
     state_meta: dict[int, StateMeta]  # layer id -> its group's metadata
