@@ -72,91 +72,182 @@ void hk_attn_write(const hk_attn_shape *s, const float *k, const float *v, void 
     }
 }
 
-static inline float dot_f32(const float *a, const float *b, int64_t d) {
+#define TILE 8 /* query tokens of one request attended together: each key row read once */
+
+/* exp(x) for x <= 0 (and NaN), vectorizable: 2^n * p(r), |r| <= ln2 / 2, relative error
+ * ~1e-7; below -87 it returns ~1e-38 instead of a denormal or 0. */
+static inline float exp_le0(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float round = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float n = (x * 1.44269504f + round) - round;
+    float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+static inline void load_row(float *dst, const void *pages, int64_t at, int bf16, int64_t d) {
+    if (bf16) {
+        const uint16_t *src = (const uint16_t *)pages + at;
+#pragma omp simd
+        for (int64_t x = 0; x < d; x++) dst[x] = bf16_to_f32(src[x]);
+    } else {
+        memcpy(dst, (const float *)pages + at, (size_t)d * sizeof(float));
+    }
+}
+
+/* 16-float vectors (GCC/Clang vector extensions: one AVX-512 register, two AVX2 ones). */
+typedef float v16 __attribute__((vector_size(64)));
+
+static inline v16 load16(const float *p) {
+    v16 x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+static inline float hsum16(v16 v) {
+    typedef float v8 __attribute__((vector_size(32)));
+    typedef float v4 __attribute__((vector_size(16)));
+    v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+    v8 b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    v8 c = a + b;
+    v4 e = __builtin_shufflevector(c, c, 0, 1, 2, 3) + __builtin_shufflevector(c, c, 4, 5, 6, 7);
+    return (e[0] + e[2]) + (e[1] + e[3]);
+}
+
+static inline float dot(const float *a, const float *b, int64_t d) {
+    if (d % 16 == 0) {
+        v16 acc = {0};
+        for (int64_t x = 0; x < d; x += 16) acc += load16(a + x) * load16(b + x);
+        return hsum16(acc);
+    }
     float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
     for (int64_t x = 0; x < d; x++) acc += a[x] * b[x];
     return acc;
 }
 
-static inline float dot_bf16(const float *a, const uint16_t *b, int64_t d) {
-    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t x = 0; x < d; x++) acc += a[x] * bf16_to_f32(b[x]);
-    return acc;
-}
-
-static inline void axpy_f32(float *y, float w, const float *x, int64_t d) {
-#pragma omp simd
+static inline void axpy(float *restrict y, float w, const float *restrict x, int64_t d) {
+    if (d % 16 == 0) {
+        for (int64_t i = 0; i < d; i += 16) {
+            v16 r = load16(y + i) + w * load16(x + i);
+            memcpy(y + i, &r, sizeof r);
+        }
+        return;
+    }
     for (int64_t i = 0; i < d; i++) y[i] += w * x[i];
 }
 
-static inline void axpy_bf16(float *y, float w, const uint16_t *x, int64_t d) {
-#pragma omp simd
-    for (int64_t i = 0; i < d; i++) y[i] += w * bf16_to_f32(x[i]);
+/* A tile: `nq` consecutive tokens from `t0` of one table row, at consecutive positions. */
+typedef struct {
+    int64_t t0, nq;
+} tile;
+
+typedef struct {
+    float *scores; /* [TILE * group][longest] */
+    float *row;    /* [d]: one K or V row as float32 */
+} scratch;
+
+/* Queries of one tile and one kv head (its `group` query heads): query i sees key positions
+ * [lo_i, p0 + i]; scores of the keys it does not see are never computed nor used. */
+static void attend_tile(const hk_attn_shape *s, const float *q, float *out, const void *pages,
+                        const int64_t *table, int64_t row, int64_t p0, int64_t nq, int64_t g,
+                        const float *sinks, scratch *w) {
+    const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim, hd = s->num_heads * d;
+    const int64_t win = s->window;
+    const int64_t lo = (win > 0 && p0 - win + 1 > 0) ? p0 - win + 1 : 0; /* first key of query 0 */
+    const int64_t n = p0 + nq - lo;                                       /* keys of the tile */
+    float *sc = w->scores;
+    for (int64_t j = 0; j < n; j++) {
+        int64_t key = lo + j;
+        load_row(w->row, pages, slot(s, table, row, key, 0, g), (int)s->bf16, d);
+        for (int64_t i = 0; i < nq; i++) {
+            int64_t p = p0 + i;
+            if (key > p || (win > 0 && key <= p - win)) continue;
+            for (int64_t h = 0; h < group; h++) {
+                float x = dot(q + i * hd + h * d, w->row, d) * s->scale;
+                if (s->softcap > 0.0f) x = s->softcap * tanhf(x / s->softcap);
+                sc[(i * group + h) * n + j] = x;
+            }
+        }
+    }
+    for (int64_t i = 0; i < nq; i++) {
+        int64_t p = p0 + i;
+        int64_t a = (win > 0 && p - win + 1 > lo) ? p - win + 1 - lo : 0, b = p - lo + 1;
+        for (int64_t h = 0; h < group; h++) {
+            float *sh = sc + (i * group + h) * n;
+            float sink = sinks ? sinks[g * group + h] : -INFINITY;
+            float m = sink;
+            for (int64_t j = a; j < b; j++) m = sh[j] > m ? sh[j] : m;
+            float total = sinks ? exp_le0(sink - m) : 0.0f;
+#pragma omp simd reduction(+ : total)
+            for (int64_t j = a; j < b; j++) {
+                sh[j] = exp_le0(sh[j] - m);
+                total += sh[j];
+            }
+            float inv = 1.0f / total;
+            for (int64_t j = a; j < b; j++) sh[j] *= inv;
+            memset(out + i * hd + h * d, 0, (size_t)d * sizeof(float));
+        }
+    }
+    for (int64_t j = 0; j < n; j++) {
+        int64_t key = lo + j;
+        load_row(w->row, pages, slot(s, table, row, key, 1, g), (int)s->bf16, d);
+        for (int64_t i = 0; i < nq; i++) {
+            int64_t p = p0 + i;
+            if (key > p || (win > 0 && key <= p - win)) continue;
+            for (int64_t h = 0; h < group; h++) {
+                axpy(out + i * hd + h * d, sc[(i * group + h) * n + j], w->row, d);
+            }
+        }
+    }
 }
 
-/* One token, one kv head: its `group` query heads at once (each key is loaded once). */
-static void attend(const hk_attn_shape *s, const float *q, float *out, const void *pages,
-                   const int64_t *table, int64_t row, int64_t p, int64_t g, const float *sinks,
-                   float *scores) {
-    const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim;
-    const int64_t lo = (s->window > 0 && p - s->window + 1 > 0) ? p - s->window + 1 : 0;
-    const int64_t n = p - lo + 1;
-    for (int64_t h = 0; h < group; h++) {
-        const float *qh = q + h * d;
-        float *sh = scores + h * n;
-        for (int64_t j = 0; j < n; j++) {
-            int64_t at = slot(s, table, row, lo + j, 0, g);
-            float x = s->bf16 ? dot_bf16(qh, (const uint16_t *)pages + at, d)
-                              : dot_f32(qh, (const float *)pages + at, d);
-            x *= s->scale;
-            if (s->softcap > 0.0f) x = s->softcap * tanhf(x / s->softcap);
-            sh[j] = x;
-        }
-        float m = sinks ? sinks[g * group + h] : -INFINITY;
-        for (int64_t j = 0; j < n; j++) m = sh[j] > m ? sh[j] : m;
-        float total = sinks ? expf(sinks[g * group + h] - m) : 0.0f;
-        for (int64_t j = 0; j < n; j++) {
-            sh[j] = expf(sh[j] - m);
-            total += sh[j];
-        }
-        float *oh = out + h * d;
-        memset(oh, 0, (size_t)d * sizeof(float));
-        for (int64_t j = 0; j < n; j++) {
-            int64_t at = slot(s, table, row, lo + j, 1, g);
-            if (s->bf16)
-                axpy_bf16(oh, sh[j], (const uint16_t *)pages + at, d);
-            else
-                axpy_f32(oh, sh[j], (const float *)pages + at, d);
-        }
-        float inv = 1.0f / total;
-        for (int64_t x = 0; x < d; x++) oh[x] *= inv;
+/* Split the step's tokens into tiles; returns how many (tiles has room for num_tokens). */
+static int64_t make_tiles(const hk_attn_shape *s, const int64_t *rows, const int64_t *pos,
+                          tile *tiles) {
+    int64_t count = 0;
+    for (int64_t t = 0; t < s->num_tokens; t++) {
+        tile *last = count ? &tiles[count - 1] : NULL;
+        int64_t end = last ? last->t0 + last->nq - 1 : -1;
+        if (last && last->nq < TILE && rows[t] == rows[end] && pos[t] == pos[end] + 1)
+            last->nq++;
+        else
+            tiles[count++] = (tile){t, 1};
     }
+    return count;
 }
 
 /* q, out: float32 [T][H][d]. Returns 0, or -1 when scratch memory ran out. */
 int hk_attn(const hk_attn_shape *s, const float *q, float *out, const void *pages,
             const int64_t *table, const int64_t *rows, const int64_t *pos, const float *sinks) {
     const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim;
-    const int64_t n = s->num_tokens * s->num_kv_heads;
     int64_t longest = 1;
-    for (int64_t t = 0; t < s->num_tokens; t++) longest = pos[t] + 1 > longest ? pos[t] + 1 : longest;
-    if (s->window > 0 && s->window < longest) longest = s->window;
+    for (int64_t t = 0; t < s->num_tokens; t++)
+        longest = pos[t] + 1 > longest ? pos[t] + 1 : longest;
+    if (s->window > 0 && s->window + TILE < longest) longest = s->window + TILE;
+    tile *tiles = malloc((size_t)(s->num_tokens ? s->num_tokens : 1) * sizeof(tile));
+    if (!tiles) return -1;
+    const int64_t num_tiles = make_tiles(s, rows, pos, tiles);
+    const int64_t n = num_tiles * s->num_kv_heads;
     int failed = 0;
-#pragma omp parallel reduction(| : failed)
+#pragma omp parallel reduction(| : failed) if (n > 1)
     {
-        float *scores = malloc((size_t)(group * longest) * sizeof(float));
-        if (!scores) failed = 1;
+        scratch w = {malloc((size_t)(TILE * group * longest) * sizeof(float)),
+                     malloc((size_t)d * sizeof(float))};
+        if (!w.scores || !w.row) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < n; i++) {
-            if (!scores) continue;
-            int64_t t = i / s->num_kv_heads, g = i % s->num_kv_heads;
-            int64_t head = t * s->num_heads + g * group;
-            attend(s, q + head * d, out + head * d, pages, table, rows[t], pos[t], g, sinks,
-                   scores);
+            if (failed) continue;
+            const tile *tl = &tiles[i / s->num_kv_heads];
+            int64_t g = i % s->num_kv_heads, head = tl->t0 * s->num_heads + g * group;
+            attend_tile(s, q + head * d, out + head * d, pages, table, rows[tl->t0],
+                        pos[tl->t0], tl->nq, g, sinks, &w);
         }
-        free(scores);
+        free(w.scores);
+        free(w.row);
     }
+    free(tiles);
     return failed ? -1 : 0;
 }
