@@ -177,12 +177,18 @@ def test_bad_tables_are_refused(kernels: AttentionKernels) -> None:
         KernelTable.checked(table, torch.tensor([1]), pos, None, B, NUM_BLOCKS)
     meta = KernelTable.checked(table, rows, pos, None, B, NUM_BLOCKS)
     pages = torch.zeros(NUM_BLOCKS, 2, B, 2, D)
+    kv = torch.zeros(1, 2, D)
     with pytest.raises(ValueError, match="q"):
-        kernels.attend(torch.zeros(2, 4, D), pages, meta, 1.0)
+        kernels.forward(torch.zeros(2, 4, D), kv, kv, pages, meta, 1.0)
+    with pytest.raises(ValueError, match="k/v"):
+        kernels.forward(torch.zeros(1, 4, D), kv, torch.zeros(1, 1, D), pages, meta, 1.0)
     with pytest.raises(ValueError, match="heads"):
-        kernels.attend(torch.zeros(1, 3, D), pages, meta, 1.0)
+        kernels.forward(torch.zeros(1, 3, D), kv, kv, pages, meta, 1.0)
+    with pytest.raises(ValueError, match="sinks"):
+        kernels.forward(torch.zeros(1, 4, D), kv, kv, pages, meta, 1.0, None, torch.zeros(3))
     with pytest.raises(ValueError, match="pages"):
-        kernels.attend(torch.zeros(1, 4, D), pages.half(), meta, 1.0)
+        kernels.forward(torch.zeros(1, 4, D), kv, kv, pages.half(), meta, 1.0)
+    assert torch.equal(pages, torch.zeros_like(pages))  # nothing written
 
 
 def test_without_kernels_the_step_takes_the_torch_path(

@@ -5,15 +5,14 @@
  * row rows[t] and sits at position pos[t]; key position j of that row lives in block
  * table[rows[t] * table_stride + j / B] at offset j % B.
  *
- * hk_attn_write: the step's K/V (float32 [T][kv_heads][d]) into their page slots, rounded to
- *                bfloat16 (to nearest even, NaN kept quiet) when the pages are bfloat16.
- * hk_attn:       for every token t and query head h (GQA: kv head h / (H / kv_heads)), over
- *                the key positions [lo, pos[t]] with lo = max(0, pos[t] - window + 1)
- *                (window 0: lo = 0):
- *                    s_j = scale * q.k_j;  s_j = softcap * tanh(s_j / softcap) if softcap > 0
- *                    out = sum_j exp(s_j - m) v_j / (sum_j exp(s_j - m) + exp(sink_h - m))
- *                (the sink term only with sinks; m = max over the s_j and the sink). Slots
- *                outside [lo, pos[t]] are never read, whatever bytes they hold.
+ * hk_attn writes the step's K/V (float32 [T][kv_heads][d]) into their page slots, rounded to
+ * bfloat16 (to nearest even, NaN kept quiet) when the pages are bfloat16; then, for every token t and query head h (GQA: kv head h / (H / kv_heads)), over
+ * the key positions [lo, pos[t]] with lo = max(0, pos[t] - window + 1) (window 0: lo = 0):
+ *     s_j = scale * q.k_j;  s_j = softcap * tanh(s_j / softcap) if softcap > 0
+ *     out = sum_j exp(s_j - m) v_j / (sum_j exp(s_j - m) + exp(sink_h - m))
+ * (the sink term only with sinks; m = max over the s_j and the sink). Slots outside
+ * [lo, pos[t]] are never read, whatever bytes they hold. Consecutive tokens of one request are
+ * attended in tiles of up to TILE queries, so each key row is read once per tile.
  * Callers (hybridkv/native/attention.py) check shapes, dtypes and table bounds. */
 
 #include <math.h>
@@ -45,6 +44,28 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(bits >> 16);
 }
 
+/* Walks key positions of one table row, one kv head, in order: no division per key. */
+typedef struct {
+    const int64_t *blocks; /* the row's table entries */
+    int64_t index, offset; /* table entry and offset inside its block of the current key */
+} cursor;
+
+static inline cursor cursor_at(const hk_attn_shape *s, const int64_t *table, int64_t r,
+                               int64_t j) {
+    return (cursor){table + r * s->table_stride, j / s->block_size, j % s->block_size};
+}
+
+/* Element offset of the cursor's key (half 0: K, 1: V, kv head g); then advance it. */
+static inline int64_t next_slot(const hk_attn_shape *s, cursor *c, int64_t half, int64_t g) {
+    int64_t in_page = (half * s->block_size + c->offset) * s->num_kv_heads + g;
+    int64_t at = c->blocks[c->index] * s->block_stride + in_page * s->head_dim;
+    if (++c->offset == s->block_size) {
+        c->offset = 0;
+        c->index++;
+    }
+    return at;
+}
+
 /* Element offset of (K or V, key position j, kv head g) of table row r. */
 static inline int64_t slot(const hk_attn_shape *s, const int64_t *table, int64_t r, int64_t j,
                            int64_t half, int64_t g) {
@@ -53,8 +74,8 @@ static inline int64_t slot(const hk_attn_shape *s, const int64_t *table, int64_t
     return block * s->block_stride + in_page * s->head_dim;
 }
 
-void hk_attn_write(const hk_attn_shape *s, const float *k, const float *v, void *pages,
-                   const int64_t *table, const int64_t *rows, const int64_t *pos) {
+static void write_kv(const hk_attn_shape *s, const float *k, const float *v, void *pages,
+                     const int64_t *table, const int64_t *rows, const int64_t *pos) {
     const int64_t n = s->num_tokens * s->num_kv_heads, d = s->head_dim;
 #pragma omp parallel for schedule(static) if (n * d > 65536)
     for (int64_t i = 0; i < n; i++) {
@@ -72,6 +93,7 @@ void hk_attn_write(const hk_attn_shape *s, const float *k, const float *v, void 
     }
 }
 
+#define PARALLEL_WORK 200000 /* ~20 us of one core: less is not worth waking threads */
 #define TILE 8 /* query tokens of one request attended together: each key row read once */
 
 /* exp(x) for x <= 0 (and NaN), vectorizable: 2^n * p(r), |r| <= ln2 / 2, relative error
@@ -88,14 +110,14 @@ static inline float exp_le0(float x) {
     return p * scale;
 }
 
-static inline void load_row(float *dst, const void *pages, int64_t at, int bf16, int64_t d) {
-    if (bf16) {
-        const uint16_t *src = (const uint16_t *)pages + at;
+/* One K or V row as float32: in place for float32 pages, converted into `buf` for bfloat16. */
+static inline const float *key_row(const void *pages, int64_t at, int bf16, int64_t d,
+                                   float *buf) {
+    if (!bf16) return (const float *)pages + at;
+    const uint16_t *src = (const uint16_t *)pages + at;
 #pragma omp simd
-        for (int64_t x = 0; x < d; x++) dst[x] = bf16_to_f32(src[x]);
-    } else {
-        memcpy(dst, (const float *)pages + at, (size_t)d * sizeof(float));
-    }
+    for (int64_t x = 0; x < d; x++) buf[x] = bf16_to_f32(src[x]);
+    return buf;
 }
 
 /* 16-float vectors (GCC/Clang vector extensions: one AVX-512 register, two AVX2 ones). */
@@ -159,14 +181,15 @@ static void attend_tile(const hk_attn_shape *s, const float *q, float *out, cons
     const int64_t lo = (win > 0 && p0 - win + 1 > 0) ? p0 - win + 1 : 0; /* first key of query 0 */
     const int64_t n = p0 + nq - lo;                                       /* keys of the tile */
     float *sc = w->scores;
+    cursor keys = cursor_at(s, table, row, lo);
     for (int64_t j = 0; j < n; j++) {
         int64_t key = lo + j;
-        load_row(w->row, pages, slot(s, table, row, key, 0, g), (int)s->bf16, d);
+        const float *kr = key_row(pages, next_slot(s, &keys, 0, g), (int)s->bf16, d, w->row);
         for (int64_t i = 0; i < nq; i++) {
             int64_t p = p0 + i;
             if (key > p || (win > 0 && key <= p - win)) continue;
             for (int64_t h = 0; h < group; h++) {
-                float x = dot(q + i * hd + h * d, w->row, d) * s->scale;
+                float x = dot(q + i * hd + h * d, kr, d) * s->scale;
                 if (s->softcap > 0.0f) x = s->softcap * tanhf(x / s->softcap);
                 sc[(i * group + h) * n + j] = x;
             }
@@ -179,6 +202,7 @@ static void attend_tile(const hk_attn_shape *s, const float *q, float *out, cons
             float *sh = sc + (i * group + h) * n;
             float sink = sinks ? sinks[g * group + h] : -INFINITY;
             float m = sink;
+#pragma omp simd reduction(max : m)
             for (int64_t j = a; j < b; j++) m = sh[j] > m ? sh[j] : m;
             float total = sinks ? exp_le0(sink - m) : 0.0f;
 #pragma omp simd reduction(+ : total)
@@ -191,14 +215,15 @@ static void attend_tile(const hk_attn_shape *s, const float *q, float *out, cons
             memset(out + i * hd + h * d, 0, (size_t)d * sizeof(float));
         }
     }
+    cursor values = cursor_at(s, table, row, lo);
     for (int64_t j = 0; j < n; j++) {
         int64_t key = lo + j;
-        load_row(w->row, pages, slot(s, table, row, key, 1, g), (int)s->bf16, d);
+        const float *vr = key_row(pages, next_slot(s, &values, 1, g), (int)s->bf16, d, w->row);
         for (int64_t i = 0; i < nq; i++) {
             int64_t p = p0 + i;
             if (key > p || (win > 0 && key <= p - win)) continue;
             for (int64_t h = 0; h < group; h++) {
-                axpy(out + i * hd + h * d, sc[(i * group + h) * n + j], w->row, d);
+                axpy(out + i * hd + h * d, sc[(i * group + h) * n + j], vr, d);
             }
         }
     }
@@ -219,9 +244,12 @@ static int64_t make_tiles(const hk_attn_shape *s, const int64_t *rows, const int
     return count;
 }
 
-/* q, out: float32 [T][H][d]. Returns 0, or -1 when scratch memory ran out. */
-int hk_attn(const hk_attn_shape *s, const float *q, float *out, const void *pages,
-            const int64_t *table, const int64_t *rows, const int64_t *pos, const float *sinks) {
+/* k, v: float32 [T][kv_heads][d], written first; q, out: float32 [T][H][d]. Returns 0, or -1
+ * when scratch memory ran out. */
+int hk_attn(const hk_attn_shape *s, const float *q, const float *k, const float *v, float *out,
+            void *pages, const int64_t *table, const int64_t *rows, const int64_t *pos,
+            const float *sinks) {
+    write_kv(s, k, v, pages, table, rows, pos);
     const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim;
     int64_t longest = 1;
     for (int64_t t = 0; t < s->num_tokens; t++)
@@ -231,8 +259,14 @@ int hk_attn(const hk_attn_shape *s, const float *q, float *out, const void *page
     if (!tiles) return -1;
     const int64_t num_tiles = make_tiles(s, rows, pos, tiles);
     const int64_t n = num_tiles * s->num_kv_heads;
+    int64_t work = 0; /* multiply-adds, roughly: below PARALLEL_WORK threads cost more */
+    for (int64_t i = 0; i < num_tiles; i++) {
+        int64_t keys = pos[tiles[i].t0] + tiles[i].nq;
+        keys = s->window > 0 && s->window + tiles[i].nq < keys ? s->window + tiles[i].nq : keys;
+        work += keys * tiles[i].nq * s->num_heads * d * 2;
+    }
     int failed = 0;
-#pragma omp parallel reduction(| : failed) if (n > 1)
+#pragma omp parallel reduction(| : failed) if (n > 1 && work > PARALLEL_WORK)
     {
         scratch w = {malloc((size_t)(TILE * group * longest) * sizeof(float)),
                      malloc((size_t)d * sizeof(float))};

@@ -80,56 +80,42 @@ class AttentionKernels:
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         ptr = ctypes.c_void_p
-        self._write = lib.hk_attn_write
-        self._write.argtypes = [ctypes.POINTER(_Shape), ptr, ptr, ptr, ptr, ptr, ptr]
-        self._write.restype = None
         self._attn = lib.hk_attn
-        self._attn.argtypes = [ctypes.POINTER(_Shape), ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+        self._attn.argtypes = [ctypes.POINTER(_Shape), *[ptr] * 9]
         self._attn.restype = ctypes.c_int
 
-    def write(
-        self, k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, meta: KernelTable
-    ) -> None:
-        """``k``/``v`` ``[T, kv_heads, d]`` into page slots (``pages`` ``[N, 2, B, kv, d]``)."""
-        shape = self._shape(pages, meta, k.shape[1], 1.0, None)
-        k32, v32 = _float32(k, "k"), _float32(v, "v")
-        if k32.shape != (shape.num_tokens, shape.num_kv_heads, shape.head_dim) or (
-            v32.shape != k32.shape
-        ):
-            raise ValueError(f"k/v {tuple(k.shape)}/{tuple(v.shape)} do not fit the pages")
-        self._write(
-            ctypes.byref(shape),
-            k32.data_ptr(),
-            v32.data_ptr(),
-            pages.data_ptr(),
-            meta.block_table.data_ptr(),
-            meta.rows.data_ptr(),
-            meta.positions.data_ptr(),
-        )
-
-    def attend(
+    def forward(
         self,
         q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
         pages: torch.Tensor,
         meta: KernelTable,
         scale: float,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``q`` ``[T, heads, d]`` -> float32 ``[T, heads, d]``; ``sinks`` ``[heads]``."""
+        """Write ``k``/``v`` ``[T, kv_heads, d]`` into their slots of ``pages``
+        (``[N, 2, B, kv_heads, d]``), then attend: ``q`` ``[T, heads, d]`` -> float32
+        ``[T, heads, d]``. ``sinks`` ``[heads]``: one extra logit per head (gpt-oss)."""
         shape = self._shape(pages, meta, q.shape[1], scale, softcap)
-        q32 = _float32(q, "q")
-        if q32.shape[0] != shape.num_tokens or q32.shape[2] != shape.head_dim:
+        tokens, kv_heads, dim = shape.num_tokens, shape.num_kv_heads, shape.head_dim
+        q32, k32, v32 = _float32(q, "q"), _float32(k, "k"), _float32(v, "v")
+        if q32.shape[0] != tokens or q32.shape[2] != dim:
             raise ValueError(f"q {tuple(q.shape)} does not fit the pages or the step")
-        if shape.num_heads % shape.num_kv_heads:
-            raise ValueError(f"{shape.num_heads} heads over {shape.num_kv_heads} kv heads")
+        if k32.shape != (tokens, kv_heads, dim) or v32.shape != k32.shape:
+            raise ValueError(f"k/v {tuple(k.shape)}/{tuple(v.shape)} do not fit the pages")
+        if shape.num_heads % kv_heads:
+            raise ValueError(f"{shape.num_heads} heads over {kv_heads} kv heads")
         sink32 = None if sinks is None else _float32(sinks, "sinks")
         if sink32 is not None and sink32.shape != (shape.num_heads,):
-            raise ValueError(f"sinks {tuple(sinks.shape)} (expected [{shape.num_heads}])")  # type: ignore[union-attr]
+            raise ValueError(f"sinks {tuple(sink32.shape)} (expected [{shape.num_heads}])")
         out = torch.empty_like(q32)
         failed = self._attn(
             ctypes.byref(shape),
             q32.data_ptr(),
+            k32.data_ptr(),
+            v32.data_ptr(),
             out.data_ptr(),
             pages.data_ptr(),
             meta.block_table.data_ptr(),

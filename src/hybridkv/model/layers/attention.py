@@ -46,8 +46,8 @@ class PagedAttention(nn.Module):
         pages = ctx.kv_pages[self.layer_id]  # [N, 2, B, kv_heads, d]
         meta = ctx.attn_meta[self.layer_id]
         if isinstance(meta, KernelAttnMeta):
-            meta.kernels.write(k, v, pages, meta.table)
-            out = meta.kernels.attend(q, pages, meta.table, self.scale, self.softcap, sinks)
+            kernels = meta.kernels
+            out = kernels.forward(q, k, v, pages, meta.table, self.scale, self.softcap, sinks)
             return out.to(q.dtype).flatten(1)
         # NOTE: write through the K and V views: ``pages[blocks, 0, offsets] = k`` (an integer
         # between two index tensors) takes a slow index_put path, milliseconds per call.
