@@ -94,7 +94,8 @@ static void write_kv(const hk_attn_shape *s, const float *k, const float *v, voi
 }
 
 #define PARALLEL_WORK 200000 /* ~20 us of one core: less is not worth waking threads */
-#define TILE 8 /* query tokens of one request attended together: each key row read once */
+#define TILE 16 /* query tokens of one request attended together: each key row read once */
+#define CHUNK_QUERIES 6 /* query vectors per tile from which transposing keys pays */
 
 /* exp(x) for x <= 0 (and NaN), vectorizable: 2^n * p(r), |r| <= ln2 / 2, relative error
  * ~1e-7; below -87 it returns ~1e-38 instead of a denormal or 0. */
@@ -168,11 +169,116 @@ typedef struct {
 
 typedef struct {
     float *scores; /* [TILE * group][longest] */
-    float *row;    /* [d]: one K or V row as float32 */
+    float *row;    /* [17 d]: one K or V row as float32, then 16 keys transposed [d][16] */
+    float *vals;   /* [longest][d]: a tile's V rows as float32 */
 } scratch;
 
+/* Whether query position p sees key position `key`. */
+static inline int sees(int64_t p, int64_t key, int64_t win) {
+    return key <= p && (win <= 0 || key > p - win);
+}
+
+/* Raw scores q.k, key by key: sc[(i * group + h) * n + j] for the keys query i sees. */
+static void dots_by_key(const hk_attn_shape *s, const float *q, const void *pages, cursor keys,
+                        int64_t lo, int64_t n, int64_t p0, int64_t nq, int64_t g, scratch *w) {
+    const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim, hd = s->num_heads * d;
+    for (int64_t j = 0; j < n; j++) {
+        const float *kr = key_row(pages, next_slot(s, &keys, 0, g), (int)s->bf16, d, w->row);
+        for (int64_t i = 0; i < nq; i++) {
+            if (!sees(p0 + i, lo + j, s->window)) continue;
+            for (int64_t h = 0; h < group; h++)
+                w->scores[(i * group + h) * n + j] = dot(q + i * hd + h * d, kr, d);
+        }
+    }
+}
+
+/* The same scores, 16 keys at a time: the keys transposed into kt[d][16] once, then one
+ * vector of 16 scores per query head (no horizontal sums). Scores of keys a query does not
+ * see are computed too (they are real keys of the tile) and left unused. */
+static void dots_by_chunk(const hk_attn_shape *s, const float *q, const void *pages,
+                          cursor keys, int64_t n, int64_t nq, int64_t g, scratch *w) {
+    const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim, hd = s->num_heads * d;
+    float *kt = w->row + d;
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+        const int64_t m = n - j0 < 16 ? n - j0 : 16;
+        for (int64_t jj = 0; jj < 16; jj++) {
+            if (jj < m) {
+                const float *kr =
+                    key_row(pages, next_slot(s, &keys, 0, g), (int)s->bf16, d, w->row);
+                for (int64_t x = 0; x < d; x++) kt[x * 16 + jj] = kr[x];
+            } else {
+                for (int64_t x = 0; x < d; x++) kt[x * 16 + jj] = 0.0f;
+            }
+        }
+        int64_t qi = 0;
+        for (; qi + 4 <= nq * group; qi += 4) { /* four independent sums share each load */
+            const float *qv[4];
+            for (int u = 0; u < 4; u++) qv[u] = q + ((qi + u) / group) * hd + ((qi + u) % group) * d;
+            v16 acc[4] = {{0}, {0}, {0}, {0}};
+            for (int64_t x = 0; x < d; x++) {
+                v16 kx = load16(kt + x * 16);
+                for (int u = 0; u < 4; u++) acc[u] += qv[u][x] * kx;
+            }
+            for (int u = 0; u < 4; u++)
+                memcpy(w->scores + (qi + u) * n + j0, &acc[u], (size_t)m * sizeof(float));
+        }
+        for (; qi < nq * group; qi++) {
+            const float *qv = q + (qi / group) * hd + (qi % group) * d;
+            v16 acc = {0};
+            for (int64_t x = 0; x < d; x++) acc += qv[x] * load16(kt + x * 16);
+            memcpy(w->scores + qi * n + j0, &acc, (size_t)m * sizeof(float));
+        }
+    }
+}
+
+/* out[i][h] = sum_j p[i][h][j] v_j, key by key: each V row read once for every query. */
+static void values_by_key(const hk_attn_shape *s, float *out, const void *pages, cursor values,
+                          int64_t lo, int64_t n, int64_t p0, int64_t nq, int64_t g, scratch *w) {
+    const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim, hd = s->num_heads * d;
+    for (int64_t i = 0; i < nq * group; i++) memset(out + (i / group) * hd + (i % group) * d, 0, (size_t)d * sizeof(float));
+    for (int64_t j = 0; j < n; j++) {
+        const float *vr = key_row(pages, next_slot(s, &values, 1, g), (int)s->bf16, d, w->row);
+        for (int64_t i = 0; i < nq; i++) {
+            if (!sees(p0 + i, lo + j, s->window)) continue;
+            for (int64_t h = 0; h < group; h++)
+                axpy(out + i * hd + h * d, w->scores[(i * group + h) * n + j], vr, d);
+        }
+    }
+}
+
+/* The same sums query by query, in registers (d % 16 == 0): the tile's V rows are first
+ * copied (as float32) into w->vals [n][d]. */
+static void values_by_query(const hk_attn_shape *s, float *out, const void *pages,
+                            cursor values, int64_t lo, int64_t n, int64_t p0, int64_t nq,
+                            int64_t g, scratch *w) {
+    const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim, hd = s->num_heads * d;
+    for (int64_t j = 0; j < n; j++) {
+        float *dst = w->vals + j * d;
+        const float *vr = key_row(pages, next_slot(s, &values, 1, g), (int)s->bf16, d, dst);
+        if (vr != dst) memcpy(dst, vr, (size_t)d * sizeof(float));
+    }
+    for (int64_t i = 0; i < nq; i++) {
+        const int64_t p = p0 + i;
+        const int64_t a = (s->window > 0 && p - s->window + 1 > lo) ? p - s->window + 1 - lo : 0;
+        const int64_t b = p - lo + 1;
+        for (int64_t h = 0; h < group; h++) {
+            const float *pr = w->scores + (i * group + h) * n;
+            float *o = out + i * hd + h * d;
+            for (int64_t x0 = 0; x0 < d; x0 += 64) { /* up to four independent sums */
+                const int nv = d - x0 >= 64 ? 4 : (int)((d - x0) / 16);
+                v16 acc[4] = {{0}, {0}, {0}, {0}};
+                for (int64_t j = a; j < b; j++) {
+                    const float *vr = w->vals + j * d + x0;
+                    for (int u = 0; u < nv; u++) acc[u] += pr[j] * load16(vr + 16 * u);
+                }
+                for (int u = 0; u < nv; u++) memcpy(o + x0 + 16 * u, &acc[u], sizeof acc[u]);
+            }
+        }
+    }
+}
+
 /* Queries of one tile and one kv head (its `group` query heads): query i sees key positions
- * [lo_i, p0 + i]; scores of the keys it does not see are never computed nor used. */
+ * [lo_i, p0 + i]; scores of the keys it does not see are never used. */
 static void attend_tile(const hk_attn_shape *s, const float *q, float *out, const void *pages,
                         const int64_t *table, int64_t row, int64_t p0, int64_t nq, int64_t g,
                         const float *sinks, scratch *w) {
@@ -181,25 +287,19 @@ static void attend_tile(const hk_attn_shape *s, const float *q, float *out, cons
     const int64_t lo = (win > 0 && p0 - win + 1 > 0) ? p0 - win + 1 : 0; /* first key of query 0 */
     const int64_t n = p0 + nq - lo;                                       /* keys of the tile */
     float *sc = w->scores;
-    cursor keys = cursor_at(s, table, row, lo);
-    for (int64_t j = 0; j < n; j++) {
-        int64_t key = lo + j;
-        const float *kr = key_row(pages, next_slot(s, &keys, 0, g), (int)s->bf16, d, w->row);
-        for (int64_t i = 0; i < nq; i++) {
-            int64_t p = p0 + i;
-            if (key > p || (win > 0 && key <= p - win)) continue;
-            for (int64_t h = 0; h < group; h++) {
-                float x = dot(q + i * hd + h * d, kr, d) * s->scale;
-                if (s->softcap > 0.0f) x = s->softcap * tanhf(x / s->softcap);
-                sc[(i * group + h) * n + j] = x;
-            }
-        }
-    }
+    if (nq * group >= CHUNK_QUERIES)
+        dots_by_chunk(s, q, pages, cursor_at(s, table, row, lo), n, nq, g, w);
+    else
+        dots_by_key(s, q, pages, cursor_at(s, table, row, lo), lo, n, p0, nq, g, w);
     for (int64_t i = 0; i < nq; i++) {
         int64_t p = p0 + i;
         int64_t a = (win > 0 && p - win + 1 > lo) ? p - win + 1 - lo : 0, b = p - lo + 1;
         for (int64_t h = 0; h < group; h++) {
             float *sh = sc + (i * group + h) * n;
+            for (int64_t j = a; j < b; j++) {
+                float x = sh[j] * s->scale;
+                sh[j] = s->softcap > 0.0f ? s->softcap * tanhf(x / s->softcap) : x;
+            }
             float sink = sinks ? sinks[g * group + h] : -INFINITY;
             float m = sink;
 #pragma omp simd reduction(max : m)
@@ -212,21 +312,12 @@ static void attend_tile(const hk_attn_shape *s, const float *q, float *out, cons
             }
             float inv = 1.0f / total;
             for (int64_t j = a; j < b; j++) sh[j] *= inv;
-            memset(out + i * hd + h * d, 0, (size_t)d * sizeof(float));
         }
     }
-    cursor values = cursor_at(s, table, row, lo);
-    for (int64_t j = 0; j < n; j++) {
-        int64_t key = lo + j;
-        const float *vr = key_row(pages, next_slot(s, &values, 1, g), (int)s->bf16, d, w->row);
-        for (int64_t i = 0; i < nq; i++) {
-            int64_t p = p0 + i;
-            if (key > p || (win > 0 && key <= p - win)) continue;
-            for (int64_t h = 0; h < group; h++) {
-                axpy(out + i * hd + h * d, sc[(i * group + h) * n + j], vr, d);
-            }
-        }
-    }
+    if (nq * group >= CHUNK_QUERIES && d % 16 == 0)
+        values_by_query(s, out, pages, cursor_at(s, table, row, lo), lo, n, p0, nq, g, w);
+    else
+        values_by_key(s, out, pages, cursor_at(s, table, row, lo), lo, n, p0, nq, g, w);
 }
 
 /* Split the step's tokens into tiles; returns how many (tiles has room for num_tokens). */
@@ -269,8 +360,9 @@ int hk_attn(const hk_attn_shape *s, const float *q, const float *k, const float 
 #pragma omp parallel reduction(| : failed) if (n > 1 && work > PARALLEL_WORK)
     {
         scratch w = {malloc((size_t)(TILE * group * longest) * sizeof(float)),
-                     malloc((size_t)d * sizeof(float))};
-        if (!w.scores || !w.row) failed = 1;
+                     malloc((size_t)(17 * d) * sizeof(float)),
+                     malloc((size_t)(longest * d) * sizeof(float))};
+        if (!w.scores || !w.row || !w.vals) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < n; i++) {
             if (failed) continue;
@@ -281,6 +373,7 @@ int hk_attn(const hk_attn_shape *s, const float *q, const float *k, const float 
         }
         free(w.scores);
         free(w.row);
+        free(w.vals);
     }
     free(tiles);
     return failed ? -1 : 0;
