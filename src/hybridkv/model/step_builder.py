@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Literal
 
+import numpy as np
 import torch
 
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, StateSpec
@@ -87,49 +88,54 @@ def build_step(
             masks = mask_cache.setdefault(window, {})
             meta_a = _attn_meta(reqs, table, group.spec.block_size, window, masks)
         attn_meta.update(dict.fromkeys(group.layer_ids, meta_a))
-    input_ids = torch.tensor(
-        list(chain.from_iterable(r.token_ids for r in requests)), dtype=torch.long
+    num_tokens = reqs.tok_req.shape[0]
+    input_ids = np.fromiter(
+        chain.from_iterable(r.token_ids for r in requests), dtype=np.int64, count=num_tokens
     )
-    sample_rows = torch.tensor([i for i, r in enumerate(requests) if r.sample], dtype=torch.long)
+    sample = np.fromiter((r.sample for r in requests), dtype=bool, count=len(requests))
+    last_tokens = (reqs.cu_starts.numpy() + reqs.lens.numpy() - 1)[sample]
     ctx = StepContext(
         positions=reqs.positions,
-        max_position=int((reqs.starts + reqs.lens).max()) - 1,
+        max_position=int(reqs.positions.numpy().max()),
         kv_pages=kv_pages,
         attn_meta=attn_meta,
         states=states,
         state_meta=state_meta,
     )
-    return StepInputs(input_ids, ctx, reqs.cu_starts[sample_rows] + reqs.lens[sample_rows] - 1)
+    return StepInputs(torch.from_numpy(input_ids), ctx, torch.from_numpy(last_tokens))
 
 
 def _request_tensors(requests: list[ScheduledRequest]) -> _Requests:
-    lens = torch.tensor([len(r.token_ids) for r in requests], dtype=torch.long)
-    if bool((lens == 0).any()):
+    """Built with numpy (a few microseconds per op, against torch's ~5) and shared as tensors."""
+    count = len(requests)
+    lens = np.fromiter((len(r.token_ids) for r in requests), dtype=np.int64, count=count)
+    if count == 0 or int(lens.min()) == 0:
         raise ValueError("a scheduled request has no tokens to compute")
-    starts = torch.tensor([r.start_pos for r in requests], dtype=torch.long)
-    cu_starts = torch.cumsum(lens, 0) - lens
-    tok_req = torch.repeat_interleave(torch.arange(len(requests)), lens)  # [T]
-    tok_off = torch.arange(int(lens.sum())) - cu_starts[tok_req]  # [T]
+    starts = np.fromiter((r.start_pos for r in requests), dtype=np.int64, count=count)
+    cu_starts = np.cumsum(lens) - lens
+    tok_req = np.repeat(np.arange(count, dtype=np.int64), lens)  # [T]
+    tok_off = np.arange(int(lens.sum()), dtype=np.int64) - cu_starts[tok_req]  # [T]
     is_decode = lens == 1
+    t = torch.from_numpy
     return _Requests(
-        starts=starts,
-        lens=lens,
-        cu_starts=cu_starts,
-        tok_req=tok_req,
-        tok_off=tok_off,
-        positions=starts[tok_req] + tok_off,
-        decode_rows=torch.nonzero(is_decode).flatten(),
-        prefill_rows=torch.nonzero(~is_decode).flatten(),
+        starts=t(starts),
+        lens=t(lens),
+        cu_starts=t(cu_starts),
+        tok_req=t(tok_req),
+        tok_off=t(tok_off),
+        positions=t(starts[tok_req] + tok_off),
+        decode_rows=t(np.flatnonzero(is_decode)),
+        prefill_rows=t(np.flatnonzero(~is_decode)),
     )
 
 
 def _block_table(tables: list[list[int]]) -> torch.Tensor:
     """Ragged block tables -> ``[R, max_len]`` padded with the null block 0."""
-    lens = torch.tensor([len(t) for t in tables], dtype=torch.long)
-    flat = torch.tensor(list(chain.from_iterable(tables)), dtype=torch.long)
-    out = torch.zeros(len(tables), max(1, int(lens.max())), dtype=torch.long)
-    out[torch.arange(out.shape[1])[None, :] < lens[:, None]] = flat
-    return out
+    lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+    flat = np.fromiter(chain.from_iterable(tables), dtype=np.int64, count=int(lens.sum()))
+    out = np.zeros((len(tables), max(1, int(lens.max()))), dtype=np.int64)
+    out[np.arange(out.shape[1])[None, :] < lens[:, None]] = flat
+    return torch.from_numpy(out)
 
 
 @dataclass(frozen=True, slots=True)

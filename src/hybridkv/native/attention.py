@@ -64,15 +64,16 @@ class KernelTable:
             raise ValueError(f"block table must be int64 [R, nb], got {block_table.dtype}")
         if rows.shape != positions.shape or rows.dim() != 1:
             raise ValueError("rows and positions must be [T] each")
-        table = block_table.contiguous()
-        if table.numel() and (int(table.min()) < 0 or int(table.max()) >= num_blocks):
+        table, rows, positions = (x.contiguous() for x in (block_table, rows, positions))
+        ids, row_ids, pos = (x.numpy() for x in (table, rows, positions))  # cheaper checks
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
             raise IndexError(f"block id out of range [0, {num_blocks})")
-        if rows.numel():
-            if int(rows.min()) < 0 or int(rows.max()) >= table.shape[0]:
+        if row_ids.size:
+            if int(row_ids.min()) < 0 or int(row_ids.max()) >= table.shape[0]:
                 raise IndexError("token row outside the block table")
-            if int(positions.min()) < 0 or int(positions.max()) >= table.shape[1] * block_size:
+            if int(pos.min()) < 0 or int(pos.max()) >= table.shape[1] * block_size:
                 raise IndexError("token position past its block table")
-        return cls(table, rows.contiguous(), positions.contiguous(), window or 0)
+        return cls(table, rows, positions, window or 0)
 
 
 class AttentionKernels:
