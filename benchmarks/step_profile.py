@@ -93,8 +93,8 @@ def split(step_s: float, parts: dict[str, float]) -> dict[str, float]:
     ms = {p: parts.get(p, 0.0) * 1e3 for p in PARTS}
     forward = parts.get("forward", 0.0) * 1e3
     ms["forward other"] = forward - ms["gemm"] - ms["attention"]
-    ms["engine other"] = step_s * 1e3 - forward - sum(
-        ms[p] for p in ("schedule", "build_step", "sampler", "update")
+    ms["engine other"] = (
+        step_s * 1e3 - forward - sum(ms[p] for p in ("schedule", "build_step", "sampler", "update"))
     )
     ms["step"] = step_s * 1e3
     ms["non-GEMM"] = ms["step"] - ms["gemm"]

@@ -50,8 +50,7 @@ def main() -> int:
         gpu_memory_utilization=spec["memory_utilization"],
     )
     params = [
-        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-        for n in spec["output_lens"]
+        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in spec["output_lens"]
     ]
     prompts: list[Any] = [{"prompt_token_ids": p} for p in spec["prompts"]]
     reply(

@@ -40,7 +40,10 @@ def make_layout(kv_heads: int, dtype: str) -> KVCacheLayout:
     """Layer 0: full attention, head size D (its pages padded to layer 1's); layer 1: a
     sliding window, head size 2D."""
     return create_layout(
-        [FullAttentionSpec(B, kv_heads, D, dtype), SlidingWindowSpec(B, kv_heads, 2 * D, dtype, WINDOW)]
+        [
+            FullAttentionSpec(B, kv_heads, D, dtype),
+            SlidingWindowSpec(B, kv_heads, 2 * D, dtype, WINDOW),
+        ]
     )
 
 
