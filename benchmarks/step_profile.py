@@ -18,7 +18,7 @@ layers' projections are counted under ``gemm`` only (projections are outside ``P
     .venv/bin/python benchmarks/step_profile.py --threads 1 --sizes tiny small --archs qwen3
     HYBRIDKV_NATIVE=0 .venv/bin/python benchmarks/step_profile.py --threads 1   # torch path
 
-``--clock cpu`` (default) times this thread's CPU time, which another job on the machine barely
+``--quick``: seconds, run by the tests. ``--clock cpu`` (default) times this thread's CPU time, which another job on the machine barely
 changes; it needs ``--threads 1`` (other threads' work would be missed).
 """
 
@@ -140,6 +140,7 @@ def print_case(result: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="qwen3 tiny, 4 short requests, 3 steps")
     add_case_args(p, dtypes=["float32"])
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--prompt-len", type=int, default=128)
@@ -151,11 +152,21 @@ def main(argv: list[str] | None = None) -> int:
         help="cpu: this thread's CPU time (steady on a shared machine; use --threads 1)",
     )
     args = p.parse_args(argv)
+    if args.quick:
+        args.sizes, args.archs, args.batch, args.prompt_len, args.steps = (
+            ["tiny"],
+            ["qwen3"],
+            4,
+            16,
+            3,
+        )
+        args.threads = 1
     if args.clock == "cpu" and args.threads != 1:
         p.error("--clock cpu counts one thread's time: use it with --threads 1")
     torch.set_num_threads(args.threads)
     results = run_cases(args, lambda path, dtype: profile_case(path, dtype, args))
-    print(json.dumps({"machine": b1_machine(), "results": results}, indent=2))
+    doc = {"benchmark": "step_profile", "machine": b1_machine(), "results": results}
+    print(json.dumps(doc, indent=2))
     return 0
 
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.benchmarks.quick import ROOT, run_quick
 
 SCRIPT = ROOT / "benchmarks" / "throughput_mixed.py"
@@ -42,6 +44,7 @@ def test_omp_bind_needs_the_vllm_baseline() -> None:
     assert res.returncode == 2 and "--vllm-omp-bind needs --baseline vllm" in res.stderr
 
 
+@pytest.mark.slow
 def test_harness_drives_a_worker_and_compares_tokens(tmp_path: Path) -> None:
     fake = tmp_path / "fake-python"
     fake.write_text(FAKE_WORKER.format(python=sys.executable))
