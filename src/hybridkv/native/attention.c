@@ -6,8 +6,9 @@
  * table[rows[t] * table_stride + j / B] at offset j % B.
  *
  * hk_attn writes the step's K/V (float32 [T][kv_heads][d]) into their page slots, rounded to
- * bfloat16 (to nearest even, NaN kept quiet) when the pages are bfloat16; then, for every token t and query head h (GQA: kv head h / (H / kv_heads)), over
- * the key positions [lo, pos[t]] with lo = max(0, pos[t] - window + 1) (window 0: lo = 0):
+ * bfloat16 (to nearest even, NaN kept quiet) when the pages are bfloat16; then, for every
+ * token t and query head h (GQA: kv head h / (H / kv_heads)), over the key positions
+ * [lo, pos[t]] with lo = max(0, pos[t] - window + 1) (window 0: lo = 0):
  *     s_j = scale * q.k_j;  s_j = softcap * tanh(s_j / softcap) if softcap > 0
  *     out = sum_j exp(s_j - m) v_j / (sum_j exp(s_j - m) + exp(sink_h - m))
  * (the sink term only with sinks; m = max over the s_j and the sink). Slots outside
