@@ -105,7 +105,12 @@ static inline float exp_le0(float x) {
     const float round = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
     float n = (x * 1.44269504f + round) - round;
     float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+    float p = 1.0f / 720;
+    p = 1.0f / 120 + r * p;
+    p = 1.0f / 24 + r * p;
+    p = 1.0f / 6 + r * p;
+    p = 0.5f + r * p;
+    p = 1.0f + r * (1.0f + r * p);
     int32_t bits = ((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
@@ -214,7 +219,8 @@ static void dots_by_chunk(const hk_attn_shape *s, const float *q, const void *pa
         int64_t qi = 0;
         for (; qi + 4 <= nq * group; qi += 4) { /* four independent sums share each load */
             const float *qv[4];
-            for (int u = 0; u < 4; u++) qv[u] = q + ((qi + u) / group) * hd + ((qi + u) % group) * d;
+            for (int u = 0; u < 4; u++)
+                qv[u] = q + ((qi + u) / group) * hd + ((qi + u) % group) * d;
             v16 acc[4] = {{0}, {0}, {0}, {0}};
             for (int64_t x = 0; x < d; x++) {
                 v16 kx = load16(kt + x * 16);
@@ -236,7 +242,8 @@ static void dots_by_chunk(const hk_attn_shape *s, const float *q, const void *pa
 static void values_by_key(const hk_attn_shape *s, float *out, const void *pages, cursor values,
                           int64_t lo, int64_t n, int64_t p0, int64_t nq, int64_t g, scratch *w) {
     const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim, hd = s->num_heads * d;
-    for (int64_t i = 0; i < nq * group; i++) memset(out + (i / group) * hd + (i % group) * d, 0, (size_t)d * sizeof(float));
+    for (int64_t i = 0; i < nq * group; i++)
+        memset(out + (i / group) * hd + (i % group) * d, 0, (size_t)d * sizeof(float));
     for (int64_t j = 0; j < n; j++) {
         const float *vr = key_row(pages, next_slot(s, &values, 1, g), (int)s->bf16, d, w->row);
         for (int64_t i = 0; i < nq; i++) {
