@@ -100,6 +100,7 @@ static void write_kv(const hk_attn_shape *s, const float *k, const float *v, voi
 
 /* exp(x) for x <= 0 (and NaN), vectorizable: 2^n * p(r), |r| <= ln2 / 2, relative error
  * ~1e-7; below -87 it returns ~1e-38 instead of a denormal or 0. */
+#pragma omp declare simd
 static inline float exp_le0(float x) {
     x = x < -87.0f ? -87.0f : x;
     const float round = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
@@ -111,10 +112,11 @@ static inline float exp_le0(float x) {
     p = 1.0f / 6 + r * p;
     p = 0.5f + r * p;
     p = 1.0f + r * (1.0f + r * p);
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
+    union {
+        int32_t i;
+        float f;
+    } two_n = {.i = ((int32_t)n + 127) << 23};
+    return p * two_n.f;
 }
 
 /* One K or V row as float32: in place for float32 pages, converted into `buf` for bfloat16. */
@@ -176,7 +178,8 @@ typedef struct {
 typedef struct {
     float *scores; /* [TILE * group][longest] */
     float *row;    /* [17 d]: one K or V row as float32, then 16 keys transposed [d][16] */
-    float *vals;   /* [longest][d]: a tile's V rows as float32 */
+    float *vals;   /* [longest][d]: a tile's V rows converted from bfloat16 */
+    const float **rows; /* [longest]: where each V row of a tile is, as float32 */
 } scratch;
 
 /* Whether query position p sees key position `key`. */
@@ -254,17 +257,15 @@ static void values_by_key(const hk_attn_shape *s, float *out, const void *pages,
     }
 }
 
-/* The same sums query by query, in registers (d % 16 == 0): the tile's V rows are first
- * copied (as float32) into w->vals [n][d]. */
+/* The same sums query by query, in registers (d % 16 == 0): rows[j] points at V row j, in
+ * the pages (float32) or converted into w->vals (bfloat16). */
 static void values_by_query(const hk_attn_shape *s, float *out, const void *pages,
                             cursor values, int64_t lo, int64_t n, int64_t p0, int64_t nq,
                             int64_t g, scratch *w) {
     const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim, hd = s->num_heads * d;
-    for (int64_t j = 0; j < n; j++) {
-        float *dst = w->vals + j * d;
-        const float *vr = key_row(pages, next_slot(s, &values, 1, g), (int)s->bf16, d, dst);
-        if (vr != dst) memcpy(dst, vr, (size_t)d * sizeof(float));
-    }
+    const float **rows = w->rows;
+    for (int64_t j = 0; j < n; j++)
+        rows[j] = key_row(pages, next_slot(s, &values, 1, g), (int)s->bf16, d, w->vals + j * d);
     for (int64_t i = 0; i < nq; i++) {
         const int64_t p = p0 + i;
         const int64_t a = (s->window > 0 && p - s->window + 1 > lo) ? p - s->window + 1 - lo : 0;
@@ -272,17 +273,52 @@ static void values_by_query(const hk_attn_shape *s, float *out, const void *page
         for (int64_t h = 0; h < group; h++) {
             const float *pr = w->scores + (i * group + h) * n;
             float *o = out + i * hd + h * d;
-            for (int64_t x0 = 0; x0 < d; x0 += 64) { /* up to four independent sums */
-                const int nv = d - x0 >= 64 ? 4 : (int)((d - x0) / 16);
-                v16 acc[4] = {{0}, {0}, {0}, {0}};
+            int64_t x0 = 0;
+            for (; x0 + 64 <= d; x0 += 64) { /* four independent sums, in registers */
+                v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
                 for (int64_t j = a; j < b; j++) {
-                    const float *vr = w->vals + j * d + x0;
-                    for (int u = 0; u < nv; u++) acc[u] += pr[j] * load16(vr + 16 * u);
+                    const float *vr = rows[j] + x0;
+                    a0 += pr[j] * load16(vr);
+                    a1 += pr[j] * load16(vr + 16);
+                    a2 += pr[j] * load16(vr + 32);
+                    a3 += pr[j] * load16(vr + 48);
                 }
-                for (int u = 0; u < nv; u++) memcpy(o + x0 + 16 * u, &acc[u], sizeof acc[u]);
+                memcpy(o + x0, &a0, sizeof a0);
+                memcpy(o + x0 + 16, &a1, sizeof a1);
+                memcpy(o + x0 + 32, &a2, sizeof a2);
+                memcpy(o + x0 + 48, &a3, sizeof a3);
+            }
+            for (; x0 < d; x0 += 16) {
+                v16 acc = {0};
+                for (int64_t j = a; j < b; j++) acc += pr[j] * load16(rows[j] + x0);
+                memcpy(o + x0, &acc, sizeof acc);
             }
         }
     }
+}
+
+/* Scores x[0, n) -> probabilities, in place: scaled, soft-capped, normalised with the sink. */
+static void softmax(const hk_attn_shape *s, float *x, int64_t n, const float *sink) {
+    if (s->softcap > 0.0f) {
+        const float cap = s->softcap, over = s->scale / s->softcap;
+        for (int64_t j = 0; j < n; j++) x[j] = cap * tanhf(x[j] * over);
+    } else {
+        const float scale = s->scale;
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) x[j] *= scale;
+    }
+    float m = sink ? *sink : -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
+    float total = sink ? exp_le0(*sink - m) : 0.0f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t j = 0; j < n; j++) {
+        x[j] = exp_le0(x[j] - m);
+        total += x[j];
+    }
+    const float inv = 1.0f / total;
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) x[j] *= inv;
 }
 
 /* Queries of one tile and one kv head (its `group` query heads): query i sees key positions
@@ -290,7 +326,7 @@ static void values_by_query(const hk_attn_shape *s, float *out, const void *page
 static void attend_tile(const hk_attn_shape *s, const float *q, float *out, const void *pages,
                         const int64_t *table, int64_t row, int64_t p0, int64_t nq, int64_t g,
                         const float *sinks, scratch *w) {
-    const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim, hd = s->num_heads * d;
+    const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim;
     const int64_t win = s->window;
     const int64_t lo = (win > 0 && p0 - win + 1 > 0) ? p0 - win + 1 : 0; /* first key of query 0 */
     const int64_t n = p0 + nq - lo;                                       /* keys of the tile */
@@ -302,27 +338,10 @@ static void attend_tile(const hk_attn_shape *s, const float *q, float *out, cons
     for (int64_t i = 0; i < nq; i++) {
         int64_t p = p0 + i;
         int64_t a = (win > 0 && p - win + 1 > lo) ? p - win + 1 - lo : 0, b = p - lo + 1;
-        for (int64_t h = 0; h < group; h++) {
-            float *sh = sc + (i * group + h) * n;
-            for (int64_t j = a; j < b; j++) {
-                float x = sh[j] * s->scale;
-                sh[j] = s->softcap > 0.0f ? s->softcap * tanhf(x / s->softcap) : x;
-            }
-            float sink = sinks ? sinks[g * group + h] : -INFINITY;
-            float m = sink;
-#pragma omp simd reduction(max : m)
-            for (int64_t j = a; j < b; j++) m = sh[j] > m ? sh[j] : m;
-            float total = sinks ? exp_le0(sink - m) : 0.0f;
-#pragma omp simd reduction(+ : total)
-            for (int64_t j = a; j < b; j++) {
-                sh[j] = exp_le0(sh[j] - m);
-                total += sh[j];
-            }
-            float inv = 1.0f / total;
-            for (int64_t j = a; j < b; j++) sh[j] *= inv;
-        }
+        for (int64_t h = 0; h < group; h++)
+            softmax(s, sc + (i * group + h) * n + a, b - a, sinks ? sinks + g * group + h : NULL);
     }
-    if (nq * group >= CHUNK_QUERIES && d % 16 == 0)
+    if (d % 16 == 0)
         values_by_query(s, out, pages, cursor_at(s, table, row, lo), lo, n, p0, nq, g, w);
     else
         values_by_key(s, out, pages, cursor_at(s, table, row, lo), lo, n, p0, nq, g, w);
@@ -369,8 +388,9 @@ int hk_attn(const hk_attn_shape *s, const float *q, const float *k, const float 
     {
         scratch w = {malloc((size_t)(TILE * group * longest) * sizeof(float)),
                      malloc((size_t)(17 * d) * sizeof(float)),
-                     malloc((size_t)(longest * d) * sizeof(float))};
-        if (!w.scores || !w.row || !w.vals) failed = 1;
+                     malloc((size_t)(longest * d) * sizeof(float)),
+                     malloc((size_t)longest * sizeof(float *))};
+        if (!w.scores || !w.row || !w.vals || !w.rows) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < n; i++) {
             if (failed) continue;
@@ -382,6 +402,7 @@ int hk_attn(const hk_attn_shape *s, const float *q, const float *k, const float 
         free(w.scores);
         free(w.row);
         free(w.vals);
+        free((void *)w.rows);
     }
     free(tiles);
     return failed ? -1 : 0;
