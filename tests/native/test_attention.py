@@ -36,13 +36,13 @@ def kernels() -> AttentionKernels:
     return kernel
 
 
-def make_layout(kv_heads: int, dtype: str) -> KVCacheLayout:
-    """Layer 0: full attention, head size D (its pages padded to layer 1's); layer 1: a
-    sliding window, head size 2D."""
+def make_layout(kv_heads: int, dtype: str, d: int = D) -> KVCacheLayout:
+    """Layer 0: full attention, head size d (its pages padded to layer 1's); layer 1: a
+    sliding window, head size 2d."""
     return create_layout(
         [
-            FullAttentionSpec(B, kv_heads, D, dtype),
-            SlidingWindowSpec(B, kv_heads, 2 * D, dtype, WINDOW),
+            FullAttentionSpec(B, kv_heads, d, dtype),
+            SlidingWindowSpec(B, kv_heads, 2 * d, dtype, WINDOW),
         ]
     )
 
@@ -107,8 +107,9 @@ def both_paths(
     with_sinks: bool,
     act_dtype: torch.dtype,
     compute_dtype: torch.dtype | None,
+    d: int = D,
 ) -> list[tuple[torch.Tensor, torch.Tensor, CacheTensors, CacheTensors]]:
-    layout = make_layout(kv_heads, page_dtype)
+    layout = make_layout(kv_heads, page_dtype, d)
     reqs = make_requests(SHAPE)
     caches = [filled_cache(layout, reqs) for _ in range(2)]
     steps = [
@@ -120,7 +121,7 @@ def both_paths(
     gen = torch.Generator().manual_seed(5)
     tokens = sum(n for _, n in SHAPE)
     qkv = tuple(
-        torch.randn(tokens, h, 2 * D, generator=gen).to(act_dtype)
+        torch.randn(tokens, h, 2 * d, generator=gen).to(act_dtype)
         for h in (heads, kv_heads, kv_heads)
     )
     sinks = torch.randn(heads, generator=gen) if with_sinks else None
@@ -154,6 +155,17 @@ def test_kernels_match_the_torch_path_exactly_in_float32(
         assert (native - ref).abs().max().item() < 1e-5
         for layer_id, pages in cache_n.kv_pages.items():  # identical writes, NaN kept
             assert torch.equal(pages.nan_to_num(7.0), cache_r.kv_pages[layer_id].nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("page_dtype", ["float32", "bfloat16"])
+def test_head_sizes_off_the_vector_width_match_too(
+    kernels: AttentionKernels, page_dtype: str
+) -> None:
+    """Head sizes 12 and 24 (not multiples of 16): the kernels' scalar loops."""
+    for native, ref, _, _ in both_paths(
+        kernels, page_dtype, 8, 2, 5.0, True, torch.float32, torch.float32, d=12
+    ):
+        assert (native - ref).abs().max().item() < 1e-5
 
 
 @pytest.mark.parametrize("softcap", [None, 5.0])
