@@ -1,4 +1,6 @@
-"""Native kernels: copy KV pages and checksum them in one pass (``pagecopy.c``).
+"""Native kernels: copy KV pages and checksum them in one pass (``pagecopy.c``); paged
+attention (``attention.c``, loaded by ``hybridkv.native.attention``). ``load_library`` builds
+and loads either.
 
 ``load_pagecopy()`` compiles the C source with the system compiler on first use (``$CC`` or
 ``cc``, ``-O3 -march=native``, with ``-fopenmp`` when the compiler has it: the ``*_many``
