@@ -29,3 +29,17 @@ def machine_info(**extra: Any) -> dict[str, Any]:
         if var in os.environ:
             info[var] = os.environ[var]
     return {**info, **extra}
+
+
+SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+
+
+def cpu_flags() -> list[str]:
+    """The CPU's SIMD flags that decide GEMM and attention speed (from /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((x for x in f if x.startswith("flags")), "")
+    except OSError:
+        return []
+    present = set(line.split(":", 1)[-1].split())
+    return [flag for flag in SIMD_FLAGS if flag in present]

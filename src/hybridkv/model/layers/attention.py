@@ -1,5 +1,9 @@
 """Paged attention: write this step's K/V into the pages, then attend over each request's
-context gathered block by block into a padded batch (one SDPA call per sub-batch)."""
+context. Two paths, chosen per step by the step builder:
+
+- native kernels (``hybridkv.native.attention``): K/V read in place through the block table;
+- pure torch (the fallback and the kernels' reference): the context gathered block by block
+  into a padded batch, one SDPA call per sub-batch."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridkv.model.step_context import AttnSubBatch, StepContext
+from hybridkv.model.step_context import AttnSubBatch, KernelAttnMeta, StepContext
 
 
 class PagedAttention(nn.Module):
@@ -41,6 +45,10 @@ class PagedAttention(nn.Module):
         ``[heads]`` (gpt-oss): one more logit per head in every softmax, attending nothing."""
         pages = ctx.kv_pages[self.layer_id]  # [N, 2, B, kv_heads, d]
         meta = ctx.attn_meta[self.layer_id]
+        if isinstance(meta, KernelAttnMeta):
+            kernels = meta.kernels
+            out = kernels.forward(q, k, v, pages, meta.table, self.scale, self.softcap, sinks)
+            return out.to(q.dtype).flatten(1)
         # NOTE: write through the K and V views: ``pages[blocks, 0, offsets] = k`` (an integer
         # between two index tensors) takes a slow index_put path, milliseconds per call.
         pages[:, 0][meta.write_blocks, meta.write_offsets] = k.to(pages.dtype)

@@ -1,0 +1,174 @@
+"""Where one engine step's time goes: a decode step and a prefill step, split by part.
+
+Builds hybridkv's ``EngineCore`` on a B1 checkpoint, adds ``--batch`` requests of
+``--prompt-len`` random tokens, and times engine steps with timers wrapped around the parts:
+
+- ``schedule`` / ``update``: the scheduler before and after the forward pass;
+- ``build_step``: step metadata (``model/step_builder.py``);
+- ``gemm``: every ``F.linear`` (projections, experts, lm_head) — the matmul floor's part;
+- ``attention``: ``PagedAttention.forward`` (page writes, gather/mask or the native kernel);
+- ``sampler``: ``Sampler.sample``;
+- ``forward other``: the rest of the model (norms, rotary, activations, embedding, Mamba2...);
+- ``engine other``: the rest of the step (runner bookkeeping, outputs, detokenizing).
+
+The prefill step is the first step (every prompt at once); decode steps follow, medians of
+``--steps``. Timers nest, so each part is its own time minus nothing: GEMMs inside attention
+layers' projections are counted under ``gemm`` only (projections are outside ``PagedAttention``).
+
+    .venv/bin/python benchmarks/step_profile.py --threads 1 --sizes tiny small --archs qwen3
+    HYBRIDKV_NATIVE=0 .venv/bin/python benchmarks/step_profile.py --threads 1   # torch path
+
+``--quick``: seconds, run by the tests. ``--clock cpu`` (default) times this thread's CPU time, which another job on the machine barely
+changes; it needs ``--threads 1`` (other threads' work would be missed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from throughput import FIRST_TOKEN_ID, add_case_args, b1_machine, make_llm, run_cases
+
+PARTS = ("schedule", "build_step", "gemm", "attention", "sampler", "update")
+
+
+class Timers:
+    """Accumulated seconds per part over the current step, on ``clock``."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def wrap(self, owner: Any, attr: str, part: str) -> Callable[[], None]:
+        """Time ``owner.attr`` under ``part``; returns the undo."""
+        original = getattr(owner, attr)
+        timers = self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            began = timers.clock()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                timers.seconds[part] += timers.clock() - began
+
+        setattr(owner, attr, timed)
+        return lambda: setattr(owner, attr, original)
+
+
+@contextmanager
+def instrumented(llm: Any, timers: Timers) -> Iterator[None]:
+    from hybridkv.model import runner as runner_module
+    from hybridkv.model.layers.attention import PagedAttention
+
+    engine = llm.engine
+    undo = [
+        timers.wrap(engine.scheduler, "schedule", "schedule"),
+        timers.wrap(engine.scheduler, "update_from_output", "update"),
+        timers.wrap(runner_module, "build_step", "build_step"),
+        timers.wrap(torch.nn.functional, "linear", "gemm"),
+        timers.wrap(PagedAttention, "forward", "attention"),
+        timers.wrap(engine.runner.sampler, "sample", "sampler"),
+        timers.wrap(engine.runner.model, "forward", "forward"),
+    ]
+    try:
+        yield
+    finally:
+        for fn in reversed(undo):
+            fn()
+
+
+def split(step_s: float, parts: dict[str, float]) -> dict[str, float]:
+    """Milliseconds per part, with ``forward other`` and ``engine other`` as remainders."""
+    ms = {p: parts.get(p, 0.0) * 1e3 for p in PARTS}
+    forward = parts.get("forward", 0.0) * 1e3
+    ms["forward other"] = forward - ms["gemm"] - ms["attention"]
+    ms["engine other"] = (
+        step_s * 1e3 - forward - sum(ms[p] for p in ("schedule", "build_step", "sampler", "update"))
+    )
+    ms["step"] = step_s * 1e3
+    ms["non-GEMM"] = ms["step"] - ms["gemm"]
+    return ms
+
+
+def profile_case(path: Path, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
+    from hybridkv import SamplingParams
+
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    llm = make_llm(path, dtype, max_num_seqs=args.batch, max_num_batched_tokens=8192)
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0.0, max_tokens=args.steps + 8, ignore_eos=True)
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    result: dict[str, Any] = {}
+    for rnd in range(2):  # round 0 warms up
+        for _ in range(args.batch):
+            prompt = [rng.randrange(FIRST_TOKEN_ID, vocab) for _ in range(args.prompt_len)]
+            llm.engine.add_request(prompt, params)
+        steps: list[dict[str, float]] = []
+        timers = Timers(clock)
+        with instrumented(llm, timers):
+            while llm.engine.has_unfinished_requests():
+                timers.seconds.clear()
+                began = clock()
+                llm.engine.step()
+                steps.append(split(clock() - began, timers.seconds))
+        if rnd == 1:
+            decode = steps[1 : 1 + args.steps]
+            result["prefill_ms"] = steps[0]
+            result["decode_ms"] = {k: statistics.median(s[k] for s in decode) for k in decode[0]}
+    print_case(result)
+    return result
+
+
+def print_case(result: dict[str, Any]) -> None:
+    names = list(result["prefill_ms"])
+    print(f"{'part':<16}{'prefill ms':>12}{'decode ms':>12}", file=sys.stderr)
+    for name in names:
+        pre, dec = result["prefill_ms"][name], result["decode_ms"][name]
+        print(f"{name:<16}{pre:>12.3f}{dec:>12.3f}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="qwen3 tiny, 4 short requests, 3 steps")
+    add_case_args(p, dtypes=["float32"])
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="cpu: this thread's CPU time (steady on a shared machine; use --threads 1)",
+    )
+    args = p.parse_args(argv)
+    if args.quick:
+        args.sizes, args.archs, args.batch, args.prompt_len, args.steps = (
+            ["tiny"],
+            ["qwen3"],
+            4,
+            16,
+            3,
+        )
+        args.threads = 1
+    if args.clock == "cpu" and args.threads != 1:
+        p.error("--clock cpu counts one thread's time: use it with --threads 1")
+    torch.set_num_threads(args.threads)
+    results = run_cases(args, lambda path, dtype: profile_case(path, dtype, args))
+    doc = {"benchmark": "step_profile", "machine": b1_machine(), "results": results}
+    print(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""``throughput_mixed.py --baseline vllm``: its arguments are checked, and the harness drives a
+worker through the line protocol of ``vllm_mixed_worker.py`` (here a fake worker standing in
+for vLLM, which CI does not install): alternating timed runs, outputs compared token by token."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.benchmarks.quick import ROOT, run_quick
+
+SCRIPT = ROOT / "benchmarks" / "throughput_mixed.py"
+
+FAKE_WORKER = """#!{python}
+import json, sys
+spec = json.load(open(sys.argv[2]))  # argv[1] is vllm_mixed_worker.py
+assert spec["max_num_seqs"] > 0 and spec["kv_cache_bytes"] > 0
+print(json.dumps({{"ready": True, "startup_s": 0.0}}), flush=True)
+for line in sys.stdin:
+    if line.strip() == "quit":
+        break
+    tokens = [[7] * n for n in spec["output_lens"]]
+    print(json.dumps({{"seconds": 0.25, "tokens": tokens}}), flush=True)
+"""
+
+
+def run_args(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+
+
+def test_vllm_baseline_needs_its_virtualenv(tmp_path: Path) -> None:
+    res = run_args("--baseline", "vllm", "--vllm-python", str(tmp_path / "no-python"))
+    assert res.returncode == 2
+    assert "no-python not found" in res.stderr and "setup_vllm_baseline.sh" in res.stderr
+
+
+def test_omp_bind_needs_the_vllm_baseline() -> None:
+    res = run_args("--vllm-omp-bind", "0-1")
+    assert res.returncode == 2 and "--vllm-omp-bind needs --baseline vllm" in res.stderr
+
+
+@pytest.mark.slow
+def test_harness_drives_a_worker_and_compares_tokens(tmp_path: Path) -> None:
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_WORKER.format(python=sys.executable))
+    fake.chmod(0o755)
+    out = run_quick(
+        "throughput_mixed.py",
+        "--cache-dir",
+        str(tmp_path),
+        "--archs",
+        "qwen3",
+        "--baseline",
+        "vllm",
+        "--vllm-python",
+        str(fake),
+        timeout=300,
+    )
+    case = out["results"]["qwen3-tiny-float32"]
+    assert case["token_identical"] is False  # the fake answers 7s, hybridkv does not
+    assert case["vllm_info"]["ready"] is True
+    assert case["vllm"]["tokens_per_s"]["median"] > 0
+    assert case["ratio"]["median"] > 0
+    assert "cpu_flags" in out["machine"]
