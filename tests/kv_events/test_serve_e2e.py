@@ -1,0 +1,52 @@
+"""``hybridkv serve --kv-events-config``: a subscriber sees the blocks a completion cached
+(decoded with vLLM's schema), ``POST /reset_prefix_cache`` publishes ``AllBlocksCleared``, and
+/metrics counts the batches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import zmq
+
+from tests.kv_events.vllm_schema import DECODER, AllBlocksCleared, BlockStored
+from tests.server.harness import SubprocessServer, scrape
+from tests.support.checkpoints import make_hf_checkpoint
+
+pytestmark = pytest.mark.slow
+
+
+def test_serve_publishes_and_resets(tmp_path: Path) -> None:
+    model = make_hf_checkpoint("granitemoehybrid", tmp_path / "g")
+    endpoint = f"ipc://{tmp_path}/events.sock"
+    events = {"enable_kv_cache_events": True, "endpoint": endpoint, "topic": "kv"}
+    args = ["--model", str(model), "--served-model-name", "g", "--dtype", "float32",
+            "--kv-cache-memory", "8MiB", "--max-model-len", "256", "--max-num-seqs", "4",
+            "--kv-events-config", json.dumps(events)]  # fmt: skip
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    with SubprocessServer(args, tmp_path / "server.log") as server:
+        sub.connect(endpoint)
+        body = {"model": "g", "prompt": list(range(3, 83)), "max_tokens": 2, "temperature": 0}
+        stored: list[BlockStored] = []
+        for _ in range(20):  # until the subscription reached the PUB socket
+            r = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            while sub.poll(1000):
+                batch = DECODER.decode(sub.recv_multipart()[2])
+                stored += [ev for ev in batch.events if isinstance(ev, BlockStored)]
+            if stored:
+                break
+        assert stored and {ev.medium for ev in stored} == {"GPU"}
+        assert any(ev.token_ids[:16] == list(range(3, 19)) for ev in stored)
+        r = httpx.post(server.url + "/reset_prefix_cache", timeout=30)
+        assert r.status_code == 200, r.text
+        assert sub.poll(10000)
+        batch = DECODER.decode(sub.recv_multipart()[2])
+        assert isinstance(batch.events[0], AllBlocksCleared)
+        metrics = scrape(server.url)
+        assert metrics["hybridkv:kv_events_published_batches_total"] >= 2
+        assert metrics["hybridkv:kv_events_dropped_batches_total"] == 0
+    sub.close(linger=0)
