@@ -209,6 +209,7 @@ def test_bad_tables_are_refused(kernels: AttentionKernels) -> None:
 def test_without_kernels_the_step_takes_the_torch_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    monkeypatch.delenv("HYBRIDKV_NATIVE", raising=False)  # the compiler's absence, not the switch
     monkeypatch.setenv("HYBRIDKV_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     with caplog.at_level(logging.WARNING, logger="hybridkv.native"):

@@ -117,6 +117,7 @@ def test_the_library_is_built_once_and_reused(
 def test_without_a_compiler_the_kernels_are_none_and_say_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    monkeypatch.delenv("HYBRIDKV_NATIVE", raising=False)  # the compiler's absence, not the switch
     monkeypatch.setenv("HYBRIDKV_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     with caplog.at_level(logging.WARNING, logger="hybridkv.native"):
