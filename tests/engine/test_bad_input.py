@@ -200,5 +200,8 @@ def test_non_finite_logits_fail_that_request_alone(
     assert outs[1].finish_reason == "error" and outs[1].token_ids == []
     assert outs[1].error is not None and "non-finite logits" in outs[1].error
     assert_matches_hf(checkpoints["granitemoehybrid"], good, [outs[0], outs[2]], "beside NaN")
-    assert all(lp == lp for o in (outs[0], outs[2]) for lp in o.outputs[0].logprobs or [])
+    for o in (outs[0], outs[2]):
+        entries = o.outputs[0].logprobs or []
+        assert len(entries) == len(o.token_ids)
+        assert all(e[t].logprob == e[t].logprob for t, e in zip(o.token_ids, entries, strict=True))
     assert_no_leaks(llm.engine)
