@@ -45,8 +45,8 @@ def engine_dtype(dtype: str) -> str:
     runs float16 matmuls far slower than bfloat16, which has the same memory cost)."""
     if dtype in HALF_DTYPES:
         raise ValueError(
-            f"dtype {dtype!r} is not supported on CPU (float16 matmuls are emulated and slow): "
-            "use --dtype bfloat16 (same memory) or float32"
+            f"dtype={dtype!r}: float16 is not supported on CPU (its matmuls are emulated and "
+            "slow): use dtype bfloat16 (same memory) or float32"
         )
     return "float32" if dtype == "float" else dtype
 
