@@ -28,8 +28,9 @@ from bench_common import machine_info
 class FullDecode:
     """The text path before the incremental detokenizer: decode everything, every step."""
 
-    def __init__(self, decoder: Any, stop: Sequence[str] = ()) -> None:
+    def __init__(self, decoder: Any, stop: Sequence[str] = (), **options: bool) -> None:
         self._decoder, self._stop = decoder, tuple(stop)
+        self._skip_special = options.get("skip_special_tokens", True)
         self._ids: list[int] = []
         self.text, self.stop_string = "", None
 
@@ -37,10 +38,10 @@ class FullDecode:
     def num_tokens(self) -> int:
         return len(self._ids)
 
-    def update(self, new_ids: Sequence[int]) -> str | None:
+    def update(self, new_ids: Sequence[int], check_stop: bool = True) -> str | None:
         self._ids.extend(new_ids)
-        self.text = self._decoder.decode(self._ids)
-        for stop in self._stop:
+        self.text = self._decoder.decode(self._ids, skip_special_tokens=self._skip_special)
+        for stop in self._stop if check_stop else ():
             at = self.text.find(stop)
             if at != -1:
                 self.text, self.stop_string = self.text[:at], stop
