@@ -261,12 +261,19 @@ class KVCacheCoordinator:
                 self._saves.append(copy)
 
     def next_step_end(
-        self, req: KVRequest, start: int, end: int, hit: CacheHit | None = None
+        self,
+        req: KVRequest,
+        start: int,
+        end: int,
+        hit: CacheHit | None = None,
+        split: bool = False,
     ) -> int:
         """Where a step computing [start, end) must stop so a due checkpoint gets taken.
 
-        For a request not admitted yet, pass the hit it will be admitted with."""
-        if not (self.caching and self.state) or self.config.states_from_scan:
+        For a request not admitted yet, pass the hit it will be admitted with. ``split``
+        ends steps at due boundaries even when states come from the scan (a KV connector
+        saves the live state at step ends only)."""
+        if not (self.caching and self.state) or (self.config.states_from_scan and not split):
             return end
         extra = self._extra_due.get(req.request_id)
         if extra is None:

@@ -1,8 +1,9 @@
 """The scheduler: a token budget shared by running requests first, then waiting ones.
 
 There are no prefill and decode phases: each step every scheduled request computes the tokens
-``[num_computed_tokens, end)``, where ``end`` is bounded by its token count, the budget, and the
-next due state checkpoint. ``schedule()`` reads as its named steps::
+``[num_computed_tokens, end)``, where ``end`` is bounded by its token count, the budget, and
+(with a KV connector, or when states are not taken from the scan) the next due state
+checkpoint. ``schedule()`` reads as its named steps::
 
     schedule_running   decode / continue prefills; preempt the newest request if blocks run out
     schedule_waiting   admit new and preempted requests (prefix hit first), FCFS
@@ -137,7 +138,10 @@ class Scheduler:
     def _step_end(self, req: Request, start: int, budget: int, hit: CacheHit | None = None) -> int:
         """End of the next step: bounded by the tokens, the budget, the next due state
         checkpoint, and within the prompt the connector's save interval."""
-        end = self.kv.next_step_end(req, start, min(req.num_tokens, start + budget), hit)
+        # a connector saves the live state at step ends: it still needs steps split at the
+        # due boundaries (the prompt's end among them), as before states came from the scan
+        split = self.transfer is not None
+        end = self.kv.next_step_end(req, start, min(req.num_tokens, start + budget), hit, split)
         interval = self.transfer.connector.get_step_interval(req) if self.transfer else 0
         if interval and start < req.num_prompt_tokens:
             end = min(end, (start // interval + 1) * interval)

@@ -67,6 +67,7 @@ def chunk_gated_delta_rule(
     o = torch.stack(out, dim=2).flatten(2, 3)[:, :, :length]  # [R, h, L, dv]
     tapped = None
     if taps is not None:
+        inits.append(state)  # [R, h, nc + 1, dk, dv]: entering each chunk, then the final state
         tapped = _states_at(taps, chunk, cum, k, torch.stack(inits, 2), torch.stack(news, 2))
     return o.transpose(1, 2), state, tapped
 
@@ -81,17 +82,24 @@ def _states_at(
 ) -> torch.Tensor:
     """The state after ``lens[k]`` tokens of row ``rows[k]``: the state entering its chunk,
     decayed to the token, plus the chunk's writes up to it (as ``k_to_end`` does for the
-    chunk's end). cum ``[R, h, n, c]``, k ``[R, h, n, c, dk]``, inits ``[R, h, n, dk, dv]``,
+    chunk's end); at a chunk's end, the state entering the next chunk. cum ``[R, h, n, c]``,
+    k ``[R, h, n, c, dk]``, inits ``[R, h, n + 1, dk, dv]`` (the final state last),
     news (the chunk's corrected values) ``[R, h, n, c, dv]``."""
     rows, lens = taps
     ci, j = (lens - 1) // chunk, (lens - 1) % chunk
+    out = inits[rows, :, ci + 1]  # right for taps at a chunk's end (no work)
+    inside = torch.nonzero(j != chunk - 1).flatten()
+    if not inside.numel():
+        return out
+    rows, ci, j = rows[inside], ci[inside], j[inside]
     cum_chunk = cum[rows, :, ci]  # [K, h, c]
     cum_j = cum[rows, :, ci, j]  # [K, h]
     upto = torch.arange(chunk, device=cum.device)[None, :] <= j[:, None]  # [K, c]
     weight = (cum_j[..., None] - cum_chunk).masked_fill(~upto[:, None, :], float("-inf")).exp()
     k_to_j = k[rows, :, ci] * weight[..., None]  # [K, h, c, dk]
     start = inits[rows, :, ci] * cum_j.exp()[..., None, None]  # [K, h, dk, dv]
-    return start + k_to_j.transpose(-1, -2) @ news[rows, :, ci]
+    out[inside] = start + k_to_j.transpose(-1, -2) @ news[rows, :, ci]
+    return out
 
 
 def gated_delta_step_(

@@ -51,14 +51,35 @@ def ssd_chunk_scan(
     y = y + torch.stack(y_off, dim=1)  # [R, nc, l, h, p]
     tapped = None
     if taps is not None:
-        rows, lens = taps
-        ci, j = (lens - 1) // chunk, (lens - 1) % chunk  # chunk and offset of the last token
-        start = torch.stack(inits, dim=1)[rows, ci]  # [K, h, p, n]
-        inside = torch.einsum(  # the chunk's tokens up to j, decayed to j
-            "klhn,khl,klhp->khpn", b[rows, ci], decay[rows, ci, :, j, :], xdt[rows, ci]
-        )
-        tapped = start * from_start[rows, ci, :, j][..., None, None] + inside
+        inits.append(state)
+        states = torch.stack(inits, dim=1)  # [R, nc + 1, h, p, n]: entering each chunk, final
+        tapped = _states_at(taps, chunk, states, b, decay, xdt, from_start)
     return y.flatten(1, 2)[:, :length], state, tapped
+
+
+def _states_at(
+    taps: tuple[torch.Tensor, torch.Tensor],
+    chunk: int,
+    states: torch.Tensor,
+    b: torch.Tensor,
+    decay: torch.Tensor,
+    xdt: torch.Tensor,
+    from_start: torch.Tensor,
+) -> torch.Tensor:
+    """The state after ``lens[k]`` tokens of row ``rows[k]``: at a chunk's end it is the state
+    entering the next chunk (no work); inside a chunk, the state entering it decayed to the
+    token plus the chunk's tokens up to it."""
+    rows, lens = taps
+    ci, j = (lens - 1) // chunk, (lens - 1) % chunk  # chunk and offset of the last token
+    out = states[rows, ci + 1]  # [K, h, p, n]: right for taps at a chunk's end
+    inside = torch.nonzero(j != chunk - 1).flatten()
+    if inside.numel():
+        r, c, o = rows[inside], ci[inside], j[inside]
+        part = torch.einsum(
+            "klhn,klhp->khpn", b[r, c] * decay[r, c, :, o, :].transpose(1, 2)[..., None], xdt[r, c]
+        )
+        out[inside] = states[r, c] * from_start[r, c, :, o][..., None, None] + part
+    return out
 
 
 def ssd_step_(
