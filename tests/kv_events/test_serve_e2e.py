@@ -46,6 +46,10 @@ def test_serve_publishes_and_resets(tmp_path: Path) -> None:
         assert sub.poll(10000)
         batch = DECODER.decode(sub.recv_multipart()[2])
         assert isinstance(batch.events[0], AllBlocksCleared)
+        # /metrics shows the engine's snapshot after its newest iteration; the publisher
+        # thread counts a batch once sent, so the count shows after the next request
+        body["max_tokens"] = 1
+        assert httpx.post(server.url + "/v1/completions", json=body, timeout=120).is_success
         metrics = scrape(server.url)
         assert metrics["hybridkv:kv_events_published_batches_total"] >= 2
         assert metrics["hybridkv:kv_events_dropped_batches_total"] == 0
