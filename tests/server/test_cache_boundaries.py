@@ -24,13 +24,6 @@ BLOCK = 16  # the server's default block size
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from hybridkv.model.make_model import make_model
-
-    return make_model("granitemoehybrid", tmp_path_factory.mktemp("model"), size="tiny", seed=0)
-
-
-@pytest.fixture(scope="module")
 def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SubprocessServer]:
     log = tmp_path_factory.mktemp("server") / "server.log"
     with SubprocessServer(

@@ -30,13 +30,6 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from hybridkv.model.make_model import make_model
-
-    return make_model("granitemoehybrid", tmp_path_factory.mktemp("model"), size="tiny", seed=0)
-
-
-@pytest.fixture(scope="module")
 def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SubprocessServer]:
     log = tmp_path_factory.mktemp("server") / "server.log"
     args = ["--model", str(model_dir), "--served-model-name", NAME, *ENGINE_FLAGS]
