@@ -64,7 +64,7 @@ def test_missing_weights_file(checkpoints: dict[str, Path], tmp_path: Path) -> N
     [
         ({"max_num_seq": 4}, "unknown engine option 'max_num_seq'"),
         ({"block_size": 0}, "block_size=0"),
-        ({"dtype": "float16"}, "dtype 'float16' is not supported on CPU"),
+        ({"dtype": "float16"}, "dtype='float16': float16 is not supported on CPU"),
         ({"kv_cache_memory": "lots"}, "kv_cache_memory 'lots'"),
         ({"state_checkpoint_interval": 20}, "state_checkpoint_interval=20"),
         ({"max_num_seqs": float("nan")}, "max_num_seqs=nan: must be an integer"),
