@@ -15,12 +15,11 @@ creates each child in its factory with ``create_connector``.
 from __future__ import annotations
 
 import importlib
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hybridkv.choice import parse_choice
+from hybridkv.choice import json_object, parse_choice
 from hybridkv.connectors.base import KVConnectorPair
 from hybridkv.connectors.config import (
     KEYS,
@@ -96,18 +95,7 @@ def parse_kv_transfer_config(
     connector's extra config is parsed by its entry. Errors name the bad key."""
     if isinstance(value, KVTransferConfig):
         return value
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"kv_transfer_config is not valid JSON: {exc.msg}") from None
-    if not isinstance(value, Mapping):
-        raise ValueError("kv_transfer_config must be a JSON object")
-    unknown = set(value) - set(KEYS)
-    if unknown:
-        raise ValueError(
-            f"kv_transfer_config: unknown keys {sorted(unknown)}; known: {sorted(KEYS)}"
-        )
+    value = json_object(value, "kv_transfer_config", sorted(KEYS))
     name = value.get("kv_connector")
     if not isinstance(name, str) or not name:
         raise ValueError("kv_transfer_config: 'kv_connector' is required (a connector name)")

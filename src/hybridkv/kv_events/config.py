@@ -11,10 +11,11 @@ wrong type or out of range is an error naming the key.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+
+from hybridkv.choice import json_object
 
 PUBLISHERS = ("null", "zmq")
 _ENDPOINT_SCHEMES = ("tcp://", "ipc://", "inproc://")
@@ -63,16 +64,7 @@ def parse_kv_events_config(value: KVEventsConfig | Mapping[str, Any] | str) -> K
     """From a dict, a JSON string (the CLI's ``--kv-events-config``) or itself."""
     if isinstance(value, KVEventsConfig):
         return value
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"kv_events_config is not valid JSON: {exc.msg}") from None
-    if not isinstance(value, Mapping):
-        raise ValueError("kv_events_config must be a JSON object")
-    unknown = set(value) - set(KEYS)
-    if unknown:
-        raise ValueError(f"kv_events_config: unknown keys {sorted(unknown)}; known: {list(KEYS)}")
+    value = json_object(value, "kv_events_config", list(KEYS))
     return KVEventsConfig(**value)
 
 
