@@ -6,7 +6,6 @@ kernels (no compiler, ``HYBRIDKV_NATIVE=0``) the step builder takes the torch pa
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from hybridkv.native import attention as native_attention
 from hybridkv.native.attention import AttentionKernels, KernelTable
 from hybridkv.sampling_params import SamplingParams
 from hybridkv.step_io import ScheduledRequest
+from tests.native.no_compiler import assert_unavailable_without_compiler
 
 B, D, WINDOW, NUM_BLOCKS = 4, 16, 6, 64
 # (start position, tokens this step): decodes at several depths, a prompt, a prompt's chunk
@@ -209,15 +209,13 @@ def test_bad_tables_are_refused(kernels: AttentionKernels) -> None:
 def test_without_kernels_the_step_takes_the_torch_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.delenv("HYBRIDKV_NATIVE", raising=False)  # the compiler's absence, not the switch
-    monkeypatch.setenv("HYBRIDKV_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    with caplog.at_level(logging.WARNING, logger="hybridkv.native"):
-        assert native_attention.load_attention.__wrapped__() is None
-    assert "native paged attention unavailable" in caplog.text
-    monkeypatch.delenv("CC")
-    monkeypatch.setenv("HYBRIDKV_NATIVE", "0")
-    assert native_attention.load_attention.__wrapped__() is None
+    assert_unavailable_without_compiler(
+        native_attention.load_attention.__wrapped__,
+        "native paged attention unavailable",
+        tmp_path,
+        monkeypatch,
+        caplog,
+    )
     monkeypatch.setattr(step_builder, "load_attention", lambda: None)
     layout = make_layout(2, "float32")
     reqs = make_requests(SHAPE)

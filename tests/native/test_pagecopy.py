@@ -4,7 +4,6 @@ moved or missing byte. Bad shapes and block ids are refused before any byte is t
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import torch
 
 from hybridkv import native as native_module
 from hybridkv.native import PageCopy, PageTable
+from tests.native.no_compiler import assert_unavailable_without_compiler
 
 G, PAGE, NUM_BLOCKS = 3, 256, 10
 
@@ -117,16 +117,13 @@ def test_the_library_is_built_once_and_reused(
 def test_without_a_compiler_the_kernels_are_none_and_say_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.delenv("HYBRIDKV_NATIVE", raising=False)  # the compiler's absence, not the switch
-    monkeypatch.setenv("HYBRIDKV_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    with caplog.at_level(logging.WARNING, logger="hybridkv.native"):
-        assert native_module.load_pagecopy.__wrapped__() is None
-    assert "native page copy unavailable" in caplog.text
-    assert not list(tmp_path.rglob("*.so*"))  # no half-written library left behind
-    monkeypatch.setenv("HYBRIDKV_NATIVE", "0")
-    monkeypatch.delenv("CC")
-    assert native_module.load_pagecopy.__wrapped__() is None
+    assert_unavailable_without_compiler(
+        native_module.load_pagecopy.__wrapped__,
+        "native page copy unavailable",
+        tmp_path,
+        monkeypatch,
+        caplog,
+    )
 
 
 def test_the_device_cache_gives_its_pages_when_kernels_can_walk_them() -> None:
