@@ -61,6 +61,10 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
 
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str | None]:
+        """Each id's vocabulary entry (transformers' name; None for an unknown id)."""
+        return [self._tok.id_to_token(i) for i in ids]
+
     @property
     def eos_token_id(self) -> int | None:
         """The first end-of-sequence id (transformers' attribute)."""

@@ -16,6 +16,7 @@ from hybridkv.server.errors import APIError, install_error_handlers
 from hybridkv.server.limits import BodyLimit
 from hybridkv.server.routes import router
 from hybridkv.server.state import ServerState
+from hybridkv.server.tokenize import DETOKENIZE_PATH, TOKENIZE_PATH, detokenize, tokenize
 
 
 def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
@@ -37,6 +38,8 @@ def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
     app.add_api_route("/health", _health, methods=["GET"])
     app.add_api_route("/metrics", _metrics, methods=["GET"])
     app.add_api_route(RESET_PATH, reset_prefix_cache, methods=["POST"])
+    app.add_api_route(TOKENIZE_PATH, tokenize, methods=["POST"])
+    app.add_api_route(DETOKENIZE_PATH, detokenize, methods=["POST"])
     limits = state.limits
     app.add_middleware(
         BodyLimit,
@@ -73,7 +76,7 @@ async def _metrics(request: Request) -> Response:
 
 
 class BearerAuth:
-    """Requires ``Authorization: Bearer <key>`` on /v1/* and the admin reset; /health and
+    """Requires ``Authorization: Bearer <key>`` on /v1/*, the admin reset and (de)tokenize; /health and
     /metrics stay open (probes and scrapers), as in vLLM."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
@@ -82,7 +85,7 @@ class BearerAuth:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"] if scope["type"] == "http" else ""
-        guarded = path.startswith("/v1") or path == RESET_PATH
+        guarded = path.startswith("/v1") or path in (RESET_PATH, TOKENIZE_PATH, DETOKENIZE_PATH)
         if not guarded or self._ok(scope):
             await self.app(scope, receive, send)
             return
