@@ -38,6 +38,14 @@ class GrammarBackend:
         self._lock = threading.Lock()
         self._executor: llguidance.LLExecutor | None = None
 
+    def use_tokenizer(self, tokenizer_dir: str | Path, eos_token_ids: tuple[int, ...]) -> None:
+        """Compile for another tokenizer (``--tokenizer``); forgets what was compiled."""
+        with self._lock:
+            self._tokenizer_json = Path(tokenizer_dir) / "tokenizer.json"
+            self._eos = list(eos_token_ids)
+            self._tokenizer = None
+            self._cache.clear()
+
     def compile(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
         """A fresh matcher for ``params`` (ValueError naming the problem if it does not
         compile)."""

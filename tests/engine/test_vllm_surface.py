@@ -171,3 +171,22 @@ def test_tokenizer_option(model_dir: Path, tmp_path: Path) -> None:
     assert llm.get_tokenizer().apply_chat_template([{"role": "user", "content": "hi"}]) == "Xhi"
     out = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=1))[0]
     assert out.prompt == "Xhi"
+
+
+def test_tokenizer_option_reaches_structured_outputs(model_dir: Path, tmp_path: Path) -> None:
+    """Grammars are compiled for ``--tokenizer``'s vocabulary, not the model directory's:
+    once the engine is up, the model's own tokenizer.json is unreadable, and a constrained
+    request still compiles and answers one of the choices."""
+    from hybridkv import StructuredOutputsParams
+
+    model, other = tmp_path / "model", tmp_path / "tokenizer"
+    shutil.copytree(model_dir, model)
+    other.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model_dir / name, other / name)
+    llm = LLM(str(model), kv_cache_memory="64MiB", tokenizer=str(other))
+    (model / "tokenizer.json").write_text("not a tokenizer")
+    choice = StructuredOutputsParams(choice=["yes", "no"])
+    params = SamplingParams(max_tokens=4, structured_outputs=choice)
+    out = llm.generate(["Answer:"], params, use_tqdm=False)[0]
+    assert out.outputs[0].text in ("yes", "no")

@@ -58,7 +58,9 @@ def attach(engine: EngineCore, options: FrontendOptions) -> Frontend:
         from hybridkv.model.hub import resolve_model_dir
 
         eos = engine.model_config.eos_token_ids
-        engine.tokenizer = Tokenizer(resolve_model_dir(options.tokenizer), eos_token_ids=eos)
+        tokenizer_dir = resolve_model_dir(options.tokenizer)
+        engine.tokenizer = Tokenizer(tokenizer_dir, eos_token_ids=eos)
+        engine.grammar.use_tokenizer(tokenizer_dir, engine.tokenizer.eos_token_ids)
     if options.chat_template is not None:
         engine.tokenizer.set_chat_template(options.chat_template)
     defaults = sampling_defaults(options.generation_config, engine.model_dir)
