@@ -21,6 +21,7 @@ from typing import Any
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
     KVConnectorRequest,
+    KeptKV,
     RequestBlocks,
 )
 from hybridkv.connectors.nixl.layout import GroupDesc
@@ -184,9 +185,11 @@ class NixlScheduler(BaseConnectorScheduler):
         self._items.append(StartLease(rid, self.options.abort_timeout_seconds))
         return True, self._params(rid, blocks, end)
 
-    def get_kept_tokens(self, request: KVConnectorRequest) -> int | None:
+    def get_kept_kv(self, request: KVConnectorRequest) -> KeptKV | None:
+        """Only what the consumer reads stays pinned: blocks before E (sliding groups: the
+        window ending at E plus one block); the live state slot goes (E's state is staged)."""
         end = self._end_if_producing(request)
-        return producer_kept_tokens(end, self.block_size) if end else None
+        return KeptKV(end, producer_kept_tokens(end, self.block_size)) if end else None
 
     def _params(self, rid: str, blocks: RequestBlocks, end: int) -> dict[str, Any]:
         firsts = [producer_first_block(g, end, self.block_size) for g in self.attn]
