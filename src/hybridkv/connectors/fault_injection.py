@@ -26,10 +26,10 @@ import torch
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
     BaseConnectorWorker,
+    KeptKV,
     KVCacheAccess,
     KVConnectorPair,
     KVConnectorRequest,
-    KeptKV,
     RequestBlocks,
     merge_output,
 )
