@@ -87,3 +87,25 @@ def test_a_late_reader_never_uses_released_blocks(
     finally:
         p.shutdown()
         d.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_under_policy_fail_the_error_names_the_expired_lease(
+    checkpoint: Checkpoint, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = checkpoint("qwen3")
+    p, d = producer(model, abort_timeout_seconds=LEASE), consumer(model, policy="fail")
+    try:
+        prompt = random_ids(90, 24)
+        pre = run(p, prompt, greedy(1, {"do_remote_decode": True}))
+        expire_and_reuse(p, 25)
+        out = run(d, prompt, greedy(params=pre.kv_transfer_params), p)
+        assert out.finish_reason == "error" and out.error is not None
+        for text in (out.error, caplog.text):
+            assert "nixl_lease_expired" in text and "abort_timeout_seconds" in text, text
+        drain(p, d)
+        assert p.kv.is_idle() and d.kv.is_idle()
+    finally:
+        p.shutdown()
+        d.shutdown()
