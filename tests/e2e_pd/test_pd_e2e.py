@@ -139,6 +139,8 @@ def test_other_weights_under_policy_fail_answer_an_error_over_http(
         assert r.status_code == 500, r.text
         error = r.json()["error"]
         assert error["code"] == "request_failed" and "nixl_incompatible" in error["message"]
+        assert "weights" in error["message"] and "same checkpoint" in error["message"]
+        assert "weights" in (tmp_path / "d.log").read_text()  # the log says it in words too
         again = complete(p.url, prompt, 1, kv_transfer_params={"do_remote_decode": True})
         body["kv_transfer_params"], body["stream"] = again["kv_transfer_params"], True
         streamed = httpx.post(dec.url + "/v1/completions", json=body, timeout=300)

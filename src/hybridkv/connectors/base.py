@@ -60,6 +60,16 @@ class RequestBlocks:
     restored_slots: tuple[int, ...] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class KeptKV:
+    """What a finished request whose free is delayed keeps for a transfer: the blocks of tokens
+    ``[0, num_tokens)``, in sliding-window groups only those a step resuming at ``window_at``
+    reads, and no state slot (the connector copied the state it sends)."""
+
+    num_tokens: int
+    window_at: int
+
+
 @dataclass(slots=True)
 class LoadResult:
     """How one request's load ended, as a worker half records it."""
@@ -160,10 +170,10 @@ class BaseConnectorScheduler(ABC):
         (delay_free_blocks, kv_transfer_params). With True the blocks stay allocated until the
         request id comes back in ``finished_sending``."""
 
-    def get_kept_tokens(self, request: KVConnectorRequest) -> int | None:
-        """For a request whose free ``request_finished`` delayed: the position its kept KV
-        serves. Sliding-window groups release at once the blocks no step resuming there reads;
-        None keeps every block until ``finished_sending``."""
+    def get_kept_kv(self, request: KVConnectorRequest) -> KeptKV | None:
+        """For a request whose free ``request_finished`` delayed: what it keeps until
+        ``finished_sending`` (everything else is freed at once); None keeps every block and
+        state slot."""
         return None
 
     def get_step_interval(self, request: KVConnectorRequest) -> int:

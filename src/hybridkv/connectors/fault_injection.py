@@ -26,6 +26,7 @@ import torch
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
     BaseConnectorWorker,
+    KeptKV,
     KVCacheAccess,
     KVConnectorPair,
     KVConnectorRequest,
@@ -92,8 +93,8 @@ class FaultInjectionScheduler(BaseConnectorScheduler):
     def get_step_interval(self, request: KVConnectorRequest) -> int:
         return self.inner.get_step_interval(request)
 
-    def get_kept_tokens(self, request: KVConnectorRequest) -> int | None:
-        return self.inner.get_kept_tokens(request)
+    def get_kept_kv(self, request: KVConnectorRequest) -> KeptKV | None:
+        return self.inner.get_kept_kv(request)
 
     def take_stats(self) -> FaultStats:
         return _wrap(self.inner.take_stats())

@@ -94,6 +94,13 @@ class BaseAttentionManager:
             self.pool.free([table[k]])
             table[k] = NULL_BLOCK
 
+    def truncate(self, req_id: str, num_entries: int) -> None:
+        """Free the table's entries from ``num_entries`` on (a finished request's tail)."""
+        table = self.tables[req_id]
+        self.pool.free(reversed(table[num_entries:]))
+        del table[num_entries:]
+        self.num_cached[req_id] = min(self.num_cached[req_id], len(table))
+
     # -- caching and freeing -------------------------------------------------------------
 
     def cache(self, req_id: str, hashes: list[BlockHash], num_tokens: int) -> None:

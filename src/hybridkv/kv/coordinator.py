@@ -106,6 +106,7 @@ class KVCacheCoordinator:
         self.policy = CheckpointPolicy(self.block_size, config.state_checkpoint_interval)
         self.stats = PrefixCacheStats(group_hit_tokens=[0] * len(layout.groups))
         self._extra_due: dict[str, RequestBoundaries] = {}
+        self.stateless: set[str] = set()  # finished, kept for a transfer without state slots
         self._restores: list[StateCopy] = []
         self._saves: list[StateCopy] = []
 
@@ -319,13 +320,23 @@ class KVCacheCoordinator:
         if self.events is not None:
             self.events.tag(req)  # a final trailing state became a checkpoint
         del self._extra_due[req_id]
+        self.stateless.discard(req_id)
 
-    def release_out_of_window(self, req: KVRequest, num_tokens: int) -> None:
-        """Free the sliding-window blocks a step resuming at ``num_tokens`` never reads (a
-        finished request whose KV is kept for a transfer)."""
-        if req.request_id in self._extra_due:
-            for m in self.attn:
-                m.remove_skipped(req.request_id, num_tokens)
+    def keep_for_transfer(self, req: KVRequest, num_tokens: int, window_at: int) -> None:
+        """A finished request whose KV a transfer reads later keeps only the blocks of tokens
+        ``[0, num_tokens)`` (sliding-window groups: those a step resuming at ``window_at``
+        reads); its state slots are freed now (the connector copied the state it sends)."""
+        req_id = req.request_id
+        if req_id not in self._extra_due:
+            return
+        for m in self.attn:
+            m.remove_skipped(req_id, window_at)
+            m.truncate(req_id, -(-num_tokens // self.block_size))
+        for sm in self.state:
+            sm.free(req_id, req.block_hashes)
+        if self.events is not None:
+            self.events.tag(req)
+        self.stateless.add(req_id)
 
     # -- failure recovery ----------------------------------------------------------------
 

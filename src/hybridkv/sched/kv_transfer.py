@@ -200,15 +200,15 @@ class KVTransfer:
             self.forget(rid)
             return False
         delay, params = self.connector.request_finished(req, self.blocks_of(req))
+        kept = self.connector.get_kept_kv(req) if delay else None  # asks the request's params
         req.kv_transfer_params = params
         if rid in self.holding:
             self.aborted[rid] = self.holding.pop(rid)
             return False
         if delay:
             self.delayed_free[rid] = req
-            kept = self.connector.get_kept_tokens(req)
             if kept is not None:
-                self.kv.release_out_of_window(req, kept)
+                self.kv.keep_for_transfer(req, kept.num_tokens, kept.window_at)
         self.forget(rid)
         return not delay
 

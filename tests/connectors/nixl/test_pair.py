@@ -148,6 +148,8 @@ def test_other_weights_are_refused_at_the_handshake(checkpoint: Checkpoint, poli
             assert out.error is None and out.token_ids == run(plain, prompt, greedy()).token_ids
         else:
             assert out.error is not None and out.finish_reason == "error"
+            assert "nixl_incompatible" in out.error and "weights" in out.error, out.error
+            assert "same checkpoint" in out.error and p.connector is not None
         drain(p, d)
         assert p.kv.is_idle() and d.kv.is_idle()
     finally:
@@ -156,7 +158,9 @@ def test_other_weights_are_refused_at_the_handshake(checkpoint: Checkpoint, poli
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_producer_gone_and_injected_faults_recompute(checkpoint: Checkpoint) -> None:
+def test_producer_gone_and_injected_faults_recompute(
+    checkpoint: Checkpoint, caplog: pytest.LogCaptureFixture
+) -> None:
     """A producer whose side channel is gone (connection refused), and a FaultInjection
     wrapper failing every NIXL load: the consumer recomputes and answers exactly."""
     model = checkpoint("granitemoehybrid")
@@ -182,6 +186,7 @@ def test_producer_gone_and_injected_faults_recompute(checkpoint: Checkpoint) -> 
         out = run(d, prompt, greedy(params=pre.kv_transfer_params))
         assert out.token_ids == run(plain, prompt, greedy()).token_ids
         assert counter(d, "nixl_failures.nixl_handshake_failed") == 1, counters(d)
+        assert "cannot reach the producer's side channel at 127.0.0.1:" in caplog.text
         drain(d, fd)
         assert d.kv.is_idle() and fd.kv.is_idle()
     finally:

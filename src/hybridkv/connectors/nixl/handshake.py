@@ -71,7 +71,11 @@ class Peers:
             with self.stats.update() as s:
                 s.handshake_failures += 1
             raise HandshakeFailed(
-                "nixl_handshake_failed", f"NIXL handshake with {src.host}:{src.port}: {exc}"
+                "nixl_handshake_failed",
+                f"cannot reach the producer's side channel at {src.host}:{src.port} ({exc}); "
+                f"is the prefill engine running with side_channel_port={src.port}?"
+                if isinstance(exc, OSError)
+                else f"the side channel at {src.host}:{src.port} answered: {exc}",
             ) from None
         return self._accept(key, src, remote)
 
@@ -79,16 +83,17 @@ class Peers:
         if remote.engine_id != src.engine_id:
             raise HandshakeFailed(
                 "nixl_handshake_failed",
-                f"NIXL handshake: {src.host}:{src.port} is engine {remote.engine_id}, "
-                f"not {src.engine_id} (restarted?)",
+                f"the side channel at {src.host}:{src.port} is engine {remote.engine_id}, not "
+                f"{src.engine_id}: the prefill engine restarted, so its KV is gone",
             )
         try:
             check_compatible(self.local, remote)
         except ValueError as exc:
             with self.stats.update() as s:
                 s.handshake_failures += 1
-            log.error("%s", exc)
-            raise HandshakeFailed("nixl_incompatible", str(exc)) from None
+            message = f"{src.host}:{src.port}: {exc}"
+            log.error("NIXL handshake refused: %s", message)
+            raise HandshakeFailed("nixl_incompatible", message) from None
         name = self.agent.add_remote(remote.agent_metadata)
         with self.stats.update() as s:
             s.handshakes += 1

@@ -16,7 +16,7 @@ from typing import Any
 
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, StateSpec, dtype_bytes
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +47,8 @@ class LayoutDescriptor:
     staging_base: int  # a producer's staged state checkpoints (0: none)
     staging_stride: int  # bytes of one staged entry (every state group's slot)
     agent_metadata: bytes = b""
+    lease_base: int = 0  # a producer's lease words (uint64 each; see ``leases``)
+    model_id: str = ""  # "architecture:weights identity:dtype" (for the mismatch message)
 
     def encode(self) -> bytes:
         data = asdict(self)
@@ -101,14 +103,33 @@ def compat_digest(layout: KVCacheLayout, model_id: str) -> str:
 
 
 def check_compatible(local: LayoutDescriptor, remote: LayoutDescriptor) -> None:
-    """Raise ValueError naming the mismatch if ``remote``'s KV cannot be loaded here."""
-    if remote.compat != local.compat:
-        raise ValueError(
-            f"NIXL handshake with engine {remote.engine_id}: incompatible KV layout (another "
-            f"model, weights, dtype or grouping: digest {remote.compat} != local {local.compat})"
-        )
-    if remote.groups != local.groups:
-        raise ValueError(
-            f"NIXL handshake with engine {remote.engine_id}: groups differ "
-            f"({remote.groups} != {local.groups})"
-        )
+    """Raise ValueError naming what differs if ``remote``'s KV cannot be loaded here."""
+    if remote.compat == local.compat and remote.groups == local.groups:
+        return
+    head = f"the producer (engine {remote.engine_id}) has an incompatible KV layout: "
+    raise ValueError(head + _difference(local, remote))
+
+
+def _difference(local: LayoutDescriptor, remote: LayoutDescriptor) -> str:
+    names = ("architecture", "weights", "dtype")
+    mine, theirs = _model_parts(local.model_id), _model_parts(remote.model_id)
+    for name, a, b in zip(names, mine, theirs, strict=True):
+        if a != b:
+            return f"{name} {b} there, {a} here (both engines must serve the same checkpoint)"
+    if len(remote.groups) != len(local.groups):
+        return f"{len(remote.groups)} KV cache groups there, {len(local.groups)} here"
+    fields = ("kind", "window", "num_layers", "token_bytes")
+    for i, (here, there) in enumerate(zip(local.groups, remote.groups, strict=True)):
+        for f in fields:
+            if getattr(here, f) != getattr(there, f):
+                return f"group {i} {f} {getattr(there, f)} there, {getattr(here, f)} here"
+    return (
+        f"the layers or state shapes of the groups differ (layout digest {remote.compat} "
+        f"there, {local.compat} here)"
+    )
+
+
+def _model_parts(model_id: str) -> tuple[str, str, str]:
+    arch, _, rest = model_id.partition(":")
+    weights, _, dtype = rest.rpartition(":")
+    return arch, weights, dtype

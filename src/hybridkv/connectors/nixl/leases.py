@@ -1,27 +1,51 @@
 """A producer's leases: a finished request's KV waits for its consumer's notification
 (``"<request id>:<bytes read>"``), or until ``abort_timeout_seconds`` pass; either way the
-request is reported in ``finished_sending`` and the scheduler frees its blocks."""
+request is reported in ``finished_sending`` and the scheduler frees its blocks.
+
+A late reader must never use freed (possibly reused) blocks. Each lease owns a word of a
+registered ``uint64`` array: the producer writes its generation ``gen`` (unique, increasing)
+when the lease starts and ``gen | ENDED`` when it ends, *before* reporting the request (so
+before any block is freed). A consumer reads the word after its data read completed (and
+sends its notification only with that second read): ``lease_valid`` says whether the lease
+still held then, which means it held during the whole data read.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 
+import numpy as np
+
+from hybridkv.connectors.nixl.meta import Lease
 from hybridkv.connectors.nixl.stats import Flow, NixlStats
 from hybridkv.connectors.stats import StatsCounter, bump
 
 log = logging.getLogger(__name__)
 
 EARLY_LIMIT = 4096  # notifications kept for requests whose lease has not started (yet)
+ENDED = 1 << 63
+
+
+def lease_valid(word: int, gen: int) -> bool:
+    """Whether lease ``gen`` still held when its word read ``word``: its own value (active),
+    or an older lease's (ours has not started on the producer's worker yet; its KV is held
+    from the request's end). Ended, or the slot reused by a newer lease: not valid."""
+    value = word & ~ENDED
+    return (value == gen and not word & ENDED) or value < gen
 
 
 class Leases:
-    def __init__(self, stats: StatsCounter[NixlStats]) -> None:
+    def __init__(self, stats: StatsCounter[NixlStats], words: np.ndarray) -> None:
         self.stats = stats
+        self.words = words  # registered uint64 lease words
         self.deadlines: dict[str, float] = {}  # request id -> deadline (0: read, report now)
+        self._held: dict[str, Lease] = {}
         self._early: dict[str, int] = {}  # request id -> bytes read, before its lease started
 
-    def start(self, request_id: str, seconds: float) -> None:
+    def start(self, request_id: str, seconds: float, lease: Lease) -> None:
+        self._held[request_id] = lease
+        self.words[lease.slot] = lease.gen
         if request_id in self._early:  # the consumer was faster than our step
             self._count(self._early.pop(request_id))
             self.deadlines[request_id] = 0.0
@@ -55,6 +79,8 @@ class Leases:
         now = time.monotonic()
         done = {rid for rid, deadline in self.deadlines.items() if deadline <= now}
         for rid in done:
+            lease = self._held.pop(rid)
+            self.words[lease.slot] = lease.gen | ENDED  # before any of its blocks is freed
             if self.deadlines.pop(rid) > 0.0:
                 with self.stats.update() as s:
                     s.leases_expired += 1

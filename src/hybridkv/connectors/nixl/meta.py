@@ -7,6 +7,22 @@ from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
+class Lease:
+    """A producer's lease on one request's KV: word ``slot`` of its lease words reads ``gen``
+    while it holds the KV (see ``leases``)."""
+
+    slot: int
+    gen: int
+
+    @classmethod
+    def parse(cls, value: Any) -> Lease | None:
+        if value is None:
+            return None
+        slot, gen = (int(v) for v in value)
+        return cls(slot, gen)
+
+
+@dataclass(frozen=True, slots=True)
 class RemoteSource:
     """A consumer's view of a producer's ``kv_transfer_params`` (validated)."""
 
@@ -18,6 +34,7 @@ class RemoteSource:
     first_blocks: tuple[int, ...]  # per attention group
     staged_state: int | None  # the producer's staging entry holding the state at num_tokens
     num_tokens: int  # tokens whose KV the producer holds: [0, num_tokens)
+    lease: Lease | None = None  # where the producer publishes whether it still holds them
 
     @classmethod
     def parse(cls, params: dict[str, Any], num_attn: int, has_state: bool) -> RemoteSource:
@@ -32,6 +49,7 @@ class RemoteSource:
                 first_blocks=tuple(int(k) for k in params["remote_block_starts"]),
                 staged_state=_first(params.get("remote_state") or []),
                 num_tokens=int(params["num_tokens"]),
+                lease=Lease.parse(params.get("remote_lease")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"kv_transfer_params: missing or malformed field {exc}") from None
@@ -40,6 +58,8 @@ class RemoteSource:
                 f"kv_transfer_params: remote_block_ids has {len(src.block_ids)} groups, "
                 f"this engine has {num_attn} attention groups"
             )
+        if src.num_tokens > 0 and src.lease is None:
+            raise ValueError("kv_transfer_params: remote_lease is required")
         if src.num_tokens > 0 and has_state and src.staged_state is None:
             raise ValueError("kv_transfer_params: remote_state is required for state groups")
         return src
@@ -66,6 +86,7 @@ class StartLease:
 
     request_id: str
     seconds: float
+    lease: Lease
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,8 @@ class NixlOptions(ConnectorOptions):
     (two engines on one host need distinct ports). ``abort_timeout_seconds``: a producer frees
     a request's KV after this long if no consumer read it (its lease). ``load_timeout_seconds``:
     a consumer gives up on a read (handshake included) after this long and recovers.
-    ``max_staged_states``: state checkpoints a producer can hold for consumers at once."""
+    ``max_staged_states``: state checkpoints a producer can hold for consumers at once.
+    ``max_leases``: requests a producer can hold for consumers at once."""
 
     side_channel_host: str = "127.0.0.1"
     side_channel_port: int = 5600
@@ -23,6 +24,7 @@ class NixlOptions(ConnectorOptions):
     load_timeout_seconds: float = 30.0
     handshake_timeout_seconds: float = 5.0
     max_staged_states: int = 64
+    max_leases: int = 4096
 
     def __post_init__(self) -> None:
         if not isinstance(self.side_channel_port, int) or not 0 <= self.side_channel_port < 65536:
@@ -33,10 +35,10 @@ class NixlOptions(ConnectorOptions):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"NixlConnector: {name}={value!r} must be a positive number")
-        if not isinstance(self.max_staged_states, int) or self.max_staged_states < 1:
-            raise ValueError(
-                f"NixlConnector: max_staged_states={self.max_staged_states!r} must be >= 1"
-            )
+        for name in ("max_staged_states", "max_leases"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"NixlConnector: {name}={value!r} must be an integer >= 1")
 
     @classmethod
     def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext | None = None) -> NixlOptions:

@@ -20,11 +20,18 @@ from typing import Any
 
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
+    KeptKV,
     KVConnectorRequest,
     RequestBlocks,
 )
 from hybridkv.connectors.nixl.layout import GroupDesc
-from hybridkv.connectors.nixl.meta import NotifyOnly, RemoteSource, StageState, StartLease
+from hybridkv.connectors.nixl.meta import (
+    Lease,
+    NotifyOnly,
+    RemoteSource,
+    StageState,
+    StartLease,
+)
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.plan import producer_first_block, producer_kept_tokens, transfer_end
 from hybridkv.connectors.nixl.stats import NixlStats
@@ -60,6 +67,9 @@ class NixlScheduler(BaseConnectorScheduler):
         self.producer, self.consumer = producer, consumer
         self._free_staging = list(range(options.max_staged_states - 1, -1, -1))
         self._staged: dict[str, int] = {}
+        self._free_leases = list(range(options.max_leases - 1, -1, -1))
+        self._leases: dict[str, Lease] = {}
+        self._generation = 0
         self._consumed: set[str] = set()
         self._loads: list[LoadSpec] = []
         self._items: list[Any] = []
@@ -178,15 +188,26 @@ class NixlScheduler(BaseConnectorScheduler):
             return False, None
         if self.has_state and rid not in self._staged:
             end = 0  # its state at E was never staged (no staging entry free): recompute
-        if end <= 0:
+        lease = self._new_lease(rid) if end > 0 else None
+        if lease is None:
             self._release_staging(rid)
             return False, self._params(rid, blocks, 0)
-        self._items.append(StartLease(rid, self.options.abort_timeout_seconds))
+        self._items.append(StartLease(rid, self.options.abort_timeout_seconds, lease))
         return True, self._params(rid, blocks, end)
 
-    def get_kept_tokens(self, request: KVConnectorRequest) -> int | None:
+    def _new_lease(self, rid: str) -> Lease | None:
+        if not self._free_leases:
+            log.warning("NIXL: all %d leases busy; the consumer computes", len(self._leases))
+            return None
+        self._generation += 1
+        self._leases[rid] = Lease(self._free_leases.pop(), self._generation)
+        return self._leases[rid]
+
+    def get_kept_kv(self, request: KVConnectorRequest) -> KeptKV | None:
+        """Only what the consumer reads stays pinned: blocks before E (sliding groups: the
+        window ending at E plus one block); the live state slot goes (E's state is staged)."""
         end = self._end_if_producing(request)
-        return producer_kept_tokens(end, self.block_size) if end else None
+        return KeptKV(end, producer_kept_tokens(end, self.block_size)) if end else None
 
     def _params(self, rid: str, blocks: RequestBlocks, end: int) -> dict[str, Any]:
         firsts = [producer_first_block(g, end, self.block_size) for g in self.attn]
@@ -204,6 +225,7 @@ class NixlScheduler(BaseConnectorScheduler):
             "remote_state": [] if staged is None or not end else [staged] * self.num_state,
             "remote_block_size": self.block_size,
             "num_tokens": end,
+            "remote_lease": [lease.slot, lease.gen] if (lease := self._leases.get(rid)) else None,
         }
 
     def take_stats(self) -> NixlStats:
@@ -212,6 +234,9 @@ class NixlScheduler(BaseConnectorScheduler):
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         for rid in output.finished_sending:
             self._release_staging(rid)
+            lease = self._leases.pop(rid, None)
+            if lease is not None:
+                self._free_leases.append(lease.slot)
 
     def _release_staging(self, rid: str) -> None:
         index = self._staged.pop(rid, None)

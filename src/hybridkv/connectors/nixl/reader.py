@@ -1,0 +1,245 @@
+"""A consumer's loads: handshake (cached per producer), descriptor plan, the data READ, then
+the lease check, whose completion notifies the producer.
+
+    handshake -> READ data (no notification) -> READ the lease word, notification
+    ``"<remote request id>:<bytes>"`` -> ``lease_valid``? finished : failed (lease expired)
+
+A refused connection, an incompatible layout, a transfer error, an expired lease or
+``load_timeout_seconds`` fail the load with ``"<reason>: <what happened, in words>"``; the
+scheduler's recovery recomputes (or fails the request under policy ``fail``, with that text).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hybridkv.connectors.base import LoadResult
+from hybridkv.connectors.nixl.agent import NixlAgent, XferState
+from hybridkv.connectors.nixl.handshake import HandshakeFailed, Peer, Peers
+from hybridkv.connectors.nixl.layout import LayoutDescriptor
+from hybridkv.connectors.nixl.leases import lease_valid
+from hybridkv.connectors.nixl.meta import NotifyOnly, RemoteSource
+from hybridkv.connectors.nixl.options import NixlOptions
+from hybridkv.connectors.nixl.plan import (
+    Desc,
+    GroupRead,
+    attention_descs,
+    consumer_range,
+    state_descs,
+)
+from hybridkv.connectors.nixl.stats import Flow, NixlStats
+from hybridkv.connectors.stats import StatsCounter, bump
+from hybridkv.step_io import LoadSpec
+
+log = logging.getLogger(__name__)
+
+SCRATCH_WORDS = 1024  # lease checks in flight at once
+
+
+@dataclass(slots=True)
+class _Load:
+    spec: LoadSpec
+    source: RemoteSource
+    started: float
+    handle: Any = None
+    peer: Peer | None = None
+    checking: int = -1  # scratch word of the lease check in flight (-1: data read)
+    nbytes: int = 0
+    num_descs: int = 0
+
+    @property
+    def where(self) -> str:
+        return f"{self.source.host}:{self.source.port}"
+
+
+class Reader:
+    def __init__(
+        self,
+        options: NixlOptions,
+        agent: NixlAgent,
+        peers: Peers,
+        local: LayoutDescriptor,
+        stats: StatsCounter[NixlStats],
+        scratch: torch.Tensor,
+    ) -> None:
+        self.options, self.agent, self.peers, self.local = options, agent, peers, local
+        self.stats = stats
+        self.scratch = scratch.numpy().view("uint64")
+        self.scratch_base = scratch.data_ptr()
+        self._free_scratch = list(range(len(self.scratch)))
+        self.loads: list[_Load] = []
+        self.notify: list[NotifyOnly] = []
+        self.done: list[LoadResult] = []
+
+    def add(self, spec: LoadSpec, now: float) -> None:
+        assert isinstance(spec.keys, RemoteSource)
+        self.loads.append(_Load(spec, spec.keys, now))
+
+    def has_pending(self) -> bool:
+        return bool(self.loads or self.notify)
+
+    def progress(self) -> bool:
+        """Advance every load (handshake, post, poll, check) and notification; True if any
+        ended."""
+        before = len(self.done)
+        for load in list(self.loads):
+            self._advance(load)
+        self._send_notifications()
+        return len(self.done) > before
+
+    def _advance(self, load: _Load) -> None:
+        try:
+            while load in self.loads and self._step(load):
+                pass  # a read on the same host often completes inside its post
+            if load in self.loads and time.monotonic() - load.started > self.options.load_timeout_seconds:  # fmt: skip
+                self._fail(
+                    load,
+                    "nixl_timeout",
+                    f"no data from the producer at {load.where} after "
+                    f"{self.options.load_timeout_seconds}s (load_timeout_seconds)",
+                )
+        except HandshakeFailed as exc:
+            self._fail(load, exc.reason, str(exc))
+        except Exception as exc:  # noqa: BLE001 - NIXL/UCX raise their own error types
+            self.peers.forget(load.source)
+            self._fail(load, "nixl_transfer_failed", self._transfer_error(load, exc))
+
+    def _step(self, load: _Load) -> bool:
+        """One move of a load; False while it waits (handshake, transfer, scratch word)."""
+        if load.peer is None:
+            load.peer = self.peers.get(load.source)
+            if load.peer is None:
+                return False
+            self._post(load, load.peer)
+            return True
+        if load.handle is not None:
+            return self._poll(load)
+        self._check(load, load.peer)
+        return load.handle is not None
+
+    @staticmethod
+    def _transfer_error(load: _Load, exc: BaseException | None) -> str:
+        cause = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
+        return (
+            f"reading request {load.source.request_id}'s KV from the producer at {load.where} "
+            f"failed{cause}; did the prefill engine stop?"
+        )
+
+    def _post(self, load: _Load, peer: Peer) -> None:
+        descs = self._plan(load.spec, load.source, peer.descriptor)
+        load.nbytes = sum(n for _, _, n in descs)
+        load.num_descs = len(descs)
+        if not descs:
+            self.agent.notify(peer.agent_name, self._notification(load))
+            self._succeed(load)
+            return
+        load.handle = self.agent.read(peer.agent_name, descs, b"")
+
+    def _notification(self, load: _Load) -> bytes:
+        return f"{load.source.request_id}:{load.nbytes}".encode()
+
+    def _check(self, load: _Load, peer: Peer) -> None:
+        """Read the lease's word after the data (see ``leases``); its notification frees."""
+        if not self._free_scratch:
+            return  # a later progress call posts it
+        lease = load.source.lease
+        assert lease is not None  # required by RemoteSource.parse when there is data
+        load.checking = self._free_scratch.pop()
+        self.scratch[load.checking] = 0
+        local = self.scratch_base + 8 * load.checking
+        remote = peer.descriptor.lease_base + 8 * lease.slot
+        load.handle = self.agent.read(
+            peer.agent_name, [(local, remote, 8)], self._notification(load)
+        )
+
+    def _poll(self, load: _Load) -> bool:
+        state = self.agent.state(load.handle)
+        if state is XferState.PROC:
+            return False
+        handle, load.handle = load.handle, None
+        self.agent.release(handle)
+        if state is not XferState.DONE:
+            self.peers.forget(load.source)
+            self._fail(load, "nixl_transfer_failed", self._transfer_error(load, None))
+        elif load.checking < 0:
+            assert load.peer is not None
+            self._check(load, load.peer)
+        else:
+            self._verdict(load)
+        return True
+
+    def _verdict(self, load: _Load) -> None:
+        lease = load.source.lease
+        assert lease is not None
+        word = int(self.scratch[load.checking])
+        if lease_valid(word, lease.gen):
+            self._succeed(load)
+            return
+        self._fail(
+            load,
+            "nixl_lease_expired",
+            f"the producer at {load.where} released request {load.source.request_id}'s KV "
+            f"before this read completed (its abort_timeout_seconds lease expired); raise "
+            f"abort_timeout_seconds on the prefill engine",
+        )
+
+    def _plan(self, spec: LoadSpec, src: RemoteSource, remote: LayoutDescriptor) -> list[Desc]:
+        descs: list[Desc] = []
+        attn = [i for i, g in enumerate(self.local.groups) if g.token_bytes]
+        for j, group_index in enumerate(attn):
+            group = self.local.groups[group_index]
+            first = src.first_blocks[j] * remote.block_size
+            lo, hi = consumer_range(group, spec.start, spec.end, self.local.block_size, first)
+            table = dict(zip(spec.block_indices[j], spec.block_ids[j], strict=True))
+            local_table = [table.get(k, 0) for k in range(max(table, default=-1) + 1)]
+            read = GroupRead(
+                group_index, lo, hi, local_table, list(src.block_ids[j]), src.first_blocks[j]
+            )
+            descs += attention_descs(self.local, remote, read)
+        if src.staged_state is not None:
+            for s, slot in enumerate(spec.state_slots):
+                descs += state_descs(self.local, remote, s, slot, src.staged_state)
+        return descs
+
+    def _end(self, load: _Load) -> None:
+        if load.checking >= 0:
+            self._free_scratch.append(load.checking)
+            load.checking = -1
+        if load in self.loads:
+            self.loads.remove(load)
+
+    def _succeed(self, load: _Load) -> None:
+        self._end(load)
+        with self.stats.update() as s:
+            bump(s.nbytes, Flow.LOAD, load.nbytes)
+            bump(s.seconds, Flow.LOAD, time.monotonic() - load.started)
+            s.descriptors += load.num_descs
+            bump(s.transfers, Flow.LOAD)
+        self.done.append(LoadResult(load.spec.request_id, True))
+
+    def _fail(self, load: _Load, reason: str, message: str) -> None:
+        if load.handle is not None and not self.agent.release(load.handle):
+            log.error("NIXL: a failed read's handle could not be released; DMA may still run")
+        load.handle = None
+        self._end(load)
+        log.warning("NIXL load of request %s failed: %s: %s", load.spec.request_id, reason, message)  # fmt: skip
+        with self.stats.update() as s:
+            bump(s.failures, reason)
+        result = LoadResult(load.spec.request_id, True, request_reason=f"{reason}: {message}")
+        self.done.append(result)
+
+    def _send_notifications(self) -> None:
+        for item in list(self.notify):
+            try:
+                peer = self.peers.get(item.source)
+            except HandshakeFailed:
+                self.notify.remove(item)  # the producer's lease frees it
+                continue
+            if peer is not None:
+                self.agent.notify(peer.agent_name, f"{item.source.request_id}:0".encode())
+                self.notify.remove(item)
