@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 import valkey
+from valkey._parsers.encoders import Encoder
+from valkey.connection import PythonRespSerializer
 
 from hybridkv.connectors.config import TierName
 from hybridkv.connectors.file_format import (
@@ -84,6 +86,7 @@ class RemoteTier(Tier):
             timeout=timeout,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
+            command_packer=_ZeroCopyPacker(),
         )
         self.client = valkey.Valkey(connection_pool=self.pool)
         self.index = TierIndex("remote", _UNBOUNDED, create_policy(Eviction.LRU, 1 << 20))
@@ -273,3 +276,12 @@ def _values(head: bytes, payload: memoryview) -> list[bytes | memoryview]:
     values: list[bytes | memoryview] = [head]
     values.extend(payload[i : i + VALUE_BYTES] for i in range(0, payload.nbytes, VALUE_BYTES))
     return values
+
+
+class _ZeroCopyPacker(PythonRespSerializer):
+    """valkey-py's pure-Python command packer: large values (our snapshot's memoryviews) go to
+    ``sendall`` as they are. The default with ``libvalkey`` copies every argument into one
+    ``bytes`` per command (a copy of the whole unit on the store path)."""
+
+    def __init__(self) -> None:
+        super().__init__(6000, Encoder("utf-8", "strict", False).encode)
