@@ -17,7 +17,7 @@ from tests.support.valkey_server import ValkeyProcess, running_valkey
 
 from .helpers import DST, SRC, OffloadEngine, offload_config
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 
 @pytest.fixture

@@ -44,6 +44,7 @@ from hybridkv.connectors.file_format import (
     parse_part,
 )
 from hybridkv.connectors.offloading.policies import Eviction, create_policy
+from hybridkv.connectors.offloading.remote_checks import RemoteChecks
 from hybridkv.connectors.offloading.tier import TierIndex
 from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, UnitRef
 from hybridkv.connectors.offloading.units import UnitGeometry, part_key
@@ -51,8 +52,6 @@ from hybridkv.kv.hashing import BlockHash
 
 VALUE_BYTES = 4 << 20  # a few MiB per value: big enough to stream, small enough for the server
 RETRY_SECONDS = 1.0  # after a connection error or timeout, the server is skipped this long
-PROBE_RETRY_SECONDS = 1.0  # a unit found absent is not probed again sooner
-MAX_PROBE_UNITS = 64  # units checked in one probe round trip
 NUM_CONNECTIONS = 8
 NUM_IO_THREADS = 2
 _UNBOUNDED = 1 << 62  # the server bounds its memory; the index only tracks what we stored
@@ -91,14 +90,13 @@ class RemoteTier(Tier):
         self.client = valkey.Valkey(connection_pool=self.pool)
         self.index = TierIndex("remote", _UNBOUNDED, create_policy(Eviction.LRU, 1 << 20))
         self.io = ThreadPoolExecutor(NUM_IO_THREADS, thread_name_prefix="offload-remote")
-        self._prober = ThreadPoolExecutor(1, thread_name_prefix="offload-remote-probe")
         self._counters: dict[str, float] = {}  # under ``_lock``
         self.clock: Callable[[], float] = time.monotonic
         self._lock = threading.Lock()
         self._down_until = 0.0
-        self._asking: set[BlockHash] = set()
-        self._found: dict[BlockHash, UnitRef] = {}
-        self._absent: dict[BlockHash, float] = {}
+        self.checks = RemoteChecks(
+            self.index, self._count_keys, self._now, self.is_down, self._progressed
+        )
 
     # -- keys ----------------------------------------------------------------------------
 
@@ -115,6 +113,13 @@ class RemoteTier(Tier):
         ]
 
     # -- the server's health -------------------------------------------------------------
+
+    def _now(self) -> float:
+        return self.clock()
+
+    def _progressed(self) -> None:
+        if self.progress is not None:
+            self.progress()
 
     def is_down(self) -> bool:
         with self._lock:
@@ -157,6 +162,8 @@ class RemoteTier(Tier):
         self._call(pipe.execute)
         if not self.index.commit(unit_hash, {}):  # the reservation was dropped meanwhile
             self._delete(unit_hash, end)
+        else:
+            self.checks.seen_complete(unit_hash)
         return total
 
     def read(self, unit_hash: BlockHash, end: int, group_id: int) -> torch.Tensor:
@@ -186,65 +193,31 @@ class RemoteTier(Tier):
     def submit(self, fn: Callable[[], Any], key: Hashable | None = None) -> Future[Any]:
         return self.io.submit(fn)
 
-    # -- units other processes stored (scheduler thread; checks on the probe worker) ---
+    # -- what lookups ask (scheduler thread; checks on the probe worker, ``remote_checks``) --
 
     def probe(self, units: Sequence[UnitRef]) -> ProbeAnswer:
-        first = units[0].unit_hash
-        now = self.clock()
-        with self._lock:
-            if first in self._found:
-                return ProbeAnswer.FOUND
-            if first in self._asking:
-                return ProbeAnswer.ASKING
-            if self._absent.get(first, now) > now or now < self._down_until:
-                return ProbeAnswer.ABSENT
-            todo = [
-                u
-                for u in units[:MAX_PROBE_UNITS]
-                if u.unit_hash not in self._asking
-                and self.index.get(u.unit_hash) is None
-                and self._absent.get(u.unit_hash, now) <= now
-            ]
-            self._asking.update(u.unit_hash for u in todo)
-        self._prober.submit(self._check, todo)
-        return ProbeAnswer.ASKING
+        return self.checks.probe(units)
 
-    def _check(self, units: list[UnitRef]) -> None:
-        """Whether every value of each unit exists (one ``EXISTS`` per unit, pipelined)."""
-        counts: list[int] = []
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for unit in units:
-                pipe.exists(*self.unit_keys(unit.unit_hash, unit.end))
-            counts = self._call(pipe.execute)
-        except Exception:  # never leave the units "asking"  # noqa: BLE001
-            counts = [0] * len(units)
-        retry = self.clock() + PROBE_RETRY_SECONDS
-        with self._lock:
-            for unit, count in zip(units, counts, strict=True):
-                self._asking.discard(unit.unit_hash)
-                if count == len(self.unit_keys(unit.unit_hash, unit.end)):
-                    self._found[unit.unit_hash] = unit
-                else:
-                    self._absent[unit.unit_hash] = retry
-            if len(self._absent) > 4096:
-                now = self.clock()
-                self._absent = {h: t for h, t in self._absent.items() if t > now}
-        if self.progress is not None:
-            self.progress()
+    def confirm(self, units: Sequence[UnitRef]) -> int | None:
+        return self.checks.confirm(units)
 
     def probing(self) -> bool:
-        with self._lock:
-            return bool(self._asking)
+        return self.checks.probing()
 
     def take_found(self) -> list[UnitRef]:
-        with self._lock:
-            found, self._found = self._found, {}
-        return list(found.values())
+        return self.checks.take_found()
 
     def mark_absent(self, unit_hash: BlockHash) -> None:
-        with self._lock:
-            self._absent[unit_hash] = self.clock() + PROBE_RETRY_SECONDS
+        self.checks.mark_absent(unit_hash)
+
+    def _count_keys(self, units: Sequence[UnitRef]) -> list[tuple[int, int]]:
+        """How many of each unit's values exist, and how many it has (one round trip)."""
+        keys = [self.unit_keys(u.unit_hash, u.end) for u in units]
+        pipe = self.client.pipeline(transaction=False)
+        for unit_keys in keys:
+            pipe.exists(*unit_keys)
+        counts = self._call(pipe.execute)
+        return [(int(n), len(k)) for n, k in zip(counts, keys, strict=True)]
 
     def _count(self, *names: str) -> None:
         with self._lock:
@@ -254,10 +227,12 @@ class RemoteTier(Tier):
     def take_counters(self) -> dict[str, float]:
         with self._lock:
             counters, self._counters = self._counters, {}
+        for name, value in self.checks.take_counts().items():
+            counters[name] = counters.get(name, 0) + value
         return counters
 
     def shutdown(self) -> None:
-        self._prober.shutdown(wait=True)
+        self.checks.shutdown()
         self.io.shutdown(wait=True)
         self.pool.disconnect()
 

@@ -6,7 +6,7 @@ remote store. ``stack.TierStack`` orders the tiers fastest first and owns what s
 
 Threads and where each call may run::
 
-    scheduler thread   lookup, probe, take_found, mark_absent, reserve, evict, pin/unpin,
+    scheduler thread   lookup, probe, confirm, take_found, mark_absent, reserve, evict, pin/unpin,
                        touch (through ``index``) -- memory only, never I/O, never blocks
     worker threads     read, read_unit, write, discard_bad, submit, stats
 
@@ -121,6 +121,13 @@ class Tier(ABC):
         ``units[1:]`` are the request's following units, which the tier may check in the same
         round trip. Never blocks on I/O. By default a tier only knows its own units."""
         return ProbeAnswer.ABSENT
+
+    def confirm(self, units: Sequence[UnitRef]) -> int | None:
+        """How many of ``units`` (READY in this tier's index, the run a lookup is about to
+        report, in order) the tier can still serve; None while it checks (ask again). Never
+        blocks on I/O. A tier whose index is the truth (memory, files this process indexes)
+        confirms them all; the remote tier asks the server (its values may be evicted)."""
+        return len(units)
 
     def probing(self) -> bool:
         """Whether a probe is still checking on the tier's worker (the engine then waits for
