@@ -49,11 +49,13 @@ from hybridkv.connectors.offloading.tier import TierIndex
 from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, UnitRef
 from hybridkv.connectors.offloading.units import UnitGeometry, part_key
 from hybridkv.kv.hashing import BlockHash
+from hybridkv.step_io import FailureReason
 
 VALUE_BYTES = 4 << 20  # a few MiB per value: big enough to stream, small enough for the server
 RETRY_SECONDS = 1.0  # after a connection error or timeout, the server is skipped this long
 NUM_CONNECTIONS = 8
 NUM_IO_THREADS = 2
+TIMEOUT = FailureReason.TIMEOUT
 _UNBOUNDED = 1 << 62  # the server bounds its memory; the index only tracks what we stored
 
 ServerError = (valkey.ConnectionError, valkey.TimeoutError)
@@ -76,6 +78,7 @@ class RemoteTier(Tier):
     ) -> None:
         self.fingerprint = fingerprint
         self.geometry = geometry
+        self.timeout = timeout
         self.ttl = ttl_seconds
         self.namespace = f"{key_prefix}{fingerprint}:c{geometry.chunk_tokens}:"
         url = "redis://" + url[len("valkey://") :] if url.startswith("valkey://") else url
@@ -86,6 +89,8 @@ class RemoteTier(Tier):
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
             command_packer=_ZeroCopyPacker(),
+            lib_name=None,  # no ``CLIENT SETINFO`` round trips on each (re)connection
+            lib_version=None,
         )
         self.client = valkey.Valkey(connection_pool=self.pool)
         self.index = TierIndex("remote", _UNBOUNDED, create_policy(Eviction.LRU, 1 << 20))
@@ -166,9 +171,11 @@ class RemoteTier(Tier):
             self.checks.seen_complete(unit_hash)
         return total
 
-    def read(self, unit_hash: BlockHash, end: int, group_id: int) -> torch.Tensor:
+    def read(
+        self, unit_hash: BlockHash, end: int, group_id: int, deadline: float | None = None
+    ) -> torch.Tensor:
         keys = self.part_keys(unit_hash, group_id, end)
-        values = self._call(lambda: self.client.mget(keys))
+        values = self._call(lambda: self._mget(keys, deadline))
         if any(v is None for v in values):
             raise PartError(MISSING, f"remote part {part_key(unit_hash, group_id)}")
         key = part_key(unit_hash, group_id)
@@ -176,6 +183,27 @@ class RemoteTier(Tier):
         nbytes = self.geometry.part_nbytes(group_id, end)
         payload = parse_part(values[0], values[1:], self.fingerprint, key, span, nbytes)
         return _tensor(payload)
+
+    def _mget(self, keys: list[str], deadline: float | None) -> list[bytes | None]:
+        """One ``MGET`` whose socket waits end by the load's ``deadline`` too; a wait cut
+        short by it is ``PartError(TIMEOUT)`` (the server is not marked down for that)."""
+        wait = self.timeout if deadline is None else min(self.timeout, deadline - time.monotonic())
+        if wait <= 0:
+            raise PartError(TIMEOUT, "the load's deadline passed")
+        conn: Any = self.pool.get_connection("MGET")
+        try:
+            conn._sock.settimeout(wait)
+            conn.send_command("MGET", *keys)
+            values: list[bytes | None] = conn.read_response()
+            return values
+        except valkey.TimeoutError:
+            if wait < self.timeout:
+                raise PartError(TIMEOUT, "the load's deadline passed") from None
+            raise
+        finally:
+            if conn._sock is not None:  # None: disconnected by the error
+                conn._sock.settimeout(self.timeout)
+            self.pool.release(conn)
 
     def discard_bad(self, unit_hash: BlockHash, reason: str) -> int:
         entry = self.index.remove(unit_hash)
@@ -259,4 +287,4 @@ class _ZeroCopyPacker(PythonRespSerializer):
     ``bytes`` per command (a copy of the whole unit on the store path)."""
 
     def __init__(self) -> None:
-        super().__init__(6000, Encoder("utf-8", "strict", False).encode)
+        super().__init__(6000, Encoder("utf-8", "strict", False).encode)  # type: ignore[no-untyped-call]

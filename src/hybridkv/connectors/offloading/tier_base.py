@@ -161,9 +161,12 @@ class Tier(ABC):
     # -- worker threads ----------------------------------------------------------------------
 
     @abstractmethod
-    def read(self, unit_hash: BlockHash, end: int, group_id: int) -> torch.Tensor:
+    def read(
+        self, unit_hash: BlockHash, end: int, group_id: int, deadline: float | None = None
+    ) -> torch.Tensor:
         """One part's payload (flat uint8, or the tier's own shape), verified; ``PartError``
-        with the reason otherwise."""
+        with the reason otherwise. ``deadline`` (``time.monotonic()``): the load's, which no
+        I/O of this read may outlive (``PartError(TIMEOUT)``); memory reads ignore it."""
 
     def read_unit(self, unit_hash: BlockHash, end: int) -> dict[int, torch.Tensor]:
         """Every part of a unit, verified, attention parts ``[n, G, layer_page_bytes]`` and
