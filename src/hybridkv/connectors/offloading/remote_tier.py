@@ -45,6 +45,7 @@ from hybridkv.connectors.file_format import (
 )
 from hybridkv.connectors.offloading.policies import Eviction, create_policy
 from hybridkv.connectors.offloading.remote_checks import RemoteChecks
+from hybridkv.connectors.offloading.remote_reply import ReplyReader, read_part_reply
 from hybridkv.connectors.offloading.tier import TierIndex
 from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, UnitRef
 from hybridkv.connectors.offloading.units import UnitGeometry, part_key
@@ -175,17 +176,20 @@ class RemoteTier(Tier):
         self, unit_hash: BlockHash, end: int, group_id: int, deadline: float | None = None
     ) -> torch.Tensor:
         keys = self.part_keys(unit_hash, group_id, end)
-        values = self._call(lambda: self._mget(keys, deadline))
-        if any(v is None for v in values):
-            raise PartError(MISSING, f"remote part {part_key(unit_hash, group_id)}")
-        key = part_key(unit_hash, group_id)
-        span = self.geometry.part_span(group_id, end)
         nbytes = self.geometry.part_nbytes(group_id, end)
-        payload = parse_part(values[0], values[1:], self.fingerprint, key, span, nbytes)
+        reply = self._call(lambda: self._mget(keys, nbytes, deadline))
+        key = part_key(unit_hash, group_id)
+        if reply is None:
+            raise PartError(MISSING, f"remote part {key}")
+        span = self.geometry.part_span(group_id, end)
+        payload = parse_part(reply[0], reply[1], self.fingerprint, key, span, nbytes)
         return _tensor(payload)
 
-    def _mget(self, keys: list[str], deadline: float | None) -> list[bytes | None]:
-        """One ``MGET`` whose socket waits end by the load's ``deadline`` too; a wait cut
+    def _mget(
+        self, keys: list[str], payload_nbytes: int, deadline: float | None
+    ) -> tuple[bytes, list[memoryview]] | None:
+        """One part's ``MGET`` (``remote_reply``: header value, payload pieces; None if a
+        value is missing) whose socket waits end by the load's ``deadline`` too; a wait cut
         short by it is ``PartError(TIMEOUT)`` (the server is not marked down for that)."""
         wait = self.timeout if deadline is None else min(self.timeout, deadline - time.monotonic())
         if wait <= 0:
@@ -194,11 +198,14 @@ class RemoteTier(Tier):
         try:
             conn._sock.settimeout(wait)
             conn.send_command("MGET", *keys)
-            values: list[bytes | None] = conn.read_response()
-            return values
+            return read_part_reply(ReplyReader(conn._sock), len(keys), payload_nbytes)
         except valkey.TimeoutError:
+            conn.disconnect()  # the rest of the reply may still come: the stream is lost
             if wait < self.timeout:
                 raise PartError(TIMEOUT, "the load's deadline passed") from None
+            raise
+        except BaseException:
+            conn.disconnect()
             raise
         finally:
             if conn._sock is not None:  # None: disconnected by the error
