@@ -12,7 +12,11 @@ connector and baseline alternating in the same run. The CPU tier runs twice: "fi
 that never evicts, so every store writes memory never used before) and "steady" (a full tier
 that evicts, after warm-up rounds, so stores reuse evicted units' memory), and "fill_prealloc"
 (a tier big enough for the run, its memory mapped at start-up: ``cpu_prealloc``). Disk "cold" drops
-each file from the page cache with posix_fadvise(DONTNEED) before reading.
+each file from the page cache with posix_fadvise(DONTNEED) before reading. The remote rows
+also give CPU seconds per GB (this process + the server, /proc) of each side, and the
+``*_cpu`` ratios from them, which a loaded machine does not skew the way it skews wall time.
+
+    .venv/bin/python benchmarks/offload.py --only-remote --no-ttft --repeats 9   # B4 remote
 """
 
 from __future__ import annotations

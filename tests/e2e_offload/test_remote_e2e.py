@@ -98,7 +98,7 @@ def test_the_server_killed_and_restarted_mid_run(
     outs = generate(llm, PROMPTS[:3])  # lookups confirm with the server: misses, recomputed
     assert [o.token_ids for o in outs] == want[:3]
     c = counters(llm)
-    assert c["remote_errors"] >= 1 and c["store_failures.remote"] >= 1 and c["misses"] >= 1
+    assert c["remote_errors"] >= 1 and c["misses"] >= 1  # the units stay indexed: no stores
     assert not any(k.startswith("load_failures") and k != "load_failures:io_error" for k in c)
     server.start()  # empty, on the same port
     time.sleep(remote_tier.RETRY_SECONDS)  # the last failure's pause ends: it reconnects
