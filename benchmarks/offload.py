@@ -12,12 +12,17 @@ connector and baseline alternating in the same run. The CPU tier runs twice: "fi
 that never evicts, so every store writes memory never used before) and "steady" (a full tier
 that evicts, after warm-up rounds, so stores reuse evicted units' memory), and "fill_prealloc"
 (a tier big enough for the run, its memory mapped at start-up: ``cpu_prealloc``). Disk "cold" drops
-each file from the page cache with posix_fadvise(DONTNEED) before reading.
+each file from the page cache with posix_fadvise(DONTNEED) before reading. The remote rows
+also give CPU seconds per GB (this process + the server, /proc) of each side, and the
+``*_cpu`` ratios from them, which a loaded machine does not skew the way it skews wall time.
+
+    .venv/bin/python benchmarks/offload.py --only-remote --no-ttft --repeats 9   # B4 remote
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -126,8 +131,11 @@ class Rig:
         req = _Req("l", self.last.all_token_ids + [1])
         req.block_hashes = list(self.last.block_hashes)
         began = time.perf_counter()
-        found = self.sched.get_num_new_matched_tokens(req, 0)
-        assert found is not None and found[0] > 0, found
+        # a remote tier confirms the units a lookup reports (a round trip): ask again, as the
+        # engine does the next step
+        while (found := self.sched.get_num_new_matched_tokens(req, 0)) is None:
+            self.worker.wait_for_progress(0.01)
+        assert found[0] > 0, found
         req.num_computed_tokens = found[0]
         dst = tuple(t + [0] for t in self.dst)
         self.sched.update_state_after_alloc(req, RequestBlocks(dst, ()), found[0])
@@ -246,37 +254,68 @@ def bench_disk(layout: Any, tokens: int, repeats: int, root: Path) -> dict[str, 
 
 def bench_remote(layout: Any, tokens: int, repeats: int, server: ValkeyProcess) -> dict[str, Any]:
     """Store and load GB/s of the remote tier vs a plain GET / SET loop (one round trip per
-    value, as a naive client would) over the very values the tier wrote, on the same server."""
+    value, as a naive client would; valkey-py with libvalkey, as the tier) over the very values
+    the tier wrote, on the same server, alternating. Also the CPU seconds per GB each costs,
+    client process + server (load-proof on a shared machine: the ``*_cpu`` ratios)."""
     extra = {"remote_url": server.url, "chunk_tokens": 256, "load_mode": "sync"}
     rig = Rig(layout, extra, tokens)
     rig.store()
     rig.load()
     nbytes = load_bytes(rig)
     client = server.client()
-    store_gbps, load_gbps, get_gbps, set_gbps = [], [], [], []
+    ops = ("store", "set", "get", "load")
+    gbps: dict[str, list[float]] = {op: [] for op in ops}
+    cpu = dict.fromkeys(ops, 0.0)
+    moved = dict.fromkeys(ops, 0)
+
+    def timed(op: str, run: Any, size: int | None = None) -> None:
+        cpu0, srv0, began = time.process_time(), _server_cpu(server), time.perf_counter()
+        run()
+        seconds = time.perf_counter() - began
+        size = size if size is not None else moved_bytes(rig)["remote.store"]
+        cpu[op] += time.process_time() - cpu0 + _server_cpu(server) - srv0
+        moved[op] += size
+        gbps[op].append(size / 1e9 / seconds)
+
     for _ in range(repeats):
-        seconds = rig.store()
-        stored = moved_bytes(rig)["remote.store"]
-        store_gbps.append(stored / 1e9 / seconds)
+        timed("store", rig.store)
         keys = [k for k in client.keys("hybridkv:*") if not k.startswith(b"hybridkv:plain")]
         values = [client.get(k) for k in keys]
-        began = time.perf_counter()
-        for k, v in zip(keys, values, strict=True):
-            client.set(b"hybridkv:plain:" + k, v)
-        set_bytes = sum(len(v) for v in values)
-        set_gbps.append(set_bytes / 1e9 / (time.perf_counter() - began))
-        began = time.perf_counter()
-        got = sum(len(client.get(b"hybridkv:plain:" + k)) for k in keys)
-        get_gbps.append(got / 1e9 / (time.perf_counter() - began))
-        load_gbps.append(nbytes / 1e9 / rig.load())
+        size = sum(len(v) for v in values)
+        plain = [(b"hybridkv:plain:" + k, v) for k, v in zip(keys, values, strict=True)]
+        timed("set", functools.partial(_plain_set, client, plain), size)
+        timed("get", functools.partial(_plain_get, client, plain), size)
+        timed("load", rig.load, nbytes)
         moved_bytes(rig)
+        client.delete(*[b"hybridkv:plain:" + k for k in keys])
     out: dict[str, Any] = {"load_bytes": nbytes, "values": len(keys)}
-    out |= {"store_gbps": stats(store_gbps), "plain_set_gbps": stats(set_gbps)}
-    out |= {"load_gbps": stats(load_gbps), "plain_get_gbps": stats(get_gbps)}
+    names = {"store": "store_gbps", "set": "plain_set_gbps", "get": "plain_get_gbps"}
+    for op in ops:
+        out[names.get(op, "load_gbps")] = stats(gbps[op])
+        out[f"{op}_cpu_s_per_gb"] = round(cpu[op] / (moved[op] / 1e9), 3)
     out["load_vs_get"] = round(out["load_gbps"]["median"] / out["plain_get_gbps"]["median"], 3)
     out["store_vs_set"] = round(out["store_gbps"]["median"] / out["plain_set_gbps"]["median"], 3)
+    out["load_vs_get_cpu"] = round(out["get_cpu_s_per_gb"] / out["load_cpu_s_per_gb"], 3)
+    out["store_vs_set_cpu"] = round(out["set_cpu_s_per_gb"] / out["store_cpu_s_per_gb"], 3)
     rig.worker.shutdown()
     return out
+
+
+def _plain_set(client: Any, pairs: list[tuple[bytes, bytes]]) -> None:
+    for key, value in pairs:
+        client.set(key, value)
+
+
+def _plain_get(client: Any, pairs: list[tuple[bytes, bytes]]) -> None:
+    for key, _ in pairs:
+        client.get(key)
+
+
+def _server_cpu(server: ValkeyProcess) -> float:
+    """CPU seconds the ``valkey-server`` process used so far (user + system, /proc)."""
+    assert server.proc is not None
+    fields = Path(f"/proc/{server.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def bench_ttft(

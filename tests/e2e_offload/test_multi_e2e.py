@@ -20,6 +20,8 @@ PREFIX = ids(160, 5)  # slow child: units of 32 -> hits of 160; fast child: 64 -
 PROMPTS = [PREFIX + ids(12, 40 + i) for i in range(7)]
 DELAY_S = 0.4
 
+pytestmark = pytest.mark.slow
+
 
 def multi(selection: str, server: ValkeyProcess) -> dict[str, Any]:
     slow = {

@@ -26,6 +26,8 @@ from .helpers import (
 from .test_load_and_faults import shared_prompts
 from .test_restart_and_integrity import serve_in_subprocess
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ValkeyProcess]:
@@ -71,9 +73,13 @@ def test_a_server_far_smaller_than_the_working_set(
         info = small.client().info("stats")
         c = counters(llm)
         assert info["evicted_keys"] > 0  # the server really dropped values under us
-        assert c["stores.remote"] > 0 and c["hits.remote"] > 0
+        assert c["stores.remote"] > 0
+        # lookups caught the evicted units (the shared prefixes, written first, went first):
+        # no lookup reported a unit the server had lost, beyond the counted load failures
+        assert c["confirm_missing"] > 0
         failed = sum(v for k, v in c.items() if k.startswith("load_failures"))
         assert c.get("removed.remote", 0) <= failed  # every unit dropped failed a load, counted
+
         assert_clean(llm)
         llm.engine.shutdown()
 
@@ -89,10 +95,11 @@ def test_the_server_killed_and_restarted_mid_run(
     assert [o.token_ids for o in generate(llm, PROMPTS[:2])] == want[:2]
     server.kill()  # the stored units are gone with it
     reset_device_cache(llm)
-    outs = generate(llm, PROMPTS[:3])  # lookups report units the server lost: loads fail
+    outs = generate(llm, PROMPTS[:3])  # lookups confirm with the server: misses, recomputed
     assert [o.token_ids for o in outs] == want[:3]
     c = counters(llm)
-    assert c["load_failures:io_error"] >= 1 and c["store_failures.remote"] >= 1
+    assert c["remote_errors"] >= 1 and c["misses"] >= 1  # the units stay indexed: no stores
+    assert not any(k.startswith("load_failures") and k != "load_failures:io_error" for k in c)
     server.start()  # empty, on the same port
     time.sleep(remote_tier.RETRY_SECONDS)  # the last failure's pause ends: it reconnects
     assert [o.token_ids for o in generate(llm, late)] == want[3:]

@@ -17,7 +17,7 @@ from tests.support.valkey_server import ValkeyProcess, running_valkey
 
 from .helpers import DST, SRC, OffloadEngine, offload_config
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 
 @pytest.fixture
@@ -162,4 +162,22 @@ def test_the_server_down_then_back(server: ValkeyProcess) -> None:
     assert settle(b, req2) == (16, True)
     assert load(b, req2, 16)["invalid"] == 0
     a.assert_clean()
+    b.assert_clean()
+
+
+@pytest.mark.parametrize("change", [b"xyz", b"x" * 5000])
+def test_a_value_of_another_size_is_refused_and_deleted(
+    server: ValkeyProcess, monkeypatch: pytest.MonkeyPatch, change: bytes
+) -> None:
+    """The reply reader receives payload values into one array of the part's size; a value
+    shorter or longer than the writer cut is kept apart and the verification refuses it."""
+    monkeypatch.setattr(remote_tier, "VALUE_BYTES", 1000)
+    a, b = engine(server, seed=1), engine(server, seed=2)
+    req = store(a)
+    tail = remote(b).unit_keys(req.block_hashes[3], 16)
+    assert settle(b, req) == (16, True)
+    server.client().append(tail[2], change)  # a middle value grows
+    counters = load(b, req, 16)
+    assert counters["load_failures:corrupt"] == 1 and counters["invalid"] >= 1
+    assert server.client().exists(*tail) == 0
     b.assert_clean()

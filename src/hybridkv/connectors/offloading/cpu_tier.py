@@ -242,7 +242,9 @@ class CpuTier(Tier):
             return 0
         return sum(int(p.nbytes) if isinstance(p, torch.Tensor) else 0 for p in parts.values())
 
-    def read(self, unit_hash: BlockHash, end: int, group_id: int) -> torch.Tensor:
+    def read(
+        self, unit_hash: BlockHash, end: int, group_id: int, deadline: float | None = None
+    ) -> torch.Tensor:
         stored = self.get(unit_hash, group_id)
         if not stored.verify_all():
             raise PartError(CORRUPT, "cpu checksum mismatch")

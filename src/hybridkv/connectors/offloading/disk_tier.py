@@ -51,6 +51,9 @@ from hybridkv.connectors.offloading.tier import TierEntry, TierIndex
 from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, TierCounts, UnitRef
 from hybridkv.connectors.offloading.units import UnitGeometry, part_key
 from hybridkv.kv.hashing import BlockHash
+from hybridkv.step_io import FailureReason
+
+TIMEOUT = FailureReason.TIMEOUT
 
 PROBE_RETRY_SECONDS = 1.0  # a unit probed and found absent is not probed again sooner
 PROBE_WAIT_SECONDS = 0.01  # the scheduler waits at most this long for a probe's answer
@@ -135,17 +138,29 @@ class DiskTier(Tier):
                 _unlink(path)
         return total
 
-    def read(self, unit_hash: BlockHash, end: int, group_id: int) -> torch.Tensor:
+    def read(
+        self, unit_hash: BlockHash, end: int, group_id: int, deadline: float | None = None
+    ) -> torch.Tensor:
         """Read and verify one part on the I/O pool; ``PartError`` with the reason otherwise
-        (``io_error`` when the disk does not answer within the tier's timeout)."""
+        (``io_error`` when the disk does not answer within the tier's timeout, ``timeout`` when
+        the load's ``deadline`` passes first; the pool's watchdog then handles the call)."""
         if self.pool.on_worker():
             return self._read_now(unit_hash, end, group_id)
+        wait = 2 * self.io_timeout + 1
+        if deadline is not None:
+            wait = min(wait, deadline - time.monotonic())
+            if wait <= 0:
+                raise PartError(TIMEOUT, "the load's deadline passed")
         job = functools.partial(self._read_now, unit_hash, end, group_id)
         future = self.pool.submit(job, tag=unit_hash)
         try:
-            result: torch.Tensor = future.result(timeout=2 * self.io_timeout + 1)
-        except (StuckIO, TimeoutError) as exc:
+            result: torch.Tensor = future.result(timeout=wait)
+        except StuckIO as exc:
             raise PartError(IO_ERROR, str(exc) or "stuck") from None
+        except TimeoutError:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise PartError(TIMEOUT, "the load's deadline passed") from None
+            raise PartError(IO_ERROR, "stuck") from None
         return result
 
     def _read_now(self, unit_hash: BlockHash, end: int, group_id: int) -> torch.Tensor:

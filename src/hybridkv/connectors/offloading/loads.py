@@ -45,6 +45,7 @@ class InflightLoad:
 
     spec: LoadSpec
     started: float
+    deadline: float  # ``time.monotonic()``: no I/O of the load outlives it (``Tier.read``)
     lock: threading.Lock = field(default_factory=threading.Lock)
     idle: threading.Condition = field(init=False)  # on ``lock``: no write in progress
     num_writers: int = 0
@@ -186,7 +187,7 @@ class PartWriter:
         try:
             while True:
                 while len(ahead) < READ_AHEAD and (part := next(todo, None)) is not None:
-                    ahead.append((part, self._readers.submit(self._read, part)))
+                    ahead.append((part, self._readers.submit(self._read, part, load.deadline)))
                 if not ahead or load.cancelled:  # timed out: the result is reported already
                     return
                 part, read = ahead.popleft()
@@ -277,13 +278,13 @@ class PartWriter:
         finally:
             load.end_write()
 
-    def _read(self, part: LoadPart) -> torch.Tensor:
+    def _read(self, part: LoadPart, deadline: float) -> torch.Tensor:
         """The part's payload, read whole and verified; ``PartError`` if it is bad or gone."""
         source = part.source
         tier = self.stack.get(source.tier)
         if tier is None:
             raise PartError(MISSING, f"unit {source.unit_hash.hex()} in no tier")
-        return tier.read(source.unit_hash, source.end, part.group_id)
+        return tier.read(source.unit_hash, source.end, part.group_id, deadline)
 
     def _write_part(self, load: InflightLoad, part: LoadPart, payload: torch.Tensor) -> bool:
         """Write a verified whole part; False (nothing written) if the load was given up."""

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 import valkey
+from valkey._parsers.encoders import Encoder
+from valkey.connection import PythonRespSerializer
 
 from hybridkv.connectors.config import TierName
 from hybridkv.connectors.file_format import (
@@ -42,17 +44,19 @@ from hybridkv.connectors.file_format import (
     parse_part,
 )
 from hybridkv.connectors.offloading.policies import Eviction, create_policy
+from hybridkv.connectors.offloading.remote_checks import RemoteChecks
+from hybridkv.connectors.offloading.remote_reply import ReplyReader, read_part_reply
 from hybridkv.connectors.offloading.tier import TierIndex
 from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, UnitRef
 from hybridkv.connectors.offloading.units import UnitGeometry, part_key
 from hybridkv.kv.hashing import BlockHash
+from hybridkv.step_io import FailureReason
 
 VALUE_BYTES = 4 << 20  # a few MiB per value: big enough to stream, small enough for the server
 RETRY_SECONDS = 1.0  # after a connection error or timeout, the server is skipped this long
-PROBE_RETRY_SECONDS = 1.0  # a unit found absent is not probed again sooner
-MAX_PROBE_UNITS = 64  # units checked in one probe round trip
 NUM_CONNECTIONS = 8
 NUM_IO_THREADS = 2
+TIMEOUT = FailureReason.TIMEOUT
 _UNBOUNDED = 1 << 62  # the server bounds its memory; the index only tracks what we stored
 
 ServerError = (valkey.ConnectionError, valkey.TimeoutError)
@@ -75,6 +79,7 @@ class RemoteTier(Tier):
     ) -> None:
         self.fingerprint = fingerprint
         self.geometry = geometry
+        self.timeout = timeout
         self.ttl = ttl_seconds
         self.namespace = f"{key_prefix}{fingerprint}:c{geometry.chunk_tokens}:"
         url = "redis://" + url[len("valkey://") :] if url.startswith("valkey://") else url
@@ -84,18 +89,20 @@ class RemoteTier(Tier):
             timeout=timeout,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
+            command_packer=_ZeroCopyPacker(),
+            lib_name=None,  # no ``CLIENT SETINFO`` round trips on each (re)connection
+            lib_version=None,
         )
         self.client = valkey.Valkey(connection_pool=self.pool)
         self.index = TierIndex("remote", _UNBOUNDED, create_policy(Eviction.LRU, 1 << 20))
         self.io = ThreadPoolExecutor(NUM_IO_THREADS, thread_name_prefix="offload-remote")
-        self._prober = ThreadPoolExecutor(1, thread_name_prefix="offload-remote-probe")
         self._counters: dict[str, float] = {}  # under ``_lock``
         self.clock: Callable[[], float] = time.monotonic
         self._lock = threading.Lock()
         self._down_until = 0.0
-        self._asking: set[BlockHash] = set()
-        self._found: dict[BlockHash, UnitRef] = {}
-        self._absent: dict[BlockHash, float] = {}
+        self.checks = RemoteChecks(
+            self.index, self._count_keys, self._now, self.is_down, self._progressed
+        )
 
     # -- keys ----------------------------------------------------------------------------
 
@@ -112,6 +119,13 @@ class RemoteTier(Tier):
         ]
 
     # -- the server's health -------------------------------------------------------------
+
+    def _now(self) -> float:
+        return self.clock()
+
+    def _progressed(self) -> None:
+        if self.progress is not None:
+            self.progress()
 
     def is_down(self) -> bool:
         with self._lock:
@@ -154,18 +168,49 @@ class RemoteTier(Tier):
         self._call(pipe.execute)
         if not self.index.commit(unit_hash, {}):  # the reservation was dropped meanwhile
             self._delete(unit_hash, end)
+        else:
+            self.checks.seen_complete(unit_hash)
         return total
 
-    def read(self, unit_hash: BlockHash, end: int, group_id: int) -> torch.Tensor:
+    def read(
+        self, unit_hash: BlockHash, end: int, group_id: int, deadline: float | None = None
+    ) -> torch.Tensor:
         keys = self.part_keys(unit_hash, group_id, end)
-        values = self._call(lambda: self.client.mget(keys))
-        if any(v is None for v in values):
-            raise PartError(MISSING, f"remote part {part_key(unit_hash, group_id)}")
-        key = part_key(unit_hash, group_id)
-        span = self.geometry.part_span(group_id, end)
         nbytes = self.geometry.part_nbytes(group_id, end)
-        payload = parse_part(values[0], values[1:], self.fingerprint, key, span, nbytes)
+        reply = self._call(lambda: self._mget(keys, nbytes, deadline))
+        key = part_key(unit_hash, group_id)
+        if reply is None:
+            raise PartError(MISSING, f"remote part {key}")
+        span = self.geometry.part_span(group_id, end)
+        payload = parse_part(reply[0], reply[1], self.fingerprint, key, span, nbytes)
         return _tensor(payload)
+
+    def _mget(
+        self, keys: list[str], payload_nbytes: int, deadline: float | None
+    ) -> tuple[bytes, list[memoryview]] | None:
+        """One part's ``MGET`` (``remote_reply``: header value, payload pieces; None if a
+        value is missing) whose socket waits end by the load's ``deadline`` too; a wait cut
+        short by it is ``PartError(TIMEOUT)`` (the server is not marked down for that)."""
+        wait = self.timeout if deadline is None else min(self.timeout, deadline - time.monotonic())
+        if wait <= 0:
+            raise PartError(TIMEOUT, "the load's deadline passed")
+        conn: Any = self.pool.get_connection("MGET")
+        try:
+            conn._sock.settimeout(wait)
+            conn.send_command("MGET", *keys)
+            return read_part_reply(ReplyReader(conn._sock), len(keys), payload_nbytes)
+        except valkey.TimeoutError:
+            conn.disconnect()  # the rest of the reply may still come: the stream is lost
+            if wait < self.timeout:
+                raise PartError(TIMEOUT, "the load's deadline passed") from None
+            raise
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            if conn._sock is not None:  # None: disconnected by the error
+                conn._sock.settimeout(self.timeout)
+            self.pool.release(conn)
 
     def discard_bad(self, unit_hash: BlockHash, reason: str) -> int:
         entry = self.index.remove(unit_hash)
@@ -183,65 +228,31 @@ class RemoteTier(Tier):
     def submit(self, fn: Callable[[], Any], key: Hashable | None = None) -> Future[Any]:
         return self.io.submit(fn)
 
-    # -- units other processes stored (scheduler thread; checks on the probe worker) ---
+    # -- what lookups ask (scheduler thread; checks on the probe worker, ``remote_checks``) --
 
     def probe(self, units: Sequence[UnitRef]) -> ProbeAnswer:
-        first = units[0].unit_hash
-        now = self.clock()
-        with self._lock:
-            if first in self._found:
-                return ProbeAnswer.FOUND
-            if first in self._asking:
-                return ProbeAnswer.ASKING
-            if self._absent.get(first, now) > now or now < self._down_until:
-                return ProbeAnswer.ABSENT
-            todo = [
-                u
-                for u in units[:MAX_PROBE_UNITS]
-                if u.unit_hash not in self._asking
-                and self.index.get(u.unit_hash) is None
-                and self._absent.get(u.unit_hash, now) <= now
-            ]
-            self._asking.update(u.unit_hash for u in todo)
-        self._prober.submit(self._check, todo)
-        return ProbeAnswer.ASKING
+        return self.checks.probe(units)
 
-    def _check(self, units: list[UnitRef]) -> None:
-        """Whether every value of each unit exists (one ``EXISTS`` per unit, pipelined)."""
-        counts: list[int] = []
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for unit in units:
-                pipe.exists(*self.unit_keys(unit.unit_hash, unit.end))
-            counts = self._call(pipe.execute)
-        except Exception:  # never leave the units "asking"  # noqa: BLE001
-            counts = [0] * len(units)
-        retry = self.clock() + PROBE_RETRY_SECONDS
-        with self._lock:
-            for unit, count in zip(units, counts, strict=True):
-                self._asking.discard(unit.unit_hash)
-                if count == len(self.unit_keys(unit.unit_hash, unit.end)):
-                    self._found[unit.unit_hash] = unit
-                else:
-                    self._absent[unit.unit_hash] = retry
-            if len(self._absent) > 4096:
-                now = self.clock()
-                self._absent = {h: t for h, t in self._absent.items() if t > now}
-        if self.progress is not None:
-            self.progress()
+    def confirm(self, units: Sequence[UnitRef]) -> int | None:
+        return self.checks.confirm(units)
 
     def probing(self) -> bool:
-        with self._lock:
-            return bool(self._asking)
+        return self.checks.probing()
 
     def take_found(self) -> list[UnitRef]:
-        with self._lock:
-            found, self._found = self._found, {}
-        return list(found.values())
+        return self.checks.take_found()
 
     def mark_absent(self, unit_hash: BlockHash) -> None:
-        with self._lock:
-            self._absent[unit_hash] = self.clock() + PROBE_RETRY_SECONDS
+        self.checks.mark_absent(unit_hash)
+
+    def _count_keys(self, units: Sequence[UnitRef]) -> list[tuple[int, int]]:
+        """How many of each unit's values exist, and how many it has (one round trip)."""
+        keys = [self.unit_keys(u.unit_hash, u.end) for u in units]
+        pipe = self.client.pipeline(transaction=False)
+        for unit_keys in keys:
+            pipe.exists(*unit_keys)
+        counts = self._call(pipe.execute)
+        return [(int(n), len(k)) for n, k in zip(counts, keys, strict=True)]
 
     def _count(self, *names: str) -> None:
         with self._lock:
@@ -251,10 +262,12 @@ class RemoteTier(Tier):
     def take_counters(self) -> dict[str, float]:
         with self._lock:
             counters, self._counters = self._counters, {}
+        for name, value in self.checks.take_counts().items():
+            counters[name] = counters.get(name, 0) + value
         return counters
 
     def shutdown(self) -> None:
-        self._prober.shutdown(wait=True)
+        self.checks.shutdown()
         self.io.shutdown(wait=True)
         self.pool.disconnect()
 
@@ -273,3 +286,12 @@ def _values(head: bytes, payload: memoryview) -> list[bytes | memoryview]:
     values: list[bytes | memoryview] = [head]
     values.extend(payload[i : i + VALUE_BYTES] for i in range(0, payload.nbytes, VALUE_BYTES))
     return values
+
+
+class _ZeroCopyPacker(PythonRespSerializer):
+    """valkey-py's pure-Python command packer: large values (our snapshot's memoryviews) go to
+    ``sendall`` as they are. The default with ``libvalkey`` copies every argument into one
+    ``bytes`` per command (a copy of the whole unit on the store path)."""
+
+    def __init__(self) -> None:
+        super().__init__(6000, Encoder("utf-8", "strict", False).encode)  # type: ignore[no-untyped-call]

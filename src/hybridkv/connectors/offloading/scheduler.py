@@ -102,14 +102,15 @@ class OffloadingScheduler(BaseConnectorScheduler):
         return end - num_local_computed, self.config.load_mode is LoadMode.ASYNC
 
     def _find_restore_end(self, request: KVConnectorRequest, local: int) -> int | None:
-        """The end of the last unit of the READY run after ``local`` (0 if none); None if a
-        unit of the run is still being stored, or was just found on disk (it is adopted in
-        ``build_connector_meta``) or a tier is still checking. The walk probes the tiers until
-        a unit is absent from all."""
+        """The end of the last unit of the READY run after ``local`` (0 if none) that the
+        tiers confirm; None if a unit of the run is still being stored, or was just found on
+        disk (it is adopted in ``build_connector_meta``) or a tier is still checking. The walk
+        probes the tiers until a unit is absent from all."""
         size, chunk = self.geometry.block_size, self.config.chunk_tokens
         limit = request.num_tokens - (0 if self.geometry.full_attention_only else 1)
         limit = min(limit, len(request.block_hashes) * size) // chunk * chunk
-        best, found = 0, False
+        run: list[UnitRef] = []
+        found = False
         for end in range((local // chunk + 1) * chunk, limit + 1, chunk):
             unit_hash = self.geometry.unit_hash(request.block_hashes, end)
             state = self.stack.state_of(unit_hash)
@@ -124,8 +125,13 @@ class OffloadingScheduler(BaseConnectorScheduler):
                 return None
             if state is None:
                 break
-            best = end
-        return None if found else best
+            run.append(UnitRef(unit_hash, end, None))
+        if found:
+            return None
+        confirmed = self.stack.confirm(run)
+        if confirmed is None:
+            return None
+        return run[confirmed - 1].end if confirmed else 0
 
     def _run(self, request: KVConnectorRequest, end: int, limit: int) -> list[UnitRef]:
         """The request's units from the one ending at ``end`` up to ``limit``."""

@@ -61,6 +61,22 @@ class TierStack:
                 return answer
         return ProbeAnswer.ABSENT
 
+    def confirm(self, units: Sequence[UnitRef]) -> int | None:
+        """How many of ``units`` (a lookup's READY run, in order) the fastest tier holding
+        each still confirms, from the first; None while a tier is asking."""
+        by_tier: dict[TierName, list[int]] = {}
+        for i, unit in enumerate(units):
+            holder = next(t for t in self.tiers if t.lookup(unit.unit_hash) is UnitState.READY)
+            by_tier.setdefault(holder.name, []).append(i)
+        cut: int | None = len(units)
+        for name, indices in by_tier.items():
+            num = self._by_name[name].confirm([units[i] for i in indices])
+            if num is None:
+                cut = None
+            elif cut is not None and num < len(indices):
+                cut = min(cut, indices[num])
+        return cut
+
     def pin_fastest(self, unit_hash: BlockHash) -> tuple[Tier, int] | None:
         """Pin the unit in the fastest tier holding it: (tier, the pinned entry's serial)."""
         for tier in self.tiers:

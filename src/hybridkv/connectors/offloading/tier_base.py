@@ -6,7 +6,7 @@ remote store. ``stack.TierStack`` orders the tiers fastest first and owns what s
 
 Threads and where each call may run::
 
-    scheduler thread   lookup, probe, take_found, mark_absent, reserve, evict, pin/unpin,
+    scheduler thread   lookup, probe, confirm, take_found, mark_absent, reserve, evict, pin/unpin,
                        touch (through ``index``) -- memory only, never I/O, never blocks
     worker threads     read, read_unit, write, discard_bad, submit, stats
 
@@ -122,6 +122,13 @@ class Tier(ABC):
         round trip. Never blocks on I/O. By default a tier only knows its own units."""
         return ProbeAnswer.ABSENT
 
+    def confirm(self, units: Sequence[UnitRef]) -> int | None:
+        """How many of ``units`` (READY in this tier's index, the run a lookup is about to
+        report, in order) the tier can still serve; None while it checks (ask again). Never
+        blocks on I/O. A tier whose index is the truth (memory, files this process indexes)
+        confirms them all; the remote tier asks the server (its values may be evicted)."""
+        return len(units)
+
     def probing(self) -> bool:
         """Whether a probe is still checking on the tier's worker (the engine then waits for
         ``progress`` instead of spinning through empty steps)."""
@@ -154,9 +161,12 @@ class Tier(ABC):
     # -- worker threads ----------------------------------------------------------------------
 
     @abstractmethod
-    def read(self, unit_hash: BlockHash, end: int, group_id: int) -> torch.Tensor:
+    def read(
+        self, unit_hash: BlockHash, end: int, group_id: int, deadline: float | None = None
+    ) -> torch.Tensor:
         """One part's payload (flat uint8, or the tier's own shape), verified; ``PartError``
-        with the reason otherwise."""
+        with the reason otherwise. ``deadline`` (``time.monotonic()``): the load's, which no
+        I/O of this read may outlive (``PartError(TIMEOUT)``); memory reads ignore it."""
 
     def read_unit(self, unit_hash: BlockHash, end: int) -> dict[int, torch.Tensor]:
         """Every part of a unit, verified, attention parts ``[n, G, layer_page_bytes]`` and

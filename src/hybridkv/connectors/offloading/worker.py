@@ -59,7 +59,8 @@ class OffloadingWorker(BaseConnectorWorker):
 
     def start_load(self, metadata: ConnectorMetadata) -> None:
         for spec in metadata.loads:
-            load = InflightLoad(spec, time.monotonic())
+            started = time.monotonic()
+            load = InflightLoad(spec, started, started + self.config.load_timeout_seconds)
             with self._cond:
                 self._loads[spec.request_id] = load
             if not spec.is_async and _from_memory_only(self.stack, spec):
@@ -73,7 +74,7 @@ class OffloadingWorker(BaseConnectorWorker):
                 self._wait_sync(load)
 
     def _wait_sync(self, load: InflightLoad) -> None:
-        deadline = load.started + self.config.load_timeout_seconds
+        deadline = load.deadline
         with self._cond:
             while not load.done and time.monotonic() < deadline:
                 self._cond.wait(max(0.0, deadline - time.monotonic()))
@@ -89,9 +90,13 @@ class OffloadingWorker(BaseConnectorWorker):
         result = LoadResult(spec.request_id, spec.is_async)
         parts = plan_parts(self.geometry, spec)
         try:
-            for part, reason in self._writer.write(load, parts):
-                self._record_bad_part(part, reason, result)
-            if not load.try_finish():  # timed out: the result is reported already
+            bad = self._writer.write(load, parts)
+            finished = load.try_finish()  # False: timed out, the result is reported already
+            for part, reason in bad:
+                self._discard_bad(part, reason)
+                if finished:
+                    self._record_bad_part(part, reason, result)
+            if not finished:
                 return
         except Exception as exc:  # a device or programming error: fail the whole request
             result.request_reason = f"error: {type(exc).__name__}"
@@ -114,9 +119,13 @@ class OffloadingWorker(BaseConnectorWorker):
             result.invalid_blocks.update(dict.fromkeys(part.block_ids, reason))
         else:
             result.state_reason = result.state_reason or reason
+
+    def _discard_bad(self, part: LoadPart, reason: FailureReason) -> None:
+        """A part failed: its unit leaves its tier (stored objects deleted unless the reason
+        says they are gone or unreadable); a part that was only too slow stays."""
         source = part.source
         tier = self.stack.get(source.tier)
-        if tier is None:
+        if tier is None or reason is TIMEOUT:  # too slow is not bad: the unit stays
             return
         indexed = tier.index.get(source.unit_hash) is not None
         removed = tier.discard_bad(source.unit_hash, reason)
