@@ -159,8 +159,11 @@ def vllm_model(layout_name: str) -> tuple[dict[str, Any], list[str], list[str]]:
     import vllm_kv_baseline as kvb
 
     kinds = ["gdn" if k == "gdn" else "attention" for k in wl.LAYOUTS[layout_name]["layer_kinds"]]
-    return kvb._hf_config(layout_name), kinds, ["--dtype", "bfloat16", "--mamba-ssm-cache-dtype",
-                                                  "float32"]
+    return (
+        kvb._hf_config(layout_name),
+        kinds,
+        ["--dtype", "bfloat16", "--mamba-ssm-cache-dtype", "float32"],
+    )
 
 
 def run_vllm(
