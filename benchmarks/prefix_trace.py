@@ -1,46 +1,50 @@
-"""B3 (part) — prefix caching on a chat trace, KV control plane only (no model, no TTFT).
+"""B3 — prefix caching on a chat trace: hybridkv's KV control plane against vLLM 0.32's.
 
-A seeded chat trace: several system prompts (64-2,000 tokens), a shared few-shot block, and
-multi-turn conversations interleaved round robin; each turn's prompt is the whole conversation
-so far plus a new user message, and its reply (the decoded tokens) is part of the next turn.
-Every request runs through hybridkv's ``KVCacheCoordinator`` as the engine drives it (hit
-search, one prefill step with states taken from the scan, decode token by token, free), one
-at a time, on a Granite-4.0-H-small-like layout and the qwen35-like layout of
-``kv_workload.py``. Modes::
+The trace (``prefix_trace_workload.py``): system prompts of 64-2,000 tokens, a shared
+few-shot block, multi-turn conversations interleaved round robin, replies decoded token by
+token. Every request runs through hybridkv's ``KVCacheCoordinator`` as the engine drives it
+(hit search, one prefill step with states taken from the scan, decode, free), one at a time,
+on the small Granite 4.0-H checkpoint's layout and the qwen35-like layout of
+``kv_workload.py``, with ``state_checkpoint_budget`` 10 % of the simulated KV memory. Modes::
 
     off        prefix caching off: every prompt token is computed
-    before     caching on, checkpoints only at the periodic interval (512), prompt ends,
-               junctions and a finished request's last boundary (the engine before issue 13)
-    messages   the same plus every message's end (what LLM.chat and the server now add)
+    before     caching on, checkpoints at the periodic interval (512), prompt ends, junctions
+               and a finished request's last boundary (the engine before issue 13)
+    messages   the same plus every message's end (what LLM.chat and the server add)
 
-Reports prompt tokens computed, the hit rate, how much of each system prompt its *first*
-sharer reused, and the peak checkpoint memory against ``state_checkpoint_budget`` (10 %).
-Not measured here: TTFT, and vLLM's manager on the same trace.
+With ``--vllm PYTHON`` the same token trace also runs through vLLM's own Scheduler and
+KVCacheManager (``prefix_trace_vllm.py``, a subprocess in vLLM's virtualenv, same KV memory,
+Mamba "align" mode), once with vLLM's default hash granularity and once with
+``prefix_match_unit=16`` (its finest hits). TTFT through the real engine:
+``prefix_trace_ttft.py``.
 
-    .venv/bin/python benchmarks/prefix_trace.py            # 24 conversations x 4 turns
-    .venv/bin/python benchmarks/prefix_trace.py --quick    # seconds
+    .venv/bin/python benchmarks/prefix_trace.py --vllm /work/vllm-venv/bin/python
+    .venv/bin/python benchmarks/prefix_trace.py --quick    # seconds, no vLLM
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
+import os
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from bench_common import machine_info
+from bench_common import cpu_flags, machine_info
 from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHash, BlockHasher, get_hash_fn
 from hybridkv.kv.spec import FullAttentionSpec, KVCacheLayout, LayerSpec, StateSpec, create_layout
 from kv_core import build_layout
+from prefix_trace_workload import Turn, first_sharer_reuse, make_trace
 
 BLOCK = 16
 BUDGET = 0.1
-SYSTEM_LENS = (64, 300, 1000, 2000)
-FEW_SHOT_LEN = 600
 MODES = ("off", "before", "messages")
+HERE = Path(__file__).resolve().parent
 
 
 def granite_small_layout() -> KVCacheLayout:
@@ -68,40 +72,6 @@ class TraceRequest:
         return len(self.token_ids)
 
 
-@dataclass(frozen=True)
-class Turn:
-    conversation: int
-    system: int
-    prompt: list[int]
-    reply: list[int]
-    message_ends: tuple[int, ...]
-
-
-def make_trace(num_conversations: int, num_turns: int, seed: int = 0) -> list[Turn]:
-    rng = random.Random(seed)
-
-    def text(n: int) -> list[int]:
-        return [rng.randrange(3, 32000) for _ in range(n)]
-
-    systems = [text(n) for n in SYSTEM_LENS]
-    few_shot = text(FEW_SHOT_LEN)
-    histories: list[tuple[int, list[int], list[int]]] = []
-    for c in range(num_conversations):
-        s = c % len(systems)
-        head = systems[s] + (few_shot if c % 2 else [])
-        ends = [len(systems[s])] + ([len(head)] if c % 2 else [])
-        histories.append((s, head, ends))
-    turns = []
-    for _ in range(num_turns):
-        for c, (s, tokens, ends) in enumerate(histories):
-            prompt = tokens + text(rng.randrange(30, 150))
-            reply = text(rng.randrange(20, 80))
-            turns.append(Turn(c, s, prompt, reply, (*ends, len(prompt))))
-            ends.extend([len(prompt), len(prompt) + len(reply)])
-            tokens.extend(prompt[len(tokens) :] + reply)
-    return turns
-
-
 def make_coordinator(layout: KVCacheLayout, mode: str, memory: int) -> KVCacheCoordinator:
     from hybridkv.engine.core import checkpoint_capacity
 
@@ -118,8 +88,8 @@ def make_coordinator(layout: KVCacheLayout, mode: str, memory: int) -> KVCacheCo
     return KVCacheCoordinator(layout, config)
 
 
-def serve(coord: KVCacheCoordinator, req: TraceRequest, reply: list[int]) -> int:
-    """One turn as the engine runs it; returns its local hit (prompt tokens not computed)."""
+def serve(coord: KVCacheCoordinator, req: TraceRequest, reply: list[int]) -> tuple[int, ...]:
+    """One turn as the engine runs it; returns (its hit, each group's own hit)."""
     hit = coord.find_cache_hit(req)
     assert coord.allocate(req, req.num_prompt_tokens - hit.num_tokens, hit), "pool too small"
     req.num_computed_tokens = req.num_prompt_tokens
@@ -136,39 +106,100 @@ def serve(coord: KVCacheCoordinator, req: TraceRequest, reply: list[int]) -> int
         coord.cache(req, req.num_computed_tokens)
         coord.end_step()
     coord.free(req)
-    return hit.num_tokens
+    return (hit.num_tokens, *(hit.group_hit_tokens or [0] * len(coord.layout.groups)))
 
 
 def run(layout_name: str, mode: str, turns: list[Turn], memory: int) -> dict[str, Any]:
     layout = granite_small_layout() if layout_name == "granite_small" else build_layout(layout_name)
     coord = make_coordinator(layout, mode, memory)
-    computed = total = peak = 0
-    first_reuse: dict[int, float] = {}
-    seen: set[int] = set()
+    hits: list[int] = []
+    group_hits = [0] * len(layout.groups)
+    peak = 0
     for i, turn in enumerate(turns):
         bounds = turn.message_ends if mode == "messages" else ()
         req = TraceRequest(f"r{i}", list(turn.prompt), len(turn.prompt), bounds)
         BlockHasher(BLOCK, get_hash_fn("sha256")).extend(req.block_hashes, req.token_ids)
-        hit = serve(coord, req, turn.reply)
-        computed += len(turn.prompt) - hit
-        total += len(turn.prompt)
-        if turn.conversation not in seen:
-            seen.add(turn.conversation)
-            system_blocks = SYSTEM_LENS[turn.system] // BLOCK * BLOCK
-            if turn.conversation >= len(SYSTEM_LENS):  # a later conversation: the first sharer
-                first_reuse.setdefault(turn.system, min(hit, system_blocks) / system_blocks)
+        hit, *own = serve(coord, req, turn.reply)
+        hits.append(hit)
+        group_hits = [a + b for a, b in zip(group_hits, own, strict=True)]
         peak = max(peak, max((sm.book.count() for sm in coord.state), default=0))
         coord.check_integrity()
-    slot_bytes = layout.total_state_slot_bytes()
+    return summarize(turns, hits, peak * layout.total_state_slot_bytes(), memory) | {
+        "group_hit_rate": {
+            f"{g.kind.value}:{gid}": n / sum(len(t.prompt) for t in turns)
+            for gid, (g, n) in enumerate(zip(layout.groups, group_hits, strict=True))
+        },
+        "checkpoint_peak": peak,
+    }
+
+
+def summarize(turns: list[Turn], hits: list[int], peak_bytes: int, memory: int) -> dict[str, Any]:
+    total = sum(len(t.prompt) for t in turns)
+    computed = total - sum(hits)
     return {
         "prompt_tokens": total,
         "computed_tokens": computed,
         "hit_rate": 1 - computed / total,
-        "first_sharer_system_reuse": {SYSTEM_LENS[s]: r for s, r in sorted(first_reuse.items())},
-        "checkpoint_peak": peak,
-        "checkpoint_peak_bytes": peak * slot_bytes,
+        "first_sharer_system_reuse": first_sharer_reuse(turns, hits, BLOCK),
+        "checkpoint_peak_bytes": peak_bytes,
         "checkpoint_budget_bytes": int(BUDGET * memory),
     }
+
+
+def vllm_model(layout_name: str) -> tuple[dict[str, Any], list[str], list[str]]:
+    """(HF config, layer kinds, dtype arguments) vLLM is given for a layout."""
+    if layout_name == "granite_small":
+        from hybridkv.model.make_model import model_config_json
+
+        cfg = model_config_json("granitemoehybrid", "small")
+        cfg["vocab_size"] = 32000  # the trace's token ids; no weights are ever built
+        kinds = ["attention" if t == "attention" else "mamba2" for t in cfg["layer_types"]]
+        return cfg, kinds, ["--dtype", "float32"]
+    import kv_workload as wl
+    import vllm_kv_baseline as kvb
+
+    kinds = ["gdn" if k == "gdn" else "attention" for k in wl.LAYOUTS[layout_name]["layer_kinds"]]
+    return (
+        kvb._hf_config(layout_name),
+        kinds,
+        ["--dtype", "bfloat16", "--mamba-ssm-cache-dtype", "float32"],
+    )
+
+
+def run_vllm(
+    python: str, layout_name: str, turns: list[Turn], memory: int, match_unit: int | None
+) -> dict[str, Any]:
+    """The trace through vLLM's Scheduler in its own virtualenv (``prefix_trace_vllm.py``)."""
+    cfg, kinds, dtype_args = vllm_model(layout_name)
+    with tempfile.TemporaryDirectory(prefix="prefix-trace-") as tmp:
+        trace, hf = Path(tmp) / "trace.json", Path(tmp) / "config.json"
+        trace.write_text(json.dumps([t.to_json() for t in turns]))
+        hf.write_text(json.dumps(cfg))
+        cmd = [python, str(HERE / "prefix_trace_vllm.py"), "--trace", str(trace)]
+        cmd += ["--hf-config", str(hf), "--layer-kinds", ",".join(kinds)]
+        cmd += ["--memory", str(memory), *dtype_args]
+        if match_unit is not None:
+            cmd += ["--prefix-match-unit", str(match_unit)]
+        env = {**os.environ, "PYTHONPATH": ""}  # never hybridkv's packages in vLLM's venv
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    if res.returncode:
+        raise RuntimeError(f"vLLM baseline failed:\n{res.stderr[-3000:]}")
+    out = json.loads(res.stdout)
+    return summarize(turns, out["hits"], 0, memory) | {"vllm": out["vllm"], "config": out["config"]}
+
+
+def print_table(results: dict[str, dict[str, dict[str, Any]]]) -> None:
+    for name, by_mode in results.items():
+        off = by_mode["off"]["computed_tokens"]
+        for mode, r in by_mode.items():
+            reuse = min(r["first_sharer_system_reuse"].values(), default=0.0)
+            print(
+                f"{name:14} {mode:17} computed {r['computed_tokens']:7d} "
+                f"({r['computed_tokens'] / off:5.1%})  first-sharer min reuse {reuse:5.1%}  "
+                f"checkpoints peak {r['checkpoint_peak_bytes'] / 2**20:7.1f} MiB / "
+                f"{r['checkpoint_budget_bytes'] / 2**20:.1f}",
+                file=sys.stderr,
+            )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -182,7 +213,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="KV memory of the simulated engine, per layout (a qwen35 state is 75 MiB)",
     )
     p.add_argument("--layouts", nargs="+", default=["granite_small", "qwen35"])
-    p.add_argument("--quick", action="store_true")
+    p.add_argument("--vllm", metavar="PYTHON", help="vLLM's python: also run vLLM's manager")
+    p.add_argument("--quick", action="store_true", help="8 conversations x 2 turns")
     args = p.parse_args(argv)
     if args.quick:
         args.conversations, args.turns = 8, 2
@@ -190,25 +222,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     memories = [parse_bytes(m, "--memory") for m in args.memory]
     turns = make_trace(args.conversations, args.turns)
-    results = {
-        name: {mode: run(name, mode, turns, memory) for mode in MODES}
-        for name, memory in zip(args.layouts, memories, strict=True)
-    }
-    for name, by_mode in results.items():
-        off = by_mode["off"]["computed_tokens"]
-        for mode, r in by_mode.items():
-            reuse = min(r["first_sharer_system_reuse"].values(), default=0.0)
-            print(
-                f"{name:14} {mode:9} computed {r['computed_tokens']:7d} "
-                f"({r['computed_tokens'] / off:5.1%})  first-sharer min reuse {reuse:5.1%}  "
-                f"checkpoints peak {r['checkpoint_peak_bytes'] / 2**20:7.1f} MiB / "
-                f"{r['checkpoint_budget_bytes'] / 2**20:.1f}",
-                file=sys.stderr,
-            )
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, memory in zip(args.layouts, memories, strict=True):
+        results[name] = {mode: run(name, mode, turns, memory) for mode in MODES}
+        if args.vllm:
+            for unit, label in ((None, "vllm_default"), (BLOCK, "vllm_match_unit_16")):
+                results[name][label] = run_vllm(args.vllm, name, turns, memory, unit)
+    print_table(results)
     out = {
         "benchmark": "prefix_trace",
         "quick": args.quick,
-        "machine": machine_info(),
+        "machine": machine_info(cpu_flags=cpu_flags(), load_average=os.getloadavg()),
         "trace": {"conversations": args.conversations, "turns": args.turns, "requests": len(turns)},
         "workload": {"memory": dict(zip(args.layouts, memories, strict=True)), "budget": BUDGET},
         "results": results,

@@ -8,7 +8,7 @@ import pytest
 from hybridkv.kv.checkpoints import CheckpointKind, CheckpointPolicy
 from hybridkv.kv.coordinator import KVCacheCoordinator
 from hybridkv.kv.state_manager import StateCopy
-from tests.kv.builders import FakeRequest, make_coordinator, prefill
+from tests.kv.builders import FakeRequest, decode, make_coordinator, prefill
 
 
 def _scan(**kw: object) -> KVCacheCoordinator:
@@ -104,12 +104,49 @@ def test_sampling_params_refuse_bad_boundaries(bad: object) -> None:
     assert SamplingParams(extra_args={"cache_boundaries": [9, 3]}).cache_boundaries == (9, 3)
 
 
-def test_among_equals_the_tail_goes_before_its_older_head() -> None:
+def test_a_link_goes_before_the_frontier_that_continues_it() -> None:
     coord = _scan(num_state_slots=16, max_checkpoints=2, interval=4)
     book = coord.state[0].book
     book.record_evictions = True
     _serve(coord, FakeRequest("A", list(range(30))))
     assert sorted(e.boundary for e in book.entries.values()) == [4, 8]  # then full (pending)
     _serve(coord, FakeRequest("B", [90 + i for i in range(6)], cache_boundaries=(4,)))
-    assert [e.boundary for e in book.evictions] == [8]  # not 4, the older (LRU) one
-    assert sorted(e.boundary for e in book.entries.values()) == [4, 4]
+    assert [e.boundary for e in book.evictions] == [4]  # A's 8 continues A's 4: 4 is a link
+    assert sorted(e.boundary for e in book.entries.values()) == [4, 8]  # B's 4, A's 8
+
+
+def test_a_new_turn_end_displaces_the_turn_end_it_continues() -> None:
+    """A full pool of frontiers refuses an equal newcomer, except the next turn of one of
+    them: the newcomer makes the one it continues a link."""
+    coord = _scan(num_state_slots=16, max_checkpoints=2)
+    book = coord.state[0].book
+    a, b = list(range(1, 11)), list(range(50, 60))  # 10 tokens: one prompt end, at 8
+    _serve(coord, FakeRequest("A", a))
+    _serve(coord, FakeRequest("B", b))
+    _serve(coord, FakeRequest("C", list(range(80, 90))))  # an equal frontier: refused
+    assert coord.find_cache_hit(FakeRequest("C2", list(range(80, 90)))).num_tokens == 0
+    # A's next turn hits A's 8 (pinned while it restores, so its prompt end at 12 is not
+    # saved), decodes past 16 and ends: its last state displaces A's 8, which it continues
+    a2 = FakeRequest("A2", [*a, 9, 9, 9, 9])
+    assert prefill(coord, a2) == [14]
+    assert decode(coord, a2, 5) and decode(coord, a2, 5)
+    coord.free(a2)
+    coord.check_integrity()
+    assert sorted(e.boundary for e in book.entries.values()) == [8, 16]
+    assert coord.find_cache_hit(FakeRequest("A3", [*a2.token_ids, 1])).num_tokens == 16
+    assert coord.find_cache_hit(FakeRequest("B2", [*b, 1])).num_tokens == 8
+
+
+def test_a_branch_point_outlives_the_links_of_one_conversation() -> None:
+    """A boundary two conversations continue (a shared system prompt) is shared: it stays
+    while the single-lineage checkpoints around it go."""
+    coord = _scan(num_state_slots=16, max_checkpoints=3)
+    book = coord.state[0].book
+    system = [7, 7, 7, 1]
+    _serve(coord, FakeRequest("A", system + [1, 2, 3, 4, 5, 6, 7, 8], cache_boundaries=(4,)))
+    _serve(coord, FakeRequest("B", system + [9, 8, 7, 6, 5, 4, 3, 2], cache_boundaries=(4,)))
+    at4 = [e for e in book.entries.values() if e.boundary == 4]
+    assert len(at4) == 1 and book.is_shared(at4[0]) and at4[0].hits == 1
+    for i in range(3):  # more conversations on other system prompts push the pool
+        _serve(coord, FakeRequest(f"C{i}", [200 + 20 * i + j for j in range(12)]))
+    assert any(e.boundary == 4 and e.key == at4[0].key for e in book.entries.values())

@@ -2,8 +2,10 @@
 tiny checkpoint budget, checkpoints taken from the scan or by split steps, caller boundaries.
 Every invariant of the base machine holds (no leaks, every checkpoint holds the state its key
 names, ``check_integrity`` — which asserts the budget), and every eviction takes the least
-valuable free checkpoint: never-hit before hit, then periodic before prompt before caller,
-then a tail before a head (judged from the requests' tokens, not the book's bookkeeping)."""
+valuable free checkpoint: not shared (two hits, or continued two ways) before shared, then
+periodic before prompt before caller, then links (continued by another checkpoint, fewer
+continuations first) before frontiers (judged from the requests' tokens, not the book's
+bookkeeping)."""
 
 from __future__ import annotations
 
@@ -77,29 +79,36 @@ class PressureMachine(KVMachine):
     def _watch(self, book: CheckpointBook) -> None:
         evict_one = book.evict_one
 
-        def checked() -> bool:
-            slot = book.victim()
+        def checked(newcomer: frozenset[object] = frozenset()) -> bool:
+            slot = book.victim(newcomer)  # type: ignore[arg-type]
             if slot is not None:
-                self._check_victim(book, slot)
+                self._check_victim(book, slot, newcomer)
                 self.evictions += 1
-            return evict_one()
+            return evict_one(newcomer)  # type: ignore[arg-type]
 
         book.evict_one = checked  # type: ignore[method-assign]
 
-    def _check_victim(self, book: CheckpointBook, slot: int) -> None:
+    def _check_victim(self, book: CheckpointBook, slot: int, newcomer: frozenset[object]) -> None:
+        """Judged from the requests' tokens: which checkpoints continue which (and in how
+        many ways), not from the book's own prefix bookkeeping."""
         prefixes = {s: self._prefix_of(e.key[0]) for s, e in book.entries.items()}
 
-        def is_head(s: int) -> bool:
+        def continuing(s: int) -> list[tuple[int, ...]]:
             mine = prefixes[s]
-            return mine is not None and any(
-                o is not None and o[0] == mine[0] and o[1][: len(mine[1])] == mine[1]
+            if mine is None:
+                return []
+            n = len(mine[1])
+            return [
+                o[1][n : n + self.B]
                 for t, o in prefixes.items()
-                if t != s and o is not None and len(o[1]) > len(mine[1])
-            )
+                if t != s and o is not None and o[0] == mine[0] and len(o[1]) > n
+                if o[1][:n] == mine[1]
+            ]
 
-        def rank(s: int) -> tuple[bool, int, bool]:
-            e = book.entries[s]
-            return (e.hits > 0, int(e.kind), is_head(s))
+        def rank(s: int) -> tuple[bool, int, bool, int]:
+            e, after = book.entries[s], continuing(s)
+            n = len(after) + (e.key[0] in newcomer)
+            return (e.hits >= 2 or len(set(after)) >= 2, int(e.kind), n == 0, -n)
 
         free = [s for s in book.entries if book.pool.ref_cnt[s] == 0]
         assert all(rank(slot) <= rank(s) for s in free), (

@@ -158,7 +158,8 @@ class StateManager:
         if self.pool.get_cached(self._key(hashes, boundary)) is not None:
             return None
         self._drop_trailing(req_id)  # superseded by a newer checkpoint
-        if not self.book.make_room(self.num_pending(), kind) or self.pool.num_free == 0:
+        prefix = tuple(hashes[: boundary // self.block_size - 1])
+        if not self.book.make_room(self.num_pending(), kind, prefix) or self.pool.num_free == 0:
             return None
         slot = self._allocate()
         self.pending.setdefault(req_id, []).append(_Pending(slot, boundary, kind))
@@ -202,7 +203,11 @@ class StateManager:
             if (
                 trailing.final
                 and self.pool.get_cached(key) is None
-                and self.book.make_room(self.num_pending(), CheckpointKind.CALLER)
+                and self.book.make_room(
+                    self.num_pending(),
+                    CheckpointKind.CALLER,
+                    tuple(hashes[: trailing.boundary // self.block_size - 1]),
+                )
             ):
                 self._register(trailing.slot, hashes, trailing.boundary, CheckpointKind.CALLER)
             self.pool.free([trailing.slot])
