@@ -64,7 +64,10 @@ class BaseAttentionManager:
             return max(0, want - len(table))
         skipped = self.num_skipped_blocks(total_computed)
         ref_cnt = self.pool.ref_cnt  # an unreferenced hit block sits in the free queue
-        evictable = sum(1 for b in hit_ids[skipped:] if b != NULL_BLOCK and ref_cnt[b] == 0)
+        evictable = 0
+        for b in hit_ids[skipped:]:
+            if b != NULL_BLOCK and ref_cnt[b] == 0:
+                evictable += 1
         return max(0, want - max(skipped, len(hit_ids))) + evictable
 
     def add_hits(self, req_id: str, hit_ids: tuple[int, ...], total_computed: int) -> None:
@@ -101,10 +104,9 @@ class BaseAttentionManager:
         table = self.tables[req_id]
         start = self.num_cached[req_id]
         stop = min(num_tokens // self.block_size, len(table), len(hashes))
-        for k in range(start, stop):
-            if table[k] != NULL_BLOCK:
-                self.pool.cache(table[k], (hashes[k], self.group_id))
-        self.num_cached[req_id] = max(start, stop)
+        if stop > start:
+            self.pool.cache_all(table[start:stop], hashes[start:stop], self.group_id)
+            self.num_cached[req_id] = stop
 
     def uncache_from(self, req_id: str, num_tokens: int) -> None:
         """Forget that entries from ``num_tokens`` on were registered (failure rollback)."""
@@ -125,8 +127,9 @@ class FullAttentionManager(BaseAttentionManager):
         super().__init__(group_id, pool)
 
     def longest_hit(self, hashes: list[BlockHash], max_blocks: int) -> int:
+        cached, g = self.pool.cached, self.group_id
         for k in range(max_blocks):
-            if not self.is_cached(hashes[k]):
+            if (hashes[k], g) not in cached:
                 return k
         return max_blocks
 
@@ -146,11 +149,12 @@ class SlidingWindowManager(BaseAttentionManager):
         shorter run that starts at block 0 is a hit too (nothing before it is needed)."""
         if self.blocks_needed == 0:
             return max_blocks
+        cached, g, needed = self.pool.cached, self.group_id, self.blocks_needed
         run, run_end = 0, max_blocks
         for k in range(max_blocks - 1, -1, -1):
-            if self.is_cached(hashes[k]):
+            if (hashes[k], g) in cached:
                 run += 1
-                if run == self.blocks_needed:
+                if run == needed:
                     return run_end
             else:
                 run, run_end = 0, k
