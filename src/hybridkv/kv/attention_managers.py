@@ -28,13 +28,14 @@ class BaseAttentionManager:
         self.group_id = group_id
         self.pool = pool
         self.block_size = self.spec.block_size
+        self.prefix = pool.cached.group(group_id)  # block hash -> ids cached in this group
         self.tables: dict[str, list[int]] = {}
         self.num_cached: dict[str, int] = {}  # leading entries registered (or hit) already
 
     # -- hit search (pure) ---------------------------------------------------------------
 
     def is_cached(self, block_hash: BlockHash) -> bool:
-        return (block_hash, self.group_id) in self.pool.cached
+        return block_hash in self.prefix
 
     def longest_hit(self, hashes: list[BlockHash], max_blocks: int) -> int:
         """The largest k <= max_blocks such that this group can resume at k blocks."""
@@ -47,10 +48,14 @@ class BaseAttentionManager:
     def hit_block_ids(self, hashes: list[BlockHash], num_blocks: int) -> tuple[int, ...]:
         """Table entries of a hit of ``num_blocks`` blocks (null where not needed)."""
         first = self.num_skipped_blocks(num_blocks * self.block_size)
-        cached, g = self.pool.cached, self.group_id
+        prefix = self.prefix
+        hits = [NULL_BLOCK] * first
         # any one of the blocks cached under each key (KeyError: called beyond the hit)
-        hits = [next(iter(cached[(hashes[k], g)])) for k in range(first, num_blocks)]
-        return (NULL_BLOCK,) * first + tuple(hits)
+        for k in range(first, num_blocks):
+            for b in prefix[hashes[k]]:
+                hits.append(b)
+                break
+        return tuple(hits)
 
     # -- allocation ----------------------------------------------------------------------
 
@@ -127,9 +132,9 @@ class FullAttentionManager(BaseAttentionManager):
         super().__init__(group_id, pool)
 
     def longest_hit(self, hashes: list[BlockHash], max_blocks: int) -> int:
-        cached, g = self.pool.cached, self.group_id
+        prefix = self.prefix
         for k in range(max_blocks):
-            if (hashes[k], g) not in cached:
+            if hashes[k] not in prefix:
                 return k
         return max_blocks
 
@@ -149,10 +154,10 @@ class SlidingWindowManager(BaseAttentionManager):
         shorter run that starts at block 0 is a hit too (nothing before it is needed)."""
         if self.blocks_needed == 0:
             return max_blocks
-        cached, g, needed = self.pool.cached, self.group_id, self.blocks_needed
+        prefix, needed = self.prefix, self.blocks_needed
         run, run_end = 0, max_blocks
         for k in range(max_blocks - 1, -1, -1):
-            if (hashes[k], g) in cached:
+            if hashes[k] in prefix:
                 run += 1
                 if run == needed:
                     return run_end

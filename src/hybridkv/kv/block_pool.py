@@ -19,8 +19,9 @@ from enum import Enum
 
 from hybridkv.kv.free_queue import FreeQueue
 from hybridkv.kv.hashing import BlockHash
+from hybridkv.kv.prefix_map import CacheKey as CacheKey
+from hybridkv.kv.prefix_map import PrefixMap
 
-CacheKey = tuple[BlockHash, int]  # (block hash, group id)
 NULL_BLOCK = 0
 
 
@@ -53,7 +54,7 @@ class BlockPool:
         self.key: list[CacheKey | None] = [None] * num_items
         self.owner: list[int | None] = [None] * num_items  # group of the last allocation
         self.free_queue = FreeQueue(list(range(first, num_items)), num_items)
-        self.cached: dict[CacheKey, dict[int, None]] = {}
+        self.cached = PrefixMap()
         self.events: list[PoolEvent] = []
         # Without a consumer (take_events) the list would grow without bound: turn it off.
         self.record_events = True
@@ -149,13 +150,13 @@ class BlockPool:
         if self.ref_cnt[item_id] <= 0:
             raise RuntimeError(f"{self.name}: caching unreferenced id {item_id}")
         self.key[item_id] = key
-        self.cached.setdefault(key, {})[item_id] = None
+        self.cached.add(key, item_id)
         if self.record_events:
             self.events.append(PoolEvent(EventKind.STORED, item_id, key))
 
     def cache_all(self, item_ids: list[int], hashes: list[BlockHash], group_id: int) -> None:
         """``cache(item_ids[k], (hashes[k], group_id))`` for each k; the null id is skipped."""
-        key, ref_cnt, cached = self.key, self.ref_cnt, self.cached
+        key, ref_cnt, cached = self.key, self.ref_cnt, self.cached.group(group_id)
         null = NULL_BLOCK if self.with_null else -1
         events = self.events if self.record_events else None
         for i, h in zip(item_ids, hashes):
@@ -165,9 +166,9 @@ class BlockPool:
                 raise RuntimeError(f"{self.name}: caching unreferenced id {i}")
             k = (h, group_id)
             key[i] = k
-            ids = cached.get(k)
+            ids = cached.get(h)
             if ids is None:
-                cached[k] = {i: None}
+                cached[h] = {i: None}
             else:
                 ids[i] = None
             if events is not None:
@@ -203,24 +204,24 @@ class BlockPool:
         if key is None:
             return
         self.key[i] = None
-        ids = self.cached[key]
-        del ids[i]
-        if not ids:
-            del self.cached[key]
+        self.cached.discard(key, i)
         if self.record_events:
             self.events.append(PoolEvent(EventKind.REMOVED, i, key))
 
     def _drop_keys(self, item_ids: list[int]) -> None:
         """``_drop_key`` of each id (every one carries a key)."""
-        key, cached = self.key, self.cached
+        key, by_group = self.key, self.cached.by_group
         events = self.events if self.record_events else None
         for i in item_ids:
             k = key[i]
+            assert k is not None
             key[i] = None
-            ids = cached[k]  # type: ignore[index]
-            del ids[i]
-            if not ids:
-                del cached[k]  # type: ignore[arg-type]
+            found = by_group[k[1]]
+            ids = found[k[0]]
+            if len(ids) == 1:  # the usual case: the key goes with its only id
+                del found[k[0]]
+            else:
+                del ids[i]
             if events is not None:
                 events.append(PoolEvent(EventKind.REMOVED, i, k))
 
