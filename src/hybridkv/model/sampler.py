@@ -77,6 +77,9 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, reqs: list[SampleRequest]) -> SampleResult:
         """``logits [S, V]`` float32, one row per request in ``reqs``."""
+        fast = self._sample_greedy(logits, reqs)
+        if fast is not None:
+            return fast
         invalid = invalid_logit_rows(logits)
         if invalid:
             logits = logits.clone()
@@ -87,6 +90,21 @@ class Sampler:
             processed = self._process(logits, reqs, errors)
         chosen = self._choose(processed, reqs)
         return SampleResult(chosen.tolist(), self._logprobs(logits, chosen, reqs), invalid, errors)
+
+    def _sample_greedy(
+        self, logits: torch.Tensor, reqs: list[SampleRequest]
+    ) -> SampleResult | None:
+        """A batch of plain greedy requests (no processors, no logprobs): one ``max`` pass
+        gives both the tokens and the validity check (a row's max is finite exactly when it
+        holds no NaN or +inf and not only -inf). None: take the general path."""
+        for r in reqs:
+            p = r.params
+            if p.temperature != 0.0 or p.logprobs is not None or p.needs_processing:
+                return None
+        values, chosen = logits.max(dim=-1)
+        if not bool(torch.isfinite(values).all()):
+            return None  # the general path names the invalid rows
+        return SampleResult(chosen.tolist(), [None] * len(reqs), [])
 
     def _choose(self, logits: torch.Tensor, reqs: list[SampleRequest]) -> torch.Tensor:
         temps = torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32)
