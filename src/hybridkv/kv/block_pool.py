@@ -159,7 +159,7 @@ class BlockPool:
         key, ref_cnt, cached = self.key, self.ref_cnt, self.cached.group(group_id)
         null = NULL_BLOCK if self.with_null else -1
         events = self.events if self.record_events else None
-        for i, h in zip(item_ids, hashes):
+        for i, h in zip(item_ids, hashes, strict=True):
             if i == null or key[i] is not None:
                 continue
             if ref_cnt[i] <= 0:

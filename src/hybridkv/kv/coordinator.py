@@ -208,10 +208,7 @@ class KVCacheCoordinator:
     def _tables_cover(self, req_id: str, num_tokens: int) -> bool:
         """Every attention table of a running request already spans ``num_tokens``."""
         want = -(-num_tokens // self.block_size)
-        for m in self.attn:
-            if len(m.tables[req_id]) < want:
-                return False
-        return True
+        return all(len(m.tables[req_id]) >= want for m in self.attn)
 
     def _can_allocate(
         self, req_id: str, hit: CacheHit, total_computed: int, num_tokens: int

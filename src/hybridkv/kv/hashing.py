@@ -83,7 +83,9 @@ class BlockHasher:
         at = 0
         if first == 0:
             extra = self.extra
-            parent = BlockHash(hash_fn(parent + struct.pack("<I", len(extra)) + extra + body[:width]))
+            parent = BlockHash(
+                hash_fn(parent + struct.pack("<I", len(extra)) + extra + body[:width])
+            )
             hashes.append(parent)
             at = width
         no_extra = b"\0\0\0\0"  # len(extra) = 0 as u32 LE: extra keys are on block 0 only
