@@ -109,6 +109,10 @@ class KVCacheCoordinator:
         self._restores: list[StateCopy] = []
         self._saves: list[StateCopy] = []
         self._no_hit = self.no_cache_hit()  # immutable: shared by every call
+        # hoisted for the running-request path of allocate (full attention skips nothing)
+        self._sliding = [m for m in self.attn if isinstance(m, SlidingWindowManager)]
+        self._tables = [m.tables for m in self.attn]
+        self._saves_states = self.caching and bool(self.state)
 
     def _create_manager(self, group_id: int) -> BaseAttentionManager:
         spec = self.layout.groups[group_id].spec
@@ -189,10 +193,11 @@ class KVCacheCoordinator:
         end = total_computed + num_new_tokens
         num_tokens = end + num_lookahead_tokens
         if not is_new:
-            for m in self.attn:
-                m.remove_skipped(req_id, req.num_computed_tokens)
+            computed = req.num_computed_tokens
+            for sw in self._sliding:
+                sw.remove_skipped(req_id, computed)
             if self._tables_cover(req_id, num_tokens):  # a decode step inside its blocks
-                if num_new_tokens > 0:
+                if num_new_tokens > 0 and self._saves_states:
                     self._plan_saves(req, end - num_new_tokens, end)
                 return True
         if not self._can_allocate(req_id, hit, total_computed, num_tokens):
@@ -208,7 +213,10 @@ class KVCacheCoordinator:
     def _tables_cover(self, req_id: str, num_tokens: int) -> bool:
         """Every attention table of a running request already spans ``num_tokens``."""
         want = -(-num_tokens // self.block_size)
-        return all(len(m.tables[req_id]) >= want for m in self.attn)
+        for tables in self._tables:  # noqa: SIM110 (a loop: no generator on the decode path)
+            if len(tables[req_id]) < want:
+                return False
+        return True
 
     def _can_allocate(
         self, req_id: str, hit: CacheHit, total_computed: int, num_tokens: int
@@ -269,6 +277,12 @@ class KVCacheCoordinator:
             copy = sm.save(req.request_id, req.block_hashes, boundary, kind, at)
             if copy is not None:
                 self._saves.append(copy)
+
+    @property
+    def splits_steps(self) -> bool:
+        """Whether ``next_step_end`` can end a step before its tokens or budget run out
+        (due state checkpoints, when states do not come from the scan)."""
+        return self.caching and bool(self.state) and not self.config.states_from_scan
 
     def next_step_end(
         self,
@@ -373,10 +387,14 @@ class KVCacheCoordinator:
         return req_id in self._extra_due
 
     def get_block_ids(self, req_id: str) -> tuple[list[int], ...]:
-        return tuple(m.tables[req_id] for m in self.attn)
+        return tuple([m.tables[req_id] for m in self.attn])
+
+    def copy_block_ids(self, req_id: str) -> tuple[list[int], ...]:
+        """``get_block_ids`` as copies (a step's snapshot: later steps grow the tables)."""
+        return tuple([m.tables[req_id][:] for m in self.attn])
 
     def get_state_slots(self, req_id: str) -> tuple[int, ...]:
-        return tuple(sm.live[req_id] for sm in self.state)
+        return tuple([sm.live[req_id] for sm in self.state]) if self.state else ()
 
     def get_unhashed_block_ids(self, req_id: str) -> tuple[list[int], ...]:
         """Per attention group, the real blocks not yet registered (what a load must fill)."""
