@@ -71,14 +71,14 @@ def run(model: Path, tokens: int, bucket: int, full_decode: bool) -> dict[str, A
 
     engine.runner.execute = timed_execute  # type: ignore[method-assign]
     text: list[float] = []  # the text path alone: detokenize + stop strings
-    apply_stops = engine._apply_stop_strings
+    apply_stops = engine.outputs.apply_stop_strings
 
     def timed_text(req: Any, state: Any) -> None:
         began = time.perf_counter()
         apply_stops(req, state)
         text.append(time.perf_counter() - began)
 
-    engine._apply_stop_strings = timed_text  # type: ignore[method-assign]
+    engine.outputs.apply_stop_strings = timed_text  # type: ignore[method-assign]
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, stop=("never!",))
     engine.add_request(list(range(3, 11)), params)
     overhead: list[float] = []

@@ -52,6 +52,8 @@ from hybridkv.kv.spec import (  # noqa: E402
     create_layout,
 )
 
+# --clock cpu: this thread's CPU time (steady while other jobs share the machine)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 HASH_ALGOS = {"sha256": "sha256", "xxh3_128": "xxhash"}  # ours -> the baseline's name
 VLLM_PYTHON = Path("/work/vllm-venv/bin/python")
 BASELINE = HERE / "vllm_kv_baseline.py"
@@ -114,21 +116,23 @@ class BenchRequest:
         return len(self.token_ids)
 
 
-def run_once(name: str, algo: str, prompts: list[list[int]], tag: str) -> dict[str, Any]:
-    """One pass of the workload on a fresh coordinator; totals in seconds."""
+def run_once(
+    name: str, algo: str, prompts: list[list[int]], tag: str, clock: str = "wall"
+) -> dict[str, Any]:
+    """One pass of the workload on a fresh coordinator; totals in seconds on ``clock``."""
     coord = build_coordinator(name)
     hasher = BlockHasher(coord.block_size, get_hash_fn(algo))
-    clock = time.perf_counter
+    now = CLOCKS[clock]
     t_hash = t_hit = t_alloc = 0.0
     hit_tokens = prompt_tokens = failures = 0
     gc.collect()
     for i, prompt in enumerate(prompts):
         req = BenchRequest(f"{tag}-{i}", prompt, len(prompt))
-        t0 = clock()
+        t0 = now()
         hasher.extend(req.block_hashes, prompt)
-        t1 = clock()
+        t1 = now()
         hit = coord.find_cache_hit(req)
-        t2 = clock()
+        t2 = now()
         n = len(prompt)
         if coord.allocate(req, n - hit.num_tokens, hit):
             req.num_computed_tokens = n
@@ -138,7 +142,7 @@ def run_once(name: str, algo: str, prompts: list[list[int]], tag: str) -> dict[s
             coord.free(req)
         else:
             failures += 1
-        t3 = clock()
+        t3 = now()
         t_hash += t1 - t0
         t_hit += t2 - t1
         t_alloc += t3 - t2
@@ -186,7 +190,9 @@ def baseline_available() -> tuple[bool, str]:
     return True, ""
 
 
-def run_baseline(n: int, repeats: int, layouts: list[str], algos: list[str]) -> dict[str, Any]:
+def run_baseline(
+    n: int, repeats: int, layouts: list[str], algos: list[str], clock: str
+) -> dict[str, Any]:
     cmd = [
         str(VLLM_PYTHON),
         str(BASELINE),
@@ -198,6 +204,8 @@ def run_baseline(n: int, repeats: int, layouts: list[str], algos: list[str]) -> 
         ",".join(layouts),
         "--hash-algos",
         ",".join(HASH_ALGOS[a] for a in algos),
+        "--clock",
+        clock,
     ]
     print(f"[kv_core] baseline: {' '.join(cmd)}", file=sys.stderr)
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE.parent)
@@ -218,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layouts", default=",".join(wl.LAYOUTS))
     p.add_argument("--hash-algos", default=",".join(HASH_ALGOS))
     p.add_argument("--no-baseline", action="store_true")
+    p.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="cpu: each process's own CPU time, for ratios on a shared machine",
+    )
     a = p.parse_args(argv)
     n, repeats, rounds, warmup = a.num_requests, a.repeats, a.rounds, True
     if a.quick:
@@ -241,11 +255,11 @@ def main(argv: list[str] | None = None) -> int:
             for alg in algos:
                 print(f"[kv_core] round {rnd} {lay} {alg} n={n}", file=sys.stderr)
                 if warmup:
-                    run_once(lay, alg, prompts, f"w{rnd}")
+                    run_once(lay, alg, prompts, f"w{rnd}", a.clock)
                 for r in range(repeats):
-                    runs[(lay, alg)].append(run_once(lay, alg, prompts, f"{rnd}-{r}"))
+                    runs[(lay, alg)].append(run_once(lay, alg, prompts, f"{rnd}-{r}", a.clock))
         if do_baseline:
-            base_runs.append(run_baseline(n, repeats, layouts, algos))
+            base_runs.append(run_baseline(n, repeats, layouts, algos, a.clock))
 
     out: dict[str, Any] = {
         "benchmark": "kv_core",
@@ -259,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             "pool_state_slots": wl.POOL_STATE_SLOTS,
             "operations": list(wl.OPERATIONS),
             "stat": "per-run mean us/request; median/min/max over runs",
+            "clock": a.clock,
             "rounds": rounds,
             "runs_per_round": repeats,
             "warmup_runs_per_round": 1 if warmup else 0,

@@ -73,7 +73,7 @@ class TraceRequest:
 
 
 def make_coordinator(layout: KVCacheLayout, mode: str, memory: int) -> KVCacheCoordinator:
-    from hybridkv.engine.core import checkpoint_capacity
+    from hybridkv.engine.sizing import checkpoint_capacity
 
     cap = checkpoint_capacity(BUDGET, memory, layout)
     slots = 3 + (cap or 0) if layout.state_group_ids else 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hybridkv.config import CacheConfig, EngineConfig
-from hybridkv.engine.core import checkpoint_capacity
+from hybridkv.engine.sizing import checkpoint_capacity
 from tests.kv.builders import make_layout
 
 

@@ -79,3 +79,21 @@ def test_finished_requests_drop_their_generator() -> None:
     assert "a" in sampler._generators
     sampler.drop(["a"])
     assert "a" not in sampler._generators
+
+
+def test_greedy_fast_path_matches_argmax_breaks_ties_first_and_flags_bad_rows() -> None:
+    """Plain greedy batches take the one-pass path: same tokens as torch's argmax (first
+    index on ties), and a row with NaN, +inf or only -inf is still reported invalid."""
+    logits = _logits(rows=5, vocab=64)
+    logits[1, 7] = logits[1, 9] = logits[1].max() + 1.0  # a tie: the first index wins
+    reqs = [_req(str(i), temperature=0.0) for i in range(5)]
+    out = Sampler().sample(logits, reqs)
+    assert out.token_ids == logits.argmax(-1).tolist() and out.token_ids[1] == 7
+    assert out.invalid_rows == [] and out.logprobs == [None] * 5
+    bad = logits.clone()
+    bad[0, 3] = float("nan")
+    bad[2, 5] = float("inf")
+    bad[4] = float("-inf")
+    out = Sampler().sample(bad, reqs)
+    assert out.invalid_rows == [0, 2, 4]
+    assert [out.token_ids[i] for i in (1, 3)] == [7, int(logits[3].argmax())]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hybridkv.config import EngineConfig
@@ -20,15 +19,17 @@ from hybridkv.connectors.stats import ConnectorStats
 from hybridkv.engine.cache_access import DeviceCacheAccess
 from hybridkv.engine.cache_reset import ResetResult, reset_prefix_cache
 from hybridkv.engine.detokenizer import IncrementalDetokenizer
-from hybridkv.engine.output import RequestOutput, TextState, make_output
+from hybridkv.engine.output import RequestOutput, TextState
+from hybridkv.engine.outputs import OutputProcessor
 from hybridkv.engine.parallel import ParallelSampling, ParentRequest
 from hybridkv.engine.request_prep import prepare_params, truncate_prompt
+from hybridkv.engine.sizing import resolve_dtype, size_cache
 from hybridkv.engine.step import run_step
 from hybridkv.engine_stats import EngineStats, GroupCacheStats, StepCounters, TransferStats
 from hybridkv.grammar import GrammarBackend
 from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHasher, get_hash_fn
-from hybridkv.kv.spec import KVCacheLayout, create_layout
+from hybridkv.kv.spec import create_layout
 from hybridkv.request import Request, RequestStatus
 from hybridkv.sampling_params import SamplingParams
 from hybridkv.sched.kv_transfer import KVTransfer
@@ -36,54 +37,6 @@ from hybridkv.sched.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from hybridkv.kv_events.collector import KVEventCollector
-
-
-@dataclass(frozen=True, slots=True)
-class CacheSizing:
-    num_blocks: int
-    num_state_slots: int
-    max_checkpoints: int | None = None  # per state group: state_checkpoint_budget in slots
-
-
-def checkpoint_capacity(budget: float, memory_bytes: int, layout: KVCacheLayout) -> int | None:
-    """Checkpoints per state group that fit ``budget`` of the KV memory (a checkpoint at one
-    boundary takes a slot in every state group); None without state groups."""
-    slot_bytes = layout.total_state_slot_bytes()
-    if slot_bytes == 0:
-        return None
-    return int(budget * memory_bytes) // slot_bytes
-
-
-def size_cache(config: EngineConfig, layout: KVCacheLayout, max_model_len: int) -> CacheSizing:
-    """Blocks and state slots from the memory budget; a clear error if it cannot hold one
-    request of ``max_model_len`` tokens."""
-    cache, sched = config.cache, config.scheduler
-    slots = cache.num_state_slots or (3 * sched.max_num_seqs + 16 if layout.state_group_ids else 0)
-    if layout.state_group_ids and slots < sched.max_num_seqs + 1:
-        raise ValueError(f"num_state_slots={slots} must exceed max_num_seqs={sched.max_num_seqs}")
-    num_blocks = layout.num_blocks_for(cache.kv_cache_memory, slots)
-    if layout.attention_group_ids:
-        need = -(-max_model_len // layout.block_size) * len(layout.attention_group_ids) + 1
-        if num_blocks < need:
-            raise ValueError(
-                f"kv_cache_memory={cache.kv_cache_memory} bytes holds {num_blocks} blocks of "
-                f"{layout.page_bytes} bytes, but one request of max_model_len={max_model_len} "
-                f"tokens needs {need}: raise kv_cache_memory or lower max_model_len"
-            )
-    elif num_blocks < 1:
-        raise ValueError(
-            f"kv_cache_memory={cache.kv_cache_memory} bytes cannot hold {slots} state slots"
-        )
-    cap = checkpoint_capacity(cache.state_checkpoint_budget, cache.kv_cache_memory, layout)
-    return CacheSizing(max(num_blocks, 2), slots, cap)
-
-
-def resolve_dtype(dtype: str, raw_config: dict[str, object]) -> str:
-    """``auto`` takes the checkpoint's dtype: bfloat16 stays bfloat16, anything else float32."""
-    if dtype != "auto":
-        return dtype
-    stored = raw_config.get("dtype") or raw_config.get("torch_dtype")
-    return "bfloat16" if stored == "bfloat16" else "float32"
 
 
 class EngineCore:
@@ -137,11 +90,11 @@ class EngineCore:
         self.kv_events = self._create_kv_events() if events_on else None
         self._connector_totals: ConnectorStats | None = None  # since start
         self._hash_fn = get_hash_fn(config.cache.prefix_caching_hash_algo)
-        self._texts: dict[str, TextState] = {}
-        self._live: dict[str, Request] = {}
+        self.outputs = OutputProcessor(self.scheduler, keep_logits)
         self._ids = itertools.count()
         self._counters = StepCounters()  # tokens per step and in all, for stats()
         self._parallel = ParallelSampling(self._add_child)
+        self.outputs.wants_every = self._parallel.is_child  # a child's first output spawns
         self._prompts: dict[str, tuple[list[int], str | None, str | None]] = {}  # of n > 1
 
     def _create_connector(self) -> KVConnectorPair | None:
@@ -280,10 +233,10 @@ class EngineCore:
             skip_special_tokens=params.skip_special_tokens,
             include_stop_str_in_output=params.include_stop_str_in_output,
         )
-        state = self._texts[request_id] = TextState(prompt, detok)
+        state = TextState(prompt, detok)
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None] * len(prompt_token_ids)
-        self._live[request_id] = req
+        self.outputs.add(req, state)
         return req
 
     def _add_child(self, child_id: str, params: SamplingParams) -> None:
@@ -307,45 +260,13 @@ class EngineCore:
         out, result, updated = run_step(
             self.scheduler, self.runner, self.connector.worker if self.connector else None
         )
-        self._counters.record(out, len(result.sampled_token_ids), self._live, started)
+        self._counters.record(out, len(result.sampled_token_ids), self.outputs.live, started)
         self._collect_connector_stats()
         if self.kv_events is not None:
             self.kv_events.publish_step(self.kv.take_events())
-        for request_id, chunk in result.prompt_logprobs.items():
-            if request_id in self._texts:
-                self._texts[request_id].add_prompt_logprobs(chunk)
-        now = time.monotonic()
-        outputs = []
-        for req in updated:
-            state = self._texts[req.request_id]
-            if req.first_token_time is None:
-                req.first_token_time = now
-            if req.request_id in result.logprobs:
-                state.add_logprobs(result.logprobs[req.request_id])
-            if req.request_id in result.logits:
-                state.logits.append(result.logits[req.request_id])
-            self._apply_stop_strings(req, state)
-            outputs.append(self._emit(req))
-        routed = self._parallel.route(outputs + self._take_aborted())
+        outputs = self.outputs.process(updated, result, time.monotonic())
+        routed = self._parallel.route(outputs + self.outputs.take_finished_elsewhere())
         for output in routed:
             if output.finished:
                 self._prompts.pop(output.request_id, None)
         return routed
-
-    def _apply_stop_strings(self, req: Request, state: TextState) -> None:
-        stop = state.update(req)
-        if stop is not None and not req.status.is_finished:
-            self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED)
-            req.stop_reason = stop
-
-    def _emit(self, req: Request) -> RequestOutput:
-        output = make_output(req, self._texts[req.request_id], self.keep_logits)
-        if req.status.is_finished:
-            self._texts.pop(req.request_id, None)
-            self._live.pop(req.request_id, None)
-        return output
-
-    def _take_aborted(self) -> list[RequestOutput]:
-        """Outputs for requests finished outside a step (aborts) that nobody reported yet."""
-        gone = [r for r in self._live.values() if r.status.is_finished]
-        return [self._emit(r) for r in gone]

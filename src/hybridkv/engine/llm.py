@@ -163,6 +163,7 @@ class LLM:
         self, order: dict[str, int], results: dict[int, RequestOutput], use_tqdm: bool
     ) -> None:
         progress = Progress(len(order), use_tqdm)
+        self.engine.outputs.final_only = True  # only finished outputs are read here
         try:
             while self.engine.has_unfinished_requests():
                 for out in self.engine.step():
@@ -170,6 +171,7 @@ class LLM:
                         results[order[out.request_id]] = out
                         progress.finished(out)
         finally:
+            self.engine.outputs.final_only = False
             progress.close()
 
 

@@ -88,6 +88,10 @@ class ParallelSampling:
         self._child_of[parent.child_id(0)] = (parent, 0)
         return parent.child_id(0), parent.child_params(0)
 
+    def is_child(self, request_id: str) -> bool:
+        """A child of a parent with n > 1 (its outputs are routed to the parent)."""
+        return request_id in self._child_of
+
     def route(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """Children's outputs become their parent's (one per parent); others pass through."""
         out: list[RequestOutput] = []

@@ -28,13 +28,14 @@ class BaseAttentionManager:
         self.group_id = group_id
         self.pool = pool
         self.block_size = self.spec.block_size
+        self.prefix = pool.cached.group(group_id)  # block hash -> ids cached in this group
         self.tables: dict[str, list[int]] = {}
         self.num_cached: dict[str, int] = {}  # leading entries registered (or hit) already
 
     # -- hit search (pure) ---------------------------------------------------------------
 
     def is_cached(self, block_hash: BlockHash) -> bool:
-        return (block_hash, self.group_id) in self.pool.cached
+        return block_hash in self.prefix
 
     def longest_hit(self, hashes: list[BlockHash], max_blocks: int) -> int:
         """The largest k <= max_blocks such that this group can resume at k blocks."""
@@ -47,10 +48,14 @@ class BaseAttentionManager:
     def hit_block_ids(self, hashes: list[BlockHash], num_blocks: int) -> tuple[int, ...]:
         """Table entries of a hit of ``num_blocks`` blocks (null where not needed)."""
         first = self.num_skipped_blocks(num_blocks * self.block_size)
-        cached, g = self.pool.cached, self.group_id
+        prefix = self.prefix
+        hits = [NULL_BLOCK] * first
         # any one of the blocks cached under each key (KeyError: called beyond the hit)
-        hits = [next(iter(cached[(hashes[k], g)])) for k in range(first, num_blocks)]
-        return (NULL_BLOCK,) * first + tuple(hits)
+        for k in range(first, num_blocks):
+            for b in prefix[hashes[k]]:
+                hits.append(b)
+                break
+        return tuple(hits)
 
     # -- allocation ----------------------------------------------------------------------
 
@@ -64,7 +69,10 @@ class BaseAttentionManager:
             return max(0, want - len(table))
         skipped = self.num_skipped_blocks(total_computed)
         ref_cnt = self.pool.ref_cnt  # an unreferenced hit block sits in the free queue
-        evictable = sum(1 for b in hit_ids[skipped:] if b != NULL_BLOCK and ref_cnt[b] == 0)
+        evictable = 0
+        for b in hit_ids[skipped:]:
+            if b != NULL_BLOCK and ref_cnt[b] == 0:
+                evictable += 1
         return max(0, want - max(skipped, len(hit_ids))) + evictable
 
     def add_hits(self, req_id: str, hit_ids: tuple[int, ...], total_computed: int) -> None:
@@ -108,10 +116,9 @@ class BaseAttentionManager:
         table = self.tables[req_id]
         start = self.num_cached[req_id]
         stop = min(num_tokens // self.block_size, len(table), len(hashes))
-        for k in range(start, stop):
-            if table[k] != NULL_BLOCK:
-                self.pool.cache(table[k], (hashes[k], self.group_id))
-        self.num_cached[req_id] = max(start, stop)
+        if stop > start:
+            self.pool.cache_all(table[start:stop], hashes[start:stop], self.group_id)
+            self.num_cached[req_id] = stop
 
     def uncache_from(self, req_id: str, num_tokens: int) -> None:
         """Forget that entries from ``num_tokens`` on were registered (failure rollback)."""
@@ -132,8 +139,9 @@ class FullAttentionManager(BaseAttentionManager):
         super().__init__(group_id, pool)
 
     def longest_hit(self, hashes: list[BlockHash], max_blocks: int) -> int:
+        prefix = self.prefix
         for k in range(max_blocks):
-            if not self.is_cached(hashes[k]):
+            if hashes[k] not in prefix:
                 return k
         return max_blocks
 
@@ -153,11 +161,12 @@ class SlidingWindowManager(BaseAttentionManager):
         shorter run that starts at block 0 is a hit too (nothing before it is needed)."""
         if self.blocks_needed == 0:
             return max_blocks
+        prefix, needed = self.prefix, self.blocks_needed
         run, run_end = 0, max_blocks
         for k in range(max_blocks - 1, -1, -1):
-            if self.is_cached(hashes[k]):
+            if hashes[k] in prefix:
                 run += 1
-                if run == self.blocks_needed:
+                if run == needed:
                     return run_end
             else:
                 run, run_end = 0, k

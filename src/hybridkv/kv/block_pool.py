@@ -19,8 +19,9 @@ from enum import Enum
 
 from hybridkv.kv.free_queue import FreeQueue
 from hybridkv.kv.hashing import BlockHash
+from hybridkv.kv.prefix_map import CacheKey as CacheKey
+from hybridkv.kv.prefix_map import PrefixMap
 
-CacheKey = tuple[BlockHash, int]  # (block hash, group id)
 NULL_BLOCK = 0
 
 
@@ -53,7 +54,7 @@ class BlockPool:
         self.key: list[CacheKey | None] = [None] * num_items
         self.owner: list[int | None] = [None] * num_items  # group of the last allocation
         self.free_queue = FreeQueue(list(range(first, num_items)), num_items)
-        self.cached: dict[CacheKey, dict[int, None]] = {}
+        self.cached = PrefixMap()
         self.events: list[PoolEvent] = []
         # Without a consumer (take_events) the list would grow without bound: turn it off.
         self.record_events = True
@@ -89,40 +90,58 @@ class BlockPool:
             raise RuntimeError(f"{self.name}: asked for {n} ids, {self.num_free} free")
         out = self.free_queue.popleft_n(n)
         key, ref_cnt, owner = self.key, self.ref_cnt, self.owner
+        keyed = []
         for i in out:
             if key[i] is not None:
-                self._drop_key(i)
+                keyed.append(i)
             ref_cnt[i] = 1
             owner[i] = group_id
+        if keyed:
+            self._drop_keys(keyed)
         return out
 
     def touch(self, ids: Iterable[int]) -> None:
         """Take a reference on cached ids (a hit); unreferenced ones leave the free queue."""
         null = NULL_BLOCK if self.with_null else -1
-        ref_cnt, queue = self.ref_cnt, self.free_queue
-        for i in ids:
-            if i == null:
-                continue
-            if ref_cnt[i] == 0:
-                queue.remove(i)
-            ref_cnt[i] += 1
-
-    def free(self, ids: Iterable[int]) -> None:
-        """Drop one reference on each id, in the order given (callers pass tails first)."""
-        null = NULL_BLOCK if self.with_null else -1
-        ref_cnt, key, queue = self.ref_cnt, self.key, self.free_queue
+        ref_cnt = self.ref_cnt
+        leaving = []
         for i in ids:
             if i == null:
                 continue
             count = ref_cnt[i]
-            if count <= 0:
-                raise RuntimeError(f"{self.name}: double free of id {i}")
-            ref_cnt[i] = count - 1
-            if count == 1:
-                if key[i] is None:
-                    queue.prepend(i)
+            if count == 0:
+                leaving.append(i)
+            ref_cnt[i] = count + 1
+        if leaving:
+            self.free_queue.remove_all(leaving)
+
+    def free(self, ids: Iterable[int]) -> None:
+        """Drop one reference on each id, in the order given (callers pass tails first).
+
+        An id reaching 0 goes to the front if it carries no key, to the back if it does;
+        fronts are prepended in order, so the queue reads reversed(fronts) + queue + backs."""
+        null = NULL_BLOCK if self.with_null else -1
+        ref_cnt, key = self.ref_cnt, self.key
+        front: list[int] = []
+        back: list[int] = []
+        try:
+            for i in ids:
+                if i == null:
+                    continue
+                count = ref_cnt[i]
+                if count == 1:
+                    ref_cnt[i] = 0
+                    if key[i] is None:
+                        front.append(i)
+                    else:
+                        back.append(i)
+                elif count > 1:
+                    ref_cnt[i] = count - 1
                 else:
-                    queue.append(i)
+                    raise RuntimeError(f"{self.name}: double free of id {i}")
+        finally:
+            self.free_queue.prepend_all(front)
+            self.free_queue.extend(back)
 
     def cache(self, item_id: int, key: CacheKey) -> None:
         """Register a referenced id whose bytes are final under ``key``."""
@@ -131,9 +150,29 @@ class BlockPool:
         if self.ref_cnt[item_id] <= 0:
             raise RuntimeError(f"{self.name}: caching unreferenced id {item_id}")
         self.key[item_id] = key
-        self.cached.setdefault(key, {})[item_id] = None
+        self.cached.add(key, item_id)
         if self.record_events:
             self.events.append(PoolEvent(EventKind.STORED, item_id, key))
+
+    def cache_all(self, item_ids: list[int], hashes: list[BlockHash], group_id: int) -> None:
+        """``cache(item_ids[k], (hashes[k], group_id))`` for each k; the null id is skipped."""
+        key, ref_cnt, cached = self.key, self.ref_cnt, self.cached.group(group_id)
+        null = NULL_BLOCK if self.with_null else -1
+        events = self.events if self.record_events else None
+        for i, h in zip(item_ids, hashes, strict=True):
+            if i == null or key[i] is not None:
+                continue
+            if ref_cnt[i] <= 0:
+                raise RuntimeError(f"{self.name}: caching unreferenced id {i}")
+            k = (h, group_id)
+            key[i] = k
+            ids = cached.get(h)
+            if ids is None:
+                cached[h] = {i: None}
+            else:
+                ids[i] = None
+            if events is not None:
+                events.append(PoolEvent(EventKind.STORED, i, k))
 
     def evict(self, item_id: int) -> None:
         """Drop an id's key (its bytes are no longer trusted); ref counts are untouched."""
@@ -165,12 +204,26 @@ class BlockPool:
         if key is None:
             return
         self.key[i] = None
-        ids = self.cached[key]
-        del ids[i]
-        if not ids:
-            del self.cached[key]
+        self.cached.discard(key, i)
         if self.record_events:
             self.events.append(PoolEvent(EventKind.REMOVED, i, key))
+
+    def _drop_keys(self, item_ids: list[int]) -> None:
+        """``_drop_key`` of each id (every one carries a key)."""
+        key, by_group = self.key, self.cached.by_group
+        events = self.events if self.record_events else None
+        for i in item_ids:
+            k = key[i]
+            assert k is not None
+            key[i] = None
+            found = by_group[k[1]]
+            ids = found[k[0]]
+            if len(ids) == 1:  # the usual case: the key goes with its only id
+                del found[k[0]]
+            else:
+                del ids[i]
+            if events is not None:
+                events.append(PoolEvent(EventKind.REMOVED, i, k))
 
     # -- integrity -----------------------------------------------------------------------
 

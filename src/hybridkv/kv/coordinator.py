@@ -109,6 +109,11 @@ class KVCacheCoordinator:
         self.stateless: set[str] = set()  # finished, kept for a transfer without state slots
         self._restores: list[StateCopy] = []
         self._saves: list[StateCopy] = []
+        self._no_hit = self.no_cache_hit()  # immutable: shared by every call
+        # hoisted for the running-request path of allocate (full attention skips nothing)
+        self._sliding = [m for m in self.attn if isinstance(m, SlidingWindowManager)]
+        self._tables = [m.tables for m in self.attn]
+        self._saves_states = self.caching and bool(self.state)
 
     def _create_manager(self, group_id: int) -> BaseAttentionManager:
         spec = self.layout.groups[group_id].spec
@@ -141,14 +146,19 @@ class KVCacheCoordinator:
             m for m in self.attn if isinstance(m, SlidingWindowManager)
         ]
         others += self.state
-        for m in others:  # first pass; each group's own answer is kept for stats
-            num_blocks = own[m.group_id] = m.longest_hit(hashes, num_blocks)
-        while others:  # fixed point: every answer can only lower the candidate
-            before = num_blocks
-            for m in others:
-                num_blocks = m.longest_hit(hashes, num_blocks)
-            if num_blocks == before:
-                break
+        # Fixed point, round robin: every answer can only lower the candidate, and a group
+        # that lowered it accepts its own answer (longest_hit(h, k) == k), so the search
+        # ends once every group in a row accepted the candidate. Each group's answer in the
+        # first round is kept for stats.
+        agreed = i = 0
+        while agreed < len(others):
+            m = others[i % len(others)]
+            k = m.longest_hit(hashes, num_blocks)
+            if i < len(others):
+                own[m.group_id] = k
+            agreed = 1 if k < num_blocks else agreed + 1
+            num_blocks = k
+            i += 1
         return CacheHit(
             num_tokens=num_blocks * self.block_size,
             block_ids=tuple(m.hit_block_ids(hashes, num_blocks) for m in self.attn),
@@ -175,7 +185,7 @@ class KVCacheCoordinator:
         req_id = req.request_id
         is_new = req_id not in self._extra_due
         if hit is None or not is_new:
-            hit = self._empty_hit()
+            hit = self._no_hit
         elif num_external_tokens and any(s is not None for s in hit.state_slots):
             # The load writes the live state at the end of the external range: restoring the
             # local checkpoint too would race it.
@@ -184,8 +194,13 @@ class KVCacheCoordinator:
         end = total_computed + num_new_tokens
         num_tokens = end + num_lookahead_tokens
         if not is_new:
-            for m in self.attn:
-                m.remove_skipped(req_id, req.num_computed_tokens)
+            computed = req.num_computed_tokens
+            for sw in self._sliding:
+                sw.remove_skipped(req_id, computed)
+            if self._tables_cover(req_id, num_tokens):  # a decode step inside its blocks
+                if num_new_tokens > 0 and self._saves_states:
+                    self._plan_saves(req, end - num_new_tokens, end)
+                return True
         if not self._can_allocate(req_id, hit, total_computed, num_tokens):
             return False
         if is_new:
@@ -196,10 +211,13 @@ class KVCacheCoordinator:
             self._plan_saves(req, end - num_new_tokens, end)
         return True
 
-    def _empty_hit(self) -> CacheHit:
-        return CacheHit(
-            block_ids=tuple(() for _ in self.attn), state_slots=tuple(None for _ in self.state)
-        )
+    def _tables_cover(self, req_id: str, num_tokens: int) -> bool:
+        """Every attention table of a running request already spans ``num_tokens``."""
+        want = -(-num_tokens // self.block_size)
+        for tables in self._tables:  # noqa: SIM110 (a loop: no generator on the decode path)
+            if len(tables[req_id]) < want:
+                return False
+        return True
 
     def _can_allocate(
         self, req_id: str, hit: CacheHit, total_computed: int, num_tokens: int
@@ -260,6 +278,12 @@ class KVCacheCoordinator:
             copy = sm.save(req.request_id, req.block_hashes, boundary, kind, at)
             if copy is not None:
                 self._saves.append(copy)
+
+    @property
+    def splits_steps(self) -> bool:
+        """Whether ``next_step_end`` can end a step before its tokens or budget run out
+        (due state checkpoints, when states do not come from the scan)."""
+        return self.caching and bool(self.state) and not self.config.states_from_scan
 
     def next_step_end(
         self,
@@ -374,10 +398,14 @@ class KVCacheCoordinator:
         return req_id in self._extra_due
 
     def get_block_ids(self, req_id: str) -> tuple[list[int], ...]:
-        return tuple(m.tables[req_id] for m in self.attn)
+        return tuple([m.tables[req_id] for m in self.attn])
+
+    def copy_block_ids(self, req_id: str) -> tuple[list[int], ...]:
+        """``get_block_ids`` as copies (a step's snapshot: later steps grow the tables)."""
+        return tuple([m.tables[req_id][:] for m in self.attn])
 
     def get_state_slots(self, req_id: str) -> tuple[int, ...]:
-        return tuple(sm.live[req_id] for sm in self.state)
+        return tuple([sm.live[req_id] for sm in self.state]) if self.state else ()
 
     def get_unhashed_block_ids(self, req_id: str) -> tuple[list[int], ...]:
         """Per attention group, the real blocks not yet registered (what a load must fill)."""

@@ -8,7 +8,8 @@ and several times faster than a linked list threaded through Python arrays.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from itertools import islice
 
 
 class FreeQueue:
@@ -43,7 +44,30 @@ class FreeQueue:
         return self._ids.popitem(last=False)[0]
 
     def popleft_n(self, n: int) -> list[int]:
-        if n > len(self._ids):
-            raise IndexError(f"asked for {n} ids, {len(self._ids)} free")
-        pop = self._ids.popitem
-        return [pop(last=False)[0] for _ in range(n)]
+        ids = self._ids
+        if n > len(ids):
+            raise IndexError(f"asked for {n} ids, {len(ids)} free")
+        # reading the head then deleting by key is ~2x faster than popitem(last=False)
+        out = list(islice(ids, n))
+        for i in out:
+            del ids[i]
+        return out
+
+    def extend(self, new: Iterable[int]) -> None:
+        """``append`` each id, in order."""
+        ids = self._ids
+        for i in new:
+            ids[i] = None
+
+    def prepend_all(self, new: Iterable[int]) -> None:
+        """``prepend`` each id, in order (the last one ends up first)."""
+        ids = self._ids
+        move = ids.move_to_end
+        for i in new:
+            ids[i] = None
+            move(i, False)
+
+    def remove_all(self, old: Iterable[int]) -> None:
+        ids = self._ids
+        for i in old:
+            del ids[i]

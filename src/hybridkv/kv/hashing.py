@@ -73,9 +73,23 @@ class BlockHasher:
     def extend(self, hashes: list[BlockHash], token_ids: Sequence[int]) -> None:
         """Append the hashes of every newly completed block of ``token_ids`` to ``hashes``."""
         size = self.block_size
-        for k in range(len(hashes), len(token_ids) // size):
-            parent = hashes[-1] if hashes else None
-            extra = self.extra if k == 0 else b""
-            hashes.append(
-                hash_block(self.hash_fn, parent, token_ids[k * size : (k + 1) * size], extra)
+        first, stop = len(hashes), len(token_ids) // size
+        if stop <= first:
+            return
+        # one pack for every new block: 4 bytes a token, block k at [4*size*(k-first), ...)
+        body = struct.pack(f"<{(stop - first) * size}I", *token_ids[first * size : stop * size])
+        hash_fn, width = self.hash_fn, 4 * size
+        parent = hashes[-1] if hashes else hash_fn(NONE_SEED)
+        at = 0
+        if first == 0:
+            extra = self.extra
+            parent = BlockHash(
+                hash_fn(parent + struct.pack("<I", len(extra)) + extra + body[:width])
             )
+            hashes.append(parent)
+            at = width
+        no_extra = b"\0\0\0\0"  # len(extra) = 0 as u32 LE: extra keys are on block 0 only
+        append = hashes.append
+        for offset in range(at, len(body), width):
+            parent = BlockHash(hash_fn(parent + no_extra + body[offset : offset + width]))
+            append(parent)

@@ -82,8 +82,9 @@ class StateManager:
 
     def longest_hit(self, hashes: list[BlockHash], max_blocks: int) -> int:
         """The largest k <= max_blocks with a checkpoint exactly at k blocks (0 if none)."""
+        prefix = self.pool.cached.group(self.group_id)
         for k in range(max_blocks, 0, -1):
-            if (hashes[k - 1], self.group_id) in self.pool.cached:
+            if hashes[k - 1] in prefix:
                 return k
         return 0
 

@@ -52,6 +52,9 @@ class _Requests:
     positions: torch.Tensor  # [T]
     decode_rows: torch.Tensor  # [Rd] requests with one token
     prefill_rows: torch.Tensor  # [Rp] the others
+    positions_np: np.ndarray  # positions, as numpy (the same memory)
+    max_position: int
+    sample_token_idx: torch.Tensor  # [S] last token of each request that samples
 
 
 def build_step(
@@ -72,6 +75,7 @@ def build_step(
     attn_meta: dict[int, AttnMeta | KernelAttnMeta] = {}
     state_meta: dict[int, StateMeta] = {}
     mask_cache: dict[int | None, dict[str, _SubBatchShape]] = {}
+    kernel_tables = _kernel_tables(requests, layout, kv_pages, reqs) if kernels is not None else {}
     state_index = 0
     for group in layout.groups:
         if isinstance(group.spec, StateSpec):
@@ -84,15 +88,11 @@ def build_step(
             state_index += 1
             continue
         window = group.spec.sliding_window if isinstance(group.spec, SlidingWindowSpec) else None
-        table = _block_table([r.block_ids[group.group_id] for r in requests])
         meta_a: AttnMeta | KernelAttnMeta
         if kernels is not None:
-            num_blocks = kv_pages[group.layer_ids[0]].shape[0]
-            checked = KernelTable.checked(
-                table, reqs.tok_req, reqs.positions, window, group.spec.block_size, num_blocks
-            )
-            meta_a = KernelAttnMeta(checked, kernels)
+            meta_a = KernelAttnMeta(kernel_tables[group.group_id], kernels)
         else:
+            table = _block_table([r.block_ids[group.group_id] for r in requests])
             masks = mask_cache.setdefault(window, {})
             meta_a = _attn_meta(reqs, table, group.spec.block_size, window, masks)
         attn_meta.update(dict.fromkeys(group.layer_ids, meta_a))
@@ -100,30 +100,38 @@ def build_step(
     input_ids = np.fromiter(
         chain.from_iterable(r.token_ids for r in requests), dtype=np.int64, count=num_tokens
     )
-    sample = np.fromiter((r.sample for r in requests), dtype=bool, count=len(requests))
-    last_tokens = (reqs.cu_starts.numpy() + reqs.lens.numpy() - 1)[sample]
     ctx = StepContext(
         positions=reqs.positions,
-        max_position=int(reqs.positions.numpy().max()),
+        max_position=reqs.max_position,
         kv_pages=kv_pages,
         attn_meta=attn_meta,
         states=states,
         state_meta=state_meta,
     )
-    return StepInputs(torch.from_numpy(input_ids), ctx, torch.from_numpy(last_tokens))
+    return StepInputs(torch.from_numpy(input_ids), ctx, reqs.sample_token_idx)
 
 
 def _request_tensors(requests: list[ScheduledRequest]) -> _Requests:
-    """Built with numpy (a few microseconds per op, against torch's ~5) and shared as tensors."""
+    """Built with numpy (a few microseconds per op, against torch's ~5) and shared as tensors.
+    A decode step (one token per request) skips the ragged-index work."""
     count = len(requests)
     lens = np.fromiter((len(r.token_ids) for r in requests), dtype=np.int64, count=count)
     if count == 0 or int(lens.min()) == 0:
         raise ValueError("a scheduled request has no tokens to compute")
     starts = np.fromiter((r.start_pos for r in requests), dtype=np.int64, count=count)
-    cu_starts = np.cumsum(lens) - lens
-    tok_req = np.repeat(np.arange(count, dtype=np.int64), lens)  # [T]
-    tok_off = np.arange(int(lens.sum()), dtype=np.int64) - cu_starts[tok_req]  # [T]
-    is_decode = lens == 1
+    sample = np.fromiter((r.sample for r in requests), dtype=bool, count=count)
+    num_tokens = int(lens.sum())
+    if num_tokens == count:  # every request computes one token
+        tok_req = np.arange(count, dtype=np.int64)
+        cu_starts, tok_off, positions = tok_req, np.zeros(count, dtype=np.int64), starts
+        decode_rows, prefill_rows = tok_req, np.zeros(0, dtype=np.int64)
+    else:
+        cu_starts = np.cumsum(lens) - lens
+        tok_req = np.repeat(np.arange(count, dtype=np.int64), lens)  # [T]
+        tok_off = np.arange(num_tokens, dtype=np.int64) - cu_starts[tok_req]  # [T]
+        positions = starts[tok_req] + tok_off
+        is_decode = lens == 1
+        decode_rows, prefill_rows = np.flatnonzero(is_decode), np.flatnonzero(~is_decode)
     t = torch.from_numpy
     return _Requests(
         starts=t(starts),
@@ -131,9 +139,12 @@ def _request_tensors(requests: list[ScheduledRequest]) -> _Requests:
         cu_starts=t(cu_starts),
         tok_req=t(tok_req),
         tok_off=t(tok_off),
-        positions=t(starts[tok_req] + tok_off),
-        decode_rows=t(np.flatnonzero(is_decode)),
-        prefill_rows=t(np.flatnonzero(~is_decode)),
+        positions=t(positions),
+        decode_rows=t(decode_rows),
+        prefill_rows=t(prefill_rows),
+        positions_np=positions,
+        max_position=int(positions.max()),
+        sample_token_idx=t((cu_starts + lens - 1)[sample]),
     )
 
 
@@ -144,6 +155,46 @@ def _block_table(tables: list[list[int]]) -> torch.Tensor:
     out = np.zeros((len(tables), max(1, int(lens.max()))), dtype=np.int64)
     out[np.arange(out.shape[1])[None, :] < lens[:, None]] = flat
     return torch.from_numpy(out)
+
+
+def _kernel_tables(
+    requests: list[ScheduledRequest],
+    layout: KVCacheLayout,
+    kv_pages: dict[int, torch.Tensor],
+    reqs: _Requests,
+) -> dict[int, KernelTable]:
+    """Every attention group's ``KernelTable`` from one ``[G, R, nb]`` array, checked once
+    (``KernelTable.checked``'s rules over all groups): every entry a block of the pages,
+    every token's row and position inside the tables."""
+    groups = [g for g in layout.groups if not isinstance(g.spec, StateSpec)]
+    if not groups:
+        return {}
+    tables = [r.block_ids[g.group_id] for g in groups for r in requests]  # group-major
+    lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+    flat = np.fromiter(chain.from_iterable(tables), dtype=np.int64, count=int(lens.sum()))
+    width = max(1, int(lens.max()))
+    out = np.zeros((len(tables), width), dtype=np.int64)
+    out[np.arange(width)[None, :] < lens[:, None]] = flat
+    num_blocks = min(int(kv_pages[g.layer_ids[0]].shape[0]) for g in groups)
+    if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= num_blocks):
+        raise IndexError(f"block id out of range [0, {num_blocks})")
+    positions = reqs.positions_np
+    # rows come from _request_tensors: [0, R) by construction
+    if positions.size and (
+        int(positions.min()) < 0
+        or int(positions.max()) >= width * min(g.spec.block_size for g in groups)
+    ):
+        raise IndexError("token position past its block table")
+    stacked = torch.from_numpy(out.reshape(len(groups), len(requests), width))
+    return {
+        g.group_id: KernelTable(
+            stacked[i],
+            reqs.tok_req,
+            reqs.positions,
+            g.spec.sliding_window if isinstance(g.spec, SlidingWindowSpec) else 0,
+        )
+        for i, g in enumerate(groups)
+    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -151,11 +151,17 @@ class Scheduler:
         """Schedule running requests in order; returns whether anything was preempted."""
         preempted = False
         i = 0
-        while i < len(self.running) and plan.tokens_left > 0:
-            req = self.running[i]
+        running, allocate = self.running, self.kv.allocate
+        # without a connector or due state checkpoints a step ends at the tokens or the budget
+        plain = self.transfer is None and not self.kv.splits_steps
+        while i < len(running) and plan.tokens_left > 0:
+            req = running[i]
             start = req.num_computed_tokens
-            end = self._step_end(req, start, plan.tokens_left)
-            while not self.kv.allocate(req, end - start):
+            if plain:
+                end = min(req.num_tokens, start + plan.tokens_left)
+            else:
+                end = self._step_end(req, start, plan.tokens_left)
+            while not allocate(req, end - start):
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted = True
@@ -247,21 +253,24 @@ class Scheduler:
             state_restores=restores, state_saves=saves, finished_request_ids=self.finished_ids
         )
         self.finished_ids = []
+        copy_tables, state_slots = self.kv.copy_block_ids, self.kv.get_state_slots
+        append = out.requests.append
         for s in slices:
-            req = s.request
-            out.requests.append(
+            req, start, end = s.request, s.start, s.end
+            tokens, num_prompt = req.all_token_ids, req.num_prompt_tokens
+            append(
                 ScheduledRequest(
-                    request_id=req.request_id,
-                    token_ids=req.all_token_ids[s.start : s.end],
-                    start_pos=s.start,
-                    block_ids=tuple(list(t) for t in self.kv.get_block_ids(req.request_id)),
-                    state_slots=self.kv.get_state_slots(req.request_id),
-                    reset_state=s.start == 0,
-                    sample=s.end == req.num_tokens,
-                    sampling_params=req.sampling_params,
-                    num_output_tokens=req.num_output_tokens,
-                    all_token_ids=req.all_token_ids,
-                    num_prompt_tokens=req.num_prompt_tokens,
+                    req.request_id,
+                    tokens[start:end],
+                    start,
+                    copy_tables(req.request_id),
+                    state_slots(req.request_id),
+                    start == 0,
+                    end == len(tokens),
+                    req.sampling_params,
+                    len(tokens) - num_prompt,
+                    tokens,
+                    num_prompt,
                 )
             )
         return out
@@ -274,24 +283,27 @@ class Scheduler:
         Returns the requests that got a new token (finished ones included)."""
         discarded = self._recover(result)
         updated: list[Request] = []
+        requests, errors, sampled = self.requests, result.errors, result.sampled_token_ids
+        cache, running = self.kv.cache, RequestStatus.RUNNING
         for s in out.requests:
-            req = self.requests.get(s.request_id)
-            if req is None or req.status is not RequestStatus.RUNNING or s.request_id in discarded:
+            request_id = s.request_id
+            req = requests.get(request_id)
+            if req is None or req.status is not running or request_id in discarded:
                 continue  # finished (aborted) while the step ran, or its KV failed to load
-            if s.request_id in result.errors:  # its KV of this step is not cached either
-                self._fail(req, result.errors[s.request_id])
+            if errors and request_id in errors:  # its KV of this step is not cached either
+                self._fail(req, errors[request_id])
                 updated.append(req)
                 continue
             req.num_computed_tokens = s.start_pos + len(s.token_ids)
-            self.kv.cache(req, req.num_computed_tokens)
-            token = result.sampled_token_ids.get(s.request_id) if s.sample else None
+            cache(req, req.num_computed_tokens)
+            token = sampled.get(request_id) if s.sample else None
             if token is None:
                 continue
             req.append_output_token(token)
             updated.append(req)
             status = req.check_stop(self.max_model_len)
             if status is not None:
-                self.finish_request(req.request_id, status)
+                self.finish_request(request_id, status)
         self.kv.end_step()
         return updated
 
