@@ -5,7 +5,8 @@ Builds hybridkv's ``EngineCore`` on a B1 checkpoint, adds ``--batch`` requests o
 
 - ``schedule`` / ``update``: the scheduler before and after the forward pass;
 - ``build_step``: step metadata (``model/step_builder.py``);
-- ``gemm``: every ``F.linear`` (projections, experts, lm_head) — the matmul floor's part;
+- ``gemm``: every ``F.linear`` and packed projection (``PackedWeight``: projections, experts,
+  lm_head) — the matmul floor's part;
 - ``attention``: ``PagedAttention.forward`` (page writes, gather/mask or the native kernel);
 - ``sampler``: ``Sampler.sample``;
 - ``forward other``: the rest of the model (norms, rotary, activations, embedding, Mamba2...);
@@ -49,6 +50,7 @@ class Timers:
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         self.seconds: dict[str, float] = defaultdict(float)
+        self.inside: set[str] = set()  # parts being timed: a nested call is not counted twice
 
     def wrap(self, owner: Any, attr: str, part: str) -> Callable[[], None]:
         """Time ``owner.attr`` under ``part``; returns the undo."""
@@ -56,11 +58,15 @@ class Timers:
         timers = self
 
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if part in timers.inside:
+                return original(*args, **kwargs)
+            timers.inside.add(part)
             began = timers.clock()
             try:
                 return original(*args, **kwargs)
             finally:
                 timers.seconds[part] += timers.clock() - began
+                timers.inside.discard(part)
 
         setattr(owner, attr, timed)
         return lambda: setattr(owner, attr, original)
@@ -70,6 +76,7 @@ class Timers:
 def instrumented(llm: Any, timers: Timers) -> Iterator[None]:
     from hybridkv.model import runner as runner_module
     from hybridkv.model.layers.attention import PagedAttention
+    from hybridkv.model.layers.linear import PackedWeight
 
     engine = llm.engine
     undo = [
@@ -77,6 +84,7 @@ def instrumented(llm: Any, timers: Timers) -> Iterator[None]:
         timers.wrap(engine.scheduler, "update_from_output", "update"),
         timers.wrap(runner_module, "build_step", "build_step"),
         timers.wrap(torch.nn.functional, "linear", "gemm"),
+        timers.wrap(PackedWeight, "__call__", "gemm"),
         timers.wrap(PagedAttention, "forward", "attention"),
         timers.wrap(engine.runner.sampler, "sample", "sampler"),
         timers.wrap(engine.runner.model, "forward", "forward"),
