@@ -134,8 +134,24 @@ def profile_case(path: Path, dtype: str, args: argparse.Namespace) -> dict[str, 
             decode = steps[1 : 1 + args.steps]
             result["prefill_ms"] = steps[0]
             result["decode_ms"] = {k: statistics.median(s[k] for s in decode) for k in decode[0]}
+    result["decode_floor"] = decode_floor(llm.engine.runner.model, args.batch, clock)
     print_case(result)
     return result
+
+
+def decode_floor(model: Any, rows: int, clock: Callable[[], float]) -> dict[str, float]:
+    """The GEMM floor of a decode step (``matmul_floor.py``'s, same run, same clock): every
+    projection at ``rows`` rows through ``F.linear`` and through packed weights, best of 5;
+    the median decode step over each."""
+    from matmul_floor import time_rows, weights_of
+
+    weights, head = weights_of(model)
+    floor: dict[str, float] = {}
+    with torch.inference_mode():
+        for name, packed in (("f_linear", False), ("packed", True)):
+            best = min(time_rows(weights, head, rows, rows, packed, clock) for _ in range(5))
+            floor[f"{name}_ms"] = best * 1e3
+    return floor
 
 
 def print_case(result: dict[str, Any]) -> None:
@@ -144,6 +160,9 @@ def print_case(result: dict[str, Any]) -> None:
     for name in names:
         pre, dec = result["prefill_ms"][name], result["decode_ms"][name]
         print(f"{name:<16}{pre:>12.3f}{dec:>12.3f}", file=sys.stderr)
+    step = result["decode_ms"]["step"]
+    for name, ms in result["decode_floor"].items():
+        print(f"decode floor {name} {ms:.3f} ms: step / floor {step / ms:.3f}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -187,11 +187,39 @@ static inline int sees(int64_t p, int64_t key, int64_t win) {
     return key <= p && (win <= 0 || key > p - win);
 }
 
-/* Raw scores q.k, key by key: sc[(i * group + h) * n + j] for the keys query i sees. */
+/* Four keys' scores for one query vector, four independent sums (d % 16 == 0). */
+static inline void dot4(const float *qv, const float *const *k, int64_t d, float *out) {
+    v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    for (int64_t x = 0; x < d; x += 16) {
+        v16 qx = load16(qv + x);
+        a0 += qx * load16(k[0] + x);
+        a1 += qx * load16(k[1] + x);
+        a2 += qx * load16(k[2] + x);
+        a3 += qx * load16(k[3] + x);
+    }
+    out[0] = hsum16(a0), out[1] = hsum16(a1), out[2] = hsum16(a2), out[3] = hsum16(a3);
+}
+
+/* Raw scores q.k, key by key: sc[(i * group + h) * n + j] for the keys query i sees. Float32
+ * pages with d % 16 == 0: four keys at a time over query 0's keys (their sums are
+ * independent, so they overlap instead of waiting on one another); later queries get scores
+ * of the keys their window dropped too, real keys of the tile, left unused. */
 static void dots_by_key(const hk_attn_shape *s, const float *q, const void *pages, cursor keys,
                         int64_t lo, int64_t n, int64_t p0, int64_t nq, int64_t g, scratch *w) {
     const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim, hd = s->num_heads * d;
-    for (int64_t j = 0; j < n; j++) {
+    int64_t j = 0;
+    if (!s->bf16 && d % 16 == 0) { /* keys [0, p0 - lo]: query 0's, real keys of the tile */
+        for (; j + 4 <= p0 - lo + 1; j += 4) {
+            const float *k[4];
+            for (int u = 0; u < 4; u++) k[u] = (const float *)pages + next_slot(s, &keys, 0, g);
+            for (int64_t i = 0; i < nq; i++)
+                for (int64_t h = 0; h < group; h++) {
+                    float *dst = w->scores + (i * group + h) * n + j;
+                    dot4(q + i * hd + h * d, k, d, dst);
+                }
+        }
+    }
+    for (; j < n; j++) {
         const float *kr = key_row(pages, next_slot(s, &keys, 0, g), (int)s->bf16, d, w->row);
         for (int64_t i = 0; i < nq; i++) {
             if (!sees(p0 + i, lo + j, s->window)) continue;
@@ -321,6 +349,18 @@ static void softmax(const hk_attn_shape *s, float *x, int64_t n, const float *si
     for (int64_t j = 0; j < n; j++) x[j] *= inv;
 }
 
+/* Ask for the K (half 0) or V (half 1) rows of the tile's n keys ahead of their use: the rows
+ * are strided (kv_heads * d apart) and scattered over blocks, so the hardware prefetchers
+ * miss them; issued together, the loads overlap instead of waiting one by one. */
+static void prefetch_rows(const hk_attn_shape *s, const void *pages, cursor c, int64_t n,
+                          int64_t half, int64_t g) {
+    const int64_t bytes = s->head_dim * (s->bf16 ? 2 : 4);
+    for (int64_t j = 0; j < n; j++) {
+        const char *row = (const char *)pages + next_slot(s, &c, half, g) * (s->bf16 ? 2 : 4);
+        for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 3);
+    }
+}
+
 /* Queries of one tile and one kv head (its `group` query heads): query i sees key positions
  * [lo_i, p0 + i]; scores of the keys it does not see are never used. */
 static void attend_tile(const hk_attn_shape *s, const float *q, float *out, const void *pages,
@@ -331,6 +371,8 @@ static void attend_tile(const hk_attn_shape *s, const float *q, float *out, cons
     const int64_t lo = (win > 0 && p0 - win + 1 > 0) ? p0 - win + 1 : 0; /* first key of query 0 */
     const int64_t n = p0 + nq - lo;                                       /* keys of the tile */
     float *sc = w->scores;
+    prefetch_rows(s, pages, cursor_at(s, table, row, lo), n, 0, g);
+    prefetch_rows(s, pages, cursor_at(s, table, row, lo), n, 1, g);
     if (nq * group >= CHUNK_QUERIES)
         dots_by_chunk(s, q, pages, cursor_at(s, table, row, lo), n, nq, g, w);
     else
