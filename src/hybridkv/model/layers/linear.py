@@ -65,7 +65,7 @@ class PackedWeight:
         if not x32.is_contiguous():
             x32 = x32.contiguous()
         rows = x32.numel() // weight.shape[1]
-        out = torch.ops.mkl._mkl_linear(x32, self._get(weight), weight, bias, rows)
+        out: torch.Tensor = torch.ops.mkl._mkl_linear(x32, self._get(weight), weight, bias, rows)
         return out if x.dtype == torch.float32 else out.to(x.dtype)
 
     def _get(self, weight: torch.Tensor) -> torch.Tensor:

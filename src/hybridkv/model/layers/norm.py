@@ -44,14 +44,14 @@ class RMSNorm(nn.Module):
         kernels = row_kernels(x) if self.weight.dtype == torch.float32 else None
         if kernels is not None and residual.dtype == torch.float32 and residual.is_contiguous():
             return kernels.rms_norm(x, self.weight, self.eps, residual=residual)
-        return self(residual.add_(x))
+        return self.forward(residual.add_(x))
 
     def norm_(self, x: torch.Tensor) -> torch.Tensor:
         """The norm of contiguous ``x`` written over ``x`` (a fresh tensor nobody else reads)."""
         kernels = row_kernels(x) if self.weight.dtype == torch.float32 else None
         if kernels is not None and x.is_contiguous():
             return kernels.rms_norm(x, self.weight, self.eps, out=x)
-        return self(x)
+        return self.forward(x)
 
     def scale(self) -> torch.Tensor:
         """What ``apply_scale`` multiplies by, ``[dim]``."""
@@ -84,14 +84,14 @@ class OffsetRMSNorm(nn.Module):
         kernels = row_kernels(x)
         if kernels is not None and residual.dtype == torch.float32 and residual.is_contiguous():
             return kernels.rms_norm(x, self._cached_scale(), self.eps, residual=residual)
-        return self(residual.add_(x))
+        return self.forward(residual.add_(x))
 
     def norm_(self, x: torch.Tensor) -> torch.Tensor:
         """The norm of contiguous ``x`` written over ``x`` (a fresh tensor nobody else reads)."""
         kernels = row_kernels(x)
         if kernels is not None and x.is_contiguous():
             return kernels.rms_norm(x, self._cached_scale(), self.eps, out=x)
-        return self(x)
+        return self.forward(x)
 
     def scale(self) -> torch.Tensor:
         return 1.0 + self.weight.float()
