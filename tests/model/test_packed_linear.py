@@ -27,18 +27,18 @@ def _layer(k: int, n: int, bias: bool, seed: int = 0) -> Linear:
 @pytest.mark.parametrize("rows", [0, 1, 7, 16, 100, 2048])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_matches_f_linear_at_any_row_count(rows: int, bias: bool) -> None:
-    layer = _layer(192, 80, bias)
-    x = torch.randn(rows, 192)
+    layer = _layer(256, 160, bias)
+    x = torch.randn(rows, 256)
     with torch.inference_mode():
         got, ref = layer(x), F.linear(x, layer.weight, layer.bias)
     assert got.shape == ref.shape
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5)
-    assert layer.packed._key, "the packed path was not taken"
+    assert layer.packed._packed is not None, "the packed path was not taken"
 
 
 def test_3d_non_contiguous_and_bfloat16_inputs() -> None:
-    layer = _layer(64, 48, bias=True)
-    x = torch.randn(48, 3, 64).transpose(0, 1)  # [3, 48, 64], not contiguous
+    layer = _layer(256, 160, bias=True)
+    x = torch.randn(48, 3, 256).transpose(0, 1)  # [3, 48, 256], not contiguous
     with torch.inference_mode():
         assert torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5)
         xb = x.to(torch.bfloat16)
@@ -48,23 +48,23 @@ def test_3d_non_contiguous_and_bfloat16_inputs() -> None:
 
 
 def test_repacks_when_the_weight_changes() -> None:
-    layer = _layer(32, 16, bias=False)
-    x = torch.randn(5, 32)
+    layer = _layer(256, 128, bias=False)
+    x = torch.randn(5, 256)
     with torch.inference_mode():
         layer(x)
     with torch.no_grad():
         layer.weight.mul_(2.0)  # in place: same tensor, new version
     with torch.inference_mode():
         assert torch.allclose(layer(x), F.linear(x, layer.weight), atol=1e-5)
-    layer.weight = torch.nn.Parameter(torch.randn(16, 32), requires_grad=False)  # replaced
+    layer.weight = torch.nn.Parameter(torch.randn(128, 256) * 0.05, requires_grad=False)  # new
     with torch.inference_mode():
         assert torch.allclose(layer(x), F.linear(x, layer.weight), atol=1e-5)
 
 
 def test_fused_parts_are_packed_together() -> None:
-    parts = [_layer(32, n, bias=False, seed=n) for n in (16, 8, 8)]
+    parts = [_layer(256, n, bias=False, seed=n) for n in (64, 32, 32)]
     fused = FusedLinear(parts)
-    x = torch.randn(9, 32)
+    x = torch.randn(9, 256)
     with torch.inference_mode():
         got = fused(x)
     ref = torch.cat([F.linear(x, p.weight) for p in parts], dim=-1)
@@ -72,15 +72,23 @@ def test_fused_parts_are_packed_together() -> None:
 
 
 def test_autograd_uses_f_linear() -> None:
-    layer = Linear(8, 4)  # requires grad: the packed op has no autograd formula
-    x = torch.randn(3, 8, requires_grad=True)
+    layer = Linear(256, 128)  # requires grad: the packed op has no autograd formula
+    x = torch.randn(3, 256, requires_grad=True)
     layer(x).sum().backward()
-    assert x.grad is not None and layer.weight.grad is not None and not layer.packed._key
+    assert x.grad is not None and layer.weight.grad is not None and layer.packed._packed is None
+
+
+def test_small_weights_stay_unpacked() -> None:
+    layer = _layer(64, 128, bias=False)  # 8,192 elements: packing gains nothing
+    with torch.inference_mode():
+        x = torch.randn(2, 64)
+        assert torch.equal(layer(x), F.linear(x, layer.weight))
+    assert layer.packed._packed is None
 
 
 def test_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HYBRIDKV_PACKED_GEMM", "0")
-    layer = _layer(8, 4, bias=False)
+    layer = _layer(256, 128, bias=False)
     with torch.inference_mode():
-        layer(torch.randn(2, 8))
-    assert not PackedWeight().enabled and not layer.packed._key
+        layer(torch.randn(2, 256))
+    assert not PackedWeight().enabled and layer.packed._packed is None

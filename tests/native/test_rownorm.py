@@ -119,3 +119,14 @@ def test_without_kernels_the_layers_use_torch(
     with torch.inference_mode():
         _close(layer(x), F.rms_norm(x, (8,), layer.weight, 1e-6))
         assert table.lookup(torch.arange(3), 2, torch.float32).native is None
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("tokens", [1, 5, 200])  # 200 x 512: the OpenMP branch
+def test_act_mul_matches_torch(kernels: RowKernels, act: str, tokens: int) -> None:
+    gate_up = torch.randn(tokens, 2 * 512) * 3
+    gate, up = gate_up.chunk(2, dim=-1)
+    fn = F.silu if act == "silu" else (lambda x: F.gelu(x, approximate="tanh"))
+    _close(kernels.act_mul(gate_up, act), fn(gate) * up)
+    with pytest.raises(ValueError, match="activation"):
+        kernels.act_mul(gate_up, "relu2")

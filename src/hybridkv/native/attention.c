@@ -27,6 +27,7 @@ typedef struct {
     int64_t table_stride; /* entries per block-table row */
     int64_t window;       /* 0: no window */
     int64_t bf16;         /* pages are bfloat16 (else float32) */
+    int64_t q_stride, k_stride, v_stride; /* elements from one token's q / k / v to the next */
     float scale, softcap; /* softcap 0: none */
 } hk_attn_shape;
 
@@ -82,7 +83,7 @@ static void write_kv(const hk_attn_shape *s, const float *k, const float *v, voi
     for (int64_t i = 0; i < n; i++) {
         int64_t t = i / s->num_kv_heads, g = i % s->num_kv_heads;
         for (int64_t half = 0; half < 2; half++) {
-            const float *src = (half ? v : k) + i * d;
+            const float *src = (half ? v + t * s->v_stride : k + t * s->k_stride) + g * d;
             int64_t at = slot(s, table, rows[t], pos[t], half, g);
             if (s->bf16) {
                 uint16_t *dst = (uint16_t *)pages + at;
@@ -206,7 +207,7 @@ static inline void dot4(const float *qv, const float *const *k, int64_t d, float
  * of the keys their window dropped too, real keys of the tile, left unused. */
 static void dots_by_key(const hk_attn_shape *s, const float *q, const void *pages, cursor keys,
                         int64_t lo, int64_t n, int64_t p0, int64_t nq, int64_t g, scratch *w) {
-    const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim, hd = s->num_heads * d;
+    const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim, hd = s->q_stride;
     int64_t j = 0;
     if (!s->bf16 && d % 16 == 0) { /* keys [0, p0 - lo]: query 0's, real keys of the tile */
         for (; j + 4 <= p0 - lo + 1; j += 4) {
@@ -234,7 +235,7 @@ static void dots_by_key(const hk_attn_shape *s, const float *q, const void *page
  * see are computed too (they are real keys of the tile) and left unused. */
 static void dots_by_chunk(const hk_attn_shape *s, const float *q, const void *pages,
                           cursor keys, int64_t n, int64_t nq, int64_t g, scratch *w) {
-    const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim, hd = s->num_heads * d;
+    const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim, hd = s->q_stride;
     float *kt = w->row + d;
     for (int64_t j0 = 0; j0 < n; j0 += 16) {
         const int64_t m = n - j0 < 16 ? n - j0 : 16;
@@ -404,8 +405,9 @@ static int64_t make_tiles(const hk_attn_shape *s, const int64_t *rows, const int
     return count;
 }
 
-/* k, v: float32 [T][kv_heads][d], written first; q, out: float32 [T][H][d]. Returns 0, or -1
- * when scratch memory ran out. */
+/* k, v: float32 [T][kv_heads][d] (token strides k_stride, v_stride), written first; q: float32
+ * [T][H][d] (token stride q_stride); out: float32 contiguous [T][H][d]. Returns 0, or -1 when
+ * scratch memory ran out. */
 int hk_attn(const hk_attn_shape *s, const float *q, const float *k, const float *v, float *out,
             void *pages, const int64_t *table, const int64_t *rows, const int64_t *pos,
             const float *sinks) {
@@ -438,7 +440,8 @@ int hk_attn(const hk_attn_shape *s, const float *q, const float *k, const float 
             if (failed) continue;
             const tile *tl = &tiles[i / s->num_kv_heads];
             int64_t g = i % s->num_kv_heads, head = tl->t0 * s->num_heads + g * group;
-            attend_tile(s, q + head * d, out + head * d, pages, table, rows[tl->t0],
+            attend_tile(s, q + tl->t0 * s->q_stride + g * group * d, out + head * d, pages, table,
+                        rows[tl->t0],
                         pos[tl->t0], tl->nq, g, sinks, &w);
         }
         free(w.scores);

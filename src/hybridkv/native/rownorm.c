@@ -58,3 +58,25 @@ void hk_rope(float *x, int64_t tokens, int64_t heads, int64_t dim, int64_t token
         }
     }
 }
+
+/* out[t][i] = act(gu[t][i]) * gu[t][inner + i] (gate and up halves side by side, rows of
+ * gu_stride elements); act 0: silu x / (1 + e^-x), 1: gelu's tanh form
+ * 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))). out: contiguous [tokens][inner]. */
+void hk_act_mul(const float *gu, int64_t tokens, int64_t inner, int64_t gu_stride, int64_t act,
+                float *out) {
+#pragma omp parallel for schedule(static) if (tokens * inner > PARALLEL_ELEMENTS)
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *g = gu + t * gu_stride, *u = g + inner;
+        float *o = out + t * inner;
+        if (act == 0) {
+#pragma omp simd
+            for (int64_t i = 0; i < inner; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        } else {
+            const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+            for (int64_t i = 0; i < inner; i++) {
+                const float x = g[i];
+                o[i] = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * u[i];
+            }
+        }
+    }
+}

@@ -1,5 +1,5 @@
-"""Row kernels of the decoder layers (``rownorm.c``): RMS norm with a fused residual add, and
-rotary embedding in place, for float32 activations.
+"""Row kernels of the decoder layers (``rownorm.c``): RMS norm with a fused residual add,
+rotary embedding in place, and a gated MLP's ``act(gate) * up``, for float32 activations.
 
 ``load_rownorm()`` builds the C source like the other kernels (``hybridkv.native``) and returns
 None where that is impossible or ``HYBRIDKV_NATIVE=0``; the layers then run their torch code
@@ -19,6 +19,7 @@ import torch
 from hybridkv.native import load_library
 
 SOURCE = Path(__file__).with_name("rownorm.c")
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # act_mul's activations (hk_act_mul's codes)
 
 
 class RowKernels:
@@ -32,6 +33,9 @@ class RowKernels:
         self._rope = lib.hk_rope
         self._rope.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr]
         self._rope.restype = None
+        self._act_mul = lib.hk_act_mul
+        self._act_mul.argtypes = [ptr, i64, i64, i64, i64, ptr]
+        self._act_mul.restype = None
 
     def rms_norm(
         self,
@@ -94,6 +98,20 @@ class RowKernels:
             rot,
             positions.data_ptr(),
         )
+
+    def act_mul(self, gate_up: torch.Tensor, act: str) -> torch.Tensor:
+        """``act(gate) * up`` from ``gate_up`` ``[T, 2 * inner]`` (halves in that order, rows
+        contiguous) -> a new ``[T, inner]``; ``act``: one of ``ACTIVATIONS``."""
+        if act not in ACTIVATIONS:
+            raise ValueError(f"activation {act!r}: the kernel has {', '.join(ACTIVATIONS)}")
+        tokens, _, width, stride = _rows(gate_up)
+        if gate_up.dim() != 2 or width % 2:
+            raise ValueError(f"gate_up must be [T, 2 * inner], got {tuple(gate_up.shape)}")
+        out = torch.empty(tokens, width // 2, dtype=torch.float32)
+        self._act_mul(
+            gate_up.data_ptr(), tokens, width // 2, stride, ACTIVATIONS[act], out.data_ptr()
+        )
+        return out
 
 
 def _rows(x: torch.Tensor) -> tuple[int, int, int, int]:

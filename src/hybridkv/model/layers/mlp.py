@@ -10,6 +10,15 @@ from hybridkv.model.errors import ModelLoadError
 from hybridkv.model.layers.fused import FusedLinear
 from hybridkv.model.layers.linear import Linear, linear
 from hybridkv.model.layers.moe import dispatch
+from hybridkv.model.layers.norm import row_kernels
+
+# activation names -> the native act_mul kernel's (``hybridkv.native.rownorm``)
+_KERNEL_ACTS = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_tanh": "gelu_tanh",
+}
 
 
 def activation(name: str):  # type: ignore[no-untyped-def]
@@ -35,11 +44,18 @@ class GatedMLP(nn.Module):
         self.up_proj = Linear(hidden, inner, bias=False)
         self.down_proj = Linear(inner, hidden, bias=False)
         self.act = activation(act)
+        self.kernel_act = _KERNEL_ACTS.get(act)  # None: torch only
         self.gate_up = FusedLinear([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)  # [T, inner] each
-        out: torch.Tensor = self.down_proj(self.act(gate) * up)
+        gate_up = self.gate_up(x)  # [T, 2 * inner]
+        kernels = row_kernels(gate_up) if self.kernel_act is not None else None
+        if kernels is not None and gate_up.dim() == 2 and self.kernel_act is not None:
+            h = kernels.act_mul(gate_up, self.kernel_act)  # one pass, no temporaries
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)  # [T, inner] each
+            h = self.act(gate) * up
+        out: torch.Tensor = self.down_proj(h)
         return out
 
 
