@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -35,6 +37,19 @@ def activation(name: str):  # type: ignore[no-untyped-def]
     )
 
 
+def act_mul(
+    gate_up: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor], kernel_act: str | None
+) -> torch.Tensor:
+    """``act(gate) * up`` of ``[T, 2 * inner]`` (gate half first): one native pass for float32
+    with a kernel activation, else torch."""
+    kernels = row_kernels(gate_up) if kernel_act is not None else None
+    if kernels is not None and kernel_act is not None and gate_up.dim() == 2:
+        return kernels.act_mul(gate_up, kernel_act)
+    gate, up = gate_up.chunk(2, dim=-1)  # [T, inner] each
+    out: torch.Tensor = act(gate) * up
+    return out
+
+
 class GatedMLP(nn.Module):
     """``down(act(gate(x)) * up(x))`` (Llama, Qwen, Gemma)."""
 
@@ -48,14 +63,7 @@ class GatedMLP(nn.Module):
         self.gate_up = FusedLinear([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up(x)  # [T, 2 * inner]
-        kernels = row_kernels(gate_up) if self.kernel_act is not None else None
-        if kernels is not None and gate_up.dim() == 2 and self.kernel_act is not None:
-            h = kernels.act_mul(gate_up, self.kernel_act)  # one pass, no temporaries
-        else:
-            gate, up = gate_up.chunk(2, dim=-1)  # [T, inner] each
-            h = self.act(gate) * up
-        out: torch.Tensor = self.down_proj(h)
+        out: torch.Tensor = self.down_proj(act_mul(self.gate_up(x), self.act, self.kernel_act))
         return out
 
 
@@ -67,10 +75,11 @@ class FusedGatedMLP(nn.Module):
         self.input_linear = Linear(hidden, 2 * inner, bias=False)
         self.output_linear = Linear(inner, hidden, bias=False)
         self.act = activation(act)
+        self.kernel_act = _KERNEL_ACTS.get(act)  # None: torch only
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.input_linear(x).chunk(2, dim=-1)  # [T, inner] each
-        out: torch.Tensor = self.output_linear(self.act(gate) * up)
+        h = act_mul(self.input_linear(x), self.act, self.kernel_act)
+        out: torch.Tensor = self.output_linear(h)
         return out
 
 
