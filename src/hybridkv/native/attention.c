@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "vecmath.h"
+
 typedef struct {
     int64_t num_tokens, num_heads, num_kv_heads, head_dim, block_size;
     int64_t block_stride; /* elements from one block's page to the next */
@@ -98,27 +100,6 @@ static void write_kv(const hk_attn_shape *s, const float *k, const float *v, voi
 #define PARALLEL_WORK 200000 /* ~20 us of one core: less is not worth waking threads */
 #define TILE 16 /* query tokens of one request attended together: each key row read once */
 #define CHUNK_QUERIES 6 /* query vectors per tile from which transposing keys pays */
-
-/* exp(x) for x <= 0 (and NaN), vectorizable: 2^n * p(r), |r| <= ln2 / 2, relative error
- * ~1e-7; below -87 it returns ~1e-38 instead of a denormal or 0. */
-#pragma omp declare simd
-static inline float exp_le0(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    const float round = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    float n = (x * 1.44269504f + round) - round;
-    float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-    float p = 1.0f / 720;
-    p = 1.0f / 120 + r * p;
-    p = 1.0f / 24 + r * p;
-    p = 1.0f / 6 + r * p;
-    p = 0.5f + r * p;
-    p = 1.0f + r * (1.0f + r * p);
-    union {
-        int32_t i;
-        float f;
-    } two_n = {.i = ((int32_t)n + 127) << 23};
-    return p * two_n.f;
-}
 
 /* One K or V row as float32: in place for float32 pages, converted into `buf` for bfloat16. */
 static inline const float *key_row(const void *pages, int64_t at, int bf16, int64_t d,
