@@ -11,6 +11,8 @@ engines keep only the last logits) and a decode step of ``--batch`` rows. Best o
     decode floor tokens/s  = batch / decode-step seconds
 
 An engine's B1 throughput can exceed transformers' by at most (transformers' time / floor).
+Each shape is timed twice: with ``F.linear`` (what transformers calls) and through hybridkv's
+packed weights (``PackedWeight``: MKL packed sgemm for float32), keys ``packed_*``.
 
     .venv/bin/python benchmarks/matmul_floor.py --sizes small
     .venv/bin/python benchmarks/matmul_floor.py --quick     # seconds; run by the tests
@@ -19,9 +21,11 @@ An engine's B1 throughput can exceed transformers' by at most (transformers' tim
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +37,16 @@ from throughput import add_case_args, b1_machine, run_cases
 def projection_weights(path: Path, dtype: str) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Every projection weight ``[out, in]`` of the checkpoint (lm_head apart)."""
     from hybridkv.model import load_model
+
+    model, _ = load_model(path, dtype, bf16_matmul="native")  # the GEMM transformers calls
+    return weights_of(model)
+
+
+def weights_of(model: Any) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """A loaded model's projection weights ``[out, in]`` (lm_head apart), and its lm_head's."""
     from hybridkv.model.layers.linear import Linear
     from hybridkv.model.layers.mlp import TopKMoE
 
-    model, _ = load_model(path, dtype, bf16_matmul="native")  # the GEMM transformers calls
     weights: list[torch.Tensor] = []
     for module in model.modules():
         if isinstance(module, Linear) and module is not model.lm_head:
@@ -48,36 +58,67 @@ def projection_weights(path: Path, dtype: str) -> tuple[list[torch.Tensor], torc
     return weights, model.lm_head.weight
 
 
-def time_rows(weights: list[torch.Tensor], head: torch.Tensor, rows: int, head_rows: int) -> float:
+def gemms(weights: list[torch.Tensor], packed: bool) -> list[Callable[[torch.Tensor], Any]]:
+    """One product per weight: ``F.linear``, or through a ``PackedWeight`` of its own."""
+    from hybridkv.model.layers.linear import PackedWeight
+
+    if not packed:
+        return [functools.partial(_f_linear, weight=w) for w in weights]
+    return [functools.partial(PackedWeight(), weight=w, bias=None) for w in weights]
+
+
+def _f_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(x, weight)
+
+
+def time_rows(
+    weights: list[torch.Tensor],
+    head: torch.Tensor,
+    rows: int,
+    head_rows: int,
+    packed: bool = False,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """Seconds of one pass over every projection at ``rows`` rows (the head at ``head_rows``)."""
     xs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights}
     h = torch.randn(head_rows, head.shape[1], dtype=head.dtype)
-    began = time.perf_counter()
-    for w in weights:
-        torch.nn.functional.linear(xs[w.shape[1]], w)
-    torch.nn.functional.linear(h, head)
-    return time.perf_counter() - began
+    *fns, head_fn = gemms([*weights, head], packed)
+    for fn, w in zip(fns, weights, strict=True):  # warm-up (packs the weights once)
+        fn(xs[w.shape[1]])
+    head_fn(h)
+    began = clock()
+    for fn, w in zip(fns, weights, strict=True):
+        fn(xs[w.shape[1]])
+    head_fn(h)
+    return clock() - began
 
 
 def floor(path: Path, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
     weights, head = projection_weights(path, dtype)
-    with torch.inference_mode():
-        time_rows(weights, head, args.prefill_tokens, args.batch)  # warm-up
-        prefill = min(
-            time_rows(weights, head, args.prefill_tokens, args.batch) for _ in range(args.repeats)
+    result: dict[str, Any] = {"parameters": sum(w.numel() for w in weights) + head.numel()}
+    for packed in (False, True):
+        prefix = "packed_" if packed else ""
+        with torch.inference_mode():
+            prefill = min(
+                time_rows(weights, head, args.prefill_tokens, args.batch, packed)
+                for _ in range(args.repeats)
+            )
+            decode = min(
+                time_rows(weights, head, args.batch, args.batch, packed)
+                for _ in range(args.repeats)
+            )
+        print(
+            f"  {prefix or 'F.linear '}prefill floor {args.prefill_tokens / prefill:.0f} tok/s,"
+            f" decode floor {args.batch / decode:.0f} tok/s",
+            file=sys.stderr,
         )
-        decode = min(time_rows(weights, head, args.batch, args.batch) for _ in range(args.repeats))
-    print(
-        f"  prefill floor {args.prefill_tokens / prefill:.0f} tok/s,"
-        f" decode floor {args.batch / decode:.0f} tok/s",
-        file=sys.stderr,
-    )
-    return {
-        "prefill_s": prefill,
-        "decode_step_s": decode,
-        "prefill_floor_tokens_per_s": args.prefill_tokens / prefill,
-        "decode_floor_tokens_per_s": args.batch / decode,
-        "parameters": sum(w.numel() for w in weights) + head.numel(),
-    }
+        result |= {
+            f"{prefix}prefill_s": prefill,
+            f"{prefix}decode_step_s": decode,
+            f"{prefix}prefill_floor_tokens_per_s": args.prefill_tokens / prefill,
+            f"{prefix}decode_floor_tokens_per_s": args.batch / decode,
+        }
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,8 @@ Builds hybridkv's ``EngineCore`` on a B1 checkpoint, adds ``--batch`` requests o
 
 - ``schedule`` / ``update``: the scheduler before and after the forward pass;
 - ``build_step``: step metadata (``model/step_builder.py``);
-- ``gemm``: every ``F.linear`` (projections, experts, lm_head) — the matmul floor's part;
+- ``gemm``: every ``F.linear`` and packed projection (``PackedWeight``: projections, experts,
+  lm_head) — the matmul floor's part;
 - ``attention``: ``PagedAttention.forward`` (page writes, gather/mask or the native kernel);
 - ``sampler``: ``Sampler.sample``;
 - ``forward other``: the rest of the model (norms, rotary, activations, embedding, Mamba2...,
@@ -52,6 +53,7 @@ class Timers:
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         self.seconds: dict[str, float] = defaultdict(float)
+        self.inside: set[str] = set()  # parts being timed: a nested call is not counted twice
 
     def wrap(self, owner: Any, attr: str, part: str) -> Callable[[], None]:
         """Time ``owner.attr`` under ``part``; returns the undo."""
@@ -59,11 +61,15 @@ class Timers:
         timers = self
 
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if part in timers.inside:
+                return original(*args, **kwargs)
+            timers.inside.add(part)
             began = timers.clock()
             try:
                 return original(*args, **kwargs)
             finally:
                 timers.seconds[part] += timers.clock() - began
+                timers.inside.discard(part)
 
         setattr(owner, attr, timed)
         return lambda: setattr(owner, attr, original)
@@ -73,6 +79,7 @@ class Timers:
 def instrumented(llm: Any, timers: Timers) -> Iterator[None]:
     from hybridkv.model import runner as runner_module
     from hybridkv.model.layers.attention import PagedAttention
+    from hybridkv.model.layers.linear import PackedWeight
 
     engine = llm.engine
     undo = [
@@ -80,6 +87,7 @@ def instrumented(llm: Any, timers: Timers) -> Iterator[None]:
         timers.wrap(engine.scheduler, "update_from_output", "update"),
         timers.wrap(runner_module, "build_step", "build_step"),
         timers.wrap(torch.nn.functional, "linear", "gemm"),
+        timers.wrap(PackedWeight, "__call__", "gemm"),
         timers.wrap(PagedAttention, "forward", "attention"),
         timers.wrap(engine.runner.sampler, "sample", "sampler"),
         timers.wrap(engine.runner.model, "forward", "forward"),
@@ -136,8 +144,24 @@ def profile_case(path: Path, dtype: str, args: argparse.Namespace) -> dict[str, 
             decode = steps[1 : 1 + args.steps]
             result["prefill_ms"] = steps[0]
             result["decode_ms"] = {k: statistics.median(s[k] for s in decode) for k in decode[0]}
+    result["decode_floor"] = decode_floor(llm.engine.runner.model, args.batch, clock)
     print_case(result)
     return result
+
+
+def decode_floor(model: Any, rows: int, clock: Callable[[], float]) -> dict[str, float]:
+    """The GEMM floor of a decode step (``matmul_floor.py``'s, same run, same clock): every
+    projection at ``rows`` rows through ``F.linear`` and through packed weights, best of 5;
+    the median decode step over each."""
+    from matmul_floor import time_rows, weights_of
+
+    weights, head = weights_of(model)
+    floor: dict[str, float] = {}
+    with torch.inference_mode():
+        for name, packed in (("f_linear", False), ("packed", True)):
+            best = min(time_rows(weights, head, rows, rows, packed, clock) for _ in range(5))
+            floor[f"{name}_ms"] = best * 1e3
+    return floor
 
 
 def print_case(result: dict[str, Any]) -> None:
@@ -146,6 +170,9 @@ def print_case(result: dict[str, Any]) -> None:
     for name in names:
         pre, dec = result["prefill_ms"][name], result["decode_ms"][name]
         print(f"{name:<16}{pre:>12.3f}{dec:>12.3f}", file=sys.stderr)
+    step = result["decode_ms"]["step"]
+    for name, ms in result["decode_floor"].items():
+        print(f"decode floor {name} {ms:.3f} ms: step / floor {step / ms:.3f}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from hybridkv.engine.frontend import (
 
 ARCH_CHOICES = (  # hybridkv.model.make_model.ARCHS (not imported: it pulls in torch)
     "qwen3",
+    "qwen3_full",
     "gemma3",
     "granitemoehybrid",
     "bamba",

@@ -18,3 +18,5 @@ def test_step_profile_quick(tmp_path: Path) -> None:
     prefill = case["prefill_ms"]  # one step: its parts add up exactly (decode: medians)
     assert abs(prefill["non-GEMM"] + prefill["gemm"] - prefill["step"]) < 1e-6
     assert prefill["forward other"] >= 0
+    floor = case["decode_floor"]  # the decode step's GEMMs alone, same run
+    assert floor["f_linear_ms"] > 0 and floor["packed_ms"] > 0

@@ -28,9 +28,27 @@ from hybridkv.model.layers.mlp import TopKMoE
 def test_bfloat16_models_multiply_where_the_option_and_cpu_say(
     option: str, native: bool, want: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(matmul, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(matmul, "bf16_matmul_pays", lambda: native)
     assert matmul.matmul_dtype(torch.bfloat16, option) == want
     assert matmul.matmul_dtype(torch.float32, option) == torch.float32  # never touched
+
+
+@pytest.mark.parametrize(
+    ("machine", "amx", "onednn_bf16", "want"),
+    [
+        ("x86_64", True, True, True),
+        ("x86_64", False, True, False),  # AVX512-BF16 without AMX: float32 wins (measured)
+        ("aarch64", False, True, True),
+        ("aarch64", False, False, False),
+    ],
+)
+def test_bfloat16_products_pay_with_amx_on_x86(
+    machine: str, amx: bool, onednn_bf16: bool, want: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(matmul.platform, "machine", lambda: machine)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(matmul, "cpu_has_native_bf16", lambda: onednn_bf16)
+    assert matmul.bf16_matmul_pays() is want
 
 
 def test_an_unknown_option_is_an_error_naming_it() -> None:

@@ -22,7 +22,9 @@ from hybridkv.model.make_model_families import FAMILY_CONFIGS
 from hybridkv.model.registry import get_model_class
 from hybridkv.model.tiny_tokenizer import EOS_TOKEN, PAD_TOKEN, special_token_ids, write_tokenizer
 
-ARCHS = ("qwen3", "gemma3", "granitemoehybrid", *FAMILY_CONFIGS)
+# qwen3_full: Qwen3 with full attention on every layer (vLLM's CPU backend refuses checkpoints
+# with sliding windows on some layers only; the vLLM baseline runs this one)
+ARCHS = ("qwen3", "qwen3_full", "gemma3", "granitemoehybrid", *FAMILY_CONFIGS)
 SIZES = ("tiny", "small")
 INIT_STD = 0.02
 
@@ -109,6 +111,18 @@ def _qwen3(tiny: bool) -> dict[str, Any]:
     }
 
 
+def _qwen3_full(tiny: bool) -> dict[str, Any]:
+    config = _qwen3(tiny)
+    layers = config["num_hidden_layers"]
+    config.update(
+        use_sliding_window=False,
+        sliding_window=None,
+        max_window_layers=layers,
+        layer_types=["full_attention"] * layers,
+    )
+    return config
+
+
 def _gemma3(tiny: bool) -> dict[str, Any]:
     return {
         "architectures": ["Gemma3ForCausalLM"],
@@ -168,6 +182,7 @@ def _granite(tiny: bool) -> dict[str, Any]:
 
 _ARCH_CONFIGS = {
     "qwen3": _qwen3,
+    "qwen3_full": _qwen3_full,
     "gemma3": _gemma3,
     "granitemoehybrid": _granite,
     **FAMILY_CONFIGS,

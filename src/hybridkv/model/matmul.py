@@ -10,12 +10,21 @@ float32 product of the same shape. ``bf16_matmul`` chooses:
   ``lm_head``) are held in float32 and attention is computed in float32; activations, the
   embedding, norms and the KV cache stay bfloat16 and every product is rounded back to bfloat16,
   so the numerics are bfloat16's up to summation order. Costs the weights' memory twice over;
-- ``auto`` (default): ``native`` where the CPU has native bfloat16, else ``float32``.
+- ``auto`` (default): ``native`` where bfloat16 products pay (``bf16_matmul_pays``: AMX on
+  x86), else ``float32``.
+
+Measured on an AVX512-BF16 Xeon without AMX (docs/benchmarks.md, issue 17, one thread, the
+small checkpoints' projections): oneDNN's bfloat16 GEMM is level with MKL's float32 one at 16
+rows and 1.75x slower at 2,048 rows, and the packed float32 GEMM (``layers/linear.py``) is 1.7x
+faster than either at 16 rows — so without AMX ``float32`` wins in both phases and ``auto``
+picks it; with AMX tiles bfloat16 products run several times faster than float32 ones.
 
 float32 models are never touched.
 """
 
 from __future__ import annotations
+
+import platform
 
 import torch
 from torch import nn
@@ -33,6 +42,15 @@ def cpu_has_native_bf16() -> bool:
     return bool(probe()) if probe is not None else False
 
 
+def bf16_matmul_pays() -> bool:
+    """Whether bfloat16 products beat float32 ones here: x86 with AMX tiles; elsewhere (ARM)
+    wherever oneDNN multiplies bfloat16 natively."""
+    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+        probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+        return bool(probe()) if probe is not None else False
+    return cpu_has_native_bf16()
+
+
 def matmul_dtype(model_dtype: torch.dtype, bf16_matmul: str) -> torch.dtype:
     """The dtype products are computed in for a model stored in ``model_dtype``."""
     if bf16_matmul not in BF16_MATMUL_CHOICES:
@@ -41,7 +59,7 @@ def matmul_dtype(model_dtype: torch.dtype, bf16_matmul: str) -> torch.dtype:
         )
     if model_dtype != torch.bfloat16 or bf16_matmul == "native":
         return model_dtype
-    if bf16_matmul == "auto" and cpu_has_native_bf16():
+    if bf16_matmul == "auto" and bf16_matmul_pays():
         return model_dtype
     return torch.float32
 

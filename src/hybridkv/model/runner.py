@@ -19,6 +19,7 @@ from hybridkv.model.models.common import CausalLM
 from hybridkv.model.prompt_logprobs import prompt_logprobs
 from hybridkv.model.sampler import Sampler, SampleRequest
 from hybridkv.model.step_builder import build_step
+from hybridkv.model.threads import StepThreads
 from hybridkv.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput, StateCopy
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ class ModelRunner:
         self.keep_logits = keep_logits
         self.cache = CacheTensors(layout, num_blocks, num_state_slots)
         self.sampler = Sampler(seed, eos_token_ids=model_config.eos_token_ids, grammar=grammar)
+        self.threads = StepThreads.from_env()  # compute threads per step (model/threads.py)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
@@ -85,6 +87,7 @@ class ModelRunner:
         result: RunnerOutput,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         step = build_step(requests, self.layout, self.cache.kv_pages, self.cache.states, saves)
+        self.threads.use_for(step.input_ids.shape[0])
         hidden = self.model(step.input_ids, step.ctx)  # [T, hidden]
         logits = self.model.compute_logits(hidden[step.sample_token_idx])  # [S, vocab]
         if any(r.sampling_params.prompt_logprobs is not None for r in requests):

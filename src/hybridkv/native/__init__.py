@@ -155,7 +155,8 @@ def _cpu_signature() -> str:
 
 def _library_path(compiler: str, source: Path = SOURCE) -> Path:
     key = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(FLAGS).encode(), compiler.encode()):
+    headers = [h.read_bytes() for h in sorted(source.parent.glob("*.h"))]  # #included
+    for part in (source.read_bytes(), *headers, " ".join(FLAGS).encode(), compiler.encode()):
         key.update(part)
     key.update(_cpu_signature().encode())
     return cache_dir() / "native" / f"{source.stem}-{key.hexdigest()[:16]}.so"

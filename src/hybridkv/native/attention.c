@@ -21,12 +21,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "vecmath.h"
+
 typedef struct {
     int64_t num_tokens, num_heads, num_kv_heads, head_dim, block_size;
     int64_t block_stride; /* elements from one block's page to the next */
     int64_t table_stride; /* entries per block-table row */
     int64_t window;       /* 0: no window */
     int64_t bf16;         /* pages are bfloat16 (else float32) */
+    int64_t q_stride, k_stride, v_stride; /* elements from one token's q / k / v to the next */
     float scale, softcap; /* softcap 0: none */
 } hk_attn_shape;
 
@@ -82,7 +85,7 @@ static void write_kv(const hk_attn_shape *s, const float *k, const float *v, voi
     for (int64_t i = 0; i < n; i++) {
         int64_t t = i / s->num_kv_heads, g = i % s->num_kv_heads;
         for (int64_t half = 0; half < 2; half++) {
-            const float *src = (half ? v : k) + i * d;
+            const float *src = (half ? v + t * s->v_stride : k + t * s->k_stride) + g * d;
             int64_t at = slot(s, table, rows[t], pos[t], half, g);
             if (s->bf16) {
                 uint16_t *dst = (uint16_t *)pages + at;
@@ -97,27 +100,6 @@ static void write_kv(const hk_attn_shape *s, const float *k, const float *v, voi
 #define PARALLEL_WORK 200000 /* ~20 us of one core: less is not worth waking threads */
 #define TILE 16 /* query tokens of one request attended together: each key row read once */
 #define CHUNK_QUERIES 6 /* query vectors per tile from which transposing keys pays */
-
-/* exp(x) for x <= 0 (and NaN), vectorizable: 2^n * p(r), |r| <= ln2 / 2, relative error
- * ~1e-7; below -87 it returns ~1e-38 instead of a denormal or 0. */
-#pragma omp declare simd
-static inline float exp_le0(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    const float round = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    float n = (x * 1.44269504f + round) - round;
-    float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-    float p = 1.0f / 720;
-    p = 1.0f / 120 + r * p;
-    p = 1.0f / 24 + r * p;
-    p = 1.0f / 6 + r * p;
-    p = 0.5f + r * p;
-    p = 1.0f + r * (1.0f + r * p);
-    union {
-        int32_t i;
-        float f;
-    } two_n = {.i = ((int32_t)n + 127) << 23};
-    return p * two_n.f;
-}
 
 /* One K or V row as float32: in place for float32 pages, converted into `buf` for bfloat16. */
 static inline const float *key_row(const void *pages, int64_t at, int bf16, int64_t d,
@@ -187,11 +169,39 @@ static inline int sees(int64_t p, int64_t key, int64_t win) {
     return key <= p && (win <= 0 || key > p - win);
 }
 
-/* Raw scores q.k, key by key: sc[(i * group + h) * n + j] for the keys query i sees. */
+/* Four keys' scores for one query vector, four independent sums (d % 16 == 0). */
+static inline void dot4(const float *qv, const float *const *k, int64_t d, float *out) {
+    v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    for (int64_t x = 0; x < d; x += 16) {
+        v16 qx = load16(qv + x);
+        a0 += qx * load16(k[0] + x);
+        a1 += qx * load16(k[1] + x);
+        a2 += qx * load16(k[2] + x);
+        a3 += qx * load16(k[3] + x);
+    }
+    out[0] = hsum16(a0), out[1] = hsum16(a1), out[2] = hsum16(a2), out[3] = hsum16(a3);
+}
+
+/* Raw scores q.k, key by key: sc[(i * group + h) * n + j] for the keys query i sees. Float32
+ * pages with d % 16 == 0: four keys at a time over query 0's keys (their sums are
+ * independent, so they overlap instead of waiting on one another); later queries get scores
+ * of the keys their window dropped too, real keys of the tile, left unused. */
 static void dots_by_key(const hk_attn_shape *s, const float *q, const void *pages, cursor keys,
                         int64_t lo, int64_t n, int64_t p0, int64_t nq, int64_t g, scratch *w) {
-    const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim, hd = s->num_heads * d;
-    for (int64_t j = 0; j < n; j++) {
+    const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim, hd = s->q_stride;
+    int64_t j = 0;
+    if (!s->bf16 && d % 16 == 0) { /* keys [0, p0 - lo]: query 0's, real keys of the tile */
+        for (; j + 4 <= p0 - lo + 1; j += 4) {
+            const float *k[4];
+            for (int u = 0; u < 4; u++) k[u] = (const float *)pages + next_slot(s, &keys, 0, g);
+            for (int64_t i = 0; i < nq; i++)
+                for (int64_t h = 0; h < group; h++) {
+                    float *dst = w->scores + (i * group + h) * n + j;
+                    dot4(q + i * hd + h * d, k, d, dst);
+                }
+        }
+    }
+    for (; j < n; j++) {
         const float *kr = key_row(pages, next_slot(s, &keys, 0, g), (int)s->bf16, d, w->row);
         for (int64_t i = 0; i < nq; i++) {
             if (!sees(p0 + i, lo + j, s->window)) continue;
@@ -206,7 +216,7 @@ static void dots_by_key(const hk_attn_shape *s, const float *q, const void *page
  * see are computed too (they are real keys of the tile) and left unused. */
 static void dots_by_chunk(const hk_attn_shape *s, const float *q, const void *pages,
                           cursor keys, int64_t n, int64_t nq, int64_t g, scratch *w) {
-    const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim, hd = s->num_heads * d;
+    const int64_t group = s->num_heads / s->num_kv_heads, d = s->head_dim, hd = s->q_stride;
     float *kt = w->row + d;
     for (int64_t j0 = 0; j0 < n; j0 += 16) {
         const int64_t m = n - j0 < 16 ? n - j0 : 16;
@@ -321,6 +331,18 @@ static void softmax(const hk_attn_shape *s, float *x, int64_t n, const float *si
     for (int64_t j = 0; j < n; j++) x[j] *= inv;
 }
 
+/* Ask for the K (half 0) or V (half 1) rows of the tile's n keys ahead of their use: the rows
+ * are strided (kv_heads * d apart) and scattered over blocks, so the hardware prefetchers
+ * miss them; issued together, the loads overlap instead of waiting one by one. */
+static void prefetch_rows(const hk_attn_shape *s, const void *pages, cursor c, int64_t n,
+                          int64_t half, int64_t g) {
+    const int64_t bytes = s->head_dim * (s->bf16 ? 2 : 4);
+    for (int64_t j = 0; j < n; j++) {
+        const char *row = (const char *)pages + next_slot(s, &c, half, g) * (s->bf16 ? 2 : 4);
+        for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 3);
+    }
+}
+
 /* Queries of one tile and one kv head (its `group` query heads): query i sees key positions
  * [lo_i, p0 + i]; scores of the keys it does not see are never used. */
 static void attend_tile(const hk_attn_shape *s, const float *q, float *out, const void *pages,
@@ -331,6 +353,8 @@ static void attend_tile(const hk_attn_shape *s, const float *q, float *out, cons
     const int64_t lo = (win > 0 && p0 - win + 1 > 0) ? p0 - win + 1 : 0; /* first key of query 0 */
     const int64_t n = p0 + nq - lo;                                       /* keys of the tile */
     float *sc = w->scores;
+    prefetch_rows(s, pages, cursor_at(s, table, row, lo), n, 0, g);
+    prefetch_rows(s, pages, cursor_at(s, table, row, lo), n, 1, g);
     if (nq * group >= CHUNK_QUERIES)
         dots_by_chunk(s, q, pages, cursor_at(s, table, row, lo), n, nq, g, w);
     else
@@ -362,8 +386,9 @@ static int64_t make_tiles(const hk_attn_shape *s, const int64_t *rows, const int
     return count;
 }
 
-/* k, v: float32 [T][kv_heads][d], written first; q, out: float32 [T][H][d]. Returns 0, or -1
- * when scratch memory ran out. */
+/* k, v: float32 [T][kv_heads][d] (token strides k_stride, v_stride), written first; q: float32
+ * [T][H][d] (token stride q_stride); out: float32 contiguous [T][H][d]. Returns 0, or -1 when
+ * scratch memory ran out. */
 int hk_attn(const hk_attn_shape *s, const float *q, const float *k, const float *v, float *out,
             void *pages, const int64_t *table, const int64_t *rows, const int64_t *pos,
             const float *sinks) {
@@ -396,7 +421,8 @@ int hk_attn(const hk_attn_shape *s, const float *q, const float *k, const float 
             if (failed) continue;
             const tile *tl = &tiles[i / s->num_kv_heads];
             int64_t g = i % s->num_kv_heads, head = tl->t0 * s->num_heads + g * group;
-            attend_tile(s, q + head * d, out + head * d, pages, table, rows[tl->t0],
+            attend_tile(s, q + tl->t0 * s->q_stride + g * group * d, out + head * d, pages, table,
+                        rows[tl->t0],
                         pos[tl->t0], tl->nq, g, sinks, &w);
         }
         free(w.scores);

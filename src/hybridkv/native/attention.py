@@ -35,6 +35,9 @@ class _Shape(ctypes.Structure):
         ("table_stride", ctypes.c_int64),
         ("window", ctypes.c_int64),
         ("bf16", ctypes.c_int64),
+        ("q_stride", ctypes.c_int64),
+        ("k_stride", ctypes.c_int64),
+        ("v_stride", ctypes.c_int64),
         ("scale", ctypes.c_float),
         ("softcap", ctypes.c_float),
     ]
@@ -111,7 +114,8 @@ class AttentionKernels:
         sink32 = None if sinks is None else _float32(sinks, "sinks")
         if sink32 is not None and sink32.shape != (shape.num_heads,):
             raise ValueError(f"sinks {tuple(sink32.shape)} (expected [{shape.num_heads}])")
-        out = torch.empty_like(q32)
+        shape.q_stride, shape.k_stride, shape.v_stride = (t.stride(0) for t in (q32, k32, v32))
+        out = torch.empty(q32.shape, dtype=torch.float32)
         failed = self._attn(
             ctypes.byref(shape),
             q32.data_ptr(),
@@ -153,9 +157,14 @@ class AttentionKernels:
 
 
 def _float32(x: torch.Tensor, name: str) -> torch.Tensor:
+    """``x`` as float32 whose rows (last dim) and heads (dim 1) are packed: views into the
+    step's fused q/k/v projection pass as they are (their token stride goes to the kernel)."""
     if not x.dtype.is_floating_point:
         raise ValueError(f"{name} must be floating point, got {x.dtype}")
-    return x.to(torch.float32).contiguous()
+    x = x.to(torch.float32)
+    if x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2] and x.stride(0) >= 0:
+        return x
+    return x.contiguous()
 
 
 @functools.cache

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from hybridkv.model.layers.linear import linear
+from hybridkv.model.layers.linear import PackedWeight
 
 _Key = tuple[int, ...]
 
@@ -31,10 +31,11 @@ class FusedLinear:
             lambda: [p.weight for p in self.parts],
             lambda: [p.bias for p in self.parts],
         )
+        self._packed = PackedWeight()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self._cache.get()
-        return linear(x, weight, bias)
+        return self._packed(x, weight, bias)
 
 
 class _Concat:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -10,6 +12,15 @@ from hybridkv.model.errors import ModelLoadError
 from hybridkv.model.layers.fused import FusedLinear
 from hybridkv.model.layers.linear import Linear, linear
 from hybridkv.model.layers.moe import dispatch
+from hybridkv.model.layers.norm import row_kernels
+
+# activation names -> the native act_mul kernel's (``hybridkv.native.rownorm``)
+_KERNEL_ACTS = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_tanh": "gelu_tanh",
+}
 
 
 def activation(name: str):  # type: ignore[no-untyped-def]
@@ -26,6 +37,19 @@ def activation(name: str):  # type: ignore[no-untyped-def]
     )
 
 
+def act_mul(
+    gate_up: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor], kernel_act: str | None
+) -> torch.Tensor:
+    """``act(gate) * up`` of ``[T, 2 * inner]`` (gate half first): one native pass for float32
+    with a kernel activation, else torch."""
+    kernels = row_kernels(gate_up) if kernel_act is not None else None
+    if kernels is not None and kernel_act is not None and gate_up.dim() == 2:
+        return kernels.act_mul(gate_up, kernel_act)
+    gate, up = gate_up.chunk(2, dim=-1)  # [T, inner] each
+    out: torch.Tensor = act(gate) * up
+    return out
+
+
 class GatedMLP(nn.Module):
     """``down(act(gate(x)) * up(x))`` (Llama, Qwen, Gemma)."""
 
@@ -35,11 +59,11 @@ class GatedMLP(nn.Module):
         self.up_proj = Linear(hidden, inner, bias=False)
         self.down_proj = Linear(inner, hidden, bias=False)
         self.act = activation(act)
+        self.kernel_act = _KERNEL_ACTS.get(act)  # None: torch only
         self.gate_up = FusedLinear([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)  # [T, inner] each
-        out: torch.Tensor = self.down_proj(self.act(gate) * up)
+        out: torch.Tensor = self.down_proj(act_mul(self.gate_up(x), self.act, self.kernel_act))
         return out
 
 
@@ -51,10 +75,11 @@ class FusedGatedMLP(nn.Module):
         self.input_linear = Linear(hidden, 2 * inner, bias=False)
         self.output_linear = Linear(inner, hidden, bias=False)
         self.act = activation(act)
+        self.kernel_act = _KERNEL_ACTS.get(act)  # None: torch only
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.input_linear(x).chunk(2, dim=-1)  # [T, inner] each
-        out: torch.Tensor = self.output_linear(self.act(gate) * up)
+        h = act_mul(self.input_linear(x), self.act, self.kernel_act)
+        out: torch.Tensor = self.output_linear(h)
         return out
 
 

@@ -1,10 +1,25 @@
-"""RMS norms: plain (``w * x``), Gemma's offset form (``(1 + w) * x``) and Mamba's gated one."""
+"""RMS norms: plain (``w * x``), Gemma's offset form (``(1 + w) * x``) and Mamba's gated one.
+
+float32 activations go through the native row kernel (``hybridkv.native.rownorm``) when it is
+built and autograd is off: one call instead of torch's ~6 ops; ``add_norm`` also folds the
+residual add in. The torch code below is the fallback and the reference.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from hybridkv.model.layers.linear import tensor_version
+from hybridkv.native.rownorm import RowKernels, load_rownorm
+
+
+def row_kernels(x: torch.Tensor) -> RowKernels | None:
+    """The native row kernels for float32 ``x`` with autograd off, else None (torch path)."""
+    if x.dtype != torch.float32 or torch.is_grad_enabled():
+        return None
+    return load_rownorm()
 
 
 class RMSNorm(nn.Module):
@@ -17,9 +32,26 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == self.weight.dtype == torch.float32:  # no casts: one call, same bits
+            kernels = row_kernels(x)
+            if kernels is not None:
+                return kernels.rms_norm(x, self.weight, self.eps)
             return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
         normed = F.rms_norm(x.float(), x.shape[-1:], eps=self.eps)  # float32
         return self.apply_scale(normed, self.weight, x.dtype)
+
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual += x`` (in place), then the norm of the sum."""
+        kernels = row_kernels(x) if self.weight.dtype == torch.float32 else None
+        if kernels is not None and residual.dtype == torch.float32 and residual.is_contiguous():
+            return kernels.rms_norm(x, self.weight, self.eps, residual=residual)
+        return self.forward(residual.add_(x))
+
+    def norm_(self, x: torch.Tensor) -> torch.Tensor:
+        """The norm of contiguous ``x`` written over ``x`` (a fresh tensor nobody else reads)."""
+        kernels = row_kernels(x) if self.weight.dtype == torch.float32 else None
+        if kernels is not None and x.is_contiguous():
+            return kernels.rms_norm(x, self.weight, self.eps, out=x)
+        return self.forward(x)
 
     def scale(self) -> torch.Tensor:
         """What ``apply_scale`` multiplies by, ``[dim]``."""
@@ -37,13 +69,40 @@ class OffsetRMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(dim))
         self.eps = eps
+        self._scale_key: tuple[int, ...] = ()
+        self._scale = torch.empty(0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kernels = row_kernels(x)
+        if kernels is not None:
+            return kernels.rms_norm(x, self._cached_scale(), self.eps)
         normed = F.rms_norm(x.float(), x.shape[-1:], eps=self.eps)  # float32
         return self.apply_scale(normed, self.scale(), x.dtype)
 
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual += x`` (in place), then the norm of the sum."""
+        kernels = row_kernels(x)
+        if kernels is not None and residual.dtype == torch.float32 and residual.is_contiguous():
+            return kernels.rms_norm(x, self._cached_scale(), self.eps, residual=residual)
+        return self.forward(residual.add_(x))
+
+    def norm_(self, x: torch.Tensor) -> torch.Tensor:
+        """The norm of contiguous ``x`` written over ``x`` (a fresh tensor nobody else reads)."""
+        kernels = row_kernels(x)
+        if kernels is not None and x.is_contiguous():
+            return kernels.rms_norm(x, self._cached_scale(), self.eps, out=x)
+        return self.forward(x)
+
     def scale(self) -> torch.Tensor:
         return 1.0 + self.weight.float()
+
+    def _cached_scale(self) -> torch.Tensor:
+        """``scale()`` kept while the weight is unchanged (same tensor, same version)."""
+        w = self.weight
+        key = (w.data_ptr(), tensor_version(w), w.dtype.itemsize)
+        if key != self._scale_key:
+            self._scale, self._scale_key = self.scale().contiguous(), key
+        return self._scale
 
     @staticmethod
     def apply_scale(normed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from hybridkv.model.rope import RopeConfig
+from hybridkv.native.rownorm import RowKernels, load_rownorm
 
 
 class RotaryTable(nn.Module):
@@ -45,22 +46,51 @@ class RotaryTable(nn.Module):
             )
         cos = self.cos[positions].to(dtype)[:, None, :]  # [T, 1, dim]
         sin = self.sin[positions].to(dtype)[:, None, :]  # [T, 1, dim], first half negated
-        return RotaryCosSin(cos, sin)
+        rope = RotaryCosSin(cos, sin)
+        if (
+            dtype == torch.float32
+            and not torch.is_grad_enabled()
+            and positions.device.type == "cpu"
+        ):
+            kernels = load_rownorm()
+            if kernels is not None:  # every position < max_pos + 1 <= the tables' length
+                rope.native = _NativeRope(kernels, self.cos, self.sin, positions.contiguous())
+        return rope
+
+
+class _NativeRope:
+    """What the in-place rotary kernel reads: the whole tables and the step's positions."""
+
+    __slots__ = ("kernels", "cos", "signed_sin", "positions")
+
+    def __init__(
+        self, kernels: RowKernels, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+    ) -> None:
+        self.kernels, self.cos, self.signed_sin, self.positions = kernels, cos, sin, positions
 
 
 class RotaryCosSin:
     """``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``, computed as
     ``x * cos + cat(x2, x1) * signed_sin`` (the same products, one op fewer)."""
 
-    __slots__ = ("cos", "signed_sin")
+    __slots__ = ("cos", "signed_sin", "native")
 
     def __init__(self, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
         self.cos = cos
         self.signed_sin = signed_sin
+        self.native: _NativeRope | None = None  # set by ``RotaryTable.lookup``
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """Rotate ``x`` ``[T, heads, head_dim]`` by its tokens' positions: all of each head, or
-        its first ``dim`` dims (partial rotary), the rest passing through."""
+        its first ``dim`` dims (partial rotary), the rest passing through. float32 ``x`` whose
+        heads are packed (strides ``(any, head_dim, 1)``) is rotated in place by the native
+        kernel and returned: callers pass a tensor of their own."""
+        native = self.native
+        if native is not None and x.dtype == torch.float32:
+            stride = x.stride()
+            if stride[2] == 1 and stride[1] == x.shape[2]:
+                native.kernels.rope_(x, native.cos, native.signed_sin, native.positions)
+                return x
         dim = self.cos.shape[-1]
         if dim < x.shape[-1]:
             return torch.cat((self._rotate(x[..., :dim]), x[..., dim:]), dim=-1)

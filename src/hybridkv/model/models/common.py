@@ -9,8 +9,8 @@ from torch import nn
 from hybridkv.model.config import ModelConfig
 from hybridkv.model.layers.attention import PagedAttention
 from hybridkv.model.layers.fused import FusedLinear
-from hybridkv.model.layers.linear import Linear
-from hybridkv.model.layers.norm import OffsetRMSNorm, RMSNorm
+from hybridkv.model.layers.linear import Linear, tensor_version
+from hybridkv.model.layers.norm import OffsetRMSNorm, RMSNorm, row_kernels
 from hybridkv.model.layers.rotary import RotaryCosSin
 from hybridkv.model.step_context import StepContext
 
@@ -76,12 +76,15 @@ class _JointQKNorm:
         self._scale = torch.empty(0)
 
     def __call__(self, qk: torch.Tensor) -> torch.Tensor:
+        kernels = row_kernels(qk)
+        if kernels is not None and self.q_norm.weight.dtype == torch.float32:
+            return kernels.rms_norm(qk, self._rows(), self.q_norm.eps)
         normed = F.rms_norm(qk.float(), qk.shape[-1:], eps=self.q_norm.eps)  # float32
         return self.q_norm.apply_scale(normed, self._rows(), qk.dtype)
 
     def _rows(self) -> torch.Tensor:
         wq, wk = self.q_norm.weight, self.k_norm.weight
-        key = (wq.data_ptr(), wk.data_ptr(), wq.dtype)
+        key = (wq.data_ptr(), wk.data_ptr(), wq.dtype, tensor_version(wq), tensor_version(wk))
         if key != self._key:
             with torch.inference_mode(False), torch.no_grad():
                 q_rows = self.q_norm.scale().expand(self.heads, -1)

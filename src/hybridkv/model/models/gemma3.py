@@ -34,11 +34,11 @@ class Gemma3DecoderLayer(nn.Module):
         self.post_feedforward_layernorm = OffsetRMSNorm(hidden, eps)
 
     def forward(self, x: torch.Tensor, rope: RotaryCosSin, ctx: StepContext) -> torch.Tensor:
+        """``x`` is the forward pass's own residual stream: updated in place and returned."""
         attn = self.self_attn(self.input_layernorm(x), rope, ctx)
-        x = x + self.post_attention_layernorm(attn)
-        mlp = self.mlp(self.pre_feedforward_layernorm(x))
-        out: torch.Tensor = x + self.post_feedforward_layernorm(mlp)
-        return out
+        h = self.pre_feedforward_layernorm.add_norm(self.post_attention_layernorm.norm_(attn), x)
+        mlp = self.mlp(h)
+        return x.add_(self.post_feedforward_layernorm.norm_(mlp))
 
 
 class Gemma3TextModel(nn.Module):

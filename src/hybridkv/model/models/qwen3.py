@@ -24,9 +24,10 @@ class Qwen3DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, rope: RotaryCosSin, ctx: StepContext) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, ctx)
-        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
-        return out
+        """``x`` is the forward pass's own residual stream: updated in place and returned."""
+        attn = self.self_attn(self.input_layernorm(x), rope, ctx)
+        h = self.post_attention_layernorm.add_norm(attn, x)  # x += attn; norm(x)
+        return x.add_(self.mlp(h))
 
 
 class Qwen3Model(nn.Module):

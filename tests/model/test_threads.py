@@ -1,0 +1,42 @@
+"""Compute threads per step (``model/threads.py``): one thread for decode-sized steps, the
+process's pool for large ones, or a fixed count from the environment."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from hybridkv.model.threads import ENV, SMALL_STEP_TOKENS, StepThreads
+
+
+@pytest.fixture(autouse=True)
+def keep_pool() -> Iterator[None]:
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_auto_uses_one_thread_for_small_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    torch.set_num_threads(2)
+    threads = StepThreads.from_env()
+    assert (threads.most, threads.fixed) == (2, None)
+    threads.use_for(16)
+    assert torch.get_num_threads() == 1
+    threads.use_for(SMALL_STEP_TOKENS)
+    assert torch.get_num_threads() == 2
+    torch.set_num_threads(3)  # changed behind its back: set again
+    threads.use_for(SMALL_STEP_TOKENS)
+    assert torch.get_num_threads() == 2
+
+
+def test_the_environment_pins_a_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, "2")
+    threads = StepThreads.from_env()
+    assert threads.for_tokens(1) == threads.for_tokens(4096) == 2
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv(ENV, bad)
+        with pytest.raises(ValueError, match=ENV):
+            StepThreads.from_env()

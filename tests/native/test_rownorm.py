@@ -1,0 +1,133 @@
+"""The native row kernels (RMS norm with a fused residual add, rotary in place) against the
+layers' torch code, their reference: exact to 1e-5 in float32 for plain, offset (Gemma) and
+per-head (q/k) norms, strided inputs and partial rotary; bad shapes are refused; without the
+kernels (no compiler, ``HYBRIDKV_NATIVE=0``) the layers take the torch path."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hybridkv.model.layers import norm as norm_module
+from hybridkv.model.layers import rotary as rotary_module
+from hybridkv.model.layers.norm import OffsetRMSNorm, RMSNorm
+from hybridkv.model.layers.rotary import RotaryTable
+from hybridkv.model.rope import RopeConfig
+from hybridkv.native import rownorm
+from hybridkv.native.rownorm import RowKernels
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def kernels() -> RowKernels:
+    k = rownorm.load_rownorm()
+    if k is None:
+        pytest.skip("native kernels unavailable (no compiler or HYBRIDKV_NATIVE=0)")
+    return k
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.shape == b.shape and (a - b).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 300])  # 300 x 256: the OpenMP branch
+def test_norm_and_fused_residual(kernels: RowKernels, tokens: int) -> None:
+    gen = torch.Generator().manual_seed(tokens)
+    x, res = torch.randn(tokens, 256, generator=gen), torch.randn(tokens, 256, generator=gen)
+    w = torch.randn(256, generator=gen)
+    _close(kernels.rms_norm(x, w, 1e-6), F.rms_norm(x, (256,), w, 1e-6))
+    want_res = res + x
+    want = F.rms_norm(want_res, (256,), w, 1e-6)
+    got = kernels.rms_norm(x, w, 1e-6, residual=res)
+    _close(res, want_res)
+    _close(got, want)
+    y = x.clone()
+    kernels.rms_norm(y, w, 1e-6, out=y)  # in place
+    _close(y, F.rms_norm(x, (256,), w, 1e-6))
+
+
+def test_per_head_rows_from_a_strided_view(kernels: RowKernels) -> None:
+    qkv = torch.randn(5, 4 + 2 + 2, 16)  # [T, heads + 2 kv, d]: q/k is a strided view
+    qk = qkv[:, :6]
+    scale = torch.randn(6, 16)
+    want = F.rms_norm(qk.clone(), (16,), eps=1e-6) * scale
+    _close(kernels.rms_norm(qk, scale, 1e-6), want)
+
+
+def test_layers_match_their_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = torch.Generator().manual_seed(3)
+    x, res = torch.randn(7, 64, generator=gen), torch.randn(7, 64, generator=gen)
+    for layer in (RMSNorm(64, 1e-6), OffsetRMSNorm(64, 1e-6)):
+        with torch.no_grad():
+            layer.weight.copy_(torch.randn(64, generator=gen))
+        with torch.inference_mode():
+            native = (layer(x), layer.add_norm(x, res.clone()), layer.norm_(x.clone()))
+            monkeypatch.setattr(norm_module, "load_rownorm", lambda: None)
+            ref = (layer(x), layer.add_norm(x, res.clone()), layer.norm_(x.clone()))
+            monkeypatch.undo()
+        for a, b in zip(native, ref, strict=True):
+            _close(a, b)
+
+
+@pytest.mark.parametrize("rot_dim", [16, 8])  # whole heads; partial rotary
+def test_rope_in_place_matches_torch(kernels: RowKernels, rot_dim: int) -> None:
+    table = RotaryTable(RopeConfig(theta=10000.0, dim=rot_dim), initial_len=64)
+    positions = torch.tensor([0, 5, 63, 17])
+    qkv = torch.randn(4, 3 + 1 + 1, 16)
+    with torch.inference_mode():
+        native = table.lookup(positions, 63, torch.float32)
+        assert native.native is not None
+        ref = table.lookup(positions, 63, torch.float32)
+        ref.native = None
+        want = ref.apply(qkv[:, :4].clone())
+        got = native.apply(qkv[:, :4])  # a strided view, rotated in place
+    _close(got, want)
+    _close(qkv[:, :4], want)
+
+
+def test_bad_shapes_are_refused(kernels: RowKernels) -> None:
+    with pytest.raises(ValueError, match="scale"):
+        kernels.rms_norm(torch.randn(2, 8), torch.randn(4), 1e-6)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.rms_norm(torch.randn(2, 8).double(), torch.randn(8), 1e-6)
+    with pytest.raises(ValueError, match="residual"):
+        kernels.rms_norm(torch.randn(2, 8), torch.randn(8), 1e-6, residual=torch.randn(3, 8))
+    with pytest.raises(ValueError, match="packed"):
+        kernels.rms_norm(torch.randn(2, 8, 4).transpose(1, 2), torch.randn(8), 1e-6)
+    with pytest.raises(ValueError, match="rotary tables"):
+        kernels.rope_(torch.randn(2, 1, 8), torch.randn(4, 10), torch.randn(4, 10), torch.zeros(2))
+
+
+def test_without_kernels_the_layers_use_torch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("HYBRIDKV_NATIVE", raising=False)  # the compiler's absence, not the switch
+    monkeypatch.setenv("HYBRIDKV_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with caplog.at_level(logging.WARNING, logger="hybridkv.native"):
+        assert rownorm.load_rownorm.__wrapped__() is None
+    assert "native row kernels unavailable" in caplog.text
+    monkeypatch.setattr(norm_module, "load_rownorm", lambda: None)
+    monkeypatch.setattr(rotary_module, "load_rownorm", lambda: None)
+    layer, x = RMSNorm(8, 1e-6), torch.randn(3, 8)
+    table = RotaryTable(RopeConfig(theta=10000.0, dim=8), initial_len=8)
+    with torch.inference_mode():
+        _close(layer(x), F.rms_norm(x, (8,), layer.weight, 1e-6))
+        assert table.lookup(torch.arange(3), 2, torch.float32).native is None
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("tokens", [1, 5, 200])  # 200 x 512: the OpenMP branch
+def test_act_mul_matches_torch(kernels: RowKernels, act: str, tokens: int) -> None:
+    gate_up = torch.randn(tokens, 2 * 512) * 3
+    gate, up = gate_up.chunk(2, dim=-1)
+    fn = F.silu if act == "silu" else (lambda x: F.gelu(x, approximate="tanh"))
+    got, want = kernels.act_mul(gate_up, act), fn(gate) * up  # |values| up to ~100
+    torch.testing.assert_close(got, want, rtol=TOL, atol=TOL)
+    with pytest.raises(ValueError, match="activation"):
+        kernels.act_mul(gate_up, "relu2")
