@@ -172,6 +172,10 @@ def test_loads_come_from_the_chosen_child_and_saves_go_to_all(selection: str, ch
             "differ",
         ),
         ({"connectors": [offload_config(chunk_tokens=6)]}, r"connectors\[0\]: .*chunk_tokens"),
+        (  # parsed fine, but a unit of this layout (hybrid groups, state) does not fit
+            {"connectors": [offload_config(), {**offload_config(cpu=64), "name": "tiny"}]},
+            "child 'tiny'.*cannot serve this engine's layout.*cpu_bytes",
+        ),
         (  # parsed fine, but cannot be built on this machine
             {"connectors": [offload_config(disk=Path("/proc/no-such/kv"))]},
             "child '0.OffloadingConnector'.*disk_path",

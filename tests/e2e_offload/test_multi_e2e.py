@@ -1,7 +1,7 @@
-"""``MultiConnector`` end to end: a slow child with the longest hit (a CPU tier behind an
-injected load delay) and a fast one with a shorter hit (a Valkey remote tier). ``cost`` learns
-that the slow child is slow and loads from the fast one; ``first`` and ``weighted`` keep taking
-the longest hit. Outputs are identical in every run."""
+"""``MultiConnector`` end to end: a slow child with the longest hit (CPU + disk tiers behind
+an injected load delay, ``FaultInjection``) and a fast one with a shorter hit (a Valkey remote
+tier). ``cost`` learns that the slow child is slow and loads from the fast one; ``first`` and
+``weighted`` keep taking the longest hit. Outputs are identical in every run."""
 
 from __future__ import annotations
 
@@ -23,13 +23,18 @@ DELAY_S = 0.4
 pytestmark = pytest.mark.slow
 
 
-def multi(selection: str, server: ValkeyProcess) -> dict[str, Any]:
+def multi(selection: str, server: ValkeyProcess, disk: Path) -> dict[str, Any]:
     slow = {
         "kv_connector": "FaultInjection",
         "kv_connector_extra_config": {
             "inner": {
                 "kv_connector": "OffloadingConnector",
-                "kv_connector_extra_config": {"cpu_bytes": "8MiB", "chunk_tokens": 32},
+                "kv_connector_extra_config": {
+                    "cpu_bytes": "8MiB",
+                    "disk_path": str(disk),  # a CPU/disk child: written through to disk
+                    "disk_bytes": "64MiB",
+                    "chunk_tokens": 32,
+                },
             },
             "delay_seconds": DELAY_S,
         },
@@ -50,8 +55,10 @@ def multi(selection: str, server: ValkeyProcess) -> dict[str, Any]:
     }
 
 
-def run(model: Path, selection: str, server: ValkeyProcess) -> tuple[list[Any], dict[str, float]]:
-    llm = make_llm(model, multi(selection, server))
+def run(
+    model: Path, selection: str, server: ValkeyProcess, disk: Path
+) -> tuple[list[Any], dict[str, float]]:
+    llm = make_llm(model, multi(selection, server, disk))
     outs = []
     for prompt in PROMPTS:  # one at a time: each TTFT is its own
         outs.extend(llm.generate([prompt], PARAMS, use_tqdm=False))
@@ -72,7 +79,7 @@ def test_cost_selection_beats_first_and_weighted_on_ttft(
     ttft: dict[str, float] = {}
     with running_valkey(tmp_path / "valkey") as server:
         for selection in ("first", "weighted", "cost"):
-            outs, c = run(model, selection, server)
+            outs, c = run(model, selection, server, tmp_path / f"disk-{selection}")
             assert [o.token_ids for o in outs] == want, selection
             ttft[selection] = statistics.median(o.metrics["ttft_s"] for o in outs[1:])
             if selection == "cost":  # the slow child is tried once, measured, then avoided

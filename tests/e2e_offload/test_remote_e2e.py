@@ -74,12 +74,11 @@ def test_a_server_far_smaller_than_the_working_set(
         c = counters(llm)
         assert info["evicted_keys"] > 0  # the server really dropped values under us
         assert c["stores.remote"] > 0
-        # lookups caught the evicted units (the shared prefixes, written first, went first):
-        # no lookup reported a unit the server had lost, beyond the counted load failures
-        assert c["confirm_missing"] > 0
         failed = sum(v for k, v in c.items() if k.startswith("load_failures"))
+        # the evictions were seen: at lookup (confirmations; most of them, as the shared
+        # prefixes were written first and went first) or, within 0.5 s of a check, at load
+        assert c.get("confirm_missing", 0) + failed > 0
         assert c.get("removed.remote", 0) <= failed  # every unit dropped failed a load, counted
-
         assert_clean(llm)
         llm.engine.shutdown()
 
