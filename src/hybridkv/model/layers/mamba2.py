@@ -26,6 +26,7 @@ from hybridkv.model.layers.norm import GatedRMSNorm
 from hybridkv.model.layers.short_conv import conv_chunk_, conv_step_
 from hybridkv.model.layers.ssd import ssd_chunk_scan, ssd_step_
 from hybridkv.model.step_context import StateMeta, StepContext
+from hybridkv.native.ssm import SsmKernels, load_ssm
 
 
 class Mamba2Mixer(nn.Module):
@@ -78,6 +79,10 @@ class Mamba2Mixer(nn.Module):
         # a contiguous run of slots is updated in place through a view; else gather/scatter
         live = meta.decode_slot_run or meta.decode_slots
         conv = conv_step_(xbc[idx], conv_state, live, self.conv1d)  # [Rd, conv_dim]
+        kernels = None if torch.is_grad_enabled() else load_ssm()
+        if kernels is not None and ssm_state.dtype == torch.float32:
+            y = self._decode_native(kernels, F.silu(conv), self._dt(dt[idx]), ssm_state, meta)
+            return y.flatten(1).to(xbc.dtype)
         x, b, c = self._split_heads(F.silu(conv))  # [Rd, h, p], [Rd, h, n], [Rd, h, n]
         step_dt = self._dt(dt[idx])  # [Rd, h]
         state = ssm_state[live]  # [Rd, h, p, n]: a view for a run of slots
@@ -86,6 +91,29 @@ class Mamba2Mixer(nn.Module):
             ssm_state[live] = state
         y = y + x * self.D.float()[:, None]  # [Rd, h, p]
         return y.flatten(1).to(xbc.dtype)
+
+    def _decode_native(
+        self,
+        kernels: SsmKernels,
+        act: torch.Tensor,
+        step_dt: torch.Tensor,
+        ssm_state: torch.Tensor,
+        meta: StateMeta,
+    ) -> torch.Tensor:
+        """The SSM step of ``_decode`` in one pass over the state (``native/ssm.c``): B and C
+        per group, not repeated per head; the skip term ``D x`` folded in."""
+        cfg = self.cfg
+        rows, span = act.shape[0], cfg.n_groups * cfg.d_state
+        x, b, c = torch.split(act.float(), [cfg.intermediate_size, span, span], -1)
+        x = x.contiguous().view(rows, cfg.num_heads, cfg.head_dim)
+        b = b.contiguous().view(rows, cfg.n_groups, cfg.d_state)
+        c = c.contiguous().view(rows, cfg.n_groups, cfg.d_state)
+        run = meta.decode_slot_run
+        state = ssm_state[run if run is not None else meta.decode_slots]  # a view for a run
+        y = kernels.ssd_step_(state, x, step_dt, self._a(), b, c, self.D.float())
+        if run is None:
+            ssm_state[meta.decode_slots] = state
+        return y
 
     def _prefill(
         self,

@@ -1,0 +1,83 @@
+"""The Mamba2 decode step in one pass over the state (``ssm.c``).
+
+``load_ssm()`` builds the C source like the other kernels (``hybridkv.native``) and returns
+None where that is impossible or ``HYBRIDKV_NATIVE=0``; the mixer then runs
+``model/layers/ssd.py`` ``ssd_step_``, which is also the kernel's test reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from hybridkv.native import load_library
+
+SOURCE = Path(__file__).with_name("ssm.c")
+
+
+class SsmKernels:
+    """The C kernel with the checks that keep it inside its buffers."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+        self._step = lib.hk_ssd_step
+        self._step.argtypes = [*[ptr] * 8, i64, i64, i64, i64, i64]
+        self._step.restype = None
+
+    def ssd_step_(
+        self,
+        state: torch.Tensor,
+        x: torch.Tensor,
+        dt: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        c: torch.Tensor,
+        d: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """state ``[R, h, p, n]`` (updated in place), x ``[R, h, p]``, dt ``[R, h]``, a and d
+        ``[h]``, b/c ``[R, g, n]`` (heads ``h / g`` per group) -> y ``[R, h, p]``
+        (``S c + d x``); float32, contiguous."""
+        rows, heads, p_dim, n_dim = state.shape
+        groups = b.shape[1]
+        want = {
+            "x": (x, (rows, heads, p_dim)),
+            "dt": (dt, (rows, heads)),
+            "a": (a, (heads,)),
+            "b": (b, (rows, groups, n_dim)),
+            "c": (c, (rows, groups, n_dim)),
+            "state": (state, (rows, heads, p_dim, n_dim)),
+        }
+        if d is not None:
+            want["d"] = (d, (heads,))
+        for name, (t, shape) in want.items():
+            if t.dtype != torch.float32 or not t.is_contiguous() or tuple(t.shape) != shape:
+                raise ValueError(f"{name}: expected contiguous float32 {shape}, got {t.dtype}")
+        if groups < 1 or heads % groups:
+            raise ValueError(f"{heads} heads over {groups} groups")
+        y = torch.empty(rows, heads, p_dim, dtype=torch.float32)
+        self._step(
+            state.data_ptr(),
+            x.data_ptr(),
+            dt.data_ptr(),
+            a.data_ptr(),
+            None if d is None else d.data_ptr(),
+            b.data_ptr(),
+            c.data_ptr(),
+            y.data_ptr(),
+            rows,
+            heads,
+            groups,
+            p_dim,
+            n_dim,
+        )
+        return y
+
+
+@functools.cache
+def load_ssm() -> SsmKernels | None:
+    """The Mamba2 decode kernel, built on first use; None (logged once) if it cannot be."""
+    lib = load_library(SOURCE, "Mamba2 step", "using torch")
+    return None if lib is None else SsmKernels(lib)
