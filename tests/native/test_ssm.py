@@ -38,20 +38,29 @@ def test_step_matches_torch(kernels: SsmKernels, rows: int, heads: int, groups: 
         ssd_step_(x, dt, a, b.repeat_interleave(per, 1), c.repeat_interleave(per, 1), ref_state)
         + x * d[:, None]
     )
-    got = kernels.ssd_step_(state, x, dt, a, b, c, d)
+    states = torch.randn(rows + 3, heads, p, n, generator=gen)  # rows live in scattered slots
+    slots = torch.randperm(rows + 3, generator=gen)[:rows]
+    states[slots] = state
+    untouched = states.clone()
+    got = kernels.ssd_step_(states, slots, x, dt, a, b, c, d)
     assert (got - want).abs().max().item() < 1e-5
-    assert (state - ref_state).abs().max().item() < 1e-5
+    assert (states[slots] - ref_state).abs().max().item() < 1e-5
+    others = torch.ones(rows + 3, dtype=torch.bool)
+    others[slots] = False
+    assert torch.equal(states[others], untouched[others])
 
 
 def test_bad_shapes_are_refused(kernels: SsmKernels) -> None:
     state, x, dt = torch.zeros(2, 4, 8, 8), torch.zeros(2, 4, 8), torch.zeros(2, 4)
-    a, b = torch.zeros(4), torch.zeros(2, 1, 8)
+    a, b, slots = torch.zeros(4), torch.zeros(2, 1, 8), torch.tensor([1, 0])
     with pytest.raises(ValueError, match="dt"):
-        kernels.ssd_step_(state, x, torch.zeros(2, 3), a, b, b)
-    with pytest.raises(ValueError, match="state"):
-        kernels.ssd_step_(state.transpose(2, 3), x, dt, a, b, b)
+        kernels.ssd_step_(state, slots, x, torch.zeros(2, 3), a, b, b)
+    with pytest.raises(ValueError, match="states"):
+        kernels.ssd_step_(state.transpose(2, 3), slots, x, dt, a, b, b)
     with pytest.raises(ValueError, match="groups"):
-        kernels.ssd_step_(state, x, dt, a, torch.zeros(2, 3, 8), torch.zeros(2, 3, 8))
+        kernels.ssd_step_(state, slots, x, dt, a, torch.zeros(2, 3, 8), torch.zeros(2, 3, 8))
+    with pytest.raises(IndexError, match="slot"):
+        kernels.ssd_step_(state, torch.tensor([0, 2]), x, dt, a, b, b)
 
 
 def test_without_a_compiler_there_is_no_kernel(

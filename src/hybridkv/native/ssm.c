@@ -8,11 +8,12 @@
 #include <math.h>
 #include <stdint.h>
 
-/* state: [R][H][P][N] contiguous; x: [R][H][P]; dt: [R][H]; a, d: [H] (d may be NULL);
- * b, c: [R][G][N] with H / G heads per group; y: [R][H][P]. All float32, contiguous. */
-void hk_ssd_step(float *state, const float *x, const float *dt, const float *a, const float *d,
-                 const float *b, const float *c, float *y, int64_t rows, int64_t heads,
-                 int64_t groups, int64_t p_dim, int64_t n_dim) {
+/* states: [slots][H][P][N] contiguous, row r's state is slot slots[r]; x: [R][H][P];
+ * dt: [R][H]; a, d: [H] (d may be NULL); b, c: [R][G][N] with H / G heads per group;
+ * y: [R][H][P]. All float32, contiguous. */
+void hk_ssd_step(float *states, const int64_t *slots, const float *x, const float *dt,
+                 const float *a, const float *d, const float *b, const float *c, float *y,
+                 int64_t rows, int64_t heads, int64_t groups, int64_t p_dim, int64_t n_dim) {
     const int64_t per_group = heads / groups;
 #pragma omp parallel for schedule(static) if (rows * heads * p_dim * n_dim > 262144)
     for (int64_t rh = 0; rh < rows * heads; rh++) {
@@ -20,7 +21,7 @@ void hk_ssd_step(float *state, const float *x, const float *dt, const float *a, 
         const float step = dt[rh], decay = expf(step * a[h]), skip = d ? d[h] : 0.0f;
         const float *bv = b + (r * groups + g) * n_dim, *cv = c + (r * groups + g) * n_dim;
         const float *xv = x + rh * p_dim;
-        float *s = state + rh * p_dim * n_dim, *yv = y + rh * p_dim;
+        float *s = states + (slots[r] * heads + h) * p_dim * n_dim, *yv = y + rh * p_dim;
         for (int64_t p = 0; p < p_dim; p++) {
             const float xp = step * xv[p];
             float *row = s + p * n_dim, acc = 0.0f;

@@ -24,12 +24,13 @@ class SsmKernels:
     def __init__(self, lib: ctypes.CDLL) -> None:
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
         self._step = lib.hk_ssd_step
-        self._step.argtypes = [*[ptr] * 8, i64, i64, i64, i64, i64]
+        self._step.argtypes = [*[ptr] * 9, i64, i64, i64, i64, i64]
         self._step.restype = None
 
     def ssd_step_(
         self,
-        state: torch.Tensor,
+        states: torch.Tensor,
+        slots: torch.Tensor,
         x: torch.Tensor,
         dt: torch.Tensor,
         a: torch.Tensor,
@@ -37,18 +38,18 @@ class SsmKernels:
         c: torch.Tensor,
         d: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """state ``[R, h, p, n]`` (updated in place), x ``[R, h, p]``, dt ``[R, h]``, a and d
-        ``[h]``, b/c ``[R, g, n]`` (heads ``h / g`` per group) -> y ``[R, h, p]``
-        (``S c + d x``); float32, contiguous."""
-        rows, heads, p_dim, n_dim = state.shape
-        groups = b.shape[1]
+        """Row ``r``'s state is ``states[slots[r]]`` (``states`` ``[S, h, p, n]``, updated in
+        place); x ``[R, h, p]``, dt ``[R, h]``, a and d ``[h]``, b/c ``[R, g, n]`` (heads
+        ``h / g`` per group) -> y ``[R, h, p]`` (``S c + d x``); float32, contiguous."""
+        _, heads, p_dim, n_dim = states.shape
+        rows, groups = x.shape[0], b.shape[1]
         want = {
+            "states": (states, tuple(states.shape)),
             "x": (x, (rows, heads, p_dim)),
             "dt": (dt, (rows, heads)),
             "a": (a, (heads,)),
             "b": (b, (rows, groups, n_dim)),
             "c": (c, (rows, groups, n_dim)),
-            "state": (state, (rows, heads, p_dim, n_dim)),
         }
         if d is not None:
             want["d"] = (d, (heads,))
@@ -57,9 +58,14 @@ class SsmKernels:
                 raise ValueError(f"{name}: expected contiguous float32 {shape}, got {t.dtype}")
         if groups < 1 or heads % groups:
             raise ValueError(f"{heads} heads over {groups} groups")
+        if slots.dtype != torch.int64 or slots.shape != (rows,) or not slots.is_contiguous():
+            raise ValueError(f"slots must be contiguous int64 [{rows}]")
+        if rows and (int(slots.min()) < 0 or int(slots.max()) >= states.shape[0]):
+            raise IndexError(f"state slot out of range [0, {states.shape[0]})")
         y = torch.empty(rows, heads, p_dim, dtype=torch.float32)
         self._step(
-            state.data_ptr(),
+            states.data_ptr(),
+            slots.data_ptr(),
             x.data_ptr(),
             dt.data_ptr(),
             a.data_ptr(),

@@ -108,12 +108,8 @@ class Mamba2Mixer(nn.Module):
         x = x.contiguous().view(rows, cfg.num_heads, cfg.head_dim)
         b = b.contiguous().view(rows, cfg.n_groups, cfg.d_state)
         c = c.contiguous().view(rows, cfg.n_groups, cfg.d_state)
-        run = meta.decode_slot_run
-        state = ssm_state[run if run is not None else meta.decode_slots]  # a view for a run
-        y = kernels.ssd_step_(state, x, step_dt, self._a(), b, c, self.D.float())
-        if run is None:
-            ssm_state[meta.decode_slots] = state
-        return y
+        slots = meta.decode_slots  # updated in place, no gather or scatter
+        return kernels.ssd_step_(ssm_state, slots, x, step_dt, self._a(), b, c, self.D.float())
 
     def _prefill(
         self,
