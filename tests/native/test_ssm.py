@@ -72,3 +72,21 @@ def test_without_a_compiler_there_is_no_kernel(
     with caplog.at_level(logging.WARNING, logger="hybridkv.native"):
         assert ssm.load_ssm.__wrapped__() is None
     assert "native Mamba2 step unavailable" in caplog.text
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_step_matches_torch(kernels: SsmKernels, bias: bool) -> None:
+    from torch import nn
+
+    from hybridkv.model.layers.short_conv import conv_step_
+
+    gen = torch.Generator().manual_seed(7)
+    conv = nn.Conv1d(12, 12, 4, groups=12, bias=bias).requires_grad_(False)
+    states = torch.randn(6, 12, 3, generator=gen)
+    slots = torch.tensor([4, 1, 2])
+    x = torch.randn(3, 12, generator=gen)
+    ref_states = states.clone()
+    want = conv_step_(x, ref_states, slots, conv)
+    got = kernels.conv_step_(states, slots, x, conv.weight[:, 0, :], conv.bias)
+    assert (got - want).abs().max().item() < 1e-5
+    assert (states - ref_states).abs().max().item() < 1e-6  # every slot: only live ones moved

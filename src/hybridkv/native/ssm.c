@@ -35,3 +35,28 @@ void hk_ssd_step(float *states, const int64_t *slots, const float *x, const floa
         }
     }
 }
+
+/* One causal depthwise conv step per row, in place on the slots: row r's window is
+ * states[slots[r]][ch][0 .. k-2] then x[r][ch]; out[r][ch] = sum(window * w[ch]) + bias[ch]
+ * (bias may be NULL), then the window minus its oldest input is written back.
+ * states: [S][C][k - 1]; x: [R][C] (row stride x_stride); w: [C][k]; out: [R][C]. */
+void hk_conv_step(float *states, const int64_t *slots, const float *x, int64_t x_stride,
+                  const float *w, const float *bias, float *out, int64_t rows,
+                  int64_t channels, int64_t k) {
+#pragma omp parallel for schedule(static) if (rows * channels * k > 262144)
+    for (int64_t r = 0; r < rows; r++) {
+        float *st = states + slots[r] * channels * (k - 1);
+        const float *xr = x + r * x_stride;
+        float *o = out + r * channels;
+        for (int64_t ch = 0; ch < channels; ch++) {
+            float *s = st + ch * (k - 1);
+            const float *wc = w + ch * k;
+            float acc = 0.0f;
+            for (int64_t j = 0; j < k - 1; j++) acc += s[j] * wc[j];
+            acc += xr[ch] * wc[k - 1];
+            o[ch] = bias ? acc + bias[ch] : acc;
+            for (int64_t j = 0; j + 1 < k - 1; j++) s[j] = s[j + 1];
+            if (k > 1) s[k - 2] = xr[ch];
+        }
+    }
+}

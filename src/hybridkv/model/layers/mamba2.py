@@ -78,11 +78,16 @@ class Mamba2Mixer(nn.Module):
         idx = meta.decode_token_idx
         # a contiguous run of slots is updated in place through a view; else gather/scatter
         live = meta.decode_slot_run or meta.decode_slots
-        conv = conv_step_(xbc[idx], conv_state, live, self.conv1d)  # [Rd, conv_dim]
         kernels = None if torch.is_grad_enabled() else load_ssm()
-        if kernels is not None and ssm_state.dtype == torch.float32:
+        if (
+            kernels is not None
+            and ssm_state.dtype == conv_state.dtype == xbc.dtype == torch.float32
+        ):
+            w, bias = self.conv1d.weight[:, 0, :], self.conv1d.bias  # [conv_dim, k]
+            conv = kernels.conv_step_(conv_state, meta.decode_slots, xbc[idx], w, bias)
             y = self._decode_native(kernels, F.silu(conv), self._dt(dt[idx]), ssm_state, meta)
             return y.flatten(1).to(xbc.dtype)
+        conv = conv_step_(xbc[idx], conv_state, live, self.conv1d)  # [Rd, conv_dim]
         x, b, c = self._split_heads(F.silu(conv))  # [Rd, h, p], [Rd, h, n], [Rd, h, n]
         step_dt = self._dt(dt[idx])  # [Rd, h]
         state = ssm_state[live]  # [Rd, h, p, n]: a view for a run of slots
