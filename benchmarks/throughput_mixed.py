@@ -27,6 +27,10 @@ throughput counts only the tokens asked for (prompt + requested output).
     .venv/bin/python benchmarks/throughput_mixed.py                 # tiny + small, float32
     .venv/bin/python benchmarks/throughput_mixed.py --quick         # seconds; run by the tests
     .venv/bin/python benchmarks/throughput_mixed.py --baseline vllm --sizes small --archs gemma3
+
+vLLM's CPU backend runs the small ``gemma3``, ``granitemoehybrid`` and ``qwen3_full`` checkpoints
+(``qwen3``'s sliding window on some layers only, and the tiny checkpoints' head size 16, it
+refuses).
 """
 
 from __future__ import annotations

@@ -45,3 +45,23 @@ def test_mamba_decode_on_scattered_slots_matches_a_run(hf_checkpoints: dict[str,
         driver.decode_all(list(prompts), 4)
         logits.append(torch.cat([driver.all_logits(rid) for rid in prompts]))
     assert (logits[0] - logits[1]).abs().max().item() < 1e-5
+
+
+def test_mamba_decode_kernel_matches_the_torch_step(
+    hf_checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybridkv.model.layers import mamba2
+
+    model_dir = hf_checkpoints["granitemoehybrid"]
+    prompts = {"a": list(range(3, 20)), "b": list(range(30, 41))}
+    logits = []
+    for native in (True, False):
+        if not native:
+            monkeypatch.setattr(mamba2, "load_ssm", lambda: None)
+        driver = RunnerDriver(make_runner(model_dir))
+        for rid, prompt in prompts.items():
+            driver.add(rid, prompt)
+        driver.step({rid: len(p) for rid, p in prompts.items()})
+        driver.decode_all(list(prompts), 3)
+        logits.append(torch.cat([driver.all_logits(rid) for rid in prompts]))
+    assert (logits[0] - logits[1]).abs().max().item() < 1e-5

@@ -8,11 +8,13 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from hybridkv.model import threads
 from hybridkv.model.threads import ENV, SMALL_STEP_TOKENS, StepThreads
 
 
 @pytest.fixture(autouse=True)
-def keep_pool() -> Iterator[None]:
+def keep_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(threads, "_last", threads._LastSet())  # no earlier engine's setting
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
@@ -30,6 +32,18 @@ def test_auto_uses_one_thread_for_small_steps(monkeypatch: pytest.MonkeyPatch) -
     torch.set_num_threads(3)  # changed behind its back: set again
     threads.use_for(SMALL_STEP_TOKENS)
     assert torch.get_num_threads() == 2
+
+
+def test_a_new_engine_sees_the_pool_the_process_asked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    torch.set_num_threads(2)
+    StepThreads.from_env().use_for(1)  # an earlier engine's last step: the pool is now 1
+    assert torch.get_num_threads() == 1
+    assert StepThreads.from_env().most == 2
+    torch.set_num_threads(3)  # the process's own choice since
+    assert StepThreads.from_env().most == 3
 
 
 def test_the_environment_pins_a_count(monkeypatch: pytest.MonkeyPatch) -> None:

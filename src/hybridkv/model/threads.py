@@ -26,6 +26,24 @@ ENV = "HYBRIDKV_COMPUTE_THREADS"
 
 
 @dataclass(slots=True)
+class _LastSet:
+    """What a ``StepThreads`` last set the pool to, and the size it had been given before."""
+
+    count: int = 0
+    pool: int = 0
+
+
+_last = _LastSet()
+
+
+def process_pool() -> int:
+    """The pool size the process asked for: torch's current one, unless that is a size some
+    engine's step set (a finished engine's last decode step must not shrink the next one)."""
+    n = torch.get_num_threads()
+    return _last.pool if _last.count and n == _last.count else n
+
+
+@dataclass(slots=True)
 class StepThreads:
     """Thread count per step: ``fixed`` for every step, else one for small steps and ``most``
     for large ones."""
@@ -39,7 +57,7 @@ class StepThreads:
         """``auto`` (default) over the process's current pool, or ``$HYBRIDKV_COMPUTE_THREADS``."""
         value = os.environ.get(ENV, "auto").strip()
         if value == "auto":
-            return cls(torch.get_num_threads())
+            return cls(process_pool())
         if not value.isdigit() or int(value) < 1:
             raise ValueError(f"{ENV}={value!r}: expected auto or a positive integer")
         return cls(int(value), fixed=int(value))
@@ -53,5 +71,7 @@ class StepThreads:
         """Size the pool for a step of ``tokens`` tokens (a no-op when it already is)."""
         n = self.for_tokens(tokens)
         if n != self.current or n != torch.get_num_threads():
+            pool = process_pool()
             torch.set_num_threads(n)
+            _last.count, _last.pool = n, pool
             self.current = n

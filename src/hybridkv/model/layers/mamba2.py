@@ -26,6 +26,7 @@ from hybridkv.model.layers.norm import GatedRMSNorm
 from hybridkv.model.layers.short_conv import conv_chunk_, conv_step_
 from hybridkv.model.layers.ssd import ssd_chunk_scan, ssd_step_
 from hybridkv.model.step_context import StateMeta, StepContext
+from hybridkv.native.ssm import SsmKernels, load_ssm
 
 
 class Mamba2Mixer(nn.Module):
@@ -77,6 +78,15 @@ class Mamba2Mixer(nn.Module):
         idx = meta.decode_token_idx
         # a contiguous run of slots is updated in place through a view; else gather/scatter
         live = meta.decode_slot_run or meta.decode_slots
+        kernels = None if torch.is_grad_enabled() else load_ssm()
+        if (
+            kernels is not None
+            and ssm_state.dtype == conv_state.dtype == xbc.dtype == torch.float32
+        ):
+            w, bias = self.conv1d.weight[:, 0, :], self.conv1d.bias  # [conv_dim, k]
+            conv = kernels.conv_step_(conv_state, meta.decode_slots, xbc[idx], w, bias)
+            y = self._decode_native(kernels, F.silu(conv), self._dt(dt[idx]), ssm_state, meta)
+            return y.flatten(1).to(xbc.dtype)
         conv = conv_step_(xbc[idx], conv_state, live, self.conv1d)  # [Rd, conv_dim]
         x, b, c = self._split_heads(F.silu(conv))  # [Rd, h, p], [Rd, h, n], [Rd, h, n]
         step_dt = self._dt(dt[idx])  # [Rd, h]
@@ -86,6 +96,25 @@ class Mamba2Mixer(nn.Module):
             ssm_state[live] = state
         y = y + x * self.D.float()[:, None]  # [Rd, h, p]
         return y.flatten(1).to(xbc.dtype)
+
+    def _decode_native(
+        self,
+        kernels: SsmKernels,
+        act: torch.Tensor,
+        step_dt: torch.Tensor,
+        ssm_state: torch.Tensor,
+        meta: StateMeta,
+    ) -> torch.Tensor:
+        """The SSM step of ``_decode`` in one pass over the state (``native/ssm.c``): B and C
+        per group, not repeated per head; the skip term ``D x`` folded in."""
+        cfg = self.cfg
+        rows, span = act.shape[0], cfg.n_groups * cfg.d_state
+        x, b, c = torch.split(act.float(), [cfg.intermediate_size, span, span], -1)
+        x = x.contiguous().view(rows, cfg.num_heads, cfg.head_dim)
+        b = b.contiguous().view(rows, cfg.n_groups, cfg.d_state)
+        c = c.contiguous().view(rows, cfg.n_groups, cfg.d_state)
+        slots = meta.decode_slots  # updated in place, no gather or scatter
+        return kernels.ssd_step_(ssm_state, slots, x, step_dt, self._a(), b, c, self.D.float())
 
     def _prefill(
         self,
