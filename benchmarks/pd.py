@@ -157,7 +157,11 @@ def main() -> None:
         port, nbytes, name = args.serve_producer
         serve_producer(int(port), int(nbytes), name)
         return
-    sizes = [1 << 20] if args.quick else [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+    sizes = (
+        [1 << 20]
+        if args.quick
+        else [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+    )
     sizes = args.sizes or sizes
     if args.throughput_only:
         out = throughput(sizes, args.repeats or 30, __file__, _free_port())

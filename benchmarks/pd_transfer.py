@@ -112,9 +112,11 @@ class Consumer:
         spec = LoadSpec(rid, 0, tokens, (local,), (list(range(nb)),), (), True, src)
         c0, t0 = time.thread_time(), time.perf_counter()
         self.reader.add(spec, time.monotonic())
-        while not self.reader.done:
+        delay = POLL_SECONDS[0]
+        while not self.reader.done:  # as NixlWorker.wait_for_progress polls
             if not self.reader.progress():
-                time.sleep(POLL_SECONDS)
+                time.sleep(delay)
+                delay = min(2 * delay, POLL_SECONDS[1])
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
         done = self.reader.done.pop()
         if done.request_reason is not None:
