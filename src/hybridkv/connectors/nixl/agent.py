@@ -46,7 +46,7 @@ def _quiet_nixl_logging() -> None:
             handler.setStream(sys.stderr)
 
 
-PROGRESS_DELAY_US = 100
+PROGRESS_DELAY_US = int(os.environ.get("HYBRIDKV_NIXL_PROGRESS_DELAY_US", "100"))
 
 
 def _with_progress_delay(nixl: Any, create: Any) -> Any:
