@@ -55,7 +55,7 @@ class Cache:
                 t.copy_((torch.arange(t.numel(), dtype=torch.int64) * 7 + i).to(torch.uint8))
         self.words = torch.zeros(1 + SCRATCH_WORDS, dtype=torch.int64)
         self.words[0] = 1  # lease (slot 0, generation 1): active
-        self.agent = NixlAgent(name)
+        self.agent = NixlAgent(name, progress_thread=name == "bench-producer")
         self.agent.register([(t.data_ptr(), t.numel()) for t in self.backing])
         self.agent.register([(self.words.data_ptr(), self.words.numel() * 8)])
         self.descriptor = LayoutDescriptor(

@@ -78,9 +78,12 @@ class XferState(str, Enum):
 
 
 class NixlAgent:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, progress_thread: bool = True) -> None:
+        """``progress_thread``: needed where peers read this agent's memory (a producer must
+        answer their wire-up and flush messages while its engine thread computes); a
+        consumer-only agent progresses in its own posts and polls, without the thread's lock."""
         nixl = _import_nixl()
-        config = nixl.nixl_agent_config(enable_prog_thread=True, backends=["UCX"])
+        config = nixl.nixl_agent_config(enable_prog_thread=progress_thread, backends=["UCX"])
         self.name = name
         self._agent = _with_progress_delay(nixl, lambda: nixl.nixl_agent(name, config))
         if "UCX" not in self._agent.backends:
