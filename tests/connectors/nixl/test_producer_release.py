@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,20 @@ def held_blocks(engine: EngineCore) -> int:
 
 def held_slots(engine: EngineCore) -> int:
     return sum(sm.pool.capacity - sm.pool.num_free for sm in engine.kv.state)
+
+
+def record_notifications(engine: EngineCore) -> list[bytes]:
+    """The notification each READ the engine's NIXL agent posts carries."""
+    assert engine.connector is not None
+    agent = engine.connector.worker.agent  # type: ignore[attr-defined]
+    post, seen = agent.read, []
+
+    def read(remote: str, descs: Any, notif: bytes) -> Any:
+        seen.append(notif)
+        return post(remote, descs, notif)
+
+    agent.read = read
+    return seen
 
 
 def expected_blocks(engine: EngineCore, end: int) -> int:
@@ -56,7 +71,9 @@ def test_finished_prompt_pins_only_what_the_consumer_reads(
         for m in p.kv.attn:
             assert len(m.tables[rid]) == -(-end // b)  # nothing past E
         p.kv.check_integrity()
+        notes = record_notifications(d)
         out = run(d, prompt, greedy(params=params), p)
+        assert notes == [b"", b""]  # data, then lease word: a READ with one waits for it (ms)
         assert out.token_ids == run(plain, prompt, greedy()).token_ids
         drain(p, d)
         for e in (p, d):

@@ -17,8 +17,9 @@ a run of consecutive blocks becomes one descriptor per layer.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
+
+import numpy as np
 
 from hybridkv.connectors.nixl.layout import GroupDesc, LayoutDescriptor
 
@@ -54,12 +55,10 @@ def consumer_range(
     return min(lo, end), end
 
 
-def _segments(lo: int, hi: int, b1: int, b2: int) -> Iterator[tuple[int, int]]:
-    t = lo
-    while t < hi:
-        nxt = min(hi, (t // b1 + 1) * b1, (t // b2 + 1) * b2)
-        yield t, nxt
-        t = nxt
+def _segment_starts(lo: int, hi: int, b1: int, b2: int) -> np.ndarray:
+    """Starts of the token segments of ``[lo, hi)`` that cross no block of either side."""
+    cuts = [np.arange(-(-lo // b) * b, hi, b, dtype=np.int64) for b in (b1, b2)]
+    return np.unique(np.concatenate([np.array([lo], dtype=np.int64), *cuts]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,20 +77,36 @@ class GroupRead:
 def attention_descs(
     local: LayoutDescriptor, remote: LayoutDescriptor, read: GroupRead
 ) -> list[Desc]:
+    """Per layer, per segment, K then V (so whole consecutive blocks merge into one run)."""
+    if read.hi <= read.lo:
+        return []
     group = local.groups[read.group_index]
     tb, bl, br = group.token_bytes, local.block_size, remote.block_size
-    out: list[Desc] = []
-    for i in range(group.num_layers):
-        for t0, t1 in _segments(read.lo, read.hi, bl, br):
-            lb = read.local_table[t0 // bl]
-            rb = read.remote_table[t0 // br - read.remote_first]
-            if not (lb and rb):
-                raise ValueError(f"token {t0} of group {read.group_index} maps to a null block")
-            for half in (0, 1):
-                la = local.backing[i] + lb * local.layer_page_bytes + (half * bl + t0 % bl) * tb
-                ra = remote.backing[i] + rb * remote.layer_page_bytes + (half * br + t0 % br) * tb
-                out.append((la, ra, (t1 - t0) * tb))
-    return merge(out)
+    starts = _segment_starts(read.lo, read.hi, bl, br)
+    sizes = (np.append(starts[1:], read.hi) - starts) * tb
+    lb = np.asarray(read.local_table, dtype=np.int64)[starts // bl]
+    rb = np.asarray(read.remote_table, dtype=np.int64)[starts // br - read.remote_first]
+    if not (lb.all() and rb.all()):
+        bad = int(starts[np.flatnonzero((lb == 0) | (rb == 0))[0]])
+        raise ValueError(f"token {bad} of group {read.group_index} maps to a null block")
+    halves = np.arange(2, dtype=np.int64)[:, None]  # K, V
+    l_off = lb * local.layer_page_bytes + (halves * bl + starts % bl) * tb  # [2, segments]
+    r_off = rb * remote.layer_page_bytes + (halves * br + starts % br) * tb
+    layers = range(group.num_layers)
+    l_base = np.array([local.backing[i] for i in layers], dtype=np.int64)[:, None, None]
+    r_base = np.array([remote.backing[i] for i in layers], dtype=np.int64)[:, None, None]
+    la = (l_base + l_off.T[None]).reshape(-1)  # [layers, segments, 2] flattened
+    ra = (r_base + r_off.T[None]).reshape(-1)
+    n = np.broadcast_to(sizes[None, :, None], (len(l_base), len(starts), 2)).reshape(-1)
+    return merge_arrays(la, ra, n)
+
+
+def merge_arrays(la: np.ndarray, ra: np.ndarray, n: np.ndarray) -> list[Desc]:
+    """``merge`` over arrays: runs contiguous on both sides become one descriptor."""
+    joined = (la[:-1] + n[:-1] == la[1:]) & (ra[:-1] + n[:-1] == ra[1:])
+    first = np.flatnonzero(np.concatenate([[True], ~joined]))
+    sums = np.add.reduceat(n, first)
+    return list(zip(la[first].tolist(), ra[first].tolist(), sums.tolist(), strict=True))
 
 
 def state_descs(

@@ -32,7 +32,7 @@ from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS = 0.0002  # idle engine waiting for a read: how often it polls
+POLL_SECONDS = (0.0001, 0.001)  # an idle engine waiting for a read polls, backing off
 
 
 class NixlWorker(BaseConnectorWorker):
@@ -71,7 +71,7 @@ class NixlWorker(BaseConnectorWorker):
         stride = sum(t[0].numel() * t.element_size() for ts in self.state_tensors for t in ts)
         if self.producer and stride:
             self._staging = torch.zeros(self.options.max_staged_states * stride, dtype=torch.uint8)
-        self.agent = NixlAgent(self.engine_id)
+        self.agent = NixlAgent(self.engine_id, progress_thread=self.producer)
         tensors = backing + [t for ts in self.state_tensors for t in ts] + [self._words]
         if self._staging is not None:
             tensors.append(self._staging)
@@ -150,12 +150,14 @@ class NixlWorker(BaseConnectorWorker):
 
     def wait_for_progress(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
+        delay = POLL_SECONDS[0]
         while time.monotonic() < deadline:
             if self.reader.progress() or (
                 self.producer and self.leases.on_notifications(self.agent.notifications())
             ):
                 return
-            time.sleep(POLL_SECONDS)
+            time.sleep(delay)
+            delay = min(2 * delay, POLL_SECONDS[1])
 
     def take_stats(self) -> NixlStats:
         return self.stats.take()
