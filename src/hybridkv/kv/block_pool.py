@@ -213,13 +213,13 @@ class BlockPool:
         key, by_group = self.key, self.cached.by_group
         events = self.events if self.record_events else None
         for i in item_ids:
-            k = key[i]
-            assert k is not None
+            k: CacheKey = key[i]  # type: ignore[assignment]  # keyed, by the caller
             key[i] = None
-            found = by_group[k[1]]
-            ids = found[k[0]]
+            h, g = k
+            found = by_group[g]
+            ids = found[h]
             if len(ids) == 1:  # the usual case: the key goes with its only id
-                del found[k[0]]
+                del found[h]
             else:
                 del ids[i]
             if events is not None:

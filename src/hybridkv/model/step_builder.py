@@ -181,8 +181,7 @@ def _kernel_tables(
     positions = reqs.positions_np
     # rows come from _request_tensors: [0, R) by construction
     if positions.size and (
-        int(positions.min()) < 0
-        or int(positions.max()) >= width * min(g.spec.block_size for g in groups)
+        int(positions.min()) < 0 or int(positions.max()) >= width * layout.block_size
     ):
         raise IndexError("token position past its block table")
     stacked = torch.from_numpy(out.reshape(len(groups), len(requests), width))
