@@ -17,6 +17,10 @@ rounds (hybridkv, vLLM, hybridkv, vLLM, ...), and the ratio hybridkv / vLLM is r
 
     .venv/bin/python benchmarks/kv_core.py            # full run (+ vLLM baseline if present)
     .venv/bin/python benchmarks/kv_core.py --quick    # 200 requests, 1 run, seconds
+    .venv/bin/python benchmarks/kv_core.py --clock cpu --layouts gemma3   # on a shared machine
+
+``--clock cpu`` times each engine's own thread CPU time (``time.thread_time``, in both
+processes) instead of wall time: ratios then hold while other jobs share the machine.
 
 Prints one JSON object on stdout (progress goes to stderr).
 """

@@ -79,7 +79,8 @@ class BaseAttentionManager:
         """Start a new request's table with its hits (phase 1: touch before any allocation)."""
         assert req_id not in self.tables, f"{req_id} already has a table in group {self.group_id}"
         skipped = self.num_skipped_blocks(total_computed)
-        table = [NULL_BLOCK if k < skipped else b for k, b in enumerate(hit_ids)]
+        table = list(hit_ids)
+        table[:skipped] = [NULL_BLOCK] * min(skipped, len(table))
         self.pool.touch(table)
         self.tables[req_id] = table
         self.num_cached[req_id] = len(table)

@@ -88,10 +88,11 @@ class BlockPool:
         """Pop ``n`` ids from the front (evicting their keys), each with ref count 1."""
         if n > self.num_free:
             raise RuntimeError(f"{self.name}: asked for {n} ids, {self.num_free} free")
-        out = self.free_queue.popleft_n(n)
-        key, ref_cnt, owner = self.key, self.ref_cnt, self.owner
+        out = self.free_queue.head(n)
+        queue, key, ref_cnt, owner = self.free_queue.order, self.key, self.ref_cnt, self.owner
         keyed = []
         for i in out:
+            del queue[i]
             if key[i] is not None:
                 keyed.append(i)
             ref_cnt[i] = 1
@@ -103,45 +104,33 @@ class BlockPool:
     def touch(self, ids: Iterable[int]) -> None:
         """Take a reference on cached ids (a hit); unreferenced ones leave the free queue."""
         null = NULL_BLOCK if self.with_null else -1
-        ref_cnt = self.ref_cnt
-        leaving = []
+        ref_cnt, queue = self.ref_cnt, self.free_queue.order
         for i in ids:
             if i == null:
                 continue
             count = ref_cnt[i]
             if count == 0:
-                leaving.append(i)
+                del queue[i]
             ref_cnt[i] = count + 1
-        if leaving:
-            self.free_queue.remove_all(leaving)
 
     def free(self, ids: Iterable[int]) -> None:
-        """Drop one reference on each id, in the order given (callers pass tails first).
-
-        An id reaching 0 goes to the front if it carries no key, to the back if it does;
-        fronts are prepended in order, so the queue reads reversed(fronts) + queue + backs."""
+        """Drop one reference on each id, in the order given (callers pass tails first)."""
         null = NULL_BLOCK if self.with_null else -1
-        ref_cnt, key = self.ref_cnt, self.key
-        front: list[int] = []
-        back: list[int] = []
-        try:
-            for i in ids:
-                if i == null:
-                    continue
-                count = ref_cnt[i]
-                if count == 1:
-                    ref_cnt[i] = 0
-                    if key[i] is None:
-                        front.append(i)
-                    else:
-                        back.append(i)
-                elif count > 1:
-                    ref_cnt[i] = count - 1
-                else:
-                    raise RuntimeError(f"{self.name}: double free of id {i}")
-        finally:
-            self.free_queue.prepend_all(front)
-            self.free_queue.extend(back)
+        ref_cnt, key, queue = self.ref_cnt, self.key, self.free_queue.order
+        to_front = queue.move_to_end
+        for i in ids:
+            if i == null:
+                continue
+            count = ref_cnt[i]
+            if count == 1:
+                ref_cnt[i] = 0
+                queue[i] = None  # cached: the back (evicted last)
+                if key[i] is None:
+                    to_front(i, False)  # unkeyed: the front (reused first)
+            elif count > 1:
+                ref_cnt[i] = count - 1
+            else:
+                raise RuntimeError(f"{self.name}: double free of id {i}")
 
     def cache(self, item_id: int, key: CacheKey) -> None:
         """Register a referenced id whose bytes are final under ``key``."""
@@ -213,13 +202,13 @@ class BlockPool:
         key, by_group = self.key, self.cached.by_group
         events = self.events if self.record_events else None
         for i in item_ids:
-            k = key[i]
-            assert k is not None
+            k: CacheKey = key[i]  # type: ignore[assignment]  # keyed, by the caller
             key[i] = None
-            found = by_group[k[1]]
-            ids = found[k[0]]
+            h, g = k
+            found = by_group[g]
+            ids = found[h]
             if len(ids) == 1:  # the usual case: the key goes with its only id
-                del found[k[0]]
+                del found[h]
             else:
                 del ids[i]
             if events is not None:

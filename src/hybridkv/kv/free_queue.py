@@ -8,7 +8,7 @@ and several times faster than a linked list threaded through Python arrays.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from itertools import islice
 
 
@@ -17,6 +17,18 @@ class FreeQueue:
 
     def __init__(self, ids: list[int], capacity: int) -> None:
         self._ids: OrderedDict[int, None] = OrderedDict.fromkeys(ids)
+
+    @property
+    def order(self) -> OrderedDict[int, None]:
+        """The queue itself (head first), for the pool's bulk loops: ``del order[i]``
+        removes, ``order[i] = None`` appends, ``order.move_to_end(i, False)`` prepends."""
+        return self._ids
+
+    def head(self, n: int) -> list[int]:
+        """The first ``n`` ids, left in the queue."""
+        if n > len(self._ids):
+            raise IndexError(f"asked for {n} ids, {len(self._ids)} free")
+        return list(islice(self._ids, n))
 
     @property
     def num_free(self) -> int:
@@ -52,22 +64,3 @@ class FreeQueue:
         for i in out:
             del ids[i]
         return out
-
-    def extend(self, new: Iterable[int]) -> None:
-        """``append`` each id, in order."""
-        ids = self._ids
-        for i in new:
-            ids[i] = None
-
-    def prepend_all(self, new: Iterable[int]) -> None:
-        """``prepend`` each id, in order (the last one ends up first)."""
-        ids = self._ids
-        move = ids.move_to_end
-        for i in new:
-            ids[i] = None
-            move(i, False)
-
-    def remove_all(self, old: Iterable[int]) -> None:
-        ids = self._ids
-        for i in old:
-            del ids[i]

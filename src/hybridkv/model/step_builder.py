@@ -4,7 +4,8 @@ Attention metadata is built per attention group; decode requests (one query) and
 form separate sub-batches so a long prefill does not pad every decode row to its length.
 With the native kernels (``hybridkv.native.attention``, the default where they build) an
 attention group needs only its block table and each token's row and position: no sub-batches,
-masks or gathers. The pure-torch path below gathers keys by whole blocks starting at the first block a request's window needs::
+masks or gathers. The pure-torch path (``attn_meta_torch.py``) gathers keys by whole blocks
+starting at the first block a request's window needs::
 
     full:     blocks [0, cdiv(ctx, B))
     sliding:  blocks [(start - W + 1) // B, cdiv(ctx, B))   (earlier entries are null)
@@ -21,9 +22,10 @@ import numpy as np
 import torch
 
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, StateSpec
+from hybridkv.model import attn_meta_torch
+from hybridkv.model.attn_meta_torch import SubBatchShape
 from hybridkv.model.step_context import (
     AttnMeta,
-    AttnSubBatch,
     KernelAttnMeta,
     StateMeta,
     StateTaps,
@@ -74,7 +76,7 @@ def build_step(
     reqs = _request_tensors(requests)
     attn_meta: dict[int, AttnMeta | KernelAttnMeta] = {}
     state_meta: dict[int, StateMeta] = {}
-    mask_cache: dict[int | None, dict[str, _SubBatchShape]] = {}
+    mask_cache: dict[int | None, dict[str, SubBatchShape]] = {}
     kernel_tables = _kernel_tables(requests, layout, kv_pages, reqs) if kernels is not None else {}
     state_index = 0
     for group in layout.groups:
@@ -94,7 +96,7 @@ def build_step(
         else:
             table = _block_table([r.block_ids[group.group_id] for r in requests])
             masks = mask_cache.setdefault(window, {})
-            meta_a = _attn_meta(reqs, table, group.spec.block_size, window, masks)
+            meta_a = attn_meta_torch.attn_meta(reqs, table, group.spec.block_size, window, masks)
         attn_meta.update(dict.fromkeys(group.layer_ids, meta_a))
     num_tokens = reqs.tok_req.shape[0]
     input_ids = np.fromiter(
@@ -181,8 +183,7 @@ def _kernel_tables(
     positions = reqs.positions_np
     # rows come from _request_tensors: [0, R) by construction
     if positions.size and (
-        int(positions.min()) < 0
-        or int(positions.max()) >= width * min(g.spec.block_size for g in groups)
+        int(positions.min()) < 0 or int(positions.max()) >= width * layout.block_size
     ):
         raise IndexError("token position past its block table")
     stacked = torch.from_numpy(out.reshape(len(groups), len(requests), width))
@@ -195,113 +196,6 @@ def _kernel_tables(
         )
         for i, g in enumerate(groups)
     }
-
-
-@dataclass(frozen=True, slots=True)
-class _SubBatchShape:
-    """What does not depend on the block table (shared by groups with the same window)."""
-
-    first_block: torch.Tensor  # [R] first table entry to read
-    num_blocks: int  # nb
-    mask: torch.Tensor | None  # [R, 1, Q, nb * B]; None when causal
-    hidden_keys: torch.Tensor  # [R or 1, 1, nb * B, 1]
-    token_idx: torch.Tensor  # [Tb]
-    token_rows: torch.Tensor  # [Tb]
-    num_queries: int  # Q
-    dense: bool
-    causal: bool
-
-
-def _attn_meta(
-    reqs: _Requests,
-    table: torch.Tensor,
-    block_size: int,
-    window: int | None,
-    masks: dict[str, _SubBatchShape],
-) -> AttnMeta:
-    pos_block = reqs.positions // block_size
-    write_blocks = table[reqs.tok_req, pos_block]  # [T]
-    subs = []
-    for name, rows in (("decode", reqs.decode_rows), ("prefill", reqs.prefill_rows)):
-        if rows.numel():
-            if name not in masks:
-                masks[name] = _sub_batch_shape(reqs, rows, block_size, window)
-            subs.append(_sub_batch(reqs, rows, table, masks[name]))
-    return AttnMeta(write_blocks, reqs.positions % block_size, tuple(subs))
-
-
-def _sub_batch_shape(
-    reqs: _Requests, rows: torch.Tensor, block_size: int, window: int | None
-) -> _SubBatchShape:
-    starts, lens = reqs.starts[rows], reqs.lens[rows]
-    ctx_lens = starts + lens
-    first_block = torch.zeros_like(starts)
-    if window is not None:
-        first_block = (starts - window + 1).clamp(min=0) // block_size
-    num_blocks = int(((ctx_lens + block_size - 1) // block_size - first_block).max())
-    num_queries = int(lens.max())
-    # every token of the step, in order, as [R, Q]: no scatter into a padded batch
-    dense = rows.shape[0] == reqs.lens.shape[0] and int(lens.min()) == num_queries
-    no_window = window is None or window >= num_queries
-    causal = dense and no_window and not bool(starts.any())
-    num_keys = num_blocks * block_size
-    mask = None
-    if causal:  # every row sees keys [0, Q)
-        hidden_keys = (torch.arange(num_keys) >= num_queries)[None, None, :, None]
-    else:
-        mask = _mask(starts, ctx_lens, first_block * block_size, num_keys, num_queries, window)
-        hidden_keys = ~mask.any(dim=2)[..., None]
-    row_of_req = torch.full((reqs.lens.shape[0],), -1, dtype=torch.long)
-    row_of_req[rows] = torch.arange(rows.shape[0])
-    row_of_token = row_of_req[reqs.tok_req]  # [T], -1 outside the sub-batch
-    token_idx = torch.nonzero(row_of_token >= 0).flatten()  # [Tb]
-    token_rows = row_of_token[token_idx]
-    return _SubBatchShape(
-        first_block,
-        num_blocks,
-        mask,
-        hidden_keys,
-        token_idx,
-        token_rows,
-        num_queries,
-        dense,
-        causal,
-    )
-
-
-def _mask(
-    starts: torch.Tensor,
-    ctx_lens: torch.Tensor,
-    first_key: torch.Tensor,
-    num_keys: int,
-    num_queries: int,
-    window: int | None,
-) -> torch.Tensor:
-    """``[R, 1, Q, K]``: query i of row r sees key positions in its (windowed) causal past."""
-    key_pos = first_key[:, None] + torch.arange(num_keys)  # [R, K]
-    q_pos = torch.minimum(starts[:, None] + torch.arange(num_queries), ctx_lens[:, None] - 1)
-    mask = key_pos[:, None, :] <= q_pos[:, :, None]  # [R, Q, K]
-    if window is not None:
-        mask &= key_pos[:, None, :] > q_pos[:, :, None] - window
-    return mask[:, None]
-
-
-def _sub_batch(
-    reqs: _Requests, rows: torch.Tensor, table: torch.Tensor, shape: _SubBatchShape
-) -> AttnSubBatch:
-    cols = shape.first_block[:, None] + torch.arange(shape.num_blocks)  # [R, nb]
-    cols = cols.clamp(max=table.shape[1] - 1)  # past the table: masked out anyway
-    return AttnSubBatch(
-        token_idx=shape.token_idx,
-        rows=shape.token_rows,
-        cols=reqs.tok_off[shape.token_idx],
-        block_table=table[rows[:, None], cols],
-        mask=shape.mask,
-        hidden_keys=shape.hidden_keys,
-        num_queries=shape.num_queries,
-        dense=shape.dense,
-        causal=shape.causal,
-    )
 
 
 def _taps(
