@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from hybridkv.connectors.base import KeptKV
 from hybridkv.connectors.multi_connector import MultiConnectorScheduler
 from hybridkv.connectors.multi_select import (
     Hit,
@@ -186,3 +187,40 @@ def test_bad_config_is_a_clear_start_up_error(extra: dict[str, Any], message: st
     config = {"kv_connector": "MultiConnector", "kv_connector_extra_config": extra}
     with pytest.raises(ValueError, match=message):
         Engine(config, LAYOUT)
+
+
+class KeepingChild:
+    """A child that delays the free (``delay``) and keeps ``kept`` (None: everything)."""
+
+    def __init__(self, delay: bool, kept: KeptKV | None) -> None:
+        self.delay, self.kept, self.asked = delay, kept, 0
+
+    def request_finished(self, request: Any, blocks: Any) -> tuple[bool, dict[str, Any] | None]:
+        return self.delay, None
+
+    def get_kept_kv(self, request: Any) -> KeptKV | None:
+        self.asked += 1
+        return self.kept
+
+
+@pytest.mark.parametrize(
+    ("children", "expected"),
+    [
+        ([(True, KeptKV(64, 40)), (False, None)], KeptKV(64, 40)),  # a NIXL child + offloading
+        ([(True, KeptKV(64, 40)), (True, KeptKV(80, 56))], KeptKV(80, 40)),  # both: the union
+        ([(True, KeptKV(64, 40)), (True, None)], None),  # one keeps everything
+        ([(False, None), (False, None)], None),  # nobody delayed
+    ],
+)
+def test_kept_kv_is_what_the_delaying_children_keep(
+    children: list[tuple[bool, KeptKV | None]], expected: KeptKV | None
+) -> None:
+    scheduler = sched(Engine(multi("first", child("a"), child("b")), LAYOUT))
+    doubles = [KeepingChild(*c) for c in children]
+    scheduler.children = doubles  # type: ignore[assignment]
+    req = make_request("r", 16)
+    delay, _ = scheduler.request_finished(req, table(LAYOUT, SRC, {2: 0}))
+    assert delay == any(d.delay for d in doubles)
+    assert scheduler.get_kept_kv(req) == expected
+    assert [d.asked for d in doubles] == [int(d.delay) for d in doubles]  # only delaying ones
+    assert scheduler.get_kept_kv(req) is None  # asked once per finished request, then forgotten

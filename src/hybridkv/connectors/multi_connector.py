@@ -33,6 +33,7 @@ from typing import Any
 
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
+    KeptKV,
     KVConnectorPair,
     KVConnectorRequest,
     RequestBlocks,
@@ -152,6 +153,7 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
         self.clock = time.monotonic
         self._chosen: dict[str, Hit] = {}  # request id -> the child loading it
         self._loading: dict[str, _Loading] = {}
+        self._delaying: dict[str, list[BaseConnectorScheduler]] = {}  # children keeping its KV
         self._steps = _Clock()
         self._stats = MultiStats()
 
@@ -265,13 +267,28 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
     ) -> tuple[bool, dict[str, Any] | None]:
         self._chosen.pop(request.request_id, None)
         self._loading.pop(request.request_id, None)
-        delay, params = False, None
+        params = None
+        delaying = []
         for child in self.children:
             child_delay, child_params = child.request_finished(request, blocks)
-            delay = delay or child_delay
+            if child_delay:
+                delaying.append(child)
             if child_params:
                 params = {**(params or {}), **child_params}
-        return delay, params
+        if delaying:
+            self._delaying[request.request_id] = delaying
+        return bool(delaying), params
+
+    def get_kept_kv(self, request: KVConnectorRequest) -> KeptKV | None:
+        """What every child that delayed the free keeps, together: the longest prefix, the
+        earliest window; None (everything) if one of them keeps everything."""
+        kept = [c.get_kept_kv(request) for c in self._delaying.pop(request.request_id, [])]
+        if not kept or any(k is None for k in kept):
+            return None
+        return KeptKV(
+            max(k.num_tokens for k in kept if k is not None),
+            min(k.window_at for k in kept if k is not None),
+        )
 
     def take_stats(self) -> ConnectorStats:
         stats, self._stats = self._stats, MultiStats()
