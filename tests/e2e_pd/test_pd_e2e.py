@@ -61,12 +61,16 @@ def metric(values: dict[str, float], name: str, **labels: str) -> float:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_2p2d_round_robin_and_metrics(checkpoint: Callable[..., Path], tmp_path: Path) -> None:
-    """2 prefill + 2 decode engines (round robin on each side): every engine takes part, outputs equal colocated ones,
-    each decode engine's loaded bytes are what the prefill engines sent, decode engines report
-    the transferred tokens as cached prompt tokens."""
-    model = checkpoint("granitemoehybrid")
-    prompts = [random_ids(n, 200 + n) for n in (20, 90, 170, 520)]
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "granitemoehybrid"])
+def test_2p2d_round_robin_and_metrics(
+    arch: str, checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    """2 prefill + 2 decode engines (round robin on each side), the 16 prompts of the 1P1D
+    test streamed and not: every engine takes part, outputs equal colocated ones, each decode
+    engine's loaded bytes are what the prefill engines sent, decode engines report the
+    transferred tokens as cached prompt tokens."""
+    model = checkpoint(arch)
+    prompts = [random_ids(n, 200 + n) for n in LENGTHS]
     expected = reference(model, prompts)
     d = deploy(model, tmp_path, 2, 2)
     with d.stack:
@@ -76,7 +80,8 @@ def test_2p2d_round_robin_and_metrics(checkpoint: Callable[..., Path], tmp_path:
             else:
                 body = complete(d.proxy.url, prompt, MAX_TOKENS)
                 text = body["choices"][0]["text"]
-                assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+                if len(prompt) >= 64:  # a whole block sent and read
+                    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
             assert text == want, len(prompt)
         sent = [metric(scrape(s.url), "kv_transfer_bytes", direction="send") for s in d.prefill]
         loaded = [metric(scrape(s.url), "kv_transfer_bytes", direction="load") for s in d.decode]
