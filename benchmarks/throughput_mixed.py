@@ -49,7 +49,10 @@ from typing import Any
 
 import torch
 
-from throughput import (
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.support.process import die_with_parent  # noqa: E402
+
+from throughput import (  # noqa: E402
     FIRST_TOKEN_ID,
     add_case_args,
     b1_machine,
@@ -185,6 +188,8 @@ class VLLM:
             stdout=subprocess.PIPE,
             text=True,
             env=env,
+            start_new_session=True,  # vLLM's processes in one group the worker can kill
+            preexec_fn=die_with_parent,
         )
         self.info = self._read()
         if not self.info.get("ready"):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -30,7 +31,20 @@ def reply(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def _kill_group_on_term() -> None:
+    """The benchmark starts this worker as a session leader: on SIGTERM (the benchmark killed,
+    or dying: its PR_SET_PDEATHSIG) take vLLM's engine and worker processes down too; they
+    outlive their parent otherwise."""
+
+    def kill(signum: int, frame: object) -> None:
+        os.killpg(0, signal.SIGKILL)
+
+    if os.getpgid(0) == os.getpid():
+        signal.signal(signal.SIGTERM, kill)
+
+
 def main() -> int:
+    _kill_group_on_term()
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     began = time.perf_counter()

