@@ -76,7 +76,10 @@ def chat(engines: dict[str, Any], vocab: int, conversations: int, turns: int) ->
         prompt = [3 + t % (vocab - 3) for t in turn.prompt]
         for mode, llm in engines.items():
             rows[mode].append(timed(llm, prompt, list(turn.message_ends)))
-    out: dict[str, Any] = {"requests": len(trace), "prompt_tokens": sum(len(t.prompt) for t in trace)}
+    out: dict[str, Any] = {
+        "requests": len(trace),
+        "prompt_tokens": sum(len(t.prompt) for t in trace),
+    }
     for mode, r in rows.items():
         out[mode] = {
             "computed_tokens": out["prompt_tokens"] - sum(int(x["hit"]) for x in r),
