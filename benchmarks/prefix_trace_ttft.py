@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"x{r['chat']['ttft_mean_ratio_off_on']:.2f} (cpu x{r['chat']['cpu_ratio_off_on']:.2f})",
             file=sys.stderr,
         )
+        print(json.dumps({arch: r}), file=sys.stderr)  # a long run's partial result
         del engines
     out = {
         "benchmark": "prefix_trace_ttft",
