@@ -25,6 +25,7 @@ machine's CPU flags and load average. One JSON object on stdout.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -152,7 +153,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             file=sys.stderr,
         )
         print(json.dumps({arch: r}), file=sys.stderr)  # a long run's partial result
-        del engines
+        engines.clear()
+        gc.collect()  # free this model's KV pools before the next model's
     out = {
         "benchmark": "prefix_trace_ttft",
         "quick": a.quick,

@@ -43,3 +43,17 @@ def test_prefix_trace_quick_against_vllm() -> None:
         assert r["config"]["block_size_used"] > 16  # one attention page holds a Mamba state
         assert r["computed_tokens"] > by_mode["messages"]["computed_tokens"]
     assert by_mode["vllm_match_unit_16"]["config"]["hash_block_size"] == 16
+
+
+@pytest.mark.slow
+def test_prefix_trace_ttft_quick() -> None:
+    """Through the real engine (tiny models): a hit of a 1,000-token prompt is faster than
+    the prompt cold, and caching computes fewer of the chat trace's prompt tokens."""
+    out = run_quick("prefix_trace_ttft.py", timeout=600)
+    for r in out["results"].values():
+        assert r["hit4k"]["hit_tokens"] == [992]  # every full 16-token block
+        assert r["hit4k"]["cpu_ratio_cold_hit"] > 1.5
+        chat = r["chat"]
+        assert (
+            chat["on"]["computed_tokens"] < chat["off"]["computed_tokens"] == chat["prompt_tokens"]
+        )
