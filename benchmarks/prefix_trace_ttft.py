@@ -25,6 +25,7 @@ machine's CPU flags and load average. One JSON object on stdout.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -151,7 +152,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"x{r['chat']['ttft_mean_ratio_off_on']:.2f} (cpu x{r['chat']['cpu_ratio_off_on']:.2f})",
             file=sys.stderr,
         )
-        del engines
+        print(json.dumps({arch: r}), file=sys.stderr)  # a long run's partial result
+        engines.clear()
+        gc.collect()  # free this model's KV pools before the next model's
     out = {
         "benchmark": "prefix_trace_ttft",
         "quick": a.quick,

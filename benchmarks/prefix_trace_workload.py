@@ -76,3 +76,29 @@ def first_sharer_reuse(turns: list[Turn], hits: list[int], block: int) -> dict[i
             full = SYSTEM_LENS[turn.system] // block * block
             out.setdefault(SYSTEM_LENS[turn.system], min(hit, full) / full)
     return dict(sorted(out.items()))
+
+
+def ideal_hits(turns: list[Turn], block: int) -> list[int]:
+    """Each turn's hit in an unbounded cache that holds every state at every ``block``
+    boundary of everything computed before (the earlier prompts and their replies, but the
+    last reply token): the most any prefix cache at that granularity can reuse."""
+    seen: set[int] = set()
+    hits = []
+    for turn in turns:
+        chain = _chain(turn.prompt, block)
+        usable = (len(turn.prompt) - 1) // block
+        k = 0
+        while k < usable and chain[k] in seen:
+            k += 1
+        hits.append(k * block)
+        seen.update(_chain(turn.prompt + turn.reply[:-1], block))
+    return hits
+
+
+def _chain(tokens: list[int], block: int) -> list[int]:
+    """A hash per full block, each covering every token before its end."""
+    out, h = [], 0
+    for i in range(len(tokens) // block):
+        h = hash((h, tuple(tokens[i * block : (i + 1) * block])))
+        out.append(h)
+    return out

@@ -3,6 +3,10 @@ sharer of every system prompt reuse it, and checkpoints stay within their budget
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from tests.benchmarks.quick import run_quick
 
 
@@ -13,7 +17,43 @@ def test_prefix_trace_quick() -> None:
         off, before, messages = by_mode["off"], by_mode["before"], by_mode["messages"]
         assert off["computed_tokens"] == off["prompt_tokens"]
         assert messages["computed_tokens"] < before["computed_tokens"] < off["computed_tokens"]
+        assert 0 <= messages["above_floor"] <= before["above_floor"]
         assert min(messages["first_sharer_system_reuse"].values()) >= 0.9
         assert min(before["first_sharer_system_reuse"].values()) < 0.9  # the 64-token one
         for r in (before, messages):
             assert r["checkpoint_peak_bytes"] <= r["checkpoint_budget_bytes"]
+
+
+VLLM_PYTHON = Path("/work/vllm-venv/bin/python")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="vLLM's virtualenv is not on this machine")
+def test_prefix_trace_quick_against_vllm() -> None:
+    """The same trace through vLLM's Scheduler (its own venv): Mamba align mode, the block
+    size vLLM forces on a hybrid, and more prompt tokens computed than hybridkv's messages."""
+    out = run_quick(
+        "prefix_trace.py", "--layouts", "granite_small", "--memory", "2GiB",
+        "--vllm", str(VLLM_PYTHON),
+    )  # fmt: skip
+    by_mode = out["results"]["granite_small"]
+    for label in ("vllm_default", "vllm_match_unit_16"):
+        r = by_mode[label]
+        assert r["config"]["mamba_cache_mode"] == "align"
+        assert r["config"]["block_size_used"] > 16  # one attention page holds a Mamba state
+        assert r["computed_tokens"] > by_mode["messages"]["computed_tokens"]
+    assert by_mode["vllm_match_unit_16"]["config"]["hash_block_size"] == 16
+
+
+@pytest.mark.slow
+def test_prefix_trace_ttft_quick() -> None:
+    """Through the real engine (tiny models): a hit of a 1,000-token prompt is faster than
+    the prompt cold, and caching computes fewer of the chat trace's prompt tokens."""
+    out = run_quick("prefix_trace_ttft.py", timeout=600)
+    for r in out["results"].values():
+        assert r["hit4k"]["hit_tokens"] == [992]  # every full 16-token block
+        assert r["hit4k"]["cpu_ratio_cold_hit"] > 1.5
+        chat = r["chat"]
+        assert (
+            chat["on"]["computed_tokens"] < chat["off"]["computed_tokens"] == chat["prompt_tokens"]
+        )

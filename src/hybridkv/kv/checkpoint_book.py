@@ -108,10 +108,6 @@ class CheckpointBook:
         its prefix in two or more ways (a branch point: a system prompt's end, a junction)."""
         return entry.hits >= SHARED_HITS or len(self.children.get(entry.key[0], ())) >= 2
 
-    def is_head(self, entry: CheckpointEntry) -> bool:
-        """Another cached checkpoint continues this one's prefix (a link)."""
-        return self.num_continuing(entry) > 0
-
     def hit(self, slot: int) -> None:
         entry = self.live_entry(slot)
         if entry is not None:
