@@ -243,6 +243,9 @@ def bench_case(
         return {"error": str(err)}
     try:
         return _bench_pair(HybridKV(path, dtype, work), baseline, reqs, work)
+    except RuntimeError as err:  # the vLLM worker died mid-run (its log is on stderr)
+        print(f"  vLLM failed: {err}", file=sys.stderr)
+        return {"error": str(err)}
     finally:
         if isinstance(baseline, VLLM):
             baseline.close()
