@@ -62,6 +62,14 @@ def drain(*engines: EngineCore, timeout: float = 10.0) -> None:
                 e.step()
 
 
+def drain_clean(*engines: EngineCore) -> None:
+    """Drain, then every engine's KV is consistent and holds nothing (no leaked block)."""
+    drain(*engines)
+    for e in engines:
+        e.kv.check_integrity()
+        assert e.kv.is_idle()
+
+
 def greedy(max_tokens: int = MAX_TOKENS, params: dict[str, Any] | None = None) -> SamplingParams:
     extra = {"kv_transfer_params": params} if params is not None else None
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args=extra)
