@@ -4,6 +4,8 @@ changes, and the switch that turns packing off."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,6 +14,24 @@ from hybridkv.model.layers.fused import FusedLinear
 from hybridkv.model.layers.linear import Linear, PackedWeight, packing_enabled
 
 pytestmark = pytest.mark.skipif(not packing_enabled(), reason="torch built without MKL")
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """The packed path runs on a one-thread pool only (MKL's packed sgemm is serial)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_a_larger_pool_takes_plain_f_linear() -> None:
+    layer = _layer(256, 160, bias=True)
+    x = torch.randn(16, 256)
+    torch.set_num_threads(2)
+    with torch.inference_mode():
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert layer.packed._packed is None, "packed on a pool of 2"
 
 
 def _layer(k: int, n: int, bias: bool, seed: int = 0) -> Linear:

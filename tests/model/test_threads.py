@@ -1,5 +1,5 @@
-"""Compute threads per step (``model/threads.py``): one thread for decode-sized steps, the
-process's pool for large ones, or a fixed count from the environment."""
+"""Compute threads per step (``model/threads.py``): the process's pool for every step, set
+again when changed behind the engine's back, or a fixed count from the environment."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hybridkv.model import threads
-from hybridkv.model.threads import ENV, SMALL_STEP_TOKENS, StepThreads
+from hybridkv.model.threads import ENV, StepThreads
 
 
 @pytest.fixture(autouse=True)
@@ -20,17 +20,16 @@ def keep_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-def test_auto_uses_one_thread_for_small_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_uses_the_pool_for_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV, raising=False)
     torch.set_num_threads(2)
     threads = StepThreads.from_env()
     assert (threads.most, threads.fixed) == (2, None)
+    assert threads.for_tokens(1) == threads.for_tokens(4096) == 2
     threads.use_for(16)
-    assert torch.get_num_threads() == 1
-    threads.use_for(SMALL_STEP_TOKENS)
     assert torch.get_num_threads() == 2
     torch.set_num_threads(3)  # changed behind its back: set again
-    threads.use_for(SMALL_STEP_TOKENS)
+    threads.use_for(16)
     assert torch.get_num_threads() == 2
 
 
@@ -39,7 +38,9 @@ def test_a_new_engine_sees_the_pool_the_process_asked_for(
 ) -> None:
     monkeypatch.delenv(ENV, raising=False)
     torch.set_num_threads(2)
-    StepThreads.from_env().use_for(1)  # an earlier engine's last step: the pool is now 1
+    monkeypatch.setenv(ENV, "1")
+    StepThreads.from_env().use_for(1)  # an earlier engine pinned to 1: the pool is now 1
+    monkeypatch.delenv(ENV)
     assert torch.get_num_threads() == 1
     assert StepThreads.from_env().most == 2
     torch.set_num_threads(3)  # the process's own choice since

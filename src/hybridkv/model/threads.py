@@ -1,17 +1,14 @@
 """How many compute threads a step runs on: torch's GEMMs and the native kernels share one
 OpenMP pool, sized per step here.
 
-Measured (docs/benchmarks.md, issue 17, ``benchmarks/thread_phases.py``, qwen3_full-small, 16
-requests): a decode step makes ~100 parallel regions of 0.1-1 ms each; with two threads on a
-shared 2-core machine (load 12-19) decode took 6-8x the wall time and CPU time of one thread
-(OpenMP's barriers spin while the other thread is descheduled), and the 2,048-token prefill
-step 1.1-1.5x. Decode regions are too short to pay for a second thread's barriers even on a
-quiet machine, where a prefill step's large GEMMs still should. vLLM's CPU worker computes on
-one bound thread. So by default
-(``auto``) steps of fewer than ``SMALL_STEP_TOKENS`` tokens (decode) run on one thread and
-larger ones (prefill chunks) on the pool size the process had when the engine started
-(``OMP_NUM_THREADS`` / ``torch.set_num_threads``); ``HYBRIDKV_COMPUTE_THREADS=N`` pins every
-step to N threads.
+Measured (``benchmarks/thread_phases.py``, qwen3_full-small, docs/benchmarks.md "Quiet
+reruns"): on a quiet 2-core machine two threads make prefill 1.83x and decode 1.68x faster than
+one (plain GEMMs); on a machine shared with other jobs (load 12-19) a decode step on two threads
+took 6-8x the time of one thread (OpenMP's barriers spin while the other thread is
+descheduled). The default (``auto``) is the quiet machine's best: every step on the pool size
+the process had when the engine started (``OMP_NUM_THREADS`` / ``torch.set_num_threads``);
+``HYBRIDKV_COMPUTE_THREADS=N`` pins every step to N threads (1 on a busy machine; one thread
+also lets projections use MKL's packed GEMMs, ``layers/linear.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ from dataclasses import dataclass
 
 import torch
 
-SMALL_STEP_TOKENS = 256  # below: one thread (a GEMM of < 256 rows is < ~2 ms here)
 ENV = "HYBRIDKV_COMPUTE_THREADS"
 
 
@@ -45,8 +41,7 @@ def process_pool() -> int:
 
 @dataclass(slots=True)
 class StepThreads:
-    """Thread count per step: ``fixed`` for every step, else one for small steps and ``most``
-    for large ones."""
+    """Thread count per step: ``fixed`` if pinned, else ``most`` (the process's pool)."""
 
     most: int
     fixed: int | None = None
@@ -63,9 +58,7 @@ class StepThreads:
         return cls(int(value), fixed=int(value))
 
     def for_tokens(self, tokens: int) -> int:
-        if self.fixed is not None:
-            return self.fixed
-        return 1 if tokens < SMALL_STEP_TOKENS else self.most
+        return self.fixed if self.fixed is not None else self.most
 
     def use_for(self, tokens: int) -> None:
         """Size the pool for a step of ``tokens`` tokens (a no-op when it already is)."""
