@@ -25,11 +25,11 @@ def test_auto_uses_the_pool_for_every_step(monkeypatch: pytest.MonkeyPatch) -> N
     torch.set_num_threads(2)
     threads = StepThreads.from_env()
     assert (threads.most, threads.fixed) == (2, None)
-    assert threads.for_tokens(1) == threads.for_tokens(4096) == 2
-    threads.use_for(16)
+    assert threads.count == 2
+    threads.use()
     assert torch.get_num_threads() == 2
     torch.set_num_threads(3)  # changed behind its back: set again
-    threads.use_for(16)
+    threads.use()
     assert torch.get_num_threads() == 2
 
 
@@ -39,7 +39,7 @@ def test_a_new_engine_sees_the_pool_the_process_asked_for(
     monkeypatch.delenv(ENV, raising=False)
     torch.set_num_threads(2)
     monkeypatch.setenv(ENV, "1")
-    StepThreads.from_env().use_for(1)  # an earlier engine pinned to 1: the pool is now 1
+    StepThreads.from_env().use()  # an earlier engine pinned to 1: the pool is now 1
     monkeypatch.delenv(ENV)
     assert torch.get_num_threads() == 1
     assert StepThreads.from_env().most == 2
@@ -50,7 +50,7 @@ def test_a_new_engine_sees_the_pool_the_process_asked_for(
 def test_the_environment_pins_a_count(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV, "2")
     threads = StepThreads.from_env()
-    assert threads.for_tokens(1) == threads.for_tokens(4096) == 2
+    assert threads.count == 2
     for bad in ("0", "two", "-1"):
         monkeypatch.setenv(ENV, bad)
         with pytest.raises(ValueError, match=ENV):

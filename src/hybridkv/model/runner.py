@@ -87,7 +87,7 @@ class ModelRunner:
         result: RunnerOutput,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         step = build_step(requests, self.layout, self.cache.kv_pages, self.cache.states, saves)
-        self.threads.use_for(step.input_ids.shape[0])
+        self.threads.use()
         hidden = self.model(step.input_ids, step.ctx)  # [T, hidden]
         logits = self.model.compute_logits(hidden[step.sample_token_idx])  # [S, vocab]
         if any(r.sampling_params.prompt_logprobs is not None for r in requests):

@@ -57,12 +57,13 @@ class StepThreads:
             raise ValueError(f"{ENV}={value!r}: expected auto or a positive integer")
         return cls(int(value), fixed=int(value))
 
-    def for_tokens(self, tokens: int) -> int:
+    @property
+    def count(self) -> int:
         return self.fixed if self.fixed is not None else self.most
 
-    def use_for(self, tokens: int) -> None:
-        """Size the pool for a step of ``tokens`` tokens (a no-op when it already is)."""
-        n = self.for_tokens(tokens)
+    def use(self) -> None:
+        """Size the pool for a step (a no-op when it already is)."""
+        n = self.count
         if n != self.current or n != torch.get_num_threads():
             pool = process_pool()
             torch.set_num_threads(n)
