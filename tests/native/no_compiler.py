@@ -7,8 +7,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+
+K = TypeVar("K")
+
+
+def built_or_skip(kernels: K | None) -> K:
+    """A loaded kernel library, or the test is skipped (no compiler, ``HYBRIDKV_NATIVE=0``)."""
+    if kernels is None:
+        pytest.skip("native kernels unavailable (no compiler or HYBRIDKV_NATIVE=0)")
+    return kernels
 
 
 def assert_unavailable_without_compiler(

@@ -21,7 +21,7 @@ from hybridkv.native import attention as native_attention
 from hybridkv.native.attention import AttentionKernels, KernelTable
 from hybridkv.sampling_params import SamplingParams
 from hybridkv.step_io import ScheduledRequest
-from tests.native.no_compiler import assert_unavailable_without_compiler
+from tests.native.no_compiler import assert_unavailable_without_compiler, built_or_skip
 
 B, D, WINDOW, NUM_BLOCKS = 4, 16, 6, 64
 # (start position, tokens this step): decodes at several depths, a prompt, a prompt's chunk
@@ -30,10 +30,7 @@ SHAPE = [(0, 1), (9, 1), (0, 7), (5, 6), (22, 1), (13, 3)]
 
 @pytest.fixture(scope="module")
 def kernels() -> AttentionKernels:
-    kernel = native_attention.load_attention()
-    if kernel is None:
-        pytest.skip("native kernels unavailable (no compiler or HYBRIDKV_NATIVE=0)")
-    return kernel
+    return built_or_skip(native_attention.load_attention())
 
 
 def make_layout(kv_heads: int, dtype: str, d: int = D) -> KVCacheLayout:

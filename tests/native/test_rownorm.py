@@ -19,16 +19,14 @@ from hybridkv.model.layers.rotary import RotaryTable
 from hybridkv.model.rope import RopeConfig
 from hybridkv.native import rownorm
 from hybridkv.native.rownorm import RowKernels
+from tests.native.no_compiler import built_or_skip
 
 TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
 def kernels() -> RowKernels:
-    k = rownorm.load_rownorm()
-    if k is None:
-        pytest.skip("native kernels unavailable (no compiler or HYBRIDKV_NATIVE=0)")
-    return k
+    return built_or_skip(rownorm.load_rownorm())
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> None:

@@ -13,14 +13,12 @@ import torch
 from hybridkv.model.layers.ssd import ssd_step_
 from hybridkv.native import ssm
 from hybridkv.native.ssm import SsmKernels
+from tests.native.no_compiler import built_or_skip
 
 
 @pytest.fixture(scope="module")
 def kernels() -> SsmKernels:
-    k = ssm.load_ssm()
-    if k is None:
-        pytest.skip("native kernels unavailable (no compiler or HYBRIDKV_NATIVE=0)")
-    return k
+    return built_or_skip(ssm.load_ssm())
 
 
 @pytest.mark.parametrize(("rows", "heads", "groups"), [(1, 4, 1), (5, 6, 2), (16, 24, 1)])
