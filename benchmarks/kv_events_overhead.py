@@ -98,6 +98,7 @@ def run(mode: str, work: list[list[int]], max_tokens: int, tmp: Path) -> dict[st
     out = {"step_ms": 1e3 * wall / steps[0], "cpu_ms_step": 1e3 * cpu / steps[0],
            "publish_us_step": 1e6 * spent[0] / steps[0], "steps": steps[0]}  # fmt: skip
     if collector is not None:
+        collector.publisher.flush(10.0)  # the thread polls: on a loaded machine it may lag the run
         out["batches"] = collector.stats().published_batches
         out["dropped"] = collector.stats().dropped_batches
     llm.engine.shutdown()
