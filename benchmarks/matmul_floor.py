@@ -12,7 +12,8 @@ engines keep only the last logits) and a decode step of ``--batch`` rows. Best o
 
 An engine's B1 throughput can exceed transformers' by at most (transformers' time / floor).
 Each shape is timed twice: with ``F.linear`` (what transformers calls) and through hybridkv's
-packed weights (``PackedWeight``: MKL packed sgemm for float32), keys ``packed_*``.
+projection GEMM (``ProjectionGemm``: the native skinny GEMM at decode row counts for float32),
+keys ``hybridkv_*``.
 
     .venv/bin/python benchmarks/matmul_floor.py --sizes small
     .venv/bin/python benchmarks/matmul_floor.py --quick     # seconds; run by the tests
@@ -58,13 +59,14 @@ def weights_of(model: Any) -> tuple[list[torch.Tensor], torch.Tensor]:
     return weights, model.lm_head.weight
 
 
-def gemms(weights: list[torch.Tensor], packed: bool) -> list[Callable[[torch.Tensor], Any]]:
-    """One product per weight: ``F.linear``, or through a ``PackedWeight`` of its own."""
-    from hybridkv.model.layers.linear import PackedWeight
+def gemms(weights: list[torch.Tensor], ours: bool) -> list[Callable[[torch.Tensor], Any]]:
+    """One product per weight: ``F.linear``, or through hybridkv's ``ProjectionGemm``."""
+    from hybridkv.model.layers.linear import ProjectionGemm
 
-    if not packed:
+    if not ours:
         return [functools.partial(_f_linear, weight=w) for w in weights]
-    return [functools.partial(PackedWeight(), weight=w, bias=None) for w in weights]
+    gemm = ProjectionGemm()
+    return [functools.partial(gemm, weight=w, bias=None) for w in weights]
 
 
 def _f_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -76,13 +78,13 @@ def time_rows(
     head: torch.Tensor,
     rows: int,
     head_rows: int,
-    packed: bool = False,
+    ours: bool = False,
     clock: Callable[[], float] = time.perf_counter,
 ) -> float:
     """Seconds of one pass over every projection at ``rows`` rows (the head at ``head_rows``)."""
     xs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights}
     h = torch.randn(head_rows, head.shape[1], dtype=head.dtype)
-    *fns, head_fn = gemms([*weights, head], packed)
+    *fns, head_fn = gemms([*weights, head], ours)
     for fn, w in zip(fns, weights, strict=True):  # warm-up (packs the weights once)
         fn(xs[w.shape[1]])
     head_fn(h)
@@ -96,16 +98,15 @@ def time_rows(
 def floor(path: Path, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
     weights, head = projection_weights(path, dtype)
     result: dict[str, Any] = {"parameters": sum(w.numel() for w in weights) + head.numel()}
-    for packed in (False, True):
-        prefix = "packed_" if packed else ""
+    for ours in (False, True):
+        prefix = "hybridkv_" if ours else ""
         with torch.inference_mode():
             prefill = min(
-                time_rows(weights, head, args.prefill_tokens, args.batch, packed)
+                time_rows(weights, head, args.prefill_tokens, args.batch, ours)
                 for _ in range(args.repeats)
             )
             decode = min(
-                time_rows(weights, head, args.batch, args.batch, packed)
-                for _ in range(args.repeats)
+                time_rows(weights, head, args.batch, args.batch, ours) for _ in range(args.repeats)
             )
         print(
             f"  {prefix or 'F.linear '}prefill floor {args.prefill_tokens / prefill:.0f} tok/s,"

@@ -5,8 +5,8 @@ Builds hybridkv's ``EngineCore`` on a B1 checkpoint, adds ``--batch`` requests o
 
 - ``schedule`` / ``update``: the scheduler before and after the forward pass;
 - ``build_step``: step metadata (``model/step_builder.py``);
-- ``gemm``: every ``F.linear`` and packed projection (``PackedWeight``: projections, experts,
-  lm_head) — the matmul floor's part;
+- ``gemm``: every ``F.linear`` and projection GEMM (``ProjectionGemm``: projections, experts,
+  lm_head; the native skinny GEMM at decode rows) — the matmul floor's part;
 - ``attention``: ``PagedAttention.forward`` (page writes, gather/mask or the native kernel);
 - ``sampler``: ``Sampler.sample``;
 - ``forward other``: the rest of the model (norms, rotary, activations, embedding, Mamba2...,
@@ -79,7 +79,7 @@ class Timers:
 def instrumented(llm: Any, timers: Timers) -> Iterator[None]:
     from hybridkv.model import runner as runner_module
     from hybridkv.model.layers.attention import PagedAttention
-    from hybridkv.model.layers.linear import PackedWeight
+    from hybridkv.model.layers.linear import ProjectionGemm
 
     engine = llm.engine
     undo = [
@@ -87,7 +87,7 @@ def instrumented(llm: Any, timers: Timers) -> Iterator[None]:
         timers.wrap(engine.scheduler, "update_from_output", "update"),
         timers.wrap(runner_module, "build_step", "build_step"),
         timers.wrap(torch.nn.functional, "linear", "gemm"),
-        timers.wrap(PackedWeight, "__call__", "gemm"),
+        timers.wrap(ProjectionGemm, "__call__", "gemm"),
         timers.wrap(PagedAttention, "forward", "attention"),
         timers.wrap(engine.runner.sampler, "sample", "sampler"),
         timers.wrap(engine.runner.model, "forward", "forward"),
@@ -151,15 +151,15 @@ def profile_case(path: Path, dtype: str, args: argparse.Namespace) -> dict[str, 
 
 def decode_floor(model: Any, rows: int, clock: Callable[[], float]) -> dict[str, float]:
     """The GEMM floor of a decode step (``matmul_floor.py``'s, same run, same clock): every
-    projection at ``rows`` rows through ``F.linear`` and through packed weights, best of 5;
+    projection at ``rows`` rows through ``F.linear`` and through hybridkv's ProjectionGemm, best of 5;
     the median decode step over each."""
     from matmul_floor import time_rows, weights_of
 
     weights, head = weights_of(model)
     floor: dict[str, float] = {}
     with torch.inference_mode():
-        for name, packed in (("f_linear", False), ("packed", True)):
-            best = min(time_rows(weights, head, rows, rows, packed, clock) for _ in range(5))
+        for name, ours in (("f_linear", False), ("hybridkv", True)):
+            best = min(time_rows(weights, head, rows, rows, ours, clock) for _ in range(5))
             floor[f"{name}_ms"] = best * 1e3
     return floor
 

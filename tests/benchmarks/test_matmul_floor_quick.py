@@ -18,4 +18,4 @@ def test_matmul_floor_quick(tmp_path: Path) -> None:
         assert case["parameters"] > 0
         assert case["decode_step_s"] > 0 and case["prefill_s"] > 0
         assert case["prefill_floor_tokens_per_s"] == 64 / case["prefill_s"]
-        assert case["packed_decode_step_s"] > 0 and case["packed_prefill_s"] > 0
+        assert case["hybridkv_decode_step_s"] > 0 and case["hybridkv_prefill_s"] > 0

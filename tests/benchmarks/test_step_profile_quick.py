@@ -19,4 +19,4 @@ def test_step_profile_quick(tmp_path: Path) -> None:
     assert abs(prefill["non-GEMM"] + prefill["gemm"] - prefill["step"]) < 1e-6
     assert prefill["forward other"] >= 0
     floor = case["decode_floor"]  # the decode step's GEMMs alone, same run
-    assert floor["f_linear_ms"] > 0 and floor["packed_ms"] > 0
+    assert floor["f_linear_ms"] > 0 and floor["hybridkv_ms"] > 0

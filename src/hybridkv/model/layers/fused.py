@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from hybridkv.model.layers.linear import PackedWeight
+from hybridkv.model.layers.linear import ProjectionGemm
 
 _Key = tuple[int, ...]
 
@@ -31,11 +31,11 @@ class FusedLinear:
             lambda: [p.weight for p in self.parts],
             lambda: [p.bias for p in self.parts],
         )
-        self._packed = PackedWeight()
+        self._gemm = ProjectionGemm()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self._cache.get()
-        return self._packed(x, weight, bias)
+        return self._gemm(x, weight, bias)
 
 
 class _Concat:

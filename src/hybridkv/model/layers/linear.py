@@ -6,28 +6,28 @@ model keeps float32 matmul weights on a CPU without native bfloat16 arithmetic
 float32 and rounded back to bfloat16, as a native bfloat16 kernel would round its float32
 accumulator.
 
-float32 weights of ``Linear`` / ``FusedLinear`` are multiplied through MKL's packed sgemm
-(``PackedWeight``): the weight is reordered into MKL's panel layout once, instead of at every
-call as ``F.linear`` does. Measured on one thread (docs/benchmarks.md, issue 17): 1.7-1.9x less
-time at decode shapes (16 rows), level or slightly faster at prefill shapes (2,048 rows), the
-same values up to summation order (bitwise equal for K = 768 here, ~2e-6 apart for K = 2048).
-It costs a second copy of those weights; ``HYBRIDKV_PACKED_GEMM=0`` turns it off.
+float32 weights of ``Linear`` / ``FusedLinear`` (projections and the lm_head) are multiplied at
+up to ``SKINNY_MAX_ROWS`` rows (decode steps) by the native skinny GEMM
+(``hybridkv.native.gemm``): the weight read once in its own layout, split over the step's
+threads. ``F.linear`` (MKL sgemm) repacks the whole weight at every call, about three times the
+traffic at a dozen rows. Measured (docs/benchmarks.md, "skinny GEMM"): on one thread
+(qwen3_full-small's step of weights, CPU time) 12 rows 37 ms vs F.linear's 65 ms, level with
+MKL's packed sgemm, which needed a second copy of every weight and ran on one thread only (it
+was dropped). More rows (prefill, mixed steps) and other dtypes take ``F.linear``, as does
+everything when the kernel cannot be built or ``HYBRIDKV_NATIVE=0``.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-# MKL's packed format of B does not depend on M (the size asked for equals for every M and
-# the products are correct for any M, tests/model/test_packed_linear.py); this is only the hint.
-PACK_ROWS_HINT = 2048
-# below this many weight elements packing gains nothing (one thread, 16 rows: 64x128 5.0 vs
-# 5.6 us, 128x128 7.7 vs 7.0, 256x256 23 vs 16 us for F.linear vs packed)
-PACK_MIN_ELEMENTS = 32768
+from hybridkv.native.gemm import SkinnyGemm, load_gemm
+
+# rows up to which the skinny kernel beats F.linear (one thread, the small checkpoints' step:
+# 64 rows 92 vs 97 ms, 96 rows 131 vs 129 ms)
+SKINNY_MAX_ROWS = 64
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -37,64 +37,39 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
 
 
-def packing_enabled() -> bool:
-    """Whether float32 projections use MKL's packed sgemm (MKL present, not switched off)."""
-    return bool(torch._C.has_mkl) and os.environ.get("HYBRIDKV_PACKED_GEMM", "1") != "0"
+class ProjectionGemm:
+    """``linear`` for a projection: few rows of a float32 weight through the skinny kernel,
+    anything else through ``F.linear``. ``kernel`` None: always ``F.linear``.
 
-
-class PackedWeight:
-    """A float32 weight ``[out, in]`` in MKL's packed layout, rebuilt when the weight tensor is
-    replaced or changed in place; ``__call__`` is ``linear`` through it. Weights under
-    ``PACK_MIN_ELEMENTS`` stay unpacked (no gain measured there).
-
-    NOTE: a plain object, not a module: the packed copy is no parameter and no buffer.
+    NOTE: a plain object, not a module: it holds no tensor.
     """
 
-    def __init__(self) -> None:
-        self.enabled = packing_enabled()
-        self._key: tuple[object, ...] = ()
-        self._packed: torch.Tensor | None = None
+    def __init__(self, kernel: SkinnyGemm | None = None, max_rows: int = SKINNY_MAX_ROWS) -> None:
+        self.kernel = load_gemm() if kernel is None else kernel
+        self.max_rows = max_rows
 
     def __call__(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        if weight.requires_grad and torch.is_grad_enabled():  # no autograd formula
+        if not self.takes(x, weight, bias):
             return linear(x, weight, bias)
-        if torch.get_num_threads() > 1:
-            # MKL's packed sgemm runs on one thread through torch: on a pool of 2, packed
-            # qwen3_full-small prefill took 2.27 s, plain F.linear 1.35 s (thread_phases.py)
-            return linear(x, weight, bias)
-        packed = self._packed_for(weight)
-        if packed is None:
-            return linear(x, weight, bias)
-        x32 = x if x.dtype == torch.float32 else x.to(torch.float32)
-        if not x32.is_contiguous():
-            x32 = x32.contiguous()
-        rows = x32.numel() // weight.shape[1]
-        out: torch.Tensor = torch.ops.mkl._mkl_linear(x32, packed, weight, bias, rows)
-        return out if x.dtype == torch.float32 else out.to(x.dtype)
+        assert self.kernel is not None
+        if x.dtype == torch.float32:
+            return self.kernel.linear(x, weight, bias)
+        return self.kernel.linear(x.to(torch.float32), weight, bias).to(x.dtype)
 
-    def _packed_for(self, weight: torch.Tensor) -> torch.Tensor | None:
-        key = (weight.data_ptr(), tensor_version(weight), weight.shape, weight.dtype)
-        if key != self._key:
-            self._packed = self._pack(weight)
-            self._key = key
-        return self._packed
-
-    def _pack(self, weight: torch.Tensor) -> torch.Tensor | None:
-        if (
-            not self.enabled
-            or weight.dtype != torch.float32
-            or not weight.is_cpu
-            or weight.dim() != 2
-            or weight.numel() < PACK_MIN_ELEMENTS
-        ):
-            return None
-        with torch.no_grad():
-            packed: torch.Tensor = torch.ops.mkl._mkl_reorder_linear_weight(
-                weight.contiguous(), PACK_ROWS_HINT
-            )
-        return packed
+    def takes(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+        """Whether ``x`` by ``weight`` runs on the skinny kernel."""
+        return (
+            self.kernel is not None
+            and weight.dtype == torch.float32
+            and x.numel() <= self.max_rows * weight.shape[-1]
+            and x.is_cpu
+            and weight.dim() == 2
+            and weight.is_contiguous()
+            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+            and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
+        )
 
 
 def tensor_version(t: torch.Tensor) -> int:
@@ -105,8 +80,7 @@ def tensor_version(t: torch.Tensor) -> int:
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters and checkpoint names) through ``linear``; float32 weights
-    through a packed copy (``PackedWeight``)."""
+    """``nn.Linear`` (same parameters and checkpoint names) through ``ProjectionGemm``."""
 
     def __init__(
         self,
@@ -117,7 +91,7 @@ class Linear(nn.Linear):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(in_features, out_features, bias, device, dtype)
-        self.packed = PackedWeight()
+        self.gemm = ProjectionGemm()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.packed(x, self.weight, self.bias)
+        return self.gemm(x, self.weight, self.bias)
