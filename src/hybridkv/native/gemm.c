@@ -71,17 +71,21 @@ static inline __attribute__((always_inline)) vf fold(vf v[VW]) {
     return v[0];
 }
 
-/* y[i][j] = x_i . w_j (+ bias[j]) for i < mr, j < nr (constants once inlined). */
+/* y[i][j] = x_i . w_j (+ bias[j]) for i < mr, j < nr (constants once inlined), meanwhile
+ * prefetching rows [pf, pf + pf_rows * K) into L2 (the next weight rows: memory streams them
+ * while this tile computes). */
 static inline __attribute__((always_inline)) void tile(const float *x, int64_t ldx,
                                                        const float *w, int64_t K,
                                                        const float *bias, float *y, int64_t ldy,
-                                                       const int mr, const int nr) {
+                                                       const int mr, const int nr,
+                                                       const float *pf, int pf_rows) {
     vf acc[VW]; /* acc[i * NR + j]; the unused ones stay 0 */
     for (int t = 0; t < VW; t++) acc[t] = (vf){0};
     const int64_t body = K - K % VW;
     for (int64_t k = 0; k < body; k += VW) {
         vf wv[NR];
         for (int j = 0; j < nr; j++) wv[j] = load(w + j * K + k);
+        for (int j = 0; j < pf_rows; j++) __builtin_prefetch(pf + j * K + k, 0, 2);
         for (int i = 0; i < mr; i++) {
             const vf xv = load(x + i * ldx + k);
             for (int j = 0; j < nr; j++) acc[i * NR + j] += xv * wv[j];
@@ -104,15 +108,21 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t l
         }
 }
 
-/* Weight rows [n, n + nr) against every x row. */
+/* Weight rows [n, n + NRC) against every x row; tile t of T prefetches its share of the next
+ * NR weight rows (pf_rows: how many follow in W, 0 at its end). */
+#define TILE(MRC, NRC) \
+    tile(x + m * ldx, ldx, w, K, b, yn + m * N, N, MRC, NRC, pf + (t * pf_rows / T) * K, \
+         (t + 1) * pf_rows / T - t * pf_rows / T)
 #define ROWS(NRC)                                                                              \
     do {                                                                                       \
-        int64_t m = 0;                                                                         \
-        for (; m + MR <= M; m += MR) tile(x + m * ldx, ldx, w, K, b, yn + m * N, N, MR, NRC); \
+        const int64_t T = (M + MR - 1) / MR;                                                   \
+        const float *pf = w + NRC * K;                                                         \
+        int64_t m = 0, t = 0;                                                                  \
+        for (; m + MR <= M; m += MR, t++) TILE(MR, NRC);                                       \
         switch (M - m) {                                                                       \
-        case 1: tile(x + m * ldx, ldx, w, K, b, yn + m * N, N, 1, NRC); break;                \
-        case 2: if (MR > 2) tile(x + m * ldx, ldx, w, K, b, yn + m * N, N, 2, NRC); break;    \
-        case 3: if (MR > 3) tile(x + m * ldx, ldx, w, K, b, yn + m * N, N, 3, NRC); break;    \
+        case 1: TILE(1, NRC); break;                                                           \
+        case 2: if (MR > 2) TILE(2, NRC); break;                                               \
+        case 3: if (MR > 3) TILE(3, NRC); break;                                               \
         default: break;                                                                        \
         }                                                                                      \
     } while (0)
@@ -128,6 +138,8 @@ void hk_skinny_gemm(const float *x, int64_t M, int64_t ldx, const float *W, int6
         const float *w = W + n * K;
         const float *b = bias ? bias + n : NULL;
         float *yn = y + n;
+        const int64_t ahead = N - n - NR;
+        const int pf_rows = ahead <= 0 ? 0 : ahead < NR ? (int)ahead : NR;
         if (n + NR <= N) {
             ROWS(NR);
         } else {
