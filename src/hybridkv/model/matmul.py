@@ -15,7 +15,7 @@ float32 product of the same shape. ``bf16_matmul`` chooses:
 
 Measured on an AVX512-BF16 Xeon without AMX (docs/benchmarks.md, issue 17, one thread, the
 small checkpoints' projections): oneDNN's bfloat16 GEMM is level with MKL's float32 one at 16
-rows and 1.75x slower at 2,048 rows, and the packed float32 GEMM (``layers/linear.py``) is 1.7x
+rows and 1.75x slower at 2,048 rows, and MKL's packed float32 GEMM is 1.7x
 faster than either at 16 rows — so without AMX ``float32`` wins in both phases and ``auto``
 picks it; with AMX tiles bfloat16 products run several times faster than float32 ones.
 

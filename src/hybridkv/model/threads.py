@@ -7,8 +7,8 @@ one (plain GEMMs); on a machine shared with other jobs (load 12-19) a decode ste
 took 6-8x the time of one thread (OpenMP's barriers spin while the other thread is
 descheduled). The default (``auto``) is the quiet machine's best: every step on the pool size
 the process had when the engine started (``OMP_NUM_THREADS`` / ``torch.set_num_threads``);
-``HYBRIDKV_COMPUTE_THREADS=N`` pins every step to N threads (1 on a busy machine; one thread
-also lets projections use MKL's packed GEMMs, ``layers/linear.py``).
+``HYBRIDKV_COMPUTE_THREADS=N`` pins every step to N threads (1 on a busy machine). The native
+kernels (e.g. the decode GEMMs, ``native/gemm.c``) run on ``torch.get_num_threads()`` threads.
 """
 
 from __future__ import annotations
