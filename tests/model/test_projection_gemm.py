@@ -46,18 +46,26 @@ def _layer(k: int, n: int, bias: bool, counting: CountingKernel | None, seed: in
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_few_rows_take_the_kernel_more_take_f_linear(counting: CountingKernel, bias: bool) -> None:
-    layer = _layer(256, 160, bias, counting)
+    layer = _layer(512, 160, bias, counting)
     for rows, calls in ((1, 1), (7, 2), (SKINNY_MAX_ROWS, 3), (SKINNY_MAX_ROWS + 1, 3)):
-        x = torch.randn(rows, 256)
+        x = torch.randn(rows, 512)
         with torch.inference_mode():
             got = layer(x)
         assert torch.allclose(got, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
         assert counting.calls == calls, f"{rows} rows"
 
 
+def test_small_weights_take_f_linear(counting: CountingKernel) -> None:
+    layer = _layer(64, 128, False, counting)  # 8,192 elements: F.linear is level and cheaper
+    x = torch.randn(2, 64)
+    with torch.inference_mode():
+        assert torch.equal(layer(x), F.linear(x, layer.weight))
+    assert counting.calls == 0
+
+
 def test_3d_non_contiguous_and_bfloat16_inputs(counting: CountingKernel) -> None:
-    layer = _layer(256, 160, True, counting)
-    x = torch.randn(8, 3, 256).transpose(0, 1)  # [3, 8, 256], not contiguous
+    layer = _layer(512, 160, True, counting)
+    x = torch.randn(8, 3, 512).transpose(0, 1)  # [3, 8, 512], not contiguous
     with torch.inference_mode():
         assert torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5)
         xb = x.to(torch.bfloat16)
@@ -70,10 +78,10 @@ def test_3d_non_contiguous_and_bfloat16_inputs(counting: CountingKernel) -> None
 
 
 def test_fused_parts_side_by_side(counting: CountingKernel) -> None:
-    parts = [_layer(256, n, False, None, seed=n) for n in (64, 32, 32)]
+    parts = [_layer(512, n, False, None, seed=n) for n in (64, 32, 32)]
     fused = FusedLinear(parts)
     fused._gemm.kernel = counting  # type: ignore[assignment]
-    x = torch.randn(9, 256)
+    x = torch.randn(9, 512)
     with torch.inference_mode():
         got = fused(x)
     ref = torch.cat([F.linear(x, p.weight) for p in parts], dim=-1)
@@ -81,13 +89,13 @@ def test_fused_parts_side_by_side(counting: CountingKernel) -> None:
 
 
 def test_autograd_and_other_dtypes_use_f_linear(counting: CountingKernel) -> None:
-    layer = Linear(256, 128)  # requires grad: the kernel has no backward
+    layer = Linear(512, 128)  # requires grad: the kernel has no backward
     layer.gemm.kernel = counting  # type: ignore[assignment]
-    x = torch.randn(3, 256, requires_grad=True)
+    x = torch.randn(3, 512, requires_grad=True)
     layer(x).sum().backward()
     assert x.grad is not None and layer.weight.grad is not None
     with torch.inference_mode():
-        layer.to(torch.float64)(torch.randn(3, 256, dtype=torch.float64))
+        layer.to(torch.float64)(torch.randn(3, 512, dtype=torch.float64))
     assert counting.calls == 0
 
 

@@ -35,7 +35,7 @@
 #endif
 #define NR 4 /* weight rows per tile */
 _Static_assert(MR * NR == VW, "one tile's sums fill one vector");
-#define PARALLEL_WORK 65536 /* N * K below this: one thread (waking a second costs more) */
+#define PARALLEL_WORK 262144 /* N * K below this (1 MB of weight): one thread */
 
 typedef float vf __attribute__((vector_size(VW * sizeof(float))));
 

@@ -28,6 +28,9 @@ from hybridkv.native.gemm import SkinnyGemm, load_gemm
 # rows up to which the skinny kernel beats F.linear (one thread, the small checkpoints' step:
 # 64 rows 92 vs 97 ms, 96 rows 131 vs 129 ms)
 SKINNY_MAX_ROWS = 64
+# below this many weight elements F.linear is level (one thread, 12 rows, warm: 256x256 22 us
+# either way) and its call costs less (16x64: 2.5 vs 8 us)
+SKINNY_MIN_ELEMENTS = 65536
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -44,9 +47,14 @@ class ProjectionGemm:
     NOTE: a plain object, not a module: it holds no tensor.
     """
 
-    def __init__(self, kernel: SkinnyGemm | None = None, max_rows: int = SKINNY_MAX_ROWS) -> None:
+    def __init__(
+        self,
+        kernel: SkinnyGemm | None = None,
+        max_rows: int = SKINNY_MAX_ROWS,
+        min_elements: int = SKINNY_MIN_ELEMENTS,
+    ) -> None:
         self.kernel = load_gemm() if kernel is None else kernel
-        self.max_rows = max_rows
+        self.max_rows, self.min_elements = max_rows, min_elements
 
     def __call__(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
@@ -64,6 +72,7 @@ class ProjectionGemm:
             self.kernel is not None
             and weight.dtype == torch.float32
             and x.numel() <= self.max_rows * weight.shape[-1]
+            and weight.numel() >= self.min_elements
             and x.is_cpu
             and weight.dim() == 2
             and weight.is_contiguous()
