@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridkv.model.layers.fused import FusedLinear
-from hybridkv.model.layers.linear import SKINNY_MAX_ROWS, Linear, ProjectionGemm
+from hybridkv.model.layers.linear import SKINNY_MAX_ROWS, Linear, ProjectionGemm, linear
 from hybridkv.native.gemm import SkinnyGemm, load_gemm
 from tests.native.no_compiler import built_or_skip
 
@@ -105,3 +105,13 @@ def test_without_the_kernel_f_linear() -> None:
     x, w = torch.randn(4, 32), torch.randn(16, 32)
     assert not gemm.takes(x, w, None)
     assert torch.equal(gemm(x, w, None), F.linear(x, w))
+
+
+def test_plain_linear_shares_the_policy(counting: CountingKernel) -> None:
+    """``linear`` (MoE experts) takes the kernel for few rows of a contiguous float32 weight;
+    a transposed view (gpt-oss experts) takes ``F.linear``."""
+    x, w = torch.randn(3, 512), torch.randn(160, 512)
+    with torch.inference_mode():
+        assert torch.equal(linear(x, w), counting.kernel.linear(x, w))
+        wt = torch.randn(512, 160).t()
+        assert torch.equal(linear(x, wt), F.linear(x, wt))

@@ -19,6 +19,8 @@ everything when the kernel cannot be built or ``HYBRIDKV_NATIVE=0``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -34,6 +36,14 @@ SKINNY_MIN_ELEMENTS = 65536
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` computed in ``weight.dtype``, returned in ``x.dtype``; through the skinny
+    kernel where ``ProjectionGemm`` takes it (e.g. MoE experts' few rows)."""
+    return _shared_gemm()(x, weight, bias)
+
+
+def torch_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """``F.linear`` computed in ``weight.dtype``, returned in ``x.dtype``."""
     if x.dtype == weight.dtype:  # NOTE: a no-op ``.to`` still costs a dispatch (~2 us)
         return F.linear(x, weight, bias)
@@ -60,7 +70,7 @@ class ProjectionGemm:
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
         if not self.takes(x, weight, bias):
-            return linear(x, weight, bias)
+            return torch_linear(x, weight, bias)
         assert self.kernel is not None
         if x.dtype == torch.float32:
             return self.kernel.linear(x, weight, bias)
@@ -79,6 +89,12 @@ class ProjectionGemm:
             and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
             and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
         )
+
+
+@functools.cache
+def _shared_gemm() -> ProjectionGemm:
+    """The ``ProjectionGemm`` of ``linear`` (made on first use: it builds the kernel)."""
+    return ProjectionGemm()
 
 
 def tensor_version(t: torch.Tensor) -> int:
