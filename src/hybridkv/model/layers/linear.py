@@ -27,9 +27,10 @@ from torch import nn
 
 from hybridkv.native.gemm import SkinnyGemm, load_gemm
 
-# rows up to which the skinny kernel beats F.linear (one thread, the small checkpoints' step:
-# 64 rows 92 vs 97 ms, 96 rows 131 vs 129 ms)
-SKINNY_MAX_ROWS = 64
+# rows up to which the skinny kernel clearly beats F.linear (one thread, CPU time, a step of
+# qwen3_full-small's weights, load 9: 48 rows 74 vs 105 ms; at 64 rows the two runs disagreed,
+# 92 vs 97 and 124 vs 104 ms; 96 rows level). B1's decode steps have at most 16.
+SKINNY_MAX_ROWS = 48
 # below this many weight elements F.linear is level (one thread, 12 rows, warm: 256x256 22 us
 # either way) and its call costs less (16x64: 2.5 vs 8 us)
 SKINNY_MIN_ELEMENTS = 65536
