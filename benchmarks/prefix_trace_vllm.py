@@ -7,8 +7,8 @@ Run with vLLM's virtualenv (``prefix_trace.py --vllm`` starts it as a subprocess
         --layout granite_small --hf-config granite.json --memory 2147483648
 
 vLLM is configured the way its engine configures itself, without a GPU and without weights
-(as ``vllm_kv_baseline.py`` does): ``EngineArgs(model=<dir with the HF config.json>,
-load_format="dummy", enable_prefix_caching=True, block_size=16, ...)``; vLLM's
+(``vllm_setup.py``, shared with ``vllm_kv_baseline.py``): ``EngineArgs(model=<dir with the
+HF config.json>, load_format="dummy", enable_prefix_caching=True, block_size=16, ...)``; vLLM's
 ``MambaModelConfig`` then turns ``mamba_cache_mode`` from "none" into **"align"** (its default
 with prefix caching), and ``Platform.update_block_size_for_backend`` enlarges the attention
 block until one attention page holds one Mamba/GDN state (this is vLLM's rule for hybrid
@@ -38,13 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # keep stdout pure JSON
 
+import vllm_setup  # noqa: E402
+
 MAX_MODEL_LEN = 4096
 
 
 def build_config(model_dir: Path, dtype: str, batched_tokens: int, **extra: Any) -> Any:
     """vLLM's config for the HF config in ``model_dir``, block sizes as its executor sets them."""
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.platforms import current_platform
 
     args = EngineArgs(
         model=str(model_dir),
@@ -61,17 +62,7 @@ def build_config(model_dir: Path, dtype: str, batched_tokens: int, **extra: Any)
         **extra,
     )
     vc = args.create_engine_config()
-    backends = attention_backends(vc)
-    platform_cls = type(current_platform)
-    saved = platform_cls.__dict__.get("_find_non_ssm_backends")
-    platform_cls._find_non_ssm_backends = classmethod(lambda cls, _cfg: list(backends))
-    try:
-        current_platform.update_block_size_for_backend(vc)
-    finally:
-        if saved is None:
-            del platform_cls._find_non_ssm_backends
-        else:
-            platform_cls._find_non_ssm_backends = saved
+    vllm_setup.force_block_sizes(vc, attention_backends(vc))
     return vc
 
 
@@ -130,45 +121,11 @@ def layer_specs(vc: Any, layer_kinds: list[str]) -> dict[str, Any]:
 
 
 def build_scheduler(vc: Any, layer_kinds: list[str], memory: int) -> tuple[Any, Any, dict]:
-    from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core.kv_cache_utils import (
-        generate_scheduler_kv_cache_config,
-        get_kv_cache_configs,
-        get_request_block_hasher,
-        init_none_hash,
-        resolve_cache_hit_alignment_tokens,
-        resolve_kv_cache_block_sizes,
-    )
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.structured_output import StructuredOutputManager
-
     specs = layer_specs(vc, layer_kinds)
-    if vc.cache_config.kv_cache_layout is None:  # EngineCore resolves it from the backends
-        from vllm.v1.attention.backends.utils import (
-            get_supported_kv_cache_layouts,
-            resolve_kv_cache_layout,
-        )
-
-        names = [x.name for x in get_supported_kv_cache_layouts(attention_backends(vc))]
-        resolve_kv_cache_layout(vc, [names], list(specs.values()))
-    kv_cfg = generate_scheduler_kv_cache_config(get_kv_cache_configs(vc, [specs], [memory]))
-    vc.cache_config.num_gpu_blocks = kv_cfg.num_blocks  # as EngineCore does after profiling
-    sched_bs, hash_bs = resolve_kv_cache_block_sizes(kv_cfg, vc)
-    kv_cfg.hash_block_size = hash_bs
-    kv_cfg.cache_hit_alignment_tokens = resolve_cache_hit_alignment_tokens(
-        kv_cfg, vc, sched_bs, hash_bs
+    kv_cfg, sched_bs, hash_bs, _ = vllm_setup.plan_kv_cache(
+        vc, specs, memory, lambda: attention_backends(vc)
     )
-    sched = Scheduler(
-        vllm_config=vc,
-        kv_cache_config=kv_cfg,
-        structured_output_manager=StructuredOutputManager(vc),
-        block_size=sched_bs,
-        hash_block_size=hash_bs,
-        include_finished_set=False,
-        log_stats=False,
-    )
-    hash_fn = get_hash_fn_by_name(vc.cache_config.prefix_caching_hash_algo)
-    init_none_hash(hash_fn)
+    sched, hasher = vllm_setup.create_scheduler(vc, kv_cfg, sched_bs, hash_bs)
     cc = vc.cache_config
     info = {
         "mamba_cache_mode": cc.mamba_cache_mode,
@@ -183,17 +140,9 @@ def build_scheduler(vc: Any, layer_kinds: list[str], memory: int) -> tuple[Any, 
         "memory_bytes": memory,
         "max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens,
         "dtype": str(vc.model_config.dtype).replace("torch.", ""),
-        "groups": [
-            {
-                "spec": type(g.kv_cache_spec).__name__,
-                "num_layers": len(g.layer_names),
-                "block_size": g.kv_cache_spec.block_size,
-                "page_size_bytes": g.kv_cache_spec.page_size_bytes,
-            }
-            for g in kv_cfg.kv_cache_groups
-        ],
+        "groups": vllm_setup.group_info(kv_cfg),
     }
-    return sched, get_request_block_hasher(hash_bs, hash_fn), info
+    return sched, hasher, info
 
 
 def run_trace(sched: Any, hasher: Any, turns: list[dict]) -> list[int]:

@@ -7,7 +7,8 @@ the project's ``.venv``::
     /work/vllm-venv/bin/python benchmarks/vllm_kv_baseline.py --quick    # 200 requests, 1 run
 
 For each layout (gemma3, qwen35) the script builds vLLM's configuration the way the engine
-does, without a GPU and without weights: a ``VllmConfig`` from a synthetic local HF
+does, without a GPU and without weights (the steps shared with the other vLLM baselines are in
+``vllm_setup.py``): a ``VllmConfig`` from a synthetic local HF
 ``config.json`` (``EngineArgs(..., load_format="dummy", skip_tokenizer_init=True)``), then
 ``current_platform.update_block_size_for_backend`` (this is where vLLM enlarges the block
 size of Mamba/GDN hybrids), per-layer ``KVCacheSpec`` objects built from vLLM's spec classes
@@ -57,6 +58,7 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # keep stdout 
 
 import bench_common
 import kv_workload as wl  # noqa: E402
+import vllm_setup  # noqa: E402
 
 HASH_ALGOS = ("sha256", "xxhash")
 MAX_MODEL_LEN = 4096
@@ -121,7 +123,6 @@ def _hf_config(layout: str) -> dict:
 
 def build_vllm_config(layout: str, hash_algo: str, workdir: str, **engine_overrides):
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.platforms import current_platform
 
     model_dir = Path(workdir) / layout
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -141,20 +142,7 @@ def build_vllm_config(layout: str, hash_algo: str, workdir: str, **engine_overri
         **{**extra, **engine_overrides},
     )
     vllm_config = args.create_engine_config()
-    # The executor calls update_block_size_for_backend() once the model's layers exist; this
-    # is where vLLM enlarges the attention block of Mamba/GDN hybrids. No model is built here,
-    # so hand it the attention backend the platform selects for this geometry.
-    backends = _attention_backends(layout, vllm_config)
-    platform_cls = type(current_platform)
-    saved = platform_cls.__dict__.get("_find_non_ssm_backends")
-    platform_cls._find_non_ssm_backends = classmethod(lambda cls, _cfg: list(backends))
-    try:
-        current_platform.update_block_size_for_backend(vllm_config)
-    finally:
-        if saved is None:
-            del platform_cls._find_non_ssm_backends
-        else:
-            platform_cls._find_non_ssm_backends = saved
+    vllm_setup.force_block_sizes(vllm_config, _attention_backends(layout, vllm_config))
     return vllm_config
 
 
@@ -242,47 +230,18 @@ def build_kv_cache_config(layout: str, vllm_config, pool_bytes: int | None = Non
     """vLLM's KVCacheConfig for ``layout`` given ``pool_bytes`` of memory, planned as
     ``EngineCore._initialize_kv_caches`` does. Returns (config, scheduler_block_size,
     hash_block_size, cache_hit_alignment_tokens)."""
-    from vllm.v1.core.kv_cache_utils import (
-        generate_scheduler_kv_cache_config,
-        get_kv_cache_configs,
-        resolve_cache_hit_alignment_tokens,
-        resolve_kv_cache_block_sizes,
-    )
-
     if pool_bytes is None:
         pool_bytes = wl.pool_bytes(layout)
     specs = build_layer_specs(layout, vllm_config)
-    if vllm_config.cache_config.kv_cache_layout is None:
-        # EngineCore resolves the memory layout from the workers' attention backends before
-        # planning; it only affects tensor placement, not the manager's bookkeeping.
-        from vllm.v1.attention.backends.utils import (
-            get_supported_kv_cache_layouts,
-            resolve_kv_cache_layout,
-        )
-
-        backends = _attention_backends(layout, vllm_config)
-        names = [x.name for x in get_supported_kv_cache_layouts(backends)]
-        resolve_kv_cache_layout(vllm_config, [names], list(specs.values()))
-    kv_cfgs = get_kv_cache_configs(vllm_config, [specs], [pool_bytes])
-    kv_cfg = generate_scheduler_kv_cache_config(kv_cfgs)
-    # As EngineCore._initialize_kv_caches does after profiling.
-    vllm_config.cache_config.num_gpu_blocks = kv_cfg.num_blocks
-    groups = kv_cfg.kv_cache_groups
-    vllm_config.cache_config.block_size = min(
-        g.kv_cache_spec.block_size for g in groups if g.kv_cache_spec.prefix_cacheable
+    return vllm_setup.plan_kv_cache(
+        vllm_config, specs, pool_bytes, lambda: _attention_backends(layout, vllm_config)
     )
-    sched_bs, hash_bs = resolve_kv_cache_block_sizes(kv_cfg, vllm_config)
-    align = resolve_cache_hit_alignment_tokens(kv_cfg, vllm_config, sched_bs, hash_bs)
-    kv_cfg.hash_block_size = hash_bs
-    kv_cfg.cache_hit_alignment_tokens = align
-    return kv_cfg, sched_bs, hash_bs, align
 
 
 def build_manager(layout: str, vllm_config):
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
     kv_cfg, sched_bs, hash_bs, align = build_kv_cache_config(layout, vllm_config)
-    groups = kv_cfg.kv_cache_groups
     # As Scheduler.__init__ constructs it (no spec decode, no connector, no events).
     mgr = KVCacheManager(
         kv_cache_config=kv_cfg,
@@ -305,15 +264,7 @@ def build_manager(layout: str, vllm_config):
     )
     info = {
         "num_blocks": kv_cfg.num_blocks,
-        "groups": [
-            {
-                "spec": type(g.kv_cache_spec).__name__,
-                "num_layers": len(g.layer_names),
-                "block_size": g.kv_cache_spec.block_size,
-                "page_size_bytes": g.kv_cache_spec.page_size_bytes,
-            }
-            for g in groups
-        ],
+        "groups": vllm_setup.group_info(kv_cfg),
         "block_size_requested": wl.LAYOUTS[layout]["block_size"],
         "block_size_used": vllm_config.cache_config.block_size,
         "mamba_block_size": vllm_config.cache_config.mamba_block_size,

@@ -36,6 +36,7 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # keep stdout 
 
 import kv_workload as wl  # noqa: E402
 import vllm_kv_baseline as kvb  # noqa: E402
+import vllm_setup  # noqa: E402
 
 LAYOUT = "qwen35"
 
@@ -58,11 +59,6 @@ def fake_output(sched_out, requests: dict, rng: random.Random):
 
 
 def build_scheduler(workdir: str, hash_algo: str = "sha256"):
-    from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.structured_output import StructuredOutputManager
-
     vc = kvb.build_vllm_config(
         LAYOUT,
         hash_algo,
@@ -72,18 +68,7 @@ def build_scheduler(workdir: str, hash_algo: str = "sha256"):
     )
     pool = wl.pool_bytes(LAYOUT, wl.SCHED_POOL_TOKENS, wl.SCHED_STATE_SLOTS)
     kv_cfg, sched_bs, hash_bs, align = kvb.build_kv_cache_config(LAYOUT, vc, pool)
-    sched = Scheduler(
-        vllm_config=vc,
-        kv_cache_config=kv_cfg,
-        structured_output_manager=StructuredOutputManager(vc),
-        block_size=sched_bs,
-        hash_block_size=hash_bs,
-        include_finished_set=False,
-        log_stats=False,
-    )
-    hash_fn = get_hash_fn_by_name(vc.cache_config.prefix_caching_hash_algo)
-    init_none_hash(hash_fn)
-    hasher = get_request_block_hasher(hash_bs, hash_fn)
+    sched, hasher = vllm_setup.create_scheduler(vc, kv_cfg, sched_bs, hash_bs)
     info = {
         "scheduler_class": type(sched).__name__,
         "num_blocks": kv_cfg.num_blocks,

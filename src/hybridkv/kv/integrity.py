@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 from hybridkv.kv.block_pool import NULL_BLOCK
 
 if TYPE_CHECKING:
-    from hybridkv.kv.coordinator import KVCacheCoordinator
+    from hybridkv.kv.coordinator_queries import CoordinatorQueries
 
 
-def check_coordinator(coord: KVCacheCoordinator) -> None:
+def check_coordinator(coord: CoordinatorQueries) -> None:
     """Raise AssertionError naming the first broken invariant.
 
     - every pool: ref 0 <=> in the free queue; map and keys agree; keys match owner groups;

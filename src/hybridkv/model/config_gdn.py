@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridkv.kv.spec import StateSpec
+from hybridkv.model.config_json import json_int
 from hybridkv.model.errors import ModelLoadError
 
 
@@ -43,10 +44,10 @@ class GdnConfig:
 
 def parse_gdn(raw: Mapping[str, Any]) -> GdnConfig:
     cfg = GdnConfig(
-        num_k_heads=_int(raw, "linear_num_key_heads"),
-        num_v_heads=_int(raw, "linear_num_value_heads"),
-        head_k_dim=_int(raw, "linear_key_head_dim"),
-        head_v_dim=_int(raw, "linear_value_head_dim"),
+        num_k_heads=json_int(raw, "linear_num_key_heads"),
+        num_v_heads=json_int(raw, "linear_num_value_heads"),
+        head_k_dim=json_int(raw, "linear_key_head_dim"),
+        head_v_dim=json_int(raw, "linear_value_head_dim"),
         d_conv=int(raw.get("linear_conv_kernel_dim", 4)),
     )
     if cfg.num_v_heads % cfg.num_k_heads:
@@ -55,10 +56,3 @@ def parse_gdn(raw: Mapping[str, Any]) -> GdnConfig:
             f"linear_num_key_heads ({cfg.num_k_heads})"
         )
     return cfg
-
-
-def _int(raw: Mapping[str, Any], key: str) -> int:
-    value = raw.get(key)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ModelLoadError(f"config.json: {key!r} must be an integer, got {value!r}")
-    return value

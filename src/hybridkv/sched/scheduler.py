@@ -8,47 +8,22 @@ checkpoint. ``schedule()`` reads as its named steps::
     schedule_running   decode / continue prefills; preempt the newest request if blocks run out
     schedule_waiting   admit new and preempted requests (prefix hit first), FCFS
     build_output       plain data for the runner: tokens, tables, slots, state copies
+
+The step's plan is ``step_plan.StepPlan``; the output is built in ``output.py``.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
 from hybridkv.config import SchedulerConfig
 from hybridkv.kv.coordinator import CacheHit, KVCacheCoordinator
 from hybridkv.request import Request, RequestStatus
 from hybridkv.sched.kv_transfer import KVTransfer
+from hybridkv.sched.output import SchedulerStats, build_scheduler_output
 from hybridkv.sched.recovery import Action, Recovery, RecoveryPlan
-from hybridkv.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput
-
-
-@dataclass(slots=True)
-class _Slice:
-    request: Request
-    start: int
-    end: int
-
-
-@dataclass(slots=True)
-class _StepPlan:
-    """What one ``schedule()`` call has decided so far, and the tokens it may still spend."""
-
-    tokens_left: int
-    slices: list[_Slice] = field(default_factory=list)
-
-    def add(self, req: Request, start: int, end: int) -> None:
-        self.slices.append(_Slice(req, start, end))
-        self.tokens_left -= end - start
-
-
-@dataclass(slots=True)
-class SchedulerStats:
-    num_running: int
-    num_waiting: int
-    num_preemptions: int
-    kv_usage: float
-    num_waiting_for_remote_kv: int = 0  # included in num_waiting
+from hybridkv.sched.step_plan import StepPlan, StepSlice
+from hybridkv.step_io import RunnerOutput, SchedulerOutput
 
 
 class Scheduler:
@@ -119,7 +94,7 @@ class Scheduler:
     # -- one step ------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        plan = _StepPlan(self.config.max_num_batched_tokens)
+        plan = StepPlan(self.config.max_num_batched_tokens)
         preempted = self._schedule_running(plan)
         if not preempted:
             self._schedule_loaded(plan)
@@ -147,7 +122,7 @@ class Scheduler:
             end = min(end, (start // interval + 1) * interval)
         return end
 
-    def _schedule_running(self, plan: _StepPlan) -> bool:
+    def _schedule_running(self, plan: StepPlan) -> bool:
         """Schedule running requests in order; returns whether anything was preempted."""
         preempted = False
         i = 0
@@ -171,7 +146,7 @@ class Scheduler:
             i += 1
         return preempted
 
-    def _schedule_loaded(self, plan: _StepPlan) -> None:
+    def _schedule_loaded(self, plan: StepPlan) -> None:
         """Requests whose external KV landed hold blocks: they go before new requests."""
         ready = self.ready
         while ready and plan.tokens_left > 0:
@@ -183,7 +158,7 @@ class Scheduler:
             ready.popleft()
             self._start_running(req, start, end, plan)
 
-    def _schedule_waiting(self, plan: _StepPlan) -> None:
+    def _schedule_waiting(self, plan: StepPlan) -> None:
         later: list[Request] = []  # the connector asked to be asked again next step
         while (
             self.waiting and self._num_seated() < self.config.max_num_seqs and plan.tokens_left > 0
@@ -197,7 +172,7 @@ class Scheduler:
                 break  # first come, first served: later requests wait too
         self.waiting.extendleft(reversed(later))
 
-    def _admit(self, req: Request, plan: _StepPlan) -> bool | None:
+    def _admit(self, req: Request, plan: StepPlan) -> bool | None:
         """Local hit, then the connector's external tokens, then allocation.
 
         Returns False if the request does not fit, None if the connector is not ready."""
@@ -223,7 +198,7 @@ class Scheduler:
             self._start_running(req, start, end, plan)
         return True
 
-    def _start_running(self, req: Request, start: int, end: int, plan: _StepPlan) -> None:
+    def _start_running(self, req: Request, start: int, end: int, plan: StepPlan) -> None:
         req.status = RequestStatus.RUNNING
         self.running.append(req)
         plan.add(req, start, end)
@@ -247,32 +222,9 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def _build_output(self, slices: list[_Slice]) -> SchedulerOutput:
-        restores, saves = self.kv.take_state_copies()
-        out = SchedulerOutput(
-            state_restores=restores, state_saves=saves, finished_request_ids=self.finished_ids
-        )
+    def _build_output(self, slices: list[StepSlice]) -> SchedulerOutput:
+        out = build_scheduler_output(self.kv, slices, self.finished_ids)
         self.finished_ids = []
-        copy_tables, state_slots = self.kv.copy_block_ids, self.kv.get_state_slots
-        append = out.requests.append
-        for s in slices:
-            req, start, end = s.request, s.start, s.end
-            tokens, num_prompt = req.all_token_ids, req.num_prompt_tokens
-            append(
-                ScheduledRequest(
-                    req.request_id,
-                    tokens[start:end],
-                    start,
-                    copy_tables(req.request_id),
-                    state_slots(req.request_id),
-                    start == 0,
-                    end == len(tokens),
-                    req.sampling_params,
-                    len(tokens) - num_prompt,
-                    tokens,
-                    num_prompt,
-                )
-            )
         return out
 
     # -- after the step ------------------------------------------------------------------
