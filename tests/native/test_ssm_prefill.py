@@ -169,3 +169,24 @@ def test_without_a_compiler_there_is_no_kernel(
     assert_unavailable_without_compiler(
         load, "native Mamba2 prefill unavailable", tmp_path, monkeypatch, caplog
     )
+
+
+@pytest.mark.parametrize(("groups", "before"), [(1, False), (2, False), (2, True)])
+def test_gated_norm_matches_torch(
+    kernels: SsmPrefillKernels, groups: int, before: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybridkv.model.layers import norm
+
+    gen = torch.Generator().manual_seed(groups)
+    layer = norm.GatedRMSNorm(96, groups, 1e-6, norm_before_gate=before).requires_grad_(False)
+    layer.weight.copy_(torch.randn(96, generator=gen))
+    proj = torch.randn(9, 200, generator=gen) * 3
+    y, gate = proj[:, :96].contiguous(), proj[:, 100:196]  # gate: a strided view
+    scratch = y.clone()
+    with torch.no_grad():  # as the engine runs (autograd keeps the torch path)
+        got = layer(y, gate)
+        assert torch.equal(layer(scratch, gate, scratch=True), got)
+        assert torch.equal(scratch, got)  # written in place
+        monkeypatch.setattr(norm, "load_ssm_prefill", lambda: None)  # the torch path
+        want = layer(y, gate)
+    assert (got - want).abs().max().item() < 1e-5 * want.abs().max().item()

@@ -62,6 +62,48 @@ class SsmPrefillKernels:
         self._scan.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64, ptr, ptr, ptr]
         self._scan.argtypes += [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr]
         self._scan.restype = ctypes.c_int
+        self._norm = lib.hk_gated_rms_norm
+        self._norm.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, i64, i64, ctypes.c_float]
+        self._norm.argtypes += [ctypes.c_int]
+        self._norm.restype = None
+
+    def gated_rms_norm(
+        self,
+        y: torch.Tensor,
+        gate: torch.Tensor,
+        weight: torch.Tensor,
+        groups: int,
+        eps: float,
+        gate_first: bool,
+        in_place: bool = False,
+    ) -> torch.Tensor:
+        """``GatedRMSNorm`` of y and gate ``[T, dim]`` (rows contiguous) with weight ``[dim]``
+        and ``groups`` norm groups -> ``[T, dim]`` (``y`` itself with ``in_place``: no new
+        buffer to fault in); float32."""
+        tokens, dim = y.shape
+        _check(weight, "weight", (dim,))
+        for name, t in (("y", y), ("gate", gate)):
+            if t.dtype != torch.float32 or t.shape != (tokens, dim) or t.stride(1) != 1:
+                raise ValueError(f"{name} must be float32 [{tokens}, {dim}] with contiguous rows")
+        if groups < 1 or dim % groups:
+            raise ValueError(f"{dim} channels over {groups} norm groups")
+        if in_place and not y.is_contiguous():
+            raise ValueError("an in-place norm needs a contiguous y")
+        out = y if in_place else torch.empty(tokens, dim, dtype=torch.float32)
+        self._norm(
+            y.data_ptr(),
+            y.stride(0),
+            gate.data_ptr(),
+            gate.stride(0),
+            weight.data_ptr(),
+            out.data_ptr(),
+            tokens,
+            dim,
+            groups,
+            eps,
+            int(gate_first),
+        )
+        return out
 
     def conv_chunk_(
         self,

@@ -65,7 +65,7 @@ class Mamba2Mixer(nn.Module):
             gated = (y.float() * F.silu(gate.float())).to(y.dtype)
             out: torch.Tensor = self.out_proj(gated)
         else:
-            out = self.out_proj(self.norm(y, gate))
+            out = self.out_proj(self.norm(y, gate, scratch=True))
         return out
 
     def _decode(
