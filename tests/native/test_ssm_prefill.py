@@ -48,15 +48,18 @@ def padded(flat: torch.Tensor, rows: PrefillRows) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize(("heads", "groups", "p", "n"), [(4, 1, 32, 16), (6, 2, 24, 20)])
+@pytest.mark.parametrize(
+    ("heads", "groups", "p", "n", "dt_max"),
+    [(4, 1, 32, 16, 0.3), (6, 2, 24, 20, 0.3), (4, 2, 16, 16, 40.0)],  # 40: decays to ~0
+)
 def test_scan_matches_the_chunked_scan(
-    kernels: SsmPrefillKernels, heads: int, groups: int, p: int, n: int
+    kernels: SsmPrefillKernels, heads: int, groups: int, p: int, n: int, dt_max: float
 ) -> None:
     gen = torch.Generator().manual_seed(heads)
     rows = make_rows(12, gen)
     tokens = int((rows.starts + rows.lens).max()) + 2
     act = torch.randn(tokens, heads * p + 2 * groups * n, generator=gen)
-    dt = torch.rand(tokens, heads, generator=gen) * 0.3
+    dt = torch.rand(tokens, heads, generator=gen) * dt_max
     a, d = -torch.rand(heads, generator=gen) * 2, torch.randn(heads, generator=gen)
     states = torch.randn(12, heads, p, n, generator=gen)
     want_y, want_states = reference_scan(act, dt, a, d, groups, states, rows)
