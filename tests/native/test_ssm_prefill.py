@@ -122,8 +122,8 @@ def test_thread_count_does_not_change_a_bit(kernels: SsmPrefillKernels) -> None:
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_conv_matches_torch(kernels: SsmPrefillKernels, bias: bool) -> None:
+@pytest.mark.parametrize(("bias", "in_place"), [(True, False), (False, False), (True, True)])
+def test_conv_matches_torch(kernels: SsmPrefillKernels, bias: bool, in_place: bool) -> None:
     gen = torch.Generator().manual_seed(5)
     channels = 300  # more than one channel block of the kernel (256)
     conv = nn.Conv1d(channels, channels, 4, groups=channels, bias=bias).requires_grad_(False)
@@ -131,16 +131,23 @@ def test_conv_matches_torch(kernels: SsmPrefillKernels, bias: bool) -> None:
     tokens = int((rows.starts + rows.lens).max())
     proj = torch.randn(tokens, channels + 5, generator=gen)
     x = proj[:, 2 : 2 + channels]  # a strided view, as the mixer's split of its projection
+    raw = x.clone()
     states = torch.randn(12, channels, 3, generator=gen)
     ref_states = states.clone()
     assert rows.taps is not None
     taps = StateTaps(*rows.taps)
     valid = torch.arange(max(LENS))[None, :] < rows.lens[:, None]
     want = F.silu(conv_chunk_(padded(x, rows), ref_states, rows.slots, rows.lens, conv, taps))
-    got = kernels.conv_chunk_(states, rows, x, conv.weight[:, 0, :], conv.bias)
+    got = kernels.conv_chunk_(states, rows, x, conv.weight[:, 0, :], conv.bias, in_place)
     idx = (rows.starts[:, None] + torch.arange(max(LENS)))[valid]
     assert (got[idx] - want[valid]).abs().max().item() < 1e-5
     assert torch.equal(states, ref_states)  # live and tap slots: copies of the same inputs
+    others = torch.ones(tokens, dtype=torch.bool)
+    others[idx] = False
+    if in_place:
+        assert got.data_ptr() == x.data_ptr() and torch.equal(x[others], raw[others])
+    else:
+        assert torch.equal(x, raw)
 
 
 def test_bad_input_is_refused(kernels: SsmPrefillKernels) -> None:

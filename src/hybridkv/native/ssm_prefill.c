@@ -50,45 +50,54 @@ static inline const float *conv_input(const float *head, const float *x, int64_t
 
 /* Rows r = 0..R-1: tokens starts[r] .. starts[r] + lens[r] - 1 of x ([T][C], row stride
  * x_stride) continue from states[slots[r]] ([S][C][k - 1], the last k - 1 inputs);
- * out[tok][ch] = silu(bias[ch] + sum_j wt[j][ch] * input(t + j)) (out: [T][C], bias may be
- * NULL, wt: [k][C]). Tap q (tap_rows/tap_lens/tap_slots, n_taps) gets the k - 1 inputs before
- * token tap_lens[q] of its row; then each row's slot gets its last k - 1 inputs. */
+ * out[tok][ch] = silu(bias[ch] + sum_j wt[j][ch] * input(t + j)) (out: row stride out_stride,
+ * may be x itself; bias may be NULL; wt: [k][C]). Tap q (tap_rows/tap_lens/tap_slots, n_taps)
+ * gets the k - 1 inputs before token tap_lens[q] of its row; then each row's slot gets its last
+ * k - 1 inputs. The last k - 1 raw inputs ride in a ring, so writing out over x is safe. */
 void hk_conv_chunk(float *states, const int64_t *slots, const int64_t *starts,
                    const int64_t *lens, int64_t rows, const float *x, int64_t x_stride,
-                   const float *wt, const float *bias, float *out, int64_t channels, int64_t k,
-                   const int64_t *tap_rows, const int64_t *tap_lens, const int64_t *tap_slots,
-                   int64_t n_taps) {
+                   const float *wt, const float *bias, float *out, int64_t out_stride,
+                   int64_t channels, int64_t k, const int64_t *tap_rows,
+                   const int64_t *tap_lens, const int64_t *tap_slots, int64_t n_taps) {
     const int64_t blocks = (channels + CB - 1) / CB, keep = k - 1;
 #pragma omp parallel for schedule(dynamic, 1) if (rows * blocks > 1)
     for (int64_t item = 0; item < rows * blocks; item++) {
         const int64_t r = item / blocks, c0 = item % blocks * CB;
         const int64_t width = channels - c0 < CB ? channels - c0 : CB, len = lens[r];
-        float head[CB * 8]; /* k - 1 <= 8 saved inputs, checked by the caller */
+        float ring[CB * 8], acc[CB]; /* k - 1 <= 8 saved inputs, checked by the caller */
         float *st = states + slots[r] * channels * keep;
         const float *xr = x + starts[r] * x_stride + c0;
         for (int64_t j = 0; j < keep; j++)
-            for (int64_t ch = 0; ch < width; ch++) head[j * CB + ch] = st[(c0 + ch) * keep + j];
-        for (int64_t q = 0; q < n_taps; q++) {
+            for (int64_t ch = 0; ch < width; ch++) ring[j * CB + ch] = st[(c0 + ch) * keep + j];
+        for (int64_t q = 0; q < n_taps; q++) { /* before any output overwrites an input */
             if (tap_rows[q] != r) continue;
             float *dst = states + tap_slots[q] * channels * keep;
             for (int64_t j = 0; j < keep; j++) {
-                const float *in = conv_input(head, xr, x_stride, tap_lens[q] + j, k);
+                const float *in = conv_input(ring, xr, x_stride, tap_lens[q] + j, k);
                 for (int64_t ch = 0; ch < width; ch++) dst[(c0 + ch) * keep + j] = in[ch];
             }
         }
+        int64_t oldest = 0; /* ring slot of the oldest saved input */
         for (int64_t t = 0; t < len; t++) {
-            float *o = out + (starts[r] + t) * channels + c0;
-            for (int64_t ch = 0; ch < width; ch++) o[ch] = bias ? bias[c0 + ch] : 0.0f;
-            for (int64_t j = 0; j < k; j++) {
-                const float *in = conv_input(head, xr, x_stride, t + j, k), *w = wt + j * channels + c0;
+            const float *now = xr + t * x_stride, *w_now = wt + keep * channels + c0;
 #pragma omp simd
-                for (int64_t ch = 0; ch < width; ch++) o[ch] += w[ch] * in[ch];
+            for (int64_t ch = 0; ch < width; ch++)
+                acc[ch] = (bias ? bias[c0 + ch] : 0.0f) + w_now[ch] * now[ch];
+            for (int64_t j = 0; j < keep; j++) {
+                const float *in = ring + (oldest + j) % keep * CB, *w = wt + j * channels + c0;
+#pragma omp simd
+                for (int64_t ch = 0; ch < width; ch++) acc[ch] += w[ch] * in[ch];
             }
+            float *o = out + (starts[r] + t) * out_stride + c0, *slot = ring + oldest * CB;
 #pragma omp simd
-            for (int64_t ch = 0; ch < width; ch++) o[ch] = silu(o[ch]);
+            for (int64_t ch = 0; ch < width; ch++) {
+                slot[ch] = now[ch];
+                o[ch] = silu(acc[ch]);
+            }
+            oldest = (oldest + 1) % keep;
         }
         for (int64_t j = 0; j < keep; j++) {
-            const float *in = conv_input(head, xr, x_stride, len + j, k);
+            const float *in = ring + (oldest + j) % keep * CB;
             for (int64_t ch = 0; ch < width; ch++) st[(c0 + ch) * keep + j] = in[ch];
         }
     }

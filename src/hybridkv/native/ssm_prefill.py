@@ -55,7 +55,7 @@ class SsmPrefillKernels:
     def __init__(self, lib: ctypes.CDLL) -> None:
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
         self._conv = lib.hk_conv_chunk
-        self._conv.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64]
+        self._conv.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64]
         self._conv.argtypes += [ptr, ptr, ptr, i64]
         self._conv.restype = None
         self._scan = lib.hk_ssd_scan
@@ -112,10 +112,12 @@ class SsmPrefillKernels:
         x: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
+        in_place: bool = False,
     ) -> torch.Tensor:
         """``states`` ``[S, C, k - 1]`` (updated in place, taps written), x ``[T, C]`` (rows
         contiguous), weight ``[C, k]``, bias ``[C]`` -> ``silu(conv)`` ``[T, C]`` (rows of
-        the prefill tokens set, the others uninitialised); float32."""
+        the prefill tokens set, the others uninitialised; with ``in_place`` x itself, its
+        prefill rows overwritten); float32."""
         channels, k = weight.shape
         if not 2 <= k <= MAX_CONV_KERNEL:
             raise ValueError(f"conv kernel size {k} outside [2, {MAX_CONV_KERNEL}]")
@@ -127,7 +129,7 @@ class SsmPrefillKernels:
             raise ValueError(f"x must be float32 [T, {channels}] with contiguous rows")
         _check_rows(rows, x.shape[0], states.shape[0])
         t_rows, t_lens, t_slots, _ = rows.tap_arrays()
-        out = torch.empty(x.shape[0], channels, dtype=torch.float32)
+        out = x if in_place else torch.empty(x.shape[0], channels, dtype=torch.float32)
         wt = weight.t().contiguous()  # [k, C]: the C loop runs over channels
         self._conv(
             states.data_ptr(),
@@ -140,6 +142,7 @@ class SsmPrefillKernels:
             wt.data_ptr(),
             None if bias is None else bias.data_ptr(),
             out.data_ptr(),
+            out.stride(0),
             channels,
             k,
             t_rows.data_ptr(),
@@ -161,14 +164,16 @@ class SsmPrefillKernels:
         y: torch.Tensor,
     ) -> None:
         """``states`` ``[S, h, p, n]`` (updated in place, taps written); act ``[T, h p + 2 g n]``
-        (x, then B, then C of each token), dt ``[T, h]`` (after softplus and limits), a and d
+        (x, then B, then C of each token; rows contiguous), dt ``[T, h]`` (after softplus and limits), a and d
         ``[h]``; writes ``y[tok] = (S c + d x)`` ``[h p]`` for the prefill tokens; float32."""
         _, heads, p_dim, n_dim = states.shape
         tokens = act.shape[0]
         if groups < 1 or heads % groups:
             raise ValueError(f"{heads} heads over {groups} groups")
         _check(states, "states", tuple(states.shape))
-        _check(act, "act", (tokens, heads * p_dim + 2 * groups * n_dim))
+        act_shape = (tokens, heads * p_dim + 2 * groups * n_dim)
+        if act.dtype != torch.float32 or tuple(act.shape) != act_shape or act.stride(1) != 1:
+            raise ValueError(f"act must be float32 {act_shape} with contiguous rows")
         _check(dt, "dt", (tokens, heads))
         _check(a, "a", (heads,))
         _check(y, "y", (tokens, heads * p_dim))

@@ -141,7 +141,8 @@ class Mamba2Mixer(nn.Module):
             None if taps is None else (taps.rows, taps.lens, taps.slots),
         )
         w = self.conv1d.weight[:, 0, :].contiguous()  # [conv_dim, k]
-        act = kernels.conv_chunk_(conv_state, rows, xbc, w, self.conv1d.bias)
+        # silu(conv) over xbc's prefill rows in place: the projection is this call's own
+        act = kernels.conv_chunk_(conv_state, rows, xbc, w, self.conv1d.bias, in_place=True)
         a, d = self._a(), self.D.float()
         kernels.ssd_scan_(ssm_state, rows, act, self._dt(dt), a, d, self.cfg.n_groups, y)
         return True
