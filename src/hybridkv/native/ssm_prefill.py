@@ -231,9 +231,7 @@ def _check_rows(rows: PrefillRows, tokens: int, num_slots: int) -> None:
             raise ValueError("taps: rows, lens and slots must be [K] each")
         if t_rows.numel() and (int(t_rows.min()) < 0 or int(t_rows.max()) >= count):
             raise IndexError(f"tap row out of range [0, {count})")
-        if t_rows.numel() and (
-            int(t_lens.min()) < 1 or bool((t_lens > rows.lens[t_rows]).any())
-        ):
+        if t_rows.numel() and (int(t_lens.min()) < 1 or bool((t_lens > rows.lens[t_rows]).any())):
             raise ValueError("tap lens must be in [1, the row's length]")
         _check_slot_ids(t_slots, num_slots)
 
