@@ -121,10 +121,10 @@ typedef struct {
 
 #define SCAN_BUFS 7
 
-static int scan_buf_init(ScanBuf *w, int64_t p_dim, int64_t n_dim) {
+static int scan_buf_init(ScanBuf *w, int64_t p_dim, int64_t n_dim, int64_t span) {
     w->pp = round_up(p_dim, VL);
     w->np = round_up(n_dim, NT);
-    const int64_t sizes[SCAN_BUFS] = {w->np * w->pp, TB * w->pp, TB * w->np, TB * w->np,
+    const int64_t sizes[SCAN_BUFS] = {span * w->np * w->pp, TB * w->pp, TB * w->np, TB * w->np,
                                       TB,            TB,         TB * w->pp};
     float **bufs[SCAN_BUFS] = {&w->st, &w->xs, &w->b, &w->c, &w->rescale, &w->dk, &w->y};
     int ok = 1;
@@ -166,10 +166,10 @@ typedef struct {
 } RowTaps;
 
 /* Tokens t0 .. t0 + tb - 1 of the staged block through one register tile. */
-static void scan_tile(const ScanBuf *w, int64_t tb, int64_t p0, int64_t n0, int64_t t0,
-                      const RowTaps *taps) {
+static void scan_tile(const ScanBuf *w, float *st, int64_t tb, int64_t p0, int64_t n0,
+                      int64_t t0, const RowTaps *taps) {
     vf u[NT];
-    for (int j = 0; j < NT; j++) u[j] = load_v(w->st + (n0 + j) * w->pp + p0);
+    for (int j = 0; j < NT; j++) u[j] = load_v(st + (n0 + j) * w->pp + p0);
     int64_t q = 0;
     while (q < taps->count && taps->lens[q] <= t0) q++;
     for (int64_t i = 0; i < tb; i++) {
@@ -196,7 +196,7 @@ static void scan_tile(const ScanBuf *w, int64_t tb, int64_t p0, int64_t n0, int6
         }
     }
     const float last = w->dk[tb - 1];
-    for (int j = 0; j < NT; j++) store_v(w->st + (n0 + j) * w->pp + p0, u[j] * last);
+    for (int j = 0; j < NT; j++) store_v(st + (n0 + j) * w->pp + p0, u[j] * last);
 }
 
 /* Everything the scan of one call shares. */
@@ -240,31 +240,39 @@ static void stage_block(const ScanArgs *g, ScanBuf *w, int64_t r, int64_t h, int
     }
 }
 
-static void scan_row_head(const ScanArgs *g, ScanBuf *w, int64_t r, int64_t h) {
-    const int64_t P = g->p_dim, N = g->n_dim, len = g->lens[r];
-    const int64_t slot_size = g->heads * P * N;
-    float *state = g->states + g->slots[r] * slot_size + h * P * N;
-    const int64_t first = g->tap_ptr[r];
-    RowTaps taps = {g->tap_lens + first, g->tap_slots + first, g->tap_ptr[r + 1] - first,
-                    g->states,           h * P * N,           P,
-                    N,                   slot_size};
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t p = 0; p < P; p++) w->st[n * w->pp + p] = state[p * N + n];
-    const float skip = g->d ? g->d[h] : 0.0f;
+/* Heads h0 .. h1 - 1 of row r, a block of tokens at a time through every head: the block's B
+ * and C rows are shared by the heads of a group and stay in cache between them. */
+static void scan_heads(const ScanArgs *g, ScanBuf *w, int64_t r, int64_t h0, int64_t h1) {
+    const int64_t P = g->p_dim, N = g->n_dim, len = g->lens[r], tile = w->np * w->pp;
+    const int64_t slot_size = g->heads * P * N, first = g->tap_ptr[r];
+    float *row_state = g->states + g->slots[r] * slot_size;
+    for (int64_t h = h0; h < h1; h++)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t p = 0; p < P; p++)
+                w->st[(h - h0) * tile + n * w->pp + p] = row_state[h * P * N + p * N + n];
     for (int64_t t0 = 0; t0 < len; t0 += TB) {
         const int64_t tb = len - t0 < TB ? len - t0 : TB;
-        stage_block(g, w, r, h, t0, tb);
-        for (int64_t p0 = 0; p0 < w->pp; p0 += VL)
-            for (int64_t n0 = 0; n0 < w->np; n0 += NT) scan_tile(w, tb, p0, n0, t0, &taps);
-        for (int64_t i = 0; i < tb; i++) {
-            const int64_t tok = g->starts[r] + t0 + i;
-            const float *xv = g->act + tok * g->act_stride + h * P;
-            float *yv = g->y + tok * g->y_stride + h * P;
-            for (int64_t p = 0; p < P; p++) yv[p] = w->y[i * w->pp + p] + skip * xv[p];
+        for (int64_t h = h0; h < h1; h++) {
+            RowTaps taps = {g->tap_lens + first, g->tap_slots + first, g->tap_ptr[r + 1] - first,
+                            g->states,           h * P * N,           P,
+                            N,                   slot_size};
+            float *st = w->st + (h - h0) * tile;
+            const float skip = g->d ? g->d[h] : 0.0f;
+            stage_block(g, w, r, h, t0, tb);
+            for (int64_t p0 = 0; p0 < w->pp; p0 += VL)
+                for (int64_t n0 = 0; n0 < w->np; n0 += NT) scan_tile(w, st, tb, p0, n0, t0, &taps);
+            for (int64_t i = 0; i < tb; i++) {
+                const int64_t tok = g->starts[r] + t0 + i;
+                const float *xv = g->act + tok * g->act_stride + h * P;
+                float *yv = g->y + tok * g->y_stride + h * P;
+                for (int64_t p = 0; p < P; p++) yv[p] = w->y[i * w->pp + p] + skip * xv[p];
+            }
         }
     }
-    for (int64_t p = 0; p < P; p++)
-        for (int64_t n = 0; n < N; n++) state[p * N + n] = w->st[n * w->pp + p];
+    for (int64_t h = h0; h < h1; h++)
+        for (int64_t p = 0; p < P; p++)
+            for (int64_t n = 0; n < N; n++)
+                row_state[h * P * N + p * N + n] = w->st[(h - h0) * tile + n * w->pp + p];
 }
 
 /* Row r's tokens starts[r] .. starts[r] + lens[r] - 1: x, b, c of token tok are act[tok][h * P
@@ -272,24 +280,29 @@ static void scan_row_head(const ScanArgs *g, ScanBuf *w, int64_t r, int64_t h) {
  * in group h / (H / G)); dt: [T][H] (softplus and limits applied); a, d: [H] (d may be NULL);
  * states: [S][H][P][N], row r starting from and ending in slot slots[r]; y[tok][h * P + p]
  * (row stride y_stride). Row r's taps are tap_ptr[r] .. tap_ptr[r + 1] - 1 (ascending
- * tap_lens): the state after tap_lens[q] tokens goes to slot tap_slots[q]. Returns 0, or -1
- * when out of memory (outputs then incomplete). */
+ * tap_lens): the state after tap_lens[q] tokens goes to slot tap_slots[q]. A work item is
+ * `span` heads of one row (each head's arithmetic is the same whatever the span). Returns 0, or
+ * -1 when out of memory (outputs then incomplete). */
 int hk_ssd_scan(float *states, const int64_t *slots, const int64_t *starts, const int64_t *lens,
                 int64_t rows, const float *act, int64_t act_stride, int64_t b_off, int64_t c_off,
                 const float *dt, const float *a, const float *d, float *y, int64_t y_stride,
                 int64_t heads, int64_t groups, int64_t p_dim, int64_t n_dim,
-                const int64_t *tap_ptr, const int64_t *tap_lens, const int64_t *tap_slots) {
+                const int64_t *tap_ptr, const int64_t *tap_lens, const int64_t *tap_slots,
+                int64_t span) {
     const ScanArgs g = {states, slots,  starts,  lens,  act,   dt,    a,     d,
                         act_stride, b_off, c_off, y,   y_stride, heads, groups, p_dim,
                         n_dim,  tap_ptr, tap_lens, tap_slots};
+    const int64_t per_row = (heads + span - 1) / span; /* work items: span heads of a row */
     int failed = 0;
-#pragma omp parallel reduction(| : failed) if (rows * heads > 1)
+#pragma omp parallel reduction(| : failed) if (rows * per_row > 1)
     {
         ScanBuf w;
-        if (!scan_buf_init(&w, p_dim, n_dim)) failed = 1;
+        if (!scan_buf_init(&w, p_dim, n_dim, span)) failed = 1;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t rh = 0; rh < rows * heads; rh++)
-            if (!failed) scan_row_head(&g, &w, rh / heads, rh % heads);
+        for (int64_t item = 0; item < rows * per_row; item++) {
+            const int64_t r = item / per_row, h0 = item % per_row * span;
+            if (!failed) scan_heads(&g, &w, r, h0, h0 + span < heads ? h0 + span : heads);
+        }
         scan_buf_free(&w);
     }
     return failed ? -1 : 0;

@@ -21,6 +21,7 @@ import torch
 from hybridkv.native import load_library
 
 SOURCE = Path(__file__).with_name("ssm_prefill.c")
+MAX_HEAD_SPAN = 8
 MAX_CONV_KERNEL = 9  # the C side keeps k - 1 <= 8 saved inputs on its stack
 
 
@@ -60,7 +61,7 @@ class SsmPrefillKernels:
         self._conv.restype = None
         self._scan = lib.hk_ssd_scan
         self._scan.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64, ptr, ptr, ptr]
-        self._scan.argtypes += [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr]
+        self._scan.argtypes += [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, i64]
         self._scan.restype = ctypes.c_int
         self._norm = lib.hk_gated_rms_norm
         self._norm.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, i64, i64, ctypes.c_float]
@@ -204,9 +205,17 @@ class SsmPrefillKernels:
             ptr.data_ptr(),
             t_lens.data_ptr(),
             t_slots.data_ptr(),
+            _head_span(heads, rows.lens.shape[0]),
         )
         if failed:
             raise MemoryError("Mamba2 prefill scan: out of memory for its work buffers")
+
+
+def _head_span(heads: int, rows: int) -> int:
+    """Heads per work item of the scan: at most 8 (their states stay in L2 and a token
+    block's B and C rows are reused across them), few enough for two items per thread."""
+    threads = torch.get_num_threads()
+    return max(1, min(MAX_HEAD_SPAN, -(-rows * heads // (2 * threads))))
 
 
 def _check(t: torch.Tensor, name: str, shape: tuple[int, ...]) -> None:
