@@ -122,6 +122,26 @@ def test_thread_count_does_not_change_a_bit(kernels: SsmPrefillKernels) -> None:
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
+@pytest.mark.parametrize("span", [1, 3, 8])
+def test_head_span_does_not_change_a_bit(
+    kernels: SsmPrefillKernels, span: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gen = torch.Generator().manual_seed(4)
+    heads, p, n = 8, 16, 16
+    rows = make_rows(10, gen)
+    tokens = int((rows.starts + rows.lens).max())
+    act = torch.randn(tokens, heads * p + 2 * n, generator=gen)
+    dt, a = torch.rand(tokens, heads, generator=gen), -torch.rand(heads, generator=gen)
+    start = torch.randn(10, heads, p, n, generator=gen)
+    results = []
+    for chosen in (span, 2):
+        monkeypatch.setattr(ssm_prefill, "_head_span", lambda heads, rows, k=chosen: k)
+        states, y = start.clone(), torch.zeros(tokens, heads * p)
+        kernels.ssd_scan_(states, rows, act, dt, a, None, 1, y)
+        results.append((states, y))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
 @pytest.mark.parametrize(("bias", "in_place"), [(True, False), (False, False), (True, True)])
 def test_conv_matches_torch(kernels: SsmPrefillKernels, bias: bool, in_place: bool) -> None:
     gen = torch.Generator().manual_seed(5)
