@@ -6,6 +6,7 @@ continuing from non-zero states. Median of ``--repeats``.
 
     .venv/bin/python benchmarks/mamba2_prefill.py                  # 16 x 128 tokens
     .venv/bin/python benchmarks/mamba2_prefill.py --rows 1 --len 2048
+    .venv/bin/python benchmarks/mamba2_prefill.py --quick     # 2 x 16 tokens, run by the tests
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hybridkv.model.layers.norm import GatedRMSNorm
 from hybridkv.model.layers.short_conv import conv_chunk_
 from hybridkv.model.layers.ssd import ssd_chunk_scan
 from hybridkv.native.ssm_prefill import PrefillRows, load_ssm_prefill
+from throughput import b1_machine
 
 HEADS, P, N, K, CHUNK = 24, 64, 64, 4, 64
 
@@ -43,7 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=16)
     p.add_argument("--len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="2 x 16 tokens, 1 repeat")
     args = p.parse_args(argv)
+    if args.quick:
+        args.rows, args.len, args.repeats = 2, 16, 1
     kernels = load_ssm_prefill()
     if kernels is None:
         raise SystemExit("native kernels unavailable (no compiler or HYBRIDKV_NATIVE=0)")
@@ -79,13 +84,15 @@ def main(argv: list[str] | None = None) -> int:
         kernels.ssd_scan_(states, spans, act, dt, a, d, 1, y)
         return kernels.gated_rms_norm(y, gate, norm.weight, 1, 1e-6, True, in_place=True)
 
-    result = {
+    result: dict[str, object] = {
+        "benchmark": "mamba2_prefill",
+        "machine": b1_machine(),
         "rows": rows,
         "len": length,
-        "torch_ms": cpu_ms(torch_path, args.repeats),
-        "native_ms": cpu_ms(native_path, args.repeats),
+        "torch_ms": (torch_ms := cpu_ms(torch_path, args.repeats)),
+        "native_ms": (native_ms := cpu_ms(native_path, args.repeats)),
     }
-    result["speedup"] = result["torch_ms"] / result["native_ms"]
+    result["speedup"] = torch_ms / native_ms
     print(json.dumps(result, indent=2))
     return 0
 
