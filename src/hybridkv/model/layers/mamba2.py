@@ -27,6 +27,7 @@ from hybridkv.model.layers.short_conv import conv_chunk_, conv_step_
 from hybridkv.model.layers.ssd import ssd_chunk_scan, ssd_step_
 from hybridkv.model.step_context import StateMeta, StepContext
 from hybridkv.native.ssm import SsmKernels, load_ssm
+from hybridkv.native.ssm_prefill import PrefillRows, load_ssm_prefill
 
 
 class Mamba2Mixer(nn.Module):
@@ -58,13 +59,13 @@ class Mamba2Mixer(nn.Module):
         y = hidden.new_empty(hidden.shape[0], cfg.intermediate_size)  # [T, inner]
         if meta.has_decode:
             y[meta.decode_token_idx] = self._decode(xbc, dt, conv_state, ssm_state, meta)
-        if meta.has_prefill:
+        if meta.has_prefill and not self._prefill_native(xbc, dt, conv_state, ssm_state, meta, y):
             y[meta.prefill_token_idx] = self._prefill(xbc, dt, conv_state, ssm_state, meta)
         if self.cfg.out_norm is MambaOutNorm.GATE_ONLY:
             gated = (y.float() * F.silu(gate.float())).to(y.dtype)
             out: torch.Tensor = self.out_proj(gated)
         else:
-            out = self.out_proj(self.norm(y, gate))
+            out = self.out_proj(self.norm(y, gate, scratch=True))
         return out
 
     def _decode(
@@ -115,6 +116,36 @@ class Mamba2Mixer(nn.Module):
         c = c.contiguous().view(rows, cfg.n_groups, cfg.d_state)
         slots = meta.decode_slots  # updated in place, no gather or scatter
         return kernels.ssd_step_(ssm_state, slots, x, step_dt, self._a(), b, c, self.D.float())
+
+    def _prefill_native(
+        self,
+        xbc: torch.Tensor,
+        dt: torch.Tensor,
+        conv_state: torch.Tensor,
+        ssm_state: torch.Tensor,
+        meta: StateMeta,
+        y: torch.Tensor,
+    ) -> bool:
+        """The prefill rows through ``native/ssm_prefill.c`` (conv + SiLU, then the scan token
+        by token), reading and writing the slots in place and ``y``'s prefill tokens directly;
+        False (nothing done) where it does not apply: no kernels, autograd, not float32."""
+        kernels = None if torch.is_grad_enabled() else load_ssm_prefill()
+        tensors = (xbc, conv_state, ssm_state, y)
+        if kernels is None or any(t.dtype != torch.float32 for t in tensors):
+            return False
+        taps = meta.taps
+        rows = PrefillRows(
+            meta.prefill_gather[:, 0].contiguous(),  # each row's tokens are contiguous
+            meta.prefill_lens,
+            meta.prefill_slots,
+            None if taps is None else (taps.rows, taps.lens, taps.slots),
+        )
+        w = self.conv1d.weight[:, 0, :].contiguous()  # [conv_dim, k]
+        # silu(conv) over xbc's prefill rows in place: the projection is this call's own
+        act = kernels.conv_chunk_(conv_state, rows, xbc, w, self.conv1d.bias, in_place=True)
+        a, d = self._a(), self.D.float()
+        kernels.ssd_scan_(ssm_state, rows, act, self._dt(dt), a, d, self.cfg.n_groups, y)
+        return True
 
     def _prefill(
         self,

@@ -13,6 +13,7 @@ from torch import nn
 
 from hybridkv.model.layers.linear import tensor_version
 from hybridkv.native.rownorm import RowKernels, load_rownorm
+from hybridkv.native.ssm_prefill import load_ssm_prefill
 
 
 def row_kernels(x: torch.Tensor) -> RowKernels | None:
@@ -122,7 +123,16 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
         self.norm_before_gate = norm_before_gate
 
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, gate: torch.Tensor, scratch: bool = False) -> torch.Tensor:
+        """``scratch``: x is the caller's own buffer, which the native kernel may overwrite
+        with the result."""
+        if x.dim() == 2 and x.dtype == gate.dtype == self.weight.dtype == torch.float32:
+            kernels = None if torch.is_grad_enabled() else load_ssm_prefill()
+            if kernels is not None:  # one pass per token (native/ssm_prefill.c)
+                first = not self.norm_before_gate
+                groups, eps, w = self.num_groups, self.eps, self.weight
+                in_place = scratch and x.is_contiguous()
+                return kernels.gated_rms_norm(x, gate, w, groups, eps, first, in_place)
         x32 = x.float()
         if not self.norm_before_gate:
             x32 = x32 * F.silu(gate.float())
