@@ -13,6 +13,7 @@ from hybridkv.connectors.nixl.layout import GroupDesc, LayoutDescriptor, TensorD
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.plan import (
     GroupRead,
+    Rows,
     attention_descs,
     consumer_range,
     producer_first_block,
@@ -29,8 +30,8 @@ def desc(block_size: int, page: int, bases: tuple[int, ...] = (0, 1 << 20)) -> L
     return LayoutDescriptor("e", "c", block_size, page, bases, (FULL, SLIDING), (), 0, 0)
 
 
-def rows(plan: np.ndarray) -> list[tuple[int, ...]]:
-    return [tuple(r) for r in plan.tolist()]
+def rows(plan: Rows) -> list[tuple[int, ...]]:
+    return [tuple(r) for r in (plan.tolist() if isinstance(plan, np.ndarray) else plan)]
 
 
 def test_transfer_end() -> None:

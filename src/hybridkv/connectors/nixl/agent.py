@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hybridkv.connectors.nixl.plan import Desc
+from hybridkv.connectors.nixl.plan import Rows
 
 log = logging.getLogger(__name__)
 
@@ -113,14 +113,18 @@ class NixlAgent:
         except Exception as exc:  # noqa: BLE001 - NIXL raises its own error types
             log.warning("NIXL: removing remote agent %s failed: %s", name, exc)
 
-    def read(self, remote: str, rows: np.ndarray | list[Desc], notif: bytes) -> Any:
+    def read(self, remote: str, rows: Rows, notif: bytes) -> Any:
         """Post a READ of ``rows`` (local address, remote address, bytes); returns its handle
         (raises on a posting error)."""
-        arr = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
-        local = np.zeros((len(arr), 3), dtype=np.uint64)  # NIXL's (address, bytes, device 0)
-        far = np.zeros((len(arr), 3), dtype=np.uint64)
-        local[:, :2] = arr[:, ::2]
-        far[:, :2] = arr[:, 1:]
+        local: Any
+        far: Any
+        if isinstance(rows, list):  # NIXL's (address, bytes, device 0) rows
+            local, far = [(a, n, 0) for a, _, n in rows], [(b, n, 0) for _, b, n in rows]
+        else:
+            local = np.zeros((len(rows), 3), dtype=np.uint64)
+            far = np.zeros((len(rows), 3), dtype=np.uint64)
+            local[:, :2] = rows[:, ::2]
+            far[:, :2] = rows[:, 1:]
         local_descs = self._agent.get_xfer_descs(local, "DRAM")
         remote_descs = self._agent.get_xfer_descs(far, "DRAM")
         return self._post(self._agent.initialize_xfer("READ", local_descs, remote_descs, remote, notif))  # fmt: skip

@@ -13,7 +13,8 @@ with blocks up to twice as large still gets whole blocks), state groups one chec
 Addresses are computed token by token segment (a segment never crosses a block of either
 side), K and V separately, then merged where both sides are contiguous inside a layer: with
 equal block sizes a run of consecutive blocks becomes one descriptor per layer. A plan is rows
-(local address, remote address, bytes) in an (N, 3) int64 array, what ``agent.read`` posts.
+(local address, remote address, bytes), what ``agent.read`` posts: a list when short, an
+(N, 3) int64 array when long.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 from hybridkv.connectors.nixl.layout import GroupDesc, LayoutDescriptor
 
 Desc = tuple[int, int, int]  # (local address, remote address, bytes)
-EMPTY = np.zeros((0, 3), dtype=np.int64)
+Rows = list[Desc] | np.ndarray  # a plan; a short one stays a list (numpy costs µs a call)
 SHORT_RUNS = 64  # block runs found in plain Python (more: numpy)
 SHORT_ROWS = 32  # rows expanded per layer in plain Python (more: numpy)
 
@@ -89,9 +90,7 @@ class _Pages:
     pr: int
 
 
-def attention_descs(
-    local: LayoutDescriptor, remote: LayoutDescriptor, read: GroupRead
-) -> np.ndarray:
+def attention_descs(local: LayoutDescriptor, remote: LayoutDescriptor, read: GroupRead) -> Rows:
     """Rows (local address, remote address, bytes): per layer, the runs of one layer's pages.
 
     The runs (page offsets, merged where contiguous on both sides) are the same for every
@@ -99,7 +98,7 @@ def attention_descs(
     Python (a numpy call costs about what a whole short plan does); with different block sizes,
     or many runs, token segment by segment with numpy."""
     if read.hi <= read.lo:
-        return EMPTY
+        return []
     group = local.groups[read.group_index]
     bl, br = local.block_size, remote.block_size
     pages = _Pages(group.token_bytes, bl, br, local.layer_page_bytes, remote.layer_page_bytes)
@@ -107,14 +106,23 @@ def attention_descs(
     runs = _runs_equal(read, pages) if bl == br else None
     if runs is not None and len(runs) * layers <= SHORT_ROWS:
         lb, rb = local.backing, remote.backing
-        rows = [(lb[i] + a, rb[i] + b, n) for i in range(layers) for a, b, n in runs]
-        return np.array(rows, dtype=np.int64)
+        return [(lb[i] + a, rb[i] + b, n) for i in range(layers) for a, b, n in runs]
     rel = _runs_long(read, pages) if runs is None else np.array(runs, dtype=np.int64)
     out = np.empty((layers, len(rel), 3), dtype=np.int64)
     out[:] = rel
     out[:, :, 0] += np.array(local.backing[:layers], dtype=np.int64)[:, None]
     out[:, :, 1] += np.array(remote.backing[:layers], dtype=np.int64)[:, None]
     return out.reshape(-1, 3)
+
+
+def join(parts: list[Rows]) -> Rows:
+    if all(isinstance(p, list) for p in parts):
+        return [row for p in parts for row in p]
+    return np.concatenate([np.asarray(p, dtype=np.int64).reshape(-1, 3) for p in parts])
+
+
+def total_bytes(rows: Rows) -> int:
+    return sum(n for _, _, n in rows) if isinstance(rows, list) else int(rows[:, 2].sum())
 
 
 def _null_block(read: GroupRead, token: int) -> ValueError:

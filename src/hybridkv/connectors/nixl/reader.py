@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from hybridkv.connectors.base import LoadResult
@@ -31,11 +30,13 @@ from hybridkv.connectors.nixl.leases import lease_valid
 from hybridkv.connectors.nixl.meta import NotifyOnly, RemoteSource
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.plan import (
-    EMPTY,
     GroupRead,
+    Rows,
     attention_descs,
     consumer_range,
+    join,
     state_descs,
+    total_bytes,
 )
 from hybridkv.connectors.nixl.stats import Flow, NixlStats
 from hybridkv.connectors.stats import StatsCounter, bump
@@ -149,7 +150,7 @@ class Reader:
 
     def _post(self, load: _Load, peer: Peer) -> None:
         rows = self._plan(load.spec, load.source, peer.descriptor)
-        load.nbytes = int(rows[:, 2].sum())
+        load.nbytes = total_bytes(rows)
         load.num_descs = len(rows)
         if not load.num_descs:
             self.agent.notify(peer.agent_name, self._notification(load))
@@ -211,9 +212,9 @@ class Reader:
             f"abort_timeout_seconds on the prefill engine",
         )
 
-    def _plan(self, spec: LoadSpec, src: RemoteSource, remote: LayoutDescriptor) -> np.ndarray:
+    def _plan(self, spec: LoadSpec, src: RemoteSource, remote: LayoutDescriptor) -> Rows:
         """Rows (local address, remote address, bytes) of every group's read and the state."""
-        parts = []
+        parts: list[Rows] = []
         for j, group_index in enumerate(self._attn):
             group = self.local.groups[group_index]
             first = src.first_blocks[j] * remote.block_size
@@ -225,11 +226,8 @@ class Reader:
             parts.append(attention_descs(self.local, remote, read))
         if src.staged_state is not None:
             for s, slot in enumerate(spec.state_slots):
-                state = state_descs(self.local, remote, s, slot, src.staged_state)
-                parts.append(np.array(state, dtype=np.int64).reshape(-1, 3))
-        if len(parts) == 1:
-            return parts[0]
-        return np.concatenate(parts) if parts else EMPTY
+                parts.append(state_descs(self.local, remote, s, slot, src.staged_state))
+        return parts[0] if len(parts) == 1 else join(parts)
 
     def _end(self, load: _Load) -> None:
         if load.checking >= 0:
