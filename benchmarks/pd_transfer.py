@@ -63,7 +63,7 @@ class Cache:
             backing=tuple(t.data_ptr() for t in self.backing),
             groups=(GroupDesc("full_attention", 0, LAYERS, TOKEN_BYTES),), state_tensors=(),
             staging_base=0, staging_stride=0, agent_metadata=self.agent.metadata(),
-            lease_base=self.words.data_ptr(), model_id="bench:bench:bench",
+            lease_base=self.words.data_ptr(), lease_words=1, model_id="bench:bench:bench",
         )  # fmt: skip
 
 

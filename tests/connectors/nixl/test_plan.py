@@ -5,12 +5,15 @@ from __future__ import annotations
 import random
 import re
 
+import numpy as np
 import pytest
 
+from hybridkv.connectors.nixl import plan
 from hybridkv.connectors.nixl.layout import GroupDesc, LayoutDescriptor, TensorDesc
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.plan import (
     GroupRead,
+    Rows,
     attention_descs,
     consumer_range,
     producer_first_block,
@@ -25,6 +28,10 @@ SLIDING = GroupDesc("sliding_window", 32, 2, 8)
 
 def desc(block_size: int, page: int, bases: tuple[int, ...] = (0, 1 << 20)) -> LayoutDescriptor:
     return LayoutDescriptor("e", "c", block_size, page, bases, (FULL, SLIDING), (), 0, 0)
+
+
+def rows(plan: Rows) -> list[tuple[int, ...]]:
+    return [tuple(r) for r in (plan.tolist() if isinstance(plan, np.ndarray) else plan)]
 
 
 def test_transfer_end() -> None:
@@ -50,7 +57,7 @@ def test_equal_block_sizes_merge_runs_into_one_descriptor_per_layer() -> None:
     """Blocks 1,2,3 on both sides, no row padding: K and V of consecutive blocks are one run."""
     local, remote = desc(16, 2 * 16 * 8), desc(16, 2 * 16 * 8, (4096, 8192))
     read = GroupRead(0, 0, 48, [1, 2, 3], [5, 6, 7], 0)
-    out = attention_descs(local, remote, read)
+    out = rows(attention_descs(local, remote, read))
     row = 2 * 16 * 8
     assert out == [(row, 4096 + 5 * row, 3 * row), ((1 << 20) + row, 8192 + 5 * row, 3 * row)]
 
@@ -60,7 +67,7 @@ def test_different_block_sizes_map_tokens_onto_each_sides_pages() -> None:
     tb = FULL.token_bytes
     local, remote = desc(32, 2 * 32 * tb, (0, 0)), desc(16, 2 * 16 * tb, (0, 0))
     read = GroupRead(0, 0, 32, [7], [2, 3], 0)
-    got = attention_descs(local, remote, read)[:4]  # layer 0
+    got = rows(attention_descs(local, remote, read))[:4]  # layer 0
     d_row, p_row = 2 * 32 * tb, 2 * 16 * tb
     assert got == [
         (7 * d_row, 2 * p_row, 16 * tb),  # K tokens 0..15
@@ -92,21 +99,31 @@ def test_bad_options_are_named(extra: dict[str, object], message: str) -> None:
         NixlOptions.parse(extra)
 
 
+@pytest.mark.parametrize("path", ["short", "long", "short_numpy_rows", "numpy_cuts"])
+@pytest.mark.parametrize("runs", ["shuffled", "consecutive"])
 @pytest.mark.parametrize(("bl", "br"), [(16, 16), (16, 32), (32, 16)])
-@pytest.mark.parametrize(("lo", "hi"), [(0, 64), (5, 64), (17, 90), (40, 41)])
+@pytest.mark.parametrize(("lo", "hi"), [(0, 64), (5, 64), (17, 90), (40, 41), (3, 600)])
 def test_descriptors_move_every_token_once_onto_its_page(
-    bl: int, br: int, lo: int, hi: int
+    bl: int, br: int, lo: int, hi: int, path: str, runs: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The vectorized plan, expanded token by token, equals the address arithmetic written out
-    per token (K and V, every layer), over shuffled tables on both sides."""
+    """The plan (each of its ways), expanded token by token, equals the address
+    arithmetic written out per token (K and V, every layer), over shuffled tables on both
+    sides."""
+    monkeypatch.setattr(plan, "SHORT_RUNS", {"long": 0, "numpy_cuts": 3}.get(path, 1000))
+    monkeypatch.setattr(plan, "SHORT_ROWS", 0 if path == "short_numpy_rows" else 1000)
     tb = FULL.token_bytes
     local, remote = desc(bl, 2 * bl * tb, (0, 1 << 20)), desc(br, 2 * br * tb, (1 << 24, 1 << 25))
     rng = random.Random(bl * 1000 + br + lo)
-    ltable = rng.sample(range(1, 40), -(-hi // bl))
-    rtable = rng.sample(range(1, 40), -(-hi // br))
+    ltable = rng.sample(range(1, 80), -(-hi // bl))
+    rtable = rng.sample(range(1, 80), -(-hi // br))
+    if runs == "consecutive":  # two runs on each side
+        ltable = [k + (5 if k < len(ltable) // 2 else 9) for k in range(len(ltable))]
+        rtable = [k + (3 if k < len(rtable) // 3 else 7) for k in range(len(rtable))]
     got = set()
-    for la, ra, n in attention_descs(local, remote, GroupRead(0, lo, hi, ltable, rtable, 0)):
+    out = rows(attention_descs(local, remote, GroupRead(0, lo, hi, ltable, rtable, 0)))
+    for la, ra, n in out:
         got |= {(la + k, ra + k) for k in range(0, n, tb)}
+    assert sum(n for _, _, n in out) == (hi - lo) * 2 * tb * FULL.num_layers  # none twice
     want = set()
     for i in range(FULL.num_layers):
         for t in range(lo, hi):
@@ -115,3 +132,14 @@ def test_descriptors_move_every_token_once_onto_its_page(
                 ra = remote.backing[i] + rtable[t // br] * remote.layer_page_bytes + (half * br + t % br) * tb  # fmt: skip
                 want.add((la, ra))
     assert got == want
+
+
+@pytest.mark.parametrize("br", [16, 32])
+def test_a_null_table_entry_is_named(br: int) -> None:
+    tb = FULL.token_bytes
+    local, remote = desc(16, 2 * 16 * tb), desc(br, 2 * br * tb)
+    n = -(-48 // br)
+    remote_ok, remote_null = [4, 5, 6][:n], [4, 0, 6][:n]
+    for ltable, rtable, token in (([1, 0, 3], remote_ok, 16), ([1, 2, 3], remote_null, br)):
+        with pytest.raises(ValueError, match=f"token {token} of group 0 maps to a null block"):
+            attention_descs(local, remote, GroupRead(0, 8, 48, ltable, rtable, 0))

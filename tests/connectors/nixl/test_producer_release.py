@@ -29,16 +29,21 @@ def held_slots(engine: EngineCore) -> int:
 
 
 def record_notifications(engine: EngineCore) -> list[bytes]:
-    """The notification each READ the engine's NIXL agent posts carries."""
+    """The notification each READ the engine's NIXL agent posts carries (a prepared READ, the
+    lease word's, carries none)."""
     assert engine.connector is not None
     agent = engine.connector.worker.agent  # type: ignore[attr-defined]
-    post, seen = agent.read, []
+    post, post_prepared, seen = agent.read, agent.read_prepared, []
 
     def read(remote: str, descs: Any, notif: bytes) -> Any:
         seen.append(notif)
         return post(remote, descs, notif)
 
-    agent.read = read
+    def read_prepared(*args: Any) -> Any:
+        seen.append(b"")
+        return post_prepared(*args)
+
+    agent.read, agent.read_prepared = read, read_prepared
     return seen
 
 

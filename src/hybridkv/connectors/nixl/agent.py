@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hybridkv.connectors.nixl.plan import Desc
+from hybridkv.connectors.nixl.plan import Rows
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,9 @@ class XferState(str, Enum):
     ERR = "ERR"
 
 
+_STATES = {state.value: state for state in XferState}  # a lookup, not Enum's slow call
+
+
 class NixlAgent:
     def __init__(self, name: str, progress_thread: bool = True) -> None:
         """``progress_thread``: needed where peers read this agent's memory (a producer must
@@ -110,14 +113,41 @@ class NixlAgent:
         except Exception as exc:  # noqa: BLE001 - NIXL raises its own error types
             log.warning("NIXL: removing remote agent %s failed: %s", name, exc)
 
-    def read(self, remote: str, descs: list[Desc], notif: bytes) -> Any:
-        """Post a READ of ``descs``; returns its handle (raises on a posting error)."""
-        arr = np.array(descs, dtype=np.uint64).reshape(-1, 3)
-        local = np.stack([arr[:, 0], arr[:, 2], np.zeros(len(arr), np.uint64)], axis=1)
-        far = np.stack([arr[:, 1], arr[:, 2], np.zeros(len(arr), np.uint64)], axis=1)
-        local_descs = self._agent.get_xfer_descs(local.astype(np.uint64), "DRAM")
-        remote_descs = self._agent.get_xfer_descs(far.astype(np.uint64), "DRAM")
-        handle = self._agent.initialize_xfer("READ", local_descs, remote_descs, remote, notif)
+    def read(self, remote: str, rows: Rows, notif: bytes) -> Any:
+        """Post a READ of ``rows`` (local address, remote address, bytes); returns its handle
+        (raises on a posting error)."""
+        local: Any
+        far: Any
+        if isinstance(rows, list):  # NIXL's (address, bytes, device 0) rows
+            local, far = [(a, n, 0) for a, _, n in rows], [(b, n, 0) for _, b, n in rows]
+        else:
+            local = np.zeros((len(rows), 3), dtype=np.uint64)
+            far = np.zeros((len(rows), 3), dtype=np.uint64)
+            local[:, :2] = rows[:, ::2]
+            far[:, :2] = rows[:, 1:]
+        local_descs = self._agent.get_xfer_descs(local, "DRAM")
+        remote_descs = self._agent.get_xfer_descs(far, "DRAM")
+        return self._post(self._agent.initialize_xfer("READ", local_descs, remote_descs, remote, notif))  # fmt: skip
+
+    def prepare(self, remote: str | None, regions: list[tuple[int, int]]) -> Any:
+        """A prepared descriptor list over ``regions`` (address, bytes) of this agent
+        (``remote`` None) or of a remote agent, for ``read_prepared``; ``release_prepared``
+        frees it."""
+        rows = np.array([(a, n, 0) for a, n in regions], dtype=np.uint64).reshape(-1, 3)
+        return self._agent.prep_xfer_dlist(remote or "NIXL_INIT_AGENT", rows, "DRAM")
+
+    def read_prepared(self, local: Any, local_index: int, far: Any, far_index: int) -> Any:
+        """Post a READ of entry ``far_index`` of ``far`` into entry ``local_index`` of
+        ``local`` (both from ``prepare``, same sizes); returns its handle."""
+        return self._post(self._agent.make_prepped_xfer("READ", local, [local_index], far, [far_index]))  # fmt: skip
+
+    def release_prepared(self, prepared: Any) -> None:
+        try:
+            self._agent.release_dlist_handle(prepared)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("NIXL: releasing a prepared descriptor list failed: %s", exc)
+
+    def _post(self, handle: Any) -> Any:
         try:
             posted = self._agent.transfer(handle)
         except BaseException:
@@ -132,7 +162,7 @@ class NixlAgent:
         return handle
 
     def state(self, handle: Any) -> XferState:
-        return XferState(self._agent.check_xfer_state(handle))
+        return _STATES[self._agent.check_xfer_state(handle)]
 
     def release(self, handle: Any) -> bool:
         try:

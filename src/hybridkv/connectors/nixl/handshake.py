@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from hybridkv.connectors.nixl.agent import NixlAgent
 from hybridkv.connectors.nixl.layout import LayoutDescriptor, check_compatible
@@ -23,6 +24,7 @@ Key = tuple[str, str, int]
 class Peer:
     descriptor: LayoutDescriptor
     agent_name: str
+    leases: Any  # its lease words as a prepared descriptor list (``NixlAgent.prepare``)
 
 
 class HandshakeFailed(Exception):
@@ -97,7 +99,8 @@ class Peers:
         name = self.agent.add_remote(remote.agent_metadata)
         with self.stats.update() as s:
             s.handshakes += 1
-        peer = Peer(remote, name)
+        words = [(remote.lease_base + 8 * i, 8) for i in range(remote.lease_words)]
+        peer = Peer(remote, name, self.agent.prepare(name, words))
         self._peers[key] = peer
         return peer
 
@@ -105,6 +108,7 @@ class Peers:
         """Drop a peer after a transfer failure: the next request handshakes again."""
         peer = self._peers.pop(self.key(src), None)
         if peer is not None:
+            self.agent.release_prepared(peer.leases)
             self.agent.remove_remote(peer.agent_name)
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, StateSpec, dtype_bytes
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,7 @@ class LayoutDescriptor:
     staging_stride: int  # bytes of one staged entry (every state group's slot)
     agent_metadata: bytes = b""
     lease_base: int = 0  # a producer's lease words (uint64 each; see ``leases``)
+    lease_words: int = 0  # how many
     model_id: str = ""  # "architecture:weights identity:dtype" (for the mismatch message)
 
     def encode(self) -> bytes:

@@ -11,8 +11,10 @@ Per group only what a step resuming at E reads is sent: full-attention groups ev
 before E, sliding-window groups the blocks of the window ending at E plus one (so a consumer
 with blocks up to twice as large still gets whole blocks), state groups one checkpoint.
 Addresses are computed token by token segment (a segment never crosses a block of either
-side), K and V separately, then merged where both sides are contiguous: with equal block sizes
-a run of consecutive blocks becomes one descriptor per layer.
+side), K and V separately, then merged where both sides are contiguous inside a layer: with
+equal block sizes a run of consecutive blocks becomes one descriptor per layer. A plan is rows
+(local address, remote address, bytes), what ``agent.read`` posts: a list when short, an
+(N, 3) int64 array when long.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ import numpy as np
 from hybridkv.connectors.nixl.layout import GroupDesc, LayoutDescriptor
 
 Desc = tuple[int, int, int]  # (local address, remote address, bytes)
+Rows = list[Desc] | np.ndarray  # a plan; a short one stays a list (numpy costs µs a call)
+SHORT_RUNS = 64  # block runs found in plain Python (more: numpy)
+SHORT_ROWS = 32  # rows expanded per layer in plain Python (more: numpy)
 
 
 def transfer_end(num_prompt_tokens: int, block_size: int, has_state: bool) -> int:
@@ -74,39 +79,120 @@ class GroupRead:
     remote_first: int
 
 
-def attention_descs(
-    local: LayoutDescriptor, remote: LayoutDescriptor, read: GroupRead
-) -> list[Desc]:
-    """Per layer, per segment, K then V (so whole consecutive blocks merge into one run)."""
+@dataclass(frozen=True, slots=True)
+class _Pages:
+    """Both sides' page geometry for one group: bytes per token, block sizes, page strides."""
+
+    tb: int
+    bl: int
+    br: int
+    pl: int
+    pr: int
+
+
+def attention_descs(local: LayoutDescriptor, remote: LayoutDescriptor, read: GroupRead) -> Rows:
+    """Rows (local address, remote address, bytes): per layer, the runs of one layer's pages.
+
+    The runs (page offsets, merged where contiguous on both sides) are the same for every
+    layer of the group. With equal block sizes they are found block run by block run in plain
+    Python (a numpy call costs about what a whole short plan does); with different block sizes,
+    or many runs, token segment by segment with numpy."""
     if read.hi <= read.lo:
         return []
     group = local.groups[read.group_index]
-    tb, bl, br = group.token_bytes, local.block_size, remote.block_size
-    starts = _segment_starts(read.lo, read.hi, bl, br)
-    sizes = (np.append(starts[1:], read.hi) - starts) * tb
-    lb = np.asarray(read.local_table, dtype=np.int64)[starts // bl]
-    rb = np.asarray(read.remote_table, dtype=np.int64)[starts // br - read.remote_first]
+    bl, br = local.block_size, remote.block_size
+    pages = _Pages(group.token_bytes, bl, br, local.layer_page_bytes, remote.layer_page_bytes)
+    layers = group.num_layers
+    runs = _runs_equal(read, pages) if bl == br else None
+    if runs is not None and len(runs) * layers <= SHORT_ROWS:
+        lb, rb = local.backing, remote.backing
+        return [(lb[i] + a, rb[i] + b, n) for i in range(layers) for a, b, n in runs]
+    rel = _runs_long(read, pages) if runs is None else np.array(runs, dtype=np.int64)
+    out = np.empty((layers, len(rel), 3), dtype=np.int64)
+    out[:] = rel
+    out[:, :, 0] += np.array(local.backing[:layers], dtype=np.int64)[:, None]
+    out[:, :, 1] += np.array(remote.backing[:layers], dtype=np.int64)[:, None]
+    return out.reshape(-1, 3)
+
+
+def join(parts: list[Rows]) -> Rows:
+    if all(isinstance(p, list) for p in parts):
+        return [row for p in parts for row in p]
+    return np.concatenate([np.asarray(p, dtype=np.int64).reshape(-1, 3) for p in parts])
+
+
+def total_bytes(rows: Rows) -> int:
+    return sum(n for _, _, n in rows) if isinstance(rows, list) else int(rows[:, 2].sum())
+
+
+def _null_block(read: GroupRead, token: int) -> ValueError:
+    return ValueError(f"token {token} of group {read.group_index} maps to a null block")
+
+
+def _runs_equal(read: GroupRead, p: _Pages) -> list[tuple[int, int, int]] | None:
+    """One layer's runs (local offset, remote offset, bytes) when both sides' blocks hold the
+    same tokens: a run of blocks consecutive on both sides (pages dense: K and V fill the
+    page) is one row, except a partial first block's K and a partial last block's V.
+    None if there are more than ``SHORT_RUNS`` runs."""
+    b, tb, page = p.bl, p.tb, 2 * p.bl * p.tb
+    k0, k1 = read.lo // b, (read.hi - 1) // b + 1  # table entries [k0, k1)
+    lt = read.local_table[k0:k1]
+    rt = read.remote_table[k0 - read.remote_first : k1 - read.remote_first]
+    m = k1 - k0
+    if len(lt) != m or len(rt) != m or 0 in lt or 0 in rt:
+        bad = next(k for k in range(m) if k >= min(len(lt), len(rt)) or not (lt[k] and rt[k]))
+        raise _null_block(read, max(read.lo, (k0 + bad) * b))
+    if p.pl != page or p.pr != page:
+        cuts = list(range(1, m))
+    elif m > SHORT_RUNS:
+        steps = np.diff(np.array([lt, rt], dtype=np.int64), axis=1)
+        cuts = (np.flatnonzero((steps != 1).any(axis=0)) + 1).tolist()
+    else:
+        cuts = [i for i in range(1, m) if lt[i] - lt[i - 1] != 1 or rt[i] - rt[i - 1] != 1]
+    if len(cuts) >= SHORT_RUNS:
+        return None
+    runs: list[tuple[int, int, int]] = []
+    bounds = [0, *cuts, m]
+    for first, stop in zip(bounds[:-1], bounds[1:], strict=True):  # blocks [first, stop)
+        s = max(read.lo - (k0 + first) * b, 0)  # tokens skipped in the first block
+        e = min(read.hi - (k0 + stop - 1) * b, b)  # tokens used in the last block
+        la, ra = lt[first] * p.pl, rt[first] * p.pr
+        lz, rz = lt[stop - 1] * p.pl, rt[stop - 1] * p.pr
+        if s == 0 and e == b:
+            runs.append((la, ra, lz - la + page))
+        elif stop - first == 1:  # one partial block: K and V apart
+            runs.append((la + s * tb, ra + s * tb, (e - s) * tb))
+            runs.append((la + (b + s) * tb, ra + (b + s) * tb, (e - s) * tb))
+        else:
+            if s:
+                runs.append((la + s * tb, ra + s * tb, (b - s) * tb))
+                la, ra = la + (b + s) * tb, ra + (b + s) * tb
+            end = lz + (e * tb if e < b else page)
+            runs.append((la, ra, end - la))
+            if e < b:
+                runs.append((lz + b * tb, rz + b * tb, e * tb))
+    return runs
+
+
+def _runs_long(read: GroupRead, p: _Pages) -> np.ndarray:
+    """``_runs_short`` over arrays: one row per run, columns local/remote offset, bytes."""
+    starts = _segment_starts(read.lo, read.hi, p.bl, p.br)
+    sizes = (np.append(starts[1:], read.hi) - starts) * p.tb
+    lb = np.asarray(read.local_table, dtype=np.int64)[starts // p.bl]
+    rb = np.asarray(read.remote_table, dtype=np.int64)[starts // p.br - read.remote_first]
     if not (lb.all() and rb.all()):
-        bad = int(starts[np.flatnonzero((lb == 0) | (rb == 0))[0]])
-        raise ValueError(f"token {bad} of group {read.group_index} maps to a null block")
-    halves = np.arange(2, dtype=np.int64)[:, None]  # K, V
-    l_off = lb * local.layer_page_bytes + (halves * bl + starts % bl) * tb  # [2, segments]
-    r_off = rb * remote.layer_page_bytes + (halves * br + starts % br) * tb
-    layers = range(group.num_layers)
-    l_base = np.array([local.backing[i] for i in layers], dtype=np.int64)[:, None, None]
-    r_base = np.array([remote.backing[i] for i in layers], dtype=np.int64)[:, None, None]
-    la = (l_base + l_off.T[None]).reshape(-1)  # [layers, segments, 2] flattened
-    ra = (r_base + r_off.T[None]).reshape(-1)
-    n = np.broadcast_to(sizes[None, :, None], (len(l_base), len(starts), 2)).reshape(-1)
-    return merge_arrays(la, ra, n)
+        raise _null_block(read, int(starts[np.flatnonzero((lb == 0) | (rb == 0))[0]]))
+    halves = np.arange(2, dtype=np.int64)  # K, V
+    la = (lb * p.pl + p.tb * (starts % p.bl))[:, None] + halves * (p.bl * p.tb)
+    ra = (rb * p.pr + p.tb * (starts % p.br))[:, None] + halves * (p.br * p.tb)
+    return merge_arrays(la.reshape(-1), ra.reshape(-1), np.repeat(sizes, 2))
 
 
-def merge_arrays(la: np.ndarray, ra: np.ndarray, n: np.ndarray) -> list[Desc]:
-    """``merge`` over arrays: runs contiguous on both sides become one descriptor."""
+def merge_arrays(la: np.ndarray, ra: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Runs contiguous on both sides become one row (local, remote, bytes)."""
     joined = (la[:-1] + n[:-1] == la[1:]) & (ra[:-1] + n[:-1] == ra[1:])
     first = np.flatnonzero(np.concatenate([[True], ~joined]))
-    sums = np.add.reduceat(n, first)
-    return list(zip(la[first].tolist(), ra[first].tolist(), sums.tolist(), strict=True))
+    return np.stack([la[first], ra[first], np.add.reduceat(n, first)], axis=1)
 
 
 def state_descs(

@@ -30,11 +30,13 @@ from hybridkv.connectors.nixl.leases import lease_valid
 from hybridkv.connectors.nixl.meta import NotifyOnly, RemoteSource
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.plan import (
-    Desc,
     GroupRead,
+    Rows,
     attention_descs,
     consumer_range,
+    join,
     state_descs,
+    total_bytes,
 )
 from hybridkv.connectors.nixl.stats import Flow, NixlStats
 from hybridkv.connectors.stats import StatsCounter, bump
@@ -61,6 +63,16 @@ class _Load:
         return f"{self.source.host}:{self.source.port}"
 
 
+def _table(indices: list[int], ids: list[int]) -> list[int]:
+    """The local block table (entry k: block id, 0 where nothing is loaded) of a load."""
+    if indices and indices == list(range(indices[0], indices[0] + len(indices))):  # one run
+        return [0] * indices[0] + list(ids)
+    table = [0] * (max(indices, default=-1) + 1)
+    for k, block in zip(indices, ids, strict=True):
+        table[k] = block
+    return table
+
+
 class Reader:
     def __init__(
         self,
@@ -74,7 +86,9 @@ class Reader:
         self.options, self.agent, self.peers, self.local = options, agent, peers, local
         self.stats = stats
         self.scratch = scratch.numpy().view("uint64")
-        self.scratch_base = scratch.data_ptr()
+        base = scratch.data_ptr()
+        self._scratch_list = agent.prepare(None, [(base + 8 * i, 8) for i in range(len(self.scratch))])  # fmt: skip
+        self._attn = [i for i, g in enumerate(local.groups) if g.token_bytes]
         self._free_scratch = list(range(len(self.scratch)))
         self.loads: list[_Load] = []
         self.notify: list[NotifyOnly] = []
@@ -135,14 +149,14 @@ class Reader:
         )
 
     def _post(self, load: _Load, peer: Peer) -> None:
-        descs = self._plan(load.spec, load.source, peer.descriptor)
-        load.nbytes = sum(n for _, _, n in descs)
-        load.num_descs = len(descs)
-        if not descs:
+        rows = self._plan(load.spec, load.source, peer.descriptor)
+        load.nbytes = total_bytes(rows)
+        load.num_descs = len(rows)
+        if not load.num_descs:
             self.agent.notify(peer.agent_name, self._notification(load))
             self._succeed(load)
             return
-        load.handle = self.agent.read(peer.agent_name, descs, b"")
+        load.handle = self.agent.read(peer.agent_name, rows, b"")
 
     def _notification(self, load: _Load) -> bytes:
         return f"{load.source.request_id}:{load.nbytes}".encode()
@@ -153,11 +167,17 @@ class Reader:
             return  # a later progress call posts it
         lease = load.source.lease
         assert lease is not None  # required by RemoteSource.parse when there is data
+        if not 0 <= lease.slot < peer.descriptor.lease_words:
+            raise HandshakeFailed(
+                "nixl_transfer_failed",
+                f"remote_lease slot {lease.slot} is outside the producer's "
+                f"{peer.descriptor.lease_words} lease words at {load.where}",
+            )
         load.checking = self._free_scratch.pop()
         self.scratch[load.checking] = 0
-        local = self.scratch_base + 8 * load.checking
-        remote = peer.descriptor.lease_base + 8 * lease.slot
-        load.handle = self.agent.read(peer.agent_name, [(local, remote, 8)], b"")
+        load.handle = self.agent.read_prepared(
+            self._scratch_list, load.checking, peer.leases, lease.slot
+        )
 
     def _poll(self, load: _Load) -> bool:
         state = self.agent.state(load.handle)
@@ -192,23 +212,22 @@ class Reader:
             f"abort_timeout_seconds on the prefill engine",
         )
 
-    def _plan(self, spec: LoadSpec, src: RemoteSource, remote: LayoutDescriptor) -> list[Desc]:
-        descs: list[Desc] = []
-        attn = [i for i, g in enumerate(self.local.groups) if g.token_bytes]
-        for j, group_index in enumerate(attn):
+    def _plan(self, spec: LoadSpec, src: RemoteSource, remote: LayoutDescriptor) -> Rows:
+        """Rows (local address, remote address, bytes) of every group's read and the state."""
+        parts: list[Rows] = []
+        for j, group_index in enumerate(self._attn):
             group = self.local.groups[group_index]
             first = src.first_blocks[j] * remote.block_size
             lo, hi = consumer_range(group, spec.start, spec.end, self.local.block_size, first)
-            table = dict(zip(spec.block_indices[j], spec.block_ids[j], strict=True))
-            local_table = [table.get(k, 0) for k in range(max(table, default=-1) + 1)]
+            table = _table(spec.block_indices[j], spec.block_ids[j])
             read = GroupRead(
-                group_index, lo, hi, local_table, list(src.block_ids[j]), src.first_blocks[j]
+                group_index, lo, hi, table, list(src.block_ids[j]), src.first_blocks[j]
             )
-            descs += attention_descs(self.local, remote, read)
+            parts.append(attention_descs(self.local, remote, read))
         if src.staged_state is not None:
             for s, slot in enumerate(spec.state_slots):
-                descs += state_descs(self.local, remote, s, slot, src.staged_state)
-        return descs
+                parts.append(state_descs(self.local, remote, s, slot, src.staged_state))
+        return parts[0] if len(parts) == 1 else join(parts)
 
     def _end(self, load: _Load) -> None:
         if load.checking >= 0:

@@ -104,6 +104,7 @@ class NixlWorker(BaseConnectorWorker):
             staging_stride=stride,
             agent_metadata=self.agent.metadata(),
             lease_base=self._words.data_ptr(),
+            lease_words=self.options.max_leases,
             model_id=self.model_id,
         )
 
