@@ -165,6 +165,18 @@ def test_head_sizes_off_the_vector_width_match_too(
         assert (native - ref).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("page_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_head_sizes_64_and_128_match_too(
+    kernels: AttentionKernels, page_dtype: str, softcap: float | None
+) -> None:
+    """Head sizes 64 and 128: the decode path's loops built for those sizes."""
+    for native, ref, _, _ in both_paths(
+        kernels, page_dtype, 12, 4, softcap, True, torch.float32, torch.float32, d=64
+    ):
+        assert (native - ref).abs().max().item() < 1e-5
+
+
 @pytest.mark.parametrize("softcap", [None, 5.0])
 def test_bfloat16_model_is_close_to_the_torch_path(
     kernels: AttentionKernels, softcap: float | None
