@@ -211,6 +211,31 @@ static void dots_by_key(const hk_attn_shape *s, const float *q, const void *page
     }
 }
 
+/* The first m of 16 scores to dst (a whole vector store when m == 16). */
+static inline void store_scores(float *dst, v16 x, int64_t m) {
+    if (m == 16)
+        memcpy(dst, &x, sizeof x);
+    else
+        for (int64_t i = 0; i < m; i++) dst[i] = x[i];
+}
+
+/* Scores of query vectors [qi, qi + count) (count 4 or 8; vector i: query i / group, head
+ * i % group) against 16 keys transposed in kt[d][16]: dst[i * n + jj] for jj < m. */
+static inline __attribute__((always_inline)) void dots_of_keys(const float *q, const float *kt,
+                                                               float *dst, int64_t n, int64_t m,
+                                                               int64_t qi, const int count,
+                                                               int64_t group, int64_t hd,
+                                                               int64_t d) {
+    const float *qv[8];
+    for (int u = 0; u < count; u++) qv[u] = q + ((qi + u) / group) * hd + ((qi + u) % group) * d;
+    v16 acc[8] = {{0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}};
+    for (int64_t x = 0; x < d; x++) {
+        v16 kx = load16(kt + x * 16);
+        for (int u = 0; u < count; u++) acc[u] += qv[u][x] * kx;
+    }
+    for (int u = 0; u < count; u++) store_scores(dst + u * n, acc[u], m);
+}
+
 /* The same scores, 16 keys at a time: the keys transposed into kt[d][16] once, then one
  * vector of 16 scores per query head (no horizontal sums). Scores of keys a query does not
  * see are computed too (they are real keys of the tile) and left unused. */
@@ -230,23 +255,15 @@ static void dots_by_chunk(const hk_attn_shape *s, const float *q, const void *pa
             }
         }
         int64_t qi = 0;
-        for (; qi + 4 <= nq * group; qi += 4) { /* four independent sums share each load */
-            const float *qv[4];
-            for (int u = 0; u < 4; u++)
-                qv[u] = q + ((qi + u) / group) * hd + ((qi + u) % group) * d;
-            v16 acc[4] = {{0}, {0}, {0}, {0}};
-            for (int64_t x = 0; x < d; x++) {
-                v16 kx = load16(kt + x * 16);
-                for (int u = 0; u < 4; u++) acc[u] += qv[u][x] * kx;
-            }
-            for (int u = 0; u < 4; u++)
-                memcpy(w->scores + (qi + u) * n + j0, &acc[u], (size_t)m * sizeof(float));
-        }
+        for (; qi + 8 <= nq * group; qi += 8) /* eight independent sums share each load */
+            dots_of_keys(q, kt, w->scores + qi * n + j0, n, m, qi, 8, group, hd, d);
+        for (; qi + 4 <= nq * group; qi += 4)
+            dots_of_keys(q, kt, w->scores + qi * n + j0, n, m, qi, 4, group, hd, d);
         for (; qi < nq * group; qi++) {
             const float *qv = q + (qi / group) * hd + (qi % group) * d;
             v16 acc = {0};
             for (int64_t x = 0; x < d; x++) acc += qv[x] * load16(kt + x * 16);
-            memcpy(w->scores + qi * n + j0, &acc, (size_t)m * sizeof(float));
+            store_scores(w->scores + qi * n + j0, acc, m);
         }
     }
 }
@@ -267,6 +284,42 @@ static void values_by_key(const hk_attn_shape *s, float *out, const void *pages,
     }
 }
 
+/* o[u][x0, x0 + 16 * width) = sum_{j in [a, b)} pr[u][j] rows[j][x0, ...) for `count` heads
+ * of one query (they see the same keys): each V load shared by the heads, count * width
+ * independent sums in registers. */
+static inline __attribute__((always_inline)) void head_values(const float *const *rows,
+                                                              const float *const *pr,
+                                                              float *const *o, int64_t a,
+                                                              int64_t b, int64_t x0,
+                                                              const int count, const int width) {
+    v16 acc[4][4] = {{{0}}};
+    for (int64_t j = a; j < b; j++) {
+        const float *vr = rows[j] + x0;
+        v16 vx[4];
+        for (int c = 0; c < width; c++) vx[c] = load16(vr + 16 * c);
+        for (int u = 0; u < count; u++)
+            for (int c = 0; c < width; c++) acc[u][c] += pr[u][j] * vx[c];
+    }
+    for (int u = 0; u < count; u++)
+        for (int c = 0; c < width; c++) memcpy(o[u] + x0 + 16 * c, &acc[u][c], sizeof(v16));
+}
+
+/* head_values with count and width as constants (count <= 4, width 4 or 1). */
+static void head_values_of(const float *const *rows, const float *const *pr, float *const *o,
+                           int64_t a, int64_t b, int64_t x0, int count, int width) {
+    if (width == 4) {
+        if (count == 4) head_values(rows, pr, o, a, b, x0, 4, 4);
+        else if (count == 3) head_values(rows, pr, o, a, b, x0, 3, 4);
+        else if (count == 2) head_values(rows, pr, o, a, b, x0, 2, 4);
+        else head_values(rows, pr, o, a, b, x0, 1, 4);
+    } else {
+        if (count == 4) head_values(rows, pr, o, a, b, x0, 4, 1);
+        else if (count == 3) head_values(rows, pr, o, a, b, x0, 3, 1);
+        else if (count == 2) head_values(rows, pr, o, a, b, x0, 2, 1);
+        else head_values(rows, pr, o, a, b, x0, 1, 1);
+    }
+}
+
 /* The same sums query by query, in registers (d % 16 == 0): rows[j] points at V row j, in
  * the pages (float32) or converted into w->vals (bfloat16). */
 static void values_by_query(const hk_attn_shape *s, float *out, const void *pages,
@@ -280,29 +333,17 @@ static void values_by_query(const hk_attn_shape *s, float *out, const void *page
         const int64_t p = p0 + i;
         const int64_t a = (s->window > 0 && p - s->window + 1 > lo) ? p - s->window + 1 - lo : 0;
         const int64_t b = p - lo + 1;
-        for (int64_t h = 0; h < group; h++) {
-            const float *pr = w->scores + (i * group + h) * n;
-            float *o = out + i * hd + h * d;
+        for (int64_t h0 = 0; h0 < group; h0 += 4) {
+            const int count = group - h0 < 4 ? (int)(group - h0) : 4;
+            const float *pr[4];
+            float *o[4];
+            for (int u = 0; u < count; u++) {
+                pr[u] = w->scores + (i * group + h0 + u) * n;
+                o[u] = out + i * hd + (h0 + u) * d;
+            }
             int64_t x0 = 0;
-            for (; x0 + 64 <= d; x0 += 64) { /* four independent sums, in registers */
-                v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-                for (int64_t j = a; j < b; j++) {
-                    const float *vr = rows[j] + x0;
-                    a0 += pr[j] * load16(vr);
-                    a1 += pr[j] * load16(vr + 16);
-                    a2 += pr[j] * load16(vr + 32);
-                    a3 += pr[j] * load16(vr + 48);
-                }
-                memcpy(o + x0, &a0, sizeof a0);
-                memcpy(o + x0 + 16, &a1, sizeof a1);
-                memcpy(o + x0 + 32, &a2, sizeof a2);
-                memcpy(o + x0 + 48, &a3, sizeof a3);
-            }
-            for (; x0 < d; x0 += 16) {
-                v16 acc = {0};
-                for (int64_t j = a; j < b; j++) acc += pr[j] * load16(rows[j] + x0);
-                memcpy(o + x0, &acc, sizeof acc);
-            }
+            for (; x0 + 64 <= d; x0 += 64) head_values_of(rows, pr, o, a, b, x0, count, 4);
+            for (; x0 < d; x0 += 16) head_values_of(rows, pr, o, a, b, x0, count, 1);
         }
     }
 }
