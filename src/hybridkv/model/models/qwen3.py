@@ -25,9 +25,19 @@ class Qwen3DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: RotaryCosSin, ctx: StepContext) -> torch.Tensor:
         """``x`` is the forward pass's own residual stream: updated in place and returned."""
-        attn = self.self_attn(self.input_layernorm(x), rope, ctx)
+        return x.add_(self.deferred(x, None, rope, ctx))
+
+    def deferred(
+        self, x: torch.Tensor, pending: torch.Tensor | None, rope: RotaryCosSin, ctx: StepContext
+    ) -> torch.Tensor:
+        """``forward`` with the residual adds around it deferred: ``x += pending`` (the last
+        layer's output, folded into this layer's input norm), and this layer's MLP output
+        returned for the next one to add (one pass over ``x`` fewer per layer)."""
+        norm = self.input_layernorm
+        attn = self.self_attn(norm(x) if pending is None else norm.add_norm(pending, x), rope, ctx)
         h = self.post_attention_layernorm.add_norm(attn, x)  # x += attn; norm(x)
-        return x.add_(self.mlp(h))
+        out: torch.Tensor = self.mlp(h)
+        return out
 
 
 class Qwen3Model(nn.Module):
@@ -49,7 +59,10 @@ class Qwen3ForCausalLM(CausalLM):
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         rope = self.rotary.lookup(ctx.positions, ctx.max_position, x.dtype)
+        pending = None
         for layer in self.model.layers:
-            x = layer(x, rope, ctx)
-        out: torch.Tensor = self.model.norm(x)
+            pending = layer.deferred(x, pending, rope, ctx)
+        out: torch.Tensor = (
+            self.model.norm(x) if pending is None else self.model.norm.add_norm(pending, x)
+        )
         return out
