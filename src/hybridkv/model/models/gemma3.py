@@ -7,6 +7,8 @@ released configs set it to null; Gemma 3 replaced it with q/k norms), so neither
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -76,7 +78,7 @@ class Gemma3ForCausalLM(CausalLM):
         rope_global = self.rotary_global.lookup(ctx.positions, ctx.max_position, x.dtype)
         rope_local = self.rotary_local.lookup(ctx.positions, ctx.max_position, x.dtype)
         pending = None
-        for layer in self.model.layers:
+        for layer in cast("list[Gemma3DecoderLayer]", self.model.layers):
             pending = layer.deferred(
                 x, pending, rope_local if layer.is_sliding else rope_global, ctx
             )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -60,7 +62,7 @@ class Qwen3ForCausalLM(CausalLM):
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         rope = self.rotary.lookup(ctx.positions, ctx.max_position, x.dtype)
         pending = None
-        for layer in self.model.layers:
+        for layer in cast("list[Qwen3DecoderLayer]", self.model.layers):
             pending = layer.deferred(x, pending, rope, ctx)
         out: torch.Tensor = (
             self.model.norm(x) if pending is None else self.model.norm.add_norm(pending, x)
