@@ -165,6 +165,18 @@ def test_head_sizes_off_the_vector_width_match_too(
         assert (native - ref).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("page_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_head_sizes_64_and_128_match_too(
+    kernels: AttentionKernels, page_dtype: str, softcap: float | None
+) -> None:
+    """Head sizes 64 and 128: the decode path's loops built for those sizes."""
+    for native, ref, _, _ in both_paths(
+        kernels, page_dtype, 12, 4, softcap, True, torch.float32, torch.float32, d=64
+    ):
+        assert (native - ref).abs().max().item() < 1e-5
+
+
 @pytest.mark.parametrize("softcap", [None, 5.0])
 def test_bfloat16_model_is_close_to_the_torch_path(
     kernels: AttentionKernels, softcap: float | None
@@ -218,3 +230,29 @@ def test_without_kernels_the_step_takes_the_torch_path(
     reqs = make_requests(SHAPE)
     step = build_step(reqs, layout, CacheTensors(layout, NUM_BLOCKS, 0).kv_pages, {})
     assert isinstance(step.ctx.attn_meta[0], AttnMeta)
+
+
+@pytest.mark.parametrize("page_dtype", [torch.float32, torch.bfloat16])
+def test_outputs_do_not_depend_on_the_thread_count(
+    kernels: AttentionKernels, page_dtype: torch.dtype
+) -> None:
+    """A step big enough to be split over threads (decodes of uneven depths and a prompt
+    chunk): every work item is summed by one thread, so 1 and 2 threads give the same bits."""
+    gen = torch.Generator().manual_seed(6)
+    contexts, chunk, blocks_each = [3, 40, 97, 150, 7, 120], 37, 10
+    table = torch.arange(1, 1 + 7 * blocks_each).view(7, blocks_each)
+    rows = torch.tensor(list(range(6)) + [6] * chunk)
+    positions = torch.tensor(contexts + list(range(chunk)))
+    meta = KernelTable.checked(table, rows, positions, None, 16, 7 * blocks_each + 1)
+    pages = torch.randn(7 * blocks_each + 1, 2, 16, 4, 64, generator=gen).to(page_dtype)
+    qkv = torch.randn(len(rows), 12 + 4 + 4, 64, generator=gen)
+    outs = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            q, k, v = qkv[:, :12], qkv[:, 12:16], qkv[:, 16:]
+            outs.append(kernels.forward(q, k, v, pages.clone(), meta, 0.125))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1])

@@ -88,6 +88,26 @@ def test_rope_in_place_matches_torch(kernels: RowKernels, rot_dim: int) -> None:
     _close(qkv[:, :4], want)
 
 
+@pytest.mark.parametrize("rot_dim", [16, 8])
+@pytest.mark.parametrize("tokens", [4, 300])  # 300 x 5 heads x 16: the OpenMP branch
+def test_norm_then_rope_in_one_pass_equals_the_two_calls(
+    kernels: RowKernels, rot_dim: int, tokens: int
+) -> None:
+    """q/k norms and rotary fused (``rms_norm_rope_``): the same bits as ``rms_norm`` then
+    ``rope_``, in place on the q/k view of a q/k/v projection."""
+    table = RotaryTable(RopeConfig(theta=10000.0, dim=rot_dim), initial_len=512)
+    gen = torch.Generator().manual_seed(tokens)
+    positions = torch.randint(0, 512, (tokens,), generator=gen)
+    qkv = torch.randn(tokens, 4 + 2 + 2, 16, generator=gen)
+    scale = torch.randn(6, 16, generator=gen)
+    want = kernels.rms_norm(qkv[:, :6], scale, 1e-6)
+    kernels.rope_(want, table.cos, table.sin, positions)
+    v = qkv[:, 6:].clone()
+    got = kernels.rms_norm_rope_(qkv[:, :6], scale, 1e-6, table.cos, table.sin, positions)
+    assert got.data_ptr() == qkv.data_ptr() and torch.equal(got, want)
+    assert torch.equal(qkv[:, 6:], v)  # the v heads untouched
+
+
 def test_bad_shapes_are_refused(kernels: RowKernels) -> None:
     with pytest.raises(ValueError, match="scale"):
         kernels.rms_norm(torch.randn(2, 8), torch.randn(4), 1e-6)

@@ -61,6 +61,35 @@ void hk_rope(float *x, int64_t tokens, int64_t heads, int64_t dim, int64_t token
     }
 }
 
+/* hk_rms_norm then hk_rope, in one pass over x (in place): every row r normalised and
+ * scaled by scale[r % scale_rows], then its first `rot` elements rotated by its token's
+ * position (the same arithmetic as the two calls, in the same order). */
+void hk_rms_norm_rope(float *x, int64_t tokens, int64_t heads, int64_t dim,
+                      int64_t token_stride, const float *scale, int64_t scale_rows, float eps,
+                      const float *cos, const float *signed_sin, int64_t rot,
+                      const int64_t *pos) {
+    const int64_t rows = tokens * heads, half = rot / 2;
+#pragma omp parallel for schedule(static) if (rows * dim > PARALLEL_ELEMENTS)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t t = r / heads;
+        float *v = x + t * token_stride + (r % heads) * dim;
+        float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+        for (int64_t i = 0; i < dim; i++) total += v[i] * v[i];
+        const float inv = 1.0f / sqrtf(total / (float)dim + eps);
+        const float *w = scale + (r % scale_rows) * dim;
+#pragma omp simd
+        for (int64_t i = 0; i < dim; i++) v[i] = (v[i] * inv) * w[i];
+        const float *c = cos + pos[t] * rot, *s = signed_sin + pos[t] * rot;
+#pragma omp simd
+        for (int64_t i = 0; i < half; i++) {
+            const float a = v[i], b = v[i + half];
+            v[i] = a * c[i] + b * s[i];
+            v[i + half] = b * c[i + half] + a * s[i + half];
+        }
+    }
+}
+
 /* sigmoid(x) from e = exp(-|x|) <= 1 (no overflow): 1 / (1 + e) for x >= 0, e / (1 + e) below. */
 #pragma omp declare simd
 static inline float sigmoid(float x) {

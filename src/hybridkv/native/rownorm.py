@@ -33,6 +33,10 @@ class RowKernels:
         self._rope = lib.hk_rope
         self._rope.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr]
         self._rope.restype = None
+        self._norm_rope = lib.hk_rms_norm_rope
+        self._norm_rope.argtypes = [ptr, i64, i64, i64, i64, ptr, i64, ctypes.c_float]
+        self._norm_rope.argtypes += [ptr, ptr, i64, ptr]
+        self._norm_rope.restype = None
         self._act_mul = lib.hk_act_mul
         self._act_mul.argtypes = [ptr, i64, i64, i64, i64, ptr]
         self._act_mul.restype = None
@@ -51,8 +55,7 @@ class RowKernels:
         of ``x``'s ``T * heads`` rows scaled by ``scale[r % rows]``). Into ``out`` (contiguous,
         may be ``residual``, or ``x`` if contiguous) or a new tensor."""
         tokens, heads, dim, token_stride = _rows(x)
-        if scale.dtype != torch.float32 or not scale.is_contiguous() or scale.shape[-1] != dim:
-            raise ValueError(f"scale {scale.dtype}{tuple(scale.shape)} for rows of {dim}")
+        _check_scale(scale, dim)
         scale_rows = 1 if scale.dim() == 1 else scale.shape[0]
         for name, t in (("residual", residual), ("out", out)):
             if t is not None and (
@@ -82,11 +85,7 @@ class RowKernels:
         tables (``RotaryTable``); ``positions``: ``[T]`` int64, contiguous, each ``< len``
         (checked once per step by the caller)."""
         tokens, heads, dim, token_stride = _rows(x)
-        rot = cos.shape[1]
-        if rot > dim or rot % 2 or cos.shape != signed_sin.shape:
-            raise ValueError(f"rotary tables {tuple(cos.shape)} for heads of {dim}")
-        if positions.shape != (tokens,) or positions.dtype != torch.int64:
-            raise ValueError(f"positions {positions.dtype}{tuple(positions.shape)}")
+        rot = _check_rope(cos, signed_sin, positions, tokens, dim)
         self._rope(
             x.data_ptr(),
             tokens,
@@ -98,6 +97,37 @@ class RowKernels:
             rot,
             positions.data_ptr(),
         )
+
+    def rms_norm_rope_(
+        self,
+        x: torch.Tensor,
+        scale: torch.Tensor,
+        eps: float,
+        cos: torch.Tensor,
+        signed_sin: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> torch.Tensor:
+        """``rms_norm`` of every head row of ``x`` ``[T, heads, d]``, then ``rope_``, in one
+        pass, in place (the same arithmetic as the two calls); returns ``x``."""
+        tokens, heads, dim, token_stride = _rows(x)
+        _check_scale(scale, dim)
+        rot = _check_rope(cos, signed_sin, positions, tokens, dim)
+        scale_rows = 1 if scale.dim() == 1 else scale.shape[0]
+        self._norm_rope(
+            x.data_ptr(),
+            tokens,
+            heads,
+            dim,
+            token_stride,
+            scale.data_ptr(),
+            scale_rows,
+            eps,
+            cos.data_ptr(),
+            signed_sin.data_ptr(),
+            rot,
+            positions.data_ptr(),
+        )
+        return x
 
     def act_mul(self, gate_up: torch.Tensor, act: str) -> torch.Tensor:
         """``act(gate) * up`` from ``gate_up`` ``[T, 2 * inner]`` (halves in that order, rows
@@ -112,6 +142,24 @@ class RowKernels:
             gate_up.data_ptr(), tokens, width // 2, stride, ACTIVATIONS[act], out.data_ptr()
         )
         return out
+
+
+def _check_scale(scale: torch.Tensor, dim: int) -> None:
+    if scale.dtype != torch.float32 or not scale.is_contiguous() or scale.shape[-1] != dim:
+        raise ValueError(f"scale {scale.dtype}{tuple(scale.shape)} for rows of {dim}")
+
+
+def _check_rope(
+    cos: torch.Tensor, signed_sin: torch.Tensor, positions: torch.Tensor, tokens: int, dim: int
+) -> int:
+    """The rotated width of the rotary tables ``cos``/``signed_sin``, checked against heads of
+    ``dim`` and ``positions`` (``[tokens]`` int64)."""
+    rot = int(cos.shape[1])
+    if rot > dim or rot % 2 or cos.shape != signed_sin.shape:
+        raise ValueError(f"rotary tables {tuple(cos.shape)} for heads of {dim}")
+    if positions.shape != (tokens,) or positions.dtype != torch.int64:
+        raise ValueError(f"positions {positions.dtype}{tuple(positions.shape)}")
+    return rot
 
 
 def _rows(x: torch.Tensor) -> tuple[int, int, int, int]:

@@ -54,8 +54,8 @@ class SelfAttention(nn.Module):
         num_qk = qkv.shape[1] - self.attn.num_kv_heads
         qk, v = qkv[:, :num_qk], qkv[:, num_qk:]  # [T, heads + kv_heads, d], [T, kv_heads, d]
         if self.qk_norm is not None:
-            qk = self.qk_norm(qk)
-        if rope is not None:
+            qk = self.qk_norm(qk, rope)  # normalised, then rotated if rope is given
+        elif rope is not None:
             qk = rope.apply(qk)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         out: torch.Tensor = self.o_proj(self.attn(q, k, v, ctx, self.sinks))  # [T, hidden]
@@ -75,12 +75,23 @@ class _JointQKNorm:
         self._key: tuple[object, ...] = ()
         self._scale = torch.empty(0)
 
-    def __call__(self, qk: torch.Tensor) -> torch.Tensor:
+    def __call__(self, qk: torch.Tensor, rope: RotaryCosSin | None = None) -> torch.Tensor:
+        """The norms of ``qk``, then ``rope`` applied if given: float32 ``qk`` with packed
+        heads (a view into the step's own q/k/v projection) is normalised and rotated in place
+        by one native call."""
         kernels = row_kernels(qk)
         if kernels is not None and self.q_norm.weight.dtype == torch.float32:
-            return kernels.rms_norm(qk, self._rows(), self.q_norm.eps)
-        normed = F.rms_norm(qk.float(), qk.shape[-1:], eps=self.q_norm.eps)  # float32
-        return self.q_norm.apply_scale(normed, self._rows(), qk.dtype)
+            native = rope.native if rope is not None else None
+            if native is not None and qk.stride(2) == 1 and qk.stride(1) == qk.shape[2]:
+                return kernels.rms_norm_rope_(
+                    qk, self._rows(), self.q_norm.eps, native.cos, native.signed_sin,
+                    native.positions,
+                )  # fmt: skip
+            normed = kernels.rms_norm(qk, self._rows(), self.q_norm.eps)
+        else:
+            normed = F.rms_norm(qk.float(), qk.shape[-1:], eps=self.q_norm.eps)  # float32
+            normed = self.q_norm.apply_scale(normed, self._rows(), qk.dtype)
+        return normed if rope is None else rope.apply(normed)
 
     def _rows(self) -> torch.Tensor:
         wq, wk = self.q_norm.weight, self.k_norm.weight

@@ -7,6 +7,8 @@ released configs set it to null; Gemma 3 replaced it with q/k norms), so neither
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -35,10 +37,18 @@ class Gemma3DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: RotaryCosSin, ctx: StepContext) -> torch.Tensor:
         """``x`` is the forward pass's own residual stream: updated in place and returned."""
-        attn = self.self_attn(self.input_layernorm(x), rope, ctx)
+        return x.add_(self.deferred(x, None, rope, ctx))
+
+    def deferred(
+        self, x: torch.Tensor, pending: torch.Tensor | None, rope: RotaryCosSin, ctx: StepContext
+    ) -> torch.Tensor:
+        """``forward`` with ``x += pending`` folded into the input norm and this layer's last
+        residual add left to the next one: what it would add is returned."""
+        norm = self.input_layernorm
+        attn = self.self_attn(norm(x) if pending is None else norm.add_norm(pending, x), rope, ctx)
         h = self.pre_feedforward_layernorm.add_norm(self.post_attention_layernorm.norm_(attn), x)
-        mlp = self.mlp(h)
-        return x.add_(self.post_feedforward_layernorm.norm_(mlp))
+        out: torch.Tensor = self.post_feedforward_layernorm.norm_(self.mlp(h))
+        return out
 
 
 class Gemma3TextModel(nn.Module):
@@ -67,9 +77,14 @@ class Gemma3ForCausalLM(CausalLM):
         x = x * torch.tensor(self.embed_scale, dtype=x.dtype)  # scale rounded to the model dtype
         rope_global = self.rotary_global.lookup(ctx.positions, ctx.max_position, x.dtype)
         rope_local = self.rotary_local.lookup(ctx.positions, ctx.max_position, x.dtype)
-        for layer in self.model.layers:
-            x = layer(x, rope_local if layer.is_sliding else rope_global, ctx)
-        out: torch.Tensor = self.model.norm(x)
+        pending = None
+        for layer in cast("list[Gemma3DecoderLayer]", self.model.layers):
+            pending = layer.deferred(
+                x, pending, rope_local if layer.is_sliding else rope_global, ctx
+            )
+        out: torch.Tensor = (
+            self.model.norm(x) if pending is None else self.model.norm.add_norm(pending, x)
+        )
         return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -25,9 +27,19 @@ class Qwen3DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: RotaryCosSin, ctx: StepContext) -> torch.Tensor:
         """``x`` is the forward pass's own residual stream: updated in place and returned."""
-        attn = self.self_attn(self.input_layernorm(x), rope, ctx)
+        return x.add_(self.deferred(x, None, rope, ctx))
+
+    def deferred(
+        self, x: torch.Tensor, pending: torch.Tensor | None, rope: RotaryCosSin, ctx: StepContext
+    ) -> torch.Tensor:
+        """``forward`` with the residual adds around it deferred: ``x += pending`` (the last
+        layer's output, folded into this layer's input norm), and this layer's MLP output
+        returned for the next one to add (one pass over ``x`` fewer per layer)."""
+        norm = self.input_layernorm
+        attn = self.self_attn(norm(x) if pending is None else norm.add_norm(pending, x), rope, ctx)
         h = self.post_attention_layernorm.add_norm(attn, x)  # x += attn; norm(x)
-        return x.add_(self.mlp(h))
+        out: torch.Tensor = self.mlp(h)
+        return out
 
 
 class Qwen3Model(nn.Module):
@@ -49,7 +61,10 @@ class Qwen3ForCausalLM(CausalLM):
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         rope = self.rotary.lookup(ctx.positions, ctx.max_position, x.dtype)
-        for layer in self.model.layers:
-            x = layer(x, rope, ctx)
-        out: torch.Tensor = self.model.norm(x)
+        pending = None
+        for layer in cast("list[Qwen3DecoderLayer]", self.model.layers):
+            pending = layer.deferred(x, pending, rope, ctx)
+        out: torch.Tensor = (
+            self.model.norm(x) if pending is None else self.model.norm.add_norm(pending, x)
+        )
         return out
