@@ -33,24 +33,25 @@ from hybridkv.connectors.config import LoadMode, TierName
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.cpu_tier import CpuTier
 from hybridkv.connectors.offloading.disk_tier import DiskTier
-from hybridkv.connectors.offloading.stats import OffloadingStats, SkipReason
+from hybridkv.connectors.offloading.stats import OffloadingStats
+from hybridkv.connectors.offloading.store_planning import StorePlanner
 from hybridkv.connectors.offloading.tier import UnitState
-from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, UnitRef
+from hybridkv.connectors.offloading.tier_base import ProbeAnswer, UnitRef
 from hybridkv.connectors.offloading.units import (
     OffloadLoadKeys,
-    UnitPromotion,
-    UnitSave,
     UnitSource,
 )
 from hybridkv.connectors.stats import bump
 from hybridkv.connectors.tier_events import TierEvent, TierEventSink
 from hybridkv.kv.block_pool import NULL_BLOCK
-from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import SpecKind
 from hybridkv.step_io import ConnectorMetadata, LoadSpec
 
 
-class OffloadingScheduler(BaseConnectorScheduler):
+class OffloadingScheduler(StorePlanner, BaseConnectorScheduler):
+    """Lookups and load pins here; the reserving steps (saves, promotions, adoptions) in
+    ``StorePlanner`` (``store_planning.py``)."""
+
     def __init__(self, ctx: OffloadContext, load: bool = True, save: bool = True) -> None:
         self.config, self.geometry = ctx.config, ctx.geometry
         self.stack = ctx.stack
@@ -142,18 +143,6 @@ class OffloadingScheduler(BaseConnectorScheduler):
             )
             for e in range(end, limit + 1, chunk)
         ]
-
-    def _adopt_found(self) -> None:
-        """Index the units lookups found stored by other processes. NOTE: adopting reserves
-        room and may evict, so it happens here, with the saves' reservations, after this
-        step's loads pinned every unit a lookup reported -- never inside a lookup."""
-        for tier in self.stack:
-            for unit in tier.take_found():
-                if self._reserve(tier, unit.unit_hash, unit.end, unit.parent):
-                    tier.index.commit(unit.unit_hash, tier.adopted_parts(unit))
-                    bump(self._stats.adopted, tier.name)
-                else:  # no room (pinned or pending units): a miss for a while
-                    tier.mark_absent(unit.unit_hash)
 
     # -- loads ---------------------------------------------------------------------------
 
@@ -250,100 +239,6 @@ class OffloadingScheduler(BaseConnectorScheduler):
                     saves.extend(self._plan_saves(request, start, end, blocks))
         return ConnectorMetadata(loads=loads, saves=saves)
 
-    def _plan_promotions(self) -> list[UnitPromotion]:
-        """Hits of slower tiers in the previous step to copy into the fastest tier (a step
-        later, so their reads do not compete with the loads' own), each reserved there and
-        pinned in its source until the worker is done. NOTE: reserving may evict, so it
-        happens here with the saves' reservations, after this step's loads pinned what their
-        lookups reported."""
-        found, self._promote_next, self._promote = self._promote_next, self._promote, []
-        if not self.save_enabled:
-            return []
-        out: list[UnitPromotion] = []
-        for unit, name in found:
-            source, target = self.stack.get(name), self.stack.promotion_target(name)
-            if source is None or target is None or target.lookup(unit.unit_hash) is not None:
-                continue  # in the target already (or being stored)
-            serial = source.index.pin(unit.unit_hash)
-            if serial is None:
-                continue  # gone from the source
-            if self._reserve(target, unit.unit_hash, unit.end, unit.parent):
-                out.append(UnitPromotion(unit.unit_hash, unit.end, name, target.name, serial))
-            else:
-                source.index.unpin(unit.unit_hash, serial)
-                self._stats.promotions_skipped_no_room += 1
-        return out
-
-    def _plan_saves(
-        self, request: KVConnectorRequest, start: int, end: int, blocks: RequestBlocks
-    ) -> list[UnitSave]:
-        """Units whose end this step reaches and no tier holds or is storing yet."""
-        chunk = self.config.chunk_tokens
-        limit = min(end, request.num_prompt_tokens) if self.config.offload_prompt_only else end
-        limit = min(limit, len(request.block_hashes) * self.geometry.block_size)
-        saves: list[UnitSave] = []
-        for unit_end in range((start // chunk + 1) * chunk, limit + 1, chunk):
-            if self.geometry.has_state and unit_end != end:
-                continue  # the live state is only the state at T when the step ends at T
-            save = self._plan_unit(request, unit_end, blocks)
-            if save is not None:
-                saves.append(save)
-            self._touch_head(request, unit_end)
-        return saves
-
-    def _plan_unit(
-        self, request: KVConnectorRequest, end: int, blocks: RequestBlocks
-    ) -> UnitSave | None:
-        unit_hash = self.geometry.unit_hash(request.block_hashes, end)
-        if any(tier.lookup(unit_hash) is not None for tier in self.stack):
-            return None  # stored, or being stored
-        ids = self._part_block_ids(blocks, end)
-        if ids is None:
-            self._skip_store(SkipReason.NULL_BLOCK)
-            return None
-        parent = self._parent_hash(request, end)
-        tiers = [t.name for t in self.stack if self._reserve(t, unit_hash, end, parent)]
-        if not tiers:
-            self._skip_store(SkipReason.NO_ROOM)
-            return None
-        return UnitSave(
-            request.request_id, unit_hash, end, ids, tuple(blocks.state_slots), tuple(tiers)
-        )
-
-    def _parent_hash(self, request: KVConnectorRequest, end: int) -> BlockHash | None:
-        """The unit ending C tokens before ``end`` on the request's prefix (None: first)."""
-        chunk = self.config.chunk_tokens
-        return self.geometry.unit_hash(request.block_hashes, end - chunk) if end > chunk else None
-
-    def _part_block_ids(
-        self, blocks: RequestBlocks, end: int
-    ) -> tuple[tuple[int, ...], ...] | None:
-        out: list[tuple[int, ...]] = []
-        for gid, table in zip(
-            self.geometry.layout.attention_group_ids, blocks.block_ids, strict=True
-        ):
-            ids = tuple(table[k] for k in self.geometry.part_blocks(gid, end))
-            if NULL_BLOCK in ids:
-                return None
-            out.append(ids)
-        return tuple(out)
-
-    def _reserve(
-        self, tier: Tier, unit_hash: BlockHash, end: int, parent: BlockHash | None
-    ) -> bool:
-        evicted = self.stack.reserve(tier, unit_hash, end, self.geometry.unit_nbytes(end), parent)
-        if evicted is None:
-            return False
-        if evicted:
-            bump(self._stats.evictions, tier.name, evicted)
-        return True
-
-    def _touch_head(self, request: KVConnectorRequest, end: int) -> None:
-        """Keep the request's earlier units more recent than the one ending at ``end``."""
-        chunk = self.config.chunk_tokens
-        for earlier in range(end - chunk, 0, -chunk):
-            self.stack.touch(self.geometry.unit_hash(request.block_hashes, earlier))
-
     def request_finished(
         self, request: KVConnectorRequest, blocks: RequestBlocks
     ) -> tuple[bool, dict[str, Any] | None]:
@@ -357,10 +252,6 @@ class OffloadingScheduler(BaseConnectorScheduler):
         else:
             bump(self._stats.hits, tier)
             bump(self._stats.hit_tokens, tier, tokens)
-
-    def _skip_store(self, reason: SkipReason) -> None:
-        self._stats.stores_skipped += 1
-        bump(self._stats.stores_skipped_by, reason)
 
     def take_stats(self) -> OffloadingStats:
         stats, self._stats = self._stats, OffloadingStats()
