@@ -1,15 +1,11 @@
 """``MultiConnector``: several connectors as one; each request loads from one chosen child,
 saves go to every child.
 
-Config (``kv_connector_extra_config``)::
-
-    {"connectors": [{"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {...},
-                     "load_weight": 1.0, "name": "local"}, {...}],
-     "selection": "cost"}
-
-Children are created in order with the parent's role; ``load_weight`` (default 1.0) and
-``name`` (default ``<index>.<kv_connector>``, the ``connector`` label of their counters) are
-read here. ``selection`` is ``first``, ``weighted`` or ``cost`` (``multi_select``).
+Config (``kv_connector_extra_config``, parsed in ``multi_config``): a list of child
+``kv_transfer_config`` objects and a ``selection``. Children are created in order with the
+parent's role; ``load_weight`` (default 1.0) and ``name`` (default
+``<index>.<kv_connector>``, the ``connector`` label of their counters) are read there.
+``selection`` is ``first``, ``weighted`` or ``cost`` (``multi_select``).
 
 The scheduler half asks every child (any ``None`` makes the answer ``None``: ask again), picks
 one (``multi_select.choose``), gives it the real external count in ``update_state_after_alloc``
@@ -27,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,12 +33,12 @@ from hybridkv.connectors.base import (
     KVConnectorRequest,
     RequestBlocks,
 )
-from hybridkv.connectors.config import ConnectorOptions, KVTransferConfig, OptionsContext
+from hybridkv.connectors.config import KVTransferConfig
+from hybridkv.connectors.multi_config import MultiConfig
 from hybridkv.connectors.multi_select import (
     Hit,
     LoadEstimate,
     PrefillEstimate,
-    Selection,
     choose,
     load_bytes,
 )
@@ -56,69 +51,11 @@ from hybridkv.connectors.multi_worker import (
 from hybridkv.connectors.registry import (
     ConnectorContext,
     create_connector,
-    parse_kv_transfer_config,
 )
 from hybridkv.connectors.stats import ConnectorStats, bump
 from hybridkv.connectors.tier_events import NoTiersError, TierEvent, TierEventSink
 from hybridkv.kv.spec import KVCacheLayout
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
-
-_KEYS = ("connectors", "selection")
-_CHILD_KEYS = ("load_weight", "name")
-
-
-@dataclass(frozen=True, slots=True)
-class ChildConfig:
-    name: str
-    load_weight: float
-    config: KVTransferConfig
-    role_given: bool  # False: the child takes the MultiConnector's kv_role
-
-
-@dataclass(frozen=True, slots=True)
-class MultiConfig(ConnectorOptions):
-    children: tuple[ChildConfig, ...] = ()
-    selection: Selection = Selection.COST
-
-    @classmethod
-    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> MultiConfig:
-        unknown = set(extra) - set(_KEYS)
-        if unknown:
-            raise ValueError(f"MultiConnector: unknown keys {sorted(unknown)}; known: {_KEYS}")
-        items = extra.get("connectors")
-        if not isinstance(items, list) or not items:
-            raise ValueError("MultiConnector: 'connectors' must be a non-empty list")
-        selection = extra.get("selection", "cost")
-        if selection not in [s.value for s in Selection]:
-            raise ValueError(
-                f"MultiConnector: 'selection'={selection!r} must be one of "
-                f"{[s.value for s in Selection]}"
-            )
-        children = tuple(_child(i, item, ctx) for i, item in enumerate(items))
-        names = [c.name for c in children]
-        if len(set(names)) != len(names):
-            raise ValueError(f"MultiConnector: child names must differ: {names}")
-        return cls(children, Selection(selection))
-
-
-def _child(index: int, item: Any, ctx: OptionsContext) -> ChildConfig:
-    where = f"MultiConnector: connectors[{index}]"
-    if not isinstance(item, dict):
-        raise ValueError(f"{where} must be a kv_transfer_config object")
-    raw = {k: v for k, v in item.items() if k not in _CHILD_KEYS}
-    if raw.get("kv_connector") == "MultiConnector":
-        raise ValueError(f"{where}: a MultiConnector cannot nest another")
-    try:
-        config = parse_kv_transfer_config(raw, ctx.block_size)
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
-    weight = item.get("load_weight", 1.0)
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0:
-        raise ValueError(f"{where}: 'load_weight'={weight!r} must be a number >= 0")
-    name = item.get("name", f"{index}.{config.kv_connector}")
-    if not isinstance(name, str) or not name or "." in name.removeprefix(f"{index}."):
-        raise ValueError(f"{where}: 'name'={name!r} must be a non-empty name without dots")
-    return ChildConfig(name, float(weight), config, "kv_role" in raw)
 
 
 @dataclass(slots=True)

@@ -54,7 +54,7 @@ _REGISTRY: dict[str, ConnectorEntry] = {
         "hybridkv.connectors.offloading.connector:create_offloading_connector",
     ),
     "MultiConnector": ConnectorEntry(
-        "hybridkv.connectors.multi_connector:MultiConfig",
+        "hybridkv.connectors.multi_config:MultiConfig",
         "hybridkv.connectors.multi_connector:create_multi_connector",
     ),
     "NixlConnector": ConnectorEntry(
