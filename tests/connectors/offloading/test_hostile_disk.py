@@ -14,7 +14,8 @@ import pytest
 
 from hybridkv.connectors.offloading import disk_format
 from hybridkv.connectors.offloading.cpu_tier import CpuTier
-from hybridkv.connectors.offloading.disk_format import DirectoryKey, PartError
+from hybridkv.connectors.offloading.disk_format import PartError
+from hybridkv.connectors.offloading.disk_key import KEY_FILE, DirectoryKey
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, stored_files, table
 
 from .helpers import OffloadEngine, offload_config
@@ -217,7 +218,7 @@ def test_directories_are_private_and_names_reveal_no_token_hash(tmp_path: Path) 
     a = make_request("a", 18)
     e = engine(tmp_path / "kv")
     store(e, a)
-    key_file = tmp_path / "kv" / disk_format.KEY_FILE
+    key_file = tmp_path / "kv" / KEY_FILE
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     for d in (
         tmp_path / "kv",

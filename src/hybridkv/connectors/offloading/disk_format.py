@@ -22,6 +22,8 @@ directory's secret key, so a file another directory (or someone without the key)
 refused (``FOREIGN`` / ``FORGED``) before its payload is read. Versions 1-2 (FileConnector's
 ``file_format``) are ``MISMATCH`` here.
 
+The directory's secret (``DirectoryKey``) lives in ``disk_key``.
+
 Every open is ``O_NOFOLLOW | O_NONBLOCK`` and must be a regular file (``fstat``), so a symlink,
 FIFO, socket or device at a part's path is refused (``UNSAFE``) without blocking, and the file's
 size is checked against what the caller expects before anything is allocated or read.
@@ -29,7 +31,6 @@ size is checked against what the caller expects before anything is allocated or 
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import hmac
@@ -40,86 +41,29 @@ import stat
 import struct
 from dataclasses import dataclass
 
-import xxhash
-
 from hybridkv.connectors.file_format import CORRUPT as CORRUPT
 from hybridkv.connectors.file_format import IO_ERROR as IO_ERROR
 from hybridkv.connectors.file_format import MISMATCH as MISMATCH
 from hybridkv.connectors.file_format import MISSING as MISSING
 from hybridkv.connectors.file_format import TRUNCATED as TRUNCATED
 from hybridkv.connectors.file_format import PartError as PartError
+from hybridkv.connectors.offloading.disk_key import (
+    MAC_BYTES,
+    OPEN_FLAGS,
+    DirectoryKey,
+    unlink_quietly,
+)
 from hybridkv.step_io import FailureReason
 
 MAGIC = b"HKVF"
 VERSION = 3
 _HEAD = struct.Struct("<4sHHHH8sQQQ16s")
-MAC_BYTES = 32
 MAX_NAME_BYTES = 4096  # fingerprint + key: anything longer is not ours
-KEY_FILE = ".hybridkv-key"
 
 FORGED = FailureReason.FORGED  # a header our key did not authenticate
 FOREIGN = FailureReason.FOREIGN  # authenticated by another directory's key
 UNSAFE = FailureReason.UNSAFE  # not a regular file (symlink, FIFO, device...)
 REASONS = (MISSING, TRUNCATED, CORRUPT, MISMATCH, IO_ERROR, FORGED, FOREIGN, UNSAFE)
-
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-class DirectoryKey:
-    """A cache directory's secret: MACs, payload digest seed, and keyed file names."""
-
-    def __init__(self, secret: bytes) -> None:
-        self._secret = secret
-        self.key_id = hashlib.blake2b(b"key-id", key=secret, digest_size=8).digest()
-        seed = hashlib.blake2b(b"payload-seed", key=secret, digest_size=8).digest()
-        self._seed = int.from_bytes(seed, "little")
-
-    @classmethod
-    def load_or_create(cls, directory: str) -> DirectoryKey:
-        """The key in ``directory`` (created 0600 on first use, atomically). Raises
-        ``ValueError`` if the key file is not a private regular file of this user."""
-        path = os.path.join(directory, KEY_FILE)
-        with contextlib.suppress(FileNotFoundError):
-            return cls(_read_key(path))
-        tmp = f"{path}.{secrets.token_hex(8)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(secrets.token_bytes(32))
-            with contextlib.suppress(FileExistsError):  # another process won the race
-                os.link(tmp, path)
-        finally:
-            _unlink(tmp)
-        return cls(_read_key(path))
-
-    def mac(self, data: bytes) -> bytes:
-        return hashlib.blake2b(data, key=self._secret, digest_size=MAC_BYTES).digest()
-
-    def digest(self, payload: memoryview) -> bytes:
-        return xxhash.xxh3_128_digest(payload, seed=self._seed)
-
-    def file_name(self, part_key: str) -> str:
-        """The file name of a part: a keyed hash, so a listing reveals no token hash."""
-        name = hashlib.blake2b(part_key.encode(), key=self._secret, digest_size=20, person=b"name")
-        return name.hexdigest() + ".kvu"
-
-
-def _read_key(path: str) -> bytes:
-    fd = os.open(path, _OPEN_FLAGS)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
-            raise ValueError(f"{path}: not a regular file owned by this user")
-        if info.st_mode & 0o077:
-            raise ValueError(
-                f"{path}: readable by others (mode {info.st_mode & 0o777:o}); use 0600"
-            )
-        secret = os.read(fd, 64)
-    finally:
-        os.close(fd)
-    if len(secret) != 32:
-        raise ValueError(f"{path}: {len(secret)} bytes, a key has 32")
-    return secret
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +100,7 @@ def open_regular(path: str) -> tuple[int, int]:
     """(fd, size) of a regular file at ``path``, never following a symlink nor blocking on a
     FIFO; ``PartError`` otherwise."""
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path, OPEN_FLAGS)
     except FileNotFoundError:
         raise PartError(MISSING, path) from None
     except OSError as exc:  # ELOOP: a symlink
@@ -254,7 +198,7 @@ def write_verified(
             f.write(view)
         os.replace(tmp, path)
     except BaseException:
-        _unlink(tmp)
+        unlink_quietly(tmp)
         raise
     return view.nbytes
 
@@ -300,8 +244,3 @@ def _readinto(fd: int, data: bytearray, offset: int) -> int:
     except OSError as exc:
         raise PartError(IO_ERROR, str(exc)) from None
     return got
-
-
-def _unlink(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
