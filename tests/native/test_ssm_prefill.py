@@ -6,6 +6,7 @@ input refused."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -101,45 +102,44 @@ def reference_scan(
     return y + x * d.double()[:, None], out
 
 
-def test_thread_count_does_not_change_a_bit(kernels: SsmPrefillKernels) -> None:
-    gen = torch.Generator().manual_seed(3)
-    heads, p, n = 8, 32, 16
+def scan_twice(
+    kernels: SsmPrefillKernels, seed: int, p: int, between: Callable[[int], None]
+) -> None:
+    """The same scan of 10 rows (8 heads, state [p, 16]) run twice, ``between(0)`` and
+    ``between(1)`` before each run: the states and outputs must be equal bit for bit."""
+    gen = torch.Generator().manual_seed(seed)
+    heads, n = 8, 16
     rows = make_rows(10, gen)
     tokens = int((rows.starts + rows.lens).max())
     act = torch.randn(tokens, heads * p + 2 * n, generator=gen)
     dt, a = torch.rand(tokens, heads, generator=gen), -torch.rand(heads, generator=gen)
     start = torch.randn(10, heads, p, n, generator=gen)
     results = []
+    for run in (0, 1):
+        between(run)
+        states, y = start.clone(), torch.zeros(tokens, heads * p)
+        kernels.ssd_scan_(states, rows, act, dt, a, None, 1, y)
+        results.append((states, y))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def test_thread_count_does_not_change_a_bit(kernels: SsmPrefillKernels) -> None:
     before = torch.get_num_threads()
     try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            states, y = start.clone(), torch.zeros(tokens, heads * p)
-            kernels.ssd_scan_(states, rows, act, dt, a, None, 1, y)
-            results.append((states, y))
+        scan_twice(kernels, 3, 32, lambda run: torch.set_num_threads(run + 1))
     finally:
         torch.set_num_threads(before)
-    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
 @pytest.mark.parametrize("span", [1, 3, 8])
 def test_head_span_does_not_change_a_bit(
     kernels: SsmPrefillKernels, span: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gen = torch.Generator().manual_seed(4)
-    heads, p, n = 8, 16, 16
-    rows = make_rows(10, gen)
-    tokens = int((rows.starts + rows.lens).max())
-    act = torch.randn(tokens, heads * p + 2 * n, generator=gen)
-    dt, a = torch.rand(tokens, heads, generator=gen), -torch.rand(heads, generator=gen)
-    start = torch.randn(10, heads, p, n, generator=gen)
-    results = []
-    for chosen in (span, 2):
+    def choose(run: int) -> None:
+        chosen = (span, 2)[run]
         monkeypatch.setattr(ssm_prefill, "_head_span", lambda heads, rows, k=chosen: k)
-        states, y = start.clone(), torch.zeros(tokens, heads * p)
-        kernels.ssd_scan_(states, rows, act, dt, a, None, 1, y)
-        results.append((states, y))
-    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+    scan_twice(kernels, 4, 16, choose)
 
 
 @pytest.mark.parametrize(("bias", "in_place"), [(True, False), (False, False), (True, True)])

@@ -40,6 +40,17 @@ void hk_rms_norm(const float *x, int64_t tokens, int64_t heads, int64_t dim,
     }
 }
 
+/* Rotate one row's first 2 * half elements in place (rotate-half form, the sign folded
+ * into signed_sin). */
+static inline void rotate_row(float *v, const float *c, const float *s, int64_t half) {
+#pragma omp simd
+    for (int64_t i = 0; i < half; i++) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c[i] + b * s[i];
+        v[i + half] = b * c[i + half] + a * s[i + half];
+    }
+}
+
 /* Rotate the first `rot` elements of every row of x in place by its token's position:
  * with half = rot / 2, c = cos + pos[t] * rot, s = signed_sin + pos[t] * rot (first half of
  * each sin row negated), x[i] = x[i] c[i] + x[i + half] s[i] and
@@ -51,13 +62,7 @@ void hk_rope(float *x, int64_t tokens, int64_t heads, int64_t dim, int64_t token
     for (int64_t r = 0; r < rows; r++) {
         const int64_t t = r / heads;
         float *v = x + t * token_stride + (r % heads) * dim;
-        const float *c = cos + pos[t] * rot, *s = signed_sin + pos[t] * rot;
-#pragma omp simd
-        for (int64_t i = 0; i < half; i++) {
-            const float a = v[i], b = v[i + half];
-            v[i] = a * c[i] + b * s[i];
-            v[i + half] = b * c[i + half] + a * s[i + half];
-        }
+        rotate_row(v, cos + pos[t] * rot, signed_sin + pos[t] * rot, half);
     }
 }
 
@@ -80,13 +85,7 @@ void hk_rms_norm_rope(float *x, int64_t tokens, int64_t heads, int64_t dim,
         const float *w = scale + (r % scale_rows) * dim;
 #pragma omp simd
         for (int64_t i = 0; i < dim; i++) v[i] = (v[i] * inv) * w[i];
-        const float *c = cos + pos[t] * rot, *s = signed_sin + pos[t] * rot;
-#pragma omp simd
-        for (int64_t i = 0; i < half; i++) {
-            const float a = v[i], b = v[i + half];
-            v[i] = a * c[i] + b * s[i];
-            v[i + half] = b * c[i + half] + a * s[i + half];
-        }
+        rotate_row(v, cos + pos[t] * rot, signed_sin + pos[t] * rot, half);
     }
 }
 
