@@ -58,6 +58,10 @@ class IncrementalDetokenizer:
         self.stop_string: str | None = None  # the stop string found, if any
 
     @property
+    def has_stop_strings(self) -> bool:
+        return bool(self._stop)
+
+    @property
     def num_tokens(self) -> int:
         """Tokens fed so far."""
         return len(self._ids)
