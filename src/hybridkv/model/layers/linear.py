@@ -14,7 +14,10 @@ traffic at a dozen rows. Measured (docs/benchmarks.md, "skinny GEMM"): on one th
 (qwen3_full-small's step of weights, CPU time) 12 rows 37 ms vs F.linear's 65 ms, level with
 MKL's packed sgemm, which needed a second copy of every weight and ran on one thread only (it
 was dropped). More rows (prefill, mixed steps) and other dtypes take ``F.linear``, as does
-everything when the kernel cannot be built or ``HYBRIDKV_NATIVE=0``.
+everything when the kernel cannot be built or ``HYBRIDKV_NATIVE=0``. Prepacked weights for
+those rows (MKL's ``_mkl_linear``, oneDNN's ``_linear_pointwise``; a second copy of each weight)
+were measured on B1's mixed-step rows (``benchmarks/prefill_gemm.py``): 1.11x on one thread
+(MKL), no clear gain on two, so they are not used.
 """
 
 from __future__ import annotations
