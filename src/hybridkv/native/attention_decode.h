@@ -29,11 +29,10 @@ static inline void prefetch_next(const hk_attn_shape *s, const void *pages, curs
 }
 
 /* Bytes of K (or V) rows prefetched ahead of the ones read: a few positions. Farther (16
- * positions of 1 KB) measured 5-8% slower on one thread: the prefetches then wait for line fill
- * buffers the demand loads need (docs/benchmarks.md, "Decode attention: where the time goes"). */
-#ifndef AHEAD_BYTES
+ * positions of 1 KB) measured 3-8% slower on one thread, probably from prefetches waiting for
+ * the line fill buffers the demand loads need (docs/benchmarks.md, "Decode attention: where the
+ * time goes"). */
 #define AHEAD_BYTES 6144
-#endif
 #define AHEAD_MAX 16 /* positions */
 #define SWEEP 8  /* key positions read together (a multiple of 4) */
 
