@@ -215,6 +215,26 @@ def test_bad_tables_are_refused(kernels: AttentionKernels) -> None:
     assert torch.equal(pages, torch.zeros_like(pages))  # nothing written
 
 
+def test_page_layouts_are_checked_for_every_new_shape_and_stride(
+    kernels: AttentionKernels,
+) -> None:
+    """Layouts are remembered once checked: pages of the same shape but other strides or
+    dtype are still refused, after good pages of that shape were used."""
+    meta = KernelTable.checked(
+        torch.tensor([[1, 2]]), torch.tensor([0]), torch.tensor([7]), None, B, NUM_BLOCKS
+    )
+    q, kv = torch.randn(1, 4, D), torch.randn(1, 2, D)
+    good = torch.zeros(NUM_BLOCKS, 2, B, 2, D)
+    assert kernels.forward(q, kv, kv, good, meta, 1.0).shape == (1, 4, D)
+    strided = torch.zeros(NUM_BLOCKS, 2, B, D, 2).transpose(3, 4)  # same shape, kv heads apart
+    assert strided.shape == good.shape
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.forward(q, kv, kv, strided, meta, 1.0)
+    with pytest.raises(ValueError, match="pages"):
+        kernels.forward(q, kv, kv, good.half(), meta, 1.0)
+    assert torch.equal(strided, torch.zeros_like(strided))  # nothing written
+
+
 def test_without_kernels_the_step_takes_the_torch_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -79,6 +79,17 @@ class KernelTable:
         return cls(table, rows, positions, window or 0)
 
 
+@dataclass(frozen=True, slots=True)
+class _PageLayout:
+    """One layer's pages ``[N, 2, B, kv_heads, d]``, checked once per shape and stride."""
+
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    block_stride: int
+    bf16: int
+
+
 class AttentionKernels:
     """The C kernels with the checks that keep them inside their buffers."""
 
@@ -87,6 +98,7 @@ class AttentionKernels:
         self._attn = lib.hk_attn
         self._attn.argtypes = [ctypes.POINTER(_Shape), *[ptr] * 9]
         self._attn.restype = ctypes.c_int
+        self._layouts: dict[tuple[object, ...], _PageLayout] = {}
 
     def forward(
         self,
@@ -102,20 +114,25 @@ class AttentionKernels:
         """Write ``k``/``v`` ``[T, kv_heads, d]`` into their slots of ``pages``
         (``[N, 2, B, kv_heads, d]``), then attend: ``q`` ``[T, heads, d]`` -> float32
         ``[T, heads, d]``. ``sinks`` ``[heads]``: one extra logit per head (gpt-oss)."""
-        shape = self._shape(pages, meta, q.shape[1], scale, softcap)
-        tokens, kv_heads, dim = shape.num_tokens, shape.num_kv_heads, shape.head_dim
+        page = self._layout(pages)
+        tokens, kv_heads, dim = meta.rows.shape[0], page.num_kv_heads, page.head_dim
         q32, k32, v32 = _float32(q, "q"), _float32(k, "k"), _float32(v, "v")
+        heads = q32.shape[1]
         if q32.shape[0] != tokens or q32.shape[2] != dim:
             raise ValueError(f"q {tuple(q.shape)} does not fit the pages or the step")
         if k32.shape != (tokens, kv_heads, dim) or v32.shape != k32.shape:
             raise ValueError(f"k/v {tuple(k.shape)}/{tuple(v.shape)} do not fit the pages")
-        if shape.num_heads % kv_heads:
-            raise ValueError(f"{shape.num_heads} heads over {kv_heads} kv heads")
+        if heads % kv_heads:
+            raise ValueError(f"{heads} heads over {kv_heads} kv heads")
         sink32 = None if sinks is None else _float32(sinks, "sinks")
-        if sink32 is not None and sink32.shape != (shape.num_heads,):
-            raise ValueError(f"sinks {tuple(sink32.shape)} (expected [{shape.num_heads}])")
-        shape.q_stride, shape.k_stride, shape.v_stride = (t.stride(0) for t in (q32, k32, v32))
-        out = torch.empty(q32.shape, dtype=torch.float32)
+        if sink32 is not None and sink32.shape != (heads,):
+            raise ValueError(f"sinks {tuple(sink32.shape)} (expected [{heads}])")
+        shape = _Shape(
+            tokens, heads, kv_heads, dim, page.block_size, page.block_stride,
+            meta.block_table.shape[1], meta.window, page.bf16,
+            q32.stride(0), k32.stride(0), v32.stride(0), scale, softcap or 0.0,
+        )  # fmt: skip
+        out = torch.empty((tokens, heads, dim), dtype=torch.float32)
         failed = self._attn(
             ctypes.byref(shape),
             q32.data_ptr(),
@@ -132,36 +149,30 @@ class AttentionKernels:
             raise MemoryError("paged attention: no memory for its score buffers")
         return out
 
-    @staticmethod
-    def _shape(
-        pages: torch.Tensor, meta: KernelTable, heads: int, scale: float, softcap: float | None
-    ) -> _Shape:
-        if pages.dtype not in PAGE_DTYPES or pages.dim() != 5 or pages.shape[1] != 2:
-            raise ValueError(f"pages must be float32/bfloat16 [N, 2, B, kv, d], got {pages.dtype}")
-        _, _, block, kv_heads, dim = pages.shape
-        if pages.stride()[1:] != (block * kv_heads * dim, kv_heads * dim, dim, 1):
-            raise ValueError("each page must be one contiguous [2, B, kv, d] run")
-        return _Shape(
-            num_tokens=meta.rows.shape[0],
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=dim,
-            block_size=block,
-            block_stride=pages.stride(0),
-            table_stride=meta.block_table.shape[1],
-            window=meta.window,
-            bf16=PAGE_DTYPES[pages.dtype],
-            scale=scale,
-            softcap=softcap or 0.0,
-        )
+    def _layout(self, pages: torch.Tensor) -> _PageLayout:
+        """``pages``' layout, checked the first time its dtype, shape and strides are seen."""
+        key = (pages.dtype, pages.shape, pages.stride())
+        layout = self._layouts.get(key)
+        if layout is None:
+            if pages.dtype not in PAGE_DTYPES or pages.dim() != 5 or pages.shape[1] != 2:
+                raise ValueError(
+                    f"pages must be float32/bfloat16 [N, 2, B, kv, d], got {pages.dtype}"
+                )
+            _, _, block, kv_heads, dim = pages.shape
+            if pages.stride()[1:] != (block * kv_heads * dim, kv_heads * dim, dim, 1):
+                raise ValueError("each page must be one contiguous [2, B, kv, d] run")
+            layout = _PageLayout(block, kv_heads, dim, pages.stride(0), PAGE_DTYPES[pages.dtype])
+            self._layouts[key] = layout
+        return layout
 
 
 def _float32(x: torch.Tensor, name: str) -> torch.Tensor:
     """``x`` as float32 whose rows (last dim) and heads (dim 1) are packed: views into the
     step's fused q/k/v projection pass as they are (their token stride goes to the kernel)."""
-    if not x.dtype.is_floating_point:
-        raise ValueError(f"{name} must be floating point, got {x.dtype}")
-    x = x.to(torch.float32)
+    if x.dtype != torch.float32:
+        if not x.dtype.is_floating_point:
+            raise ValueError(f"{name} must be floating point, got {x.dtype}")
+        x = x.to(torch.float32)
     if x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2] and x.stride(0) >= 0:
         return x
     return x.contiguous()

@@ -2,7 +2,7 @@
  * attention.c only).
  *
  * attend_one sweeps the key positions of one table row in order, SWEEP at a time, each
- * position's rows of all kv heads read together and prefetched AHEAD positions early; scores
+ * position's rows of all kv heads read together and prefetched AHEAD_BYTES early; scores
  * of every query head (score_keys), softmax, then the values (add_values). Specialised for
  * head sizes 64 and 128 (attend_one_d with a constant d). */
 
@@ -28,11 +28,17 @@ static inline void prefetch_next(const hk_attn_shape *s, const void *pages, curs
     for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 3);
 }
 
-#define AHEAD 16 /* key positions prefetched ahead of the one read */
+/* Bytes of K (or V) rows prefetched ahead of the ones read: a few positions. Farther (16
+ * positions of 1 KB) measured 3-8% slower on one thread, probably from prefetches waiting for
+ * the line fill buffers the demand loads need (docs/benchmarks.md, "Decode attention: where the
+ * time goes"). */
+#define AHEAD_BYTES 6144
+#define AHEAD_MAX 16 /* positions */
 #define SWEEP 8  /* key positions read together (a multiple of 4) */
 
 /* A sweep over one half (K or V) of keys [lo, lo + n) of a table row: `next_rows` hands out
- * the rows of all heads of up to SWEEP key positions at a time, AHEAD positions prefetched. */
+ * the rows of all heads of up to SWEEP key positions at a time, about AHEAD_BYTES ahead
+ * prefetched (at least one position, at most AHEAD_MAX). */
 typedef struct {
     cursor at, ahead;
     int64_t left, ahead_left, half;
@@ -41,7 +47,10 @@ typedef struct {
 static inline sweep sweep_at(const hk_attn_shape *s, const void *pages, cursor c, int64_t n,
                              int64_t half) {
     sweep w = {c, c, n, n, half};
-    for (int64_t i = 0; i < AHEAD; i++) prefetch_next(s, pages, &w.ahead, &w.ahead_left, half);
+    const int64_t row = s->num_kv_heads * s->head_dim * (s->bf16 ? 2 : 4);
+    int64_t ahead = AHEAD_BYTES / row;
+    ahead = ahead < 1 ? 1 : ahead > AHEAD_MAX ? AHEAD_MAX : ahead;
+    for (int64_t i = 0; i < ahead; i++) prefetch_next(s, pages, &w.ahead, &w.ahead_left, half);
     return w;
 }
 

@@ -46,9 +46,8 @@ class PagedAttention(nn.Module):
         pages = ctx.kv_pages[self.layer_id]  # [N, 2, B, kv_heads, d]
         meta = ctx.attn_meta[self.layer_id]
         if isinstance(meta, KernelAttnMeta):
-            kernels = meta.kernels
-            out = kernels.forward(q, k, v, pages, meta.table, self.scale, self.softcap, sinks)
-            return out.to(q.dtype).flatten(1)
+            out = meta.kernels.forward(q, k, v, pages, meta.table, self.scale, self.softcap, sinks)
+            return (out if q.dtype == torch.float32 else out.to(q.dtype)).flatten(1)
         # NOTE: write through the K and V views: ``pages[blocks, 0, offsets] = k`` (an integer
         # between two index tensors) takes a slow index_put path, milliseconds per call.
         pages[:, 0][meta.write_blocks, meta.write_offsets] = k.to(pages.dtype)
