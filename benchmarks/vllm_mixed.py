@@ -28,6 +28,7 @@ VLLM_KV_CACHE_BYTES = 768 * 2**20  # as make_llm gives hybridkv
 class VLLMOptions:
     python: Path
     omp_bind: str | None
+    prefix_caching: bool = False  # True: vLLM's default (on) wherever the checkpoint allows
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +50,17 @@ MAMBA2_NO_PREFIX_CACHING = EngineOverride(
     "chunk (mamba_mixer2.py:880); the CPU scan (ops/cpu/mamba_ssm.py:10-80) ignores "
     "return_intermediate_states and returns one final state per sequence, so the first step "
     "with a checkpoint fails with 'index N is out of bounds for dimension 0 with size "
-    "<prefills in the step>'. With prefix caching off vLLM computes the same outputs; hybridkv "
-    "runs this benchmark with prefix caching off as well (make_llm), and the workload's random "
-    "prompts share no prefix.",
+    "<prefills in the step>'. Prefix caching changes no output (the outputs stay token-identical "
+    "to hybridkv's), only which prompt tokens are recomputed.",
+)
+SAME_WORK_NO_PREFIX_CACHING = EngineOverride(
+    "enable_prefix_caching",
+    False,
+    "hybridkv runs this benchmark with prefix caching off (throughput.make_llm) and every timed "
+    "run repeats the warm-up's prompts: with its default prefix cache on, vLLM serves every "
+    "full block of each prompt from the earlier runs (640 of 1,344 prompt tokens on 8 requests "
+    "of qwen3_full-small) and so does less work than hybridkv (--vllm-prefix-caching default "
+    "keeps vLLM's default).",
 )
 
 # vLLM 0.32 model types whose Mamba2 layers are MambaMixer2 (granitemoehybrid checked by a run;
@@ -62,9 +71,21 @@ VLLM_OVERRIDES: dict[str, tuple[EngineOverride, ...]] = {
 }
 
 
-def vllm_overrides(config: dict[str, Any]) -> tuple[EngineOverride, ...]:
-    """The departures from vLLM's defaults a checkpoint with this ``config.json`` needs."""
-    return VLLM_OVERRIDES.get(str(config.get("model_type")), ())
+def vllm_overrides(config: dict[str, Any], prefix_caching: bool) -> tuple[EngineOverride, ...]:
+    """The departures from vLLM's defaults for a checkpoint with this ``config.json``: the ones
+    it needs, and prefix caching off unless ``prefix_caching`` keeps vLLM's default (a setting
+    may appear twice, with the same value, for two reasons)."""
+    needed = VLLM_OVERRIDES.get(str(config.get("model_type")), ())
+    return needed if prefix_caching else (*needed, SAME_WORK_NO_PREFIX_CACHING)
+
+
+def engine_kwargs(overrides: tuple[EngineOverride, ...]) -> dict[str, Any]:
+    """The ``LLM`` keyword arguments the overrides set (one value per setting)."""
+    kwargs: dict[str, Any] = {}
+    for o in overrides:
+        if kwargs.setdefault(o.setting, o.value) != o.value:
+            raise ValueError(f"conflicting vLLM overrides for {o.setting}: {overrides}")
+    return kwargs
 
 
 class VLLM:
@@ -76,13 +97,14 @@ class VLLM:
     name = "vllm"
 
     def __init__(self, path: Path, dtype: str, spec: dict[str, Any], opts: VLLMOptions) -> None:
-        self.overrides = vllm_overrides(json.loads((path / "config.json").read_text()))
+        config = json.loads((path / "config.json").read_text())
+        self.overrides = vllm_overrides(config, opts.prefix_caching)
         full = spec | {
             "model": str(path),
             "dtype": dtype,
             "kv_cache_bytes": VLLM_KV_CACHE_BYTES,
             "memory_utilization": 0.5,  # vLLM's CPU start-up check; it does not size the KV
-            "engine_overrides": {o.setting: o.value for o in self.overrides},
+            "engine_overrides": engine_kwargs(self.overrides),
         }
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(full, f)

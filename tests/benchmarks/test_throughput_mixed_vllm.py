@@ -6,9 +6,11 @@ CPU backend does on a Mamba2 hybrid with prefix caching on)."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -49,6 +51,36 @@ def test_vllm_baseline_needs_its_virtualenv(tmp_path: Path) -> None:
 def test_omp_bind_needs_the_vllm_baseline() -> None:
     res = run_args("--vllm-omp-bind", "0-1")
     assert res.returncode == 2 and "--vllm-omp-bind needs --baseline vllm" in res.stderr
+    res = run_args("--vllm-prefix-caching", "default")
+    assert res.returncode == 2 and "--vllm-prefix-caching needs --baseline vllm" in res.stderr
+
+
+def load_vllm_mixed(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """``benchmarks/vllm_mixed.py`` (a script's module: not on the import path)."""
+    spec = importlib.util.spec_from_file_location("vllm_mixed", ROOT / "benchmarks/vllm_mixed.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look themselves up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_vllm_prefix_caching_off_by_default_and_always_for_mamba2(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    vm = load_vllm_mixed(monkeypatch)
+    granite, gemma = {"model_type": "granitemoehybrid"}, {"model_type": "gemma3_text"}
+    assert vm.vllm_overrides(gemma, prefix_caching=True) == ()
+    [same_work] = vm.vllm_overrides(gemma, prefix_caching=False)
+    assert "repeats the warm-up's prompts" in same_work.reason
+    [mamba2] = vm.vllm_overrides(granite, prefix_caching=True)
+    assert "return_intermediate_states" in mamba2.reason
+    both = vm.vllm_overrides(granite, prefix_caching=False)
+    assert both == (mamba2, same_work)
+    assert vm.engine_kwargs(both) == {"enable_prefix_caching": False}
+    clash = vm.EngineOverride("enable_prefix_caching", True, "clash")
+    with pytest.raises(ValueError, match="conflicting vLLM overrides for enable_prefix_caching"):
+        vm.engine_kwargs((mamba2, clash))
 
 
 @pytest.mark.slow
@@ -64,9 +96,12 @@ def test_harness_drives_a_worker_and_compares_tokens(tmp_path: Path) -> None:
         "vllm",
         "--vllm-python",
         str(fake),
+        "--vllm-prefix-caching",
+        "default",
         timeout=300,
     )
-    # --baseline vllm's default --archs: the ones vLLM's CPU backend runs
+    # --baseline vllm's default --archs: the ones vLLM's CPU backend runs; vLLM's prefix caching
+    # kept on (its default) except for Granite's Mamba2 layers
     assert set(out["results"]) == {
         f"{arch}-tiny-float32" for arch in ("qwen3_full", "gemma3", "granitemoehybrid")
     }
