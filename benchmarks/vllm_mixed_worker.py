@@ -4,12 +4,16 @@
     /work/vllm-venv/bin/python benchmarks/vllm_mixed_worker.py SPEC.json
 
 SPEC.json: ``model``, ``dtype``, ``prompts`` (token ids), ``output_lens``, ``max_num_seqs``,
-``max_model_len``, ``kv_cache_bytes`` (hybridkv's KV space), ``memory_utilization``. vLLM runs in its default configuration otherwise (its CPU thread binding
-included; ``VLLM_CPU_OMP_THREADS_BIND`` in the environment changes it). Line protocol on
-stdout, one JSON object per line (vLLM's logs go to stderr):
+``max_model_len``, ``kv_cache_bytes`` (hybridkv's KV space), ``memory_utilization``, and
+optionally ``engine_overrides``: further ``LLM`` keyword arguments that depart from vLLM's
+defaults (the parent names each and says why, e.g. ``enable_prefix_caching: false`` for Mamba2
+hybrids, see ``throughput_mixed.py``). vLLM runs in its default configuration otherwise (its CPU
+thread binding included; ``VLLM_CPU_OMP_THREADS_BIND`` in the environment changes it). Line
+protocol on stdout, one JSON object per line (vLLM's logs go to stderr):
 
     {"ready": true, "startup_s": ..., "vllm": "0.32.0", "threads": ..., ...}   after start-up
-    stdin "run"  -> {"seconds": ..., "tokens": [[...], ...]}   one timed generate call
+    stdin "run"  -> {"seconds": ..., "tokens": [[...], ...], "cached_tokens": ...}   one timed
+                    generate call; cached_tokens: prompt tokens served from vLLM's prefix cache
     stdin "quit" -> exits
 """
 
@@ -62,6 +66,7 @@ def main() -> int:
         # other processes hold more than 8 %; the KV space is set as hybridkv's instead.
         kv_cache_memory_bytes=spec["kv_cache_bytes"],
         gpu_memory_utilization=spec["memory_utilization"],
+        **spec.get("engine_overrides", {}),
     )
     params = [
         SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in spec["output_lens"]
@@ -75,6 +80,8 @@ def main() -> int:
             "torch": torch.__version__,
             "threads_in_front_process": torch.get_num_threads(),
             "kv_cache_bytes": spec["kv_cache_bytes"],
+            "engine_overrides": spec.get("engine_overrides", {}),
+            "enable_prefix_caching": llm.llm_engine.vllm_config.cache_config.enable_prefix_caching,
             "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
         }
     )
@@ -88,7 +95,13 @@ def main() -> int:
         began = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - began
-        reply({"seconds": seconds, "tokens": [list(o.outputs[0].token_ids) for o in outs]})
+        reply(
+            {
+                "seconds": seconds,
+                "tokens": [list(o.outputs[0].token_ids) for o in outs],
+                "cached_tokens": sum(o.num_cached_tokens or 0 for o in outs),
+            }
+        )
     return 0
 
 
