@@ -100,12 +100,17 @@ class TransformersEngine:
 Engine = HybridKVEngine | TransformersEngine
 
 
-def make_llm(path: Path, dtype: str, **limits: int) -> Any:
-    """hybridkv's ``LLM`` as both B1 scripts run it: prefix caching off, 768 MiB of KV."""
+def make_llm(path: Path, dtype: str, prefix_caching: bool = False, **limits: int) -> Any:
+    """hybridkv's ``LLM`` as both B1 scripts run it: prefix caching off (unless asked),
+    768 MiB of KV."""
     from hybridkv import LLM
 
     return LLM(
-        str(path), dtype=dtype, enable_prefix_caching=False, kv_cache_memory="768MiB", **limits
+        str(path),
+        dtype=dtype,
+        enable_prefix_caching=prefix_caching,
+        kv_cache_memory="768MiB",
+        **limits,
     )
 
 

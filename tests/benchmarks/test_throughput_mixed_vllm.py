@@ -51,8 +51,8 @@ def test_vllm_baseline_needs_its_virtualenv(tmp_path: Path) -> None:
 def test_omp_bind_needs_the_vllm_baseline() -> None:
     res = run_args("--vllm-omp-bind", "0-1")
     assert res.returncode == 2 and "--vllm-omp-bind needs --baseline vllm" in res.stderr
-    res = run_args("--vllm-prefix-caching", "default")
-    assert res.returncode == 2 and "--vllm-prefix-caching needs --baseline vllm" in res.stderr
+    res = run_args("--prefix-caching", "default")
+    assert res.returncode == 2 and "--prefix-caching needs --baseline vllm" in res.stderr
 
 
 def load_vllm_mixed(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
@@ -96,7 +96,7 @@ def test_harness_drives_a_worker_and_compares_tokens(tmp_path: Path) -> None:
         "vllm",
         "--vllm-python",
         str(fake),
-        "--vllm-prefix-caching",
+        "--prefix-caching",
         "default",
         timeout=300,
     )
@@ -112,6 +112,7 @@ def test_harness_drives_a_worker_and_compares_tokens(tmp_path: Path) -> None:
         assert case["vllm_info"]["ready"] is True
         assert case["vllm"]["tokens_per_s"]["median"] > 0
         assert case["ratio"]["median"] > 0
+        assert case["hybridkv_prefix_caching"] is True  # each engine's default
     granite = out["results"]["granitemoehybrid-tiny-float32"]
     [change] = granite["vllm_config_changes"]
     assert change["setting"] == "enable_prefix_caching" and change["value"] is False
