@@ -59,8 +59,8 @@ SAME_WORK_NO_PREFIX_CACHING = EngineOverride(
     "hybridkv runs this benchmark with prefix caching off (throughput.make_llm) and every timed "
     "run repeats the warm-up's prompts: with its default prefix cache on, vLLM serves every "
     "full block of each prompt from the earlier runs (640 of 1,344 prompt tokens on 8 requests "
-    "of qwen3_full-small) and so does less work than hybridkv (--vllm-prefix-caching default "
-    "keeps vLLM's default).",
+    "of qwen3_full-small) and so does less work than hybridkv (--prefix-caching default runs "
+    "both engines with prefix caching on, their defaults).",
 )
 
 # vLLM 0.32 model types whose Mamba2 layers are MambaMixer2 (granitemoehybrid checked by a run;
