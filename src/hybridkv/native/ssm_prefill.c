@@ -19,17 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vecmath.h"
+#include "ssm_act.h"
 #include "ssm_scan.h"
 
 #define CB 256  /* channels per conv work item */
-
-#pragma omp declare simd
-static inline float silu(float v) {
-    const float e = exp_le0(-fabsf(v)); /* exp(-|v|) in (0, 1] */
-    const float sig = v >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-    return v * sig;
-}
 
 /* Conv input i of row r: i < k - 1 from the slot's saved inputs (copied to head), else token
  * i - (k - 1) of the row. */

@@ -21,12 +21,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridkv.model.config import MambaConfig, MambaOutNorm
-from hybridkv.model.layers.linear import Linear
+from hybridkv.model.layers.linear import Linear, tensor_version
 from hybridkv.model.layers.norm import GatedRMSNorm
 from hybridkv.model.layers.short_conv import conv_chunk_, conv_step_
 from hybridkv.model.layers.ssd import ssd_chunk_scan, ssd_step_
 from hybridkv.model.step_context import StateMeta, StepContext
-from hybridkv.native.ssm import SsmKernels, load_ssm
+from hybridkv.native.ssm import MambaWeights, load_ssm
 from hybridkv.native.ssm_prefill import PrefillRows, load_ssm_prefill
 
 
@@ -46,6 +46,8 @@ class Mamba2Mixer(nn.Module):
             self.norm = GatedRMSNorm(inner, cfg.n_groups, eps, norm_before_gate=before)
         self.out_proj = Linear(inner, hidden, bias=cfg.proj_bias)
         self.proj_scale: torch.Tensor | None = None  # [inner + conv_dim + heads]
+        self._a_key: tuple[int, int] = (0, -2)
+        self._a_cache = torch.empty(0)
 
     def forward(self, hidden: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """``[T, hidden]`` -> ``[T, hidden]``; updates this layer's live state slots."""
@@ -57,7 +59,7 @@ class Mamba2Mixer(nn.Module):
             proj = proj * self.proj_scale.to(proj.dtype)
         gate, xbc, dt = proj.split([cfg.intermediate_size, cfg.conv_dim, cfg.num_heads], dim=-1)
         y = hidden.new_empty(hidden.shape[0], cfg.intermediate_size)  # [T, inner]
-        if meta.has_decode:
+        if meta.has_decode and not self._decode_native(proj, conv_state, ssm_state, meta, y):
             y[meta.decode_token_idx] = self._decode(xbc, dt, conv_state, ssm_state, meta)
         if meta.has_prefill and not self._prefill_native(xbc, dt, conv_state, ssm_state, meta, y):
             y[meta.prefill_token_idx] = self._prefill(xbc, dt, conv_state, ssm_state, meta)
@@ -76,18 +78,10 @@ class Mamba2Mixer(nn.Module):
         ssm_state: torch.Tensor,
         meta: StateMeta,
     ) -> torch.Tensor:
+        """The decode rows' step in torch (the fallback and the native kernel's reference)."""
         idx = meta.decode_token_idx
         # a contiguous run of slots is updated in place through a view; else gather/scatter
         live = meta.decode_slot_run or meta.decode_slots
-        kernels = None if torch.is_grad_enabled() else load_ssm()
-        if (
-            kernels is not None
-            and ssm_state.dtype == conv_state.dtype == xbc.dtype == torch.float32
-        ):
-            w, bias = self.conv1d.weight[:, 0, :], self.conv1d.bias  # [conv_dim, k]
-            conv = kernels.conv_step_(conv_state, meta.decode_slots, xbc[idx], w, bias)
-            y = self._decode_native(kernels, F.silu(conv), self._dt(dt[idx]), ssm_state, meta)
-            return y.flatten(1).to(xbc.dtype)
         conv = conv_step_(xbc[idx], conv_state, live, self.conv1d)  # [Rd, conv_dim]
         x, b, c = self._split_heads(F.silu(conv))  # [Rd, h, p], [Rd, h, n], [Rd, h, n]
         step_dt = self._dt(dt[idx])  # [Rd, h]
@@ -100,22 +94,36 @@ class Mamba2Mixer(nn.Module):
 
     def _decode_native(
         self,
-        kernels: SsmKernels,
-        act: torch.Tensor,
-        step_dt: torch.Tensor,
+        proj: torch.Tensor,
+        conv_state: torch.Tensor,
         ssm_state: torch.Tensor,
         meta: StateMeta,
-    ) -> torch.Tensor:
-        """The SSM step of ``_decode`` in one pass over the state (``native/ssm.c``): B and C
-        per group, not repeated per head; the skip term ``D x`` folded in."""
-        cfg = self.cfg
-        rows, span = act.shape[0], cfg.n_groups * cfg.d_state
-        x, b, c = torch.split(act.float(), [cfg.intermediate_size, span, span], -1)
-        x = x.contiguous().view(rows, cfg.num_heads, cfg.head_dim)
-        b = b.contiguous().view(rows, cfg.n_groups, cfg.d_state)
-        c = c.contiguous().view(rows, cfg.n_groups, cfg.d_state)
-        slots = meta.decode_slots  # updated in place, no gather or scatter
-        return kernels.ssd_step_(ssm_state, slots, x, step_dt, self._a(), b, c, self.D.float())
+        y: torch.Tensor,
+    ) -> bool:
+        """The decode rows through ``native/ssm.c`` in one call: conv, SiLU, dt, the SSM step
+        and the skip term, slots updated in place, outputs written into ``y``'s decode rows;
+        False (nothing done) where it does not apply: no kernel, autograd, not float32."""
+        kernels = None if torch.is_grad_enabled() else load_ssm()
+        weights = None if kernels is None else self._step_weights()
+        tensors = (proj, conv_state, ssm_state, y)
+        if kernels is None or weights is None or any(t.dtype != torch.float32 for t in tensors):
+            return False
+        states = (conv_state, ssm_state)
+        kernels.mamba_step_(states, meta.decode_slots, meta.decode_token_idx, proj, weights, y)
+        return True
+
+    def _step_weights(self) -> MambaWeights | None:
+        """The decode kernel's parameters, None unless all float32; ``a`` is cached while
+        ``A_log`` is unchanged (same tensor, same version)."""
+        conv_w, conv_b = self.conv1d.weight[:, 0, :], self.conv1d.bias
+        params = (conv_w, conv_b, self.dt_bias, self.A_log, self.D)
+        if any(t is not None and t.dtype != torch.float32 for t in params):
+            return None
+        key = (self.A_log.data_ptr(), tensor_version(self.A_log))
+        if key != self._a_key:
+            self._a_cache, self._a_key = self._a().contiguous(), key
+        limits = (self.cfg.dt_min, self.cfg.dt_max)
+        return MambaWeights(conv_w, conv_b, self.dt_bias, self._a_cache, self.D, limits)
 
     def _prefill_native(
         self,
