@@ -1,7 +1,8 @@
 """The fused Mamba2 decode step (``native/ssm.c``) against the mixer's torch step
 (``Mamba2Mixer._decode``, its reference), exact to 1e-5 in float32: conv + SiLU, dt softplus
 and clamp, grouped B/C, the skip term, both states updated in place on scattered slots, outputs
-written to the decode tokens' rows only; the same bits on 1 and 2 threads; bad input refused
+written to the decode tokens' rows only; its fused output norm is ``GatedRMSNorm``'s kernel
+bit for bit; the same bits on 1 and 2 threads; bad input refused
 before anything is written; without a compiler there is no kernel."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from hybridkv.model.config_mamba import MambaConfig
 from hybridkv.model.layers.mamba2 import Mamba2Mixer
 from hybridkv.model.step_context import StateMeta
 from hybridkv.native import ssm
-from hybridkv.native.ssm import MambaWeights, SsmKernels
+from hybridkv.native.ssm import MambaWeights, SsmKernels, StepNorm
 from tests.native.no_compiler import built_or_skip
 
 
@@ -87,6 +88,29 @@ def test_step_matches_torch(
     idle = torch.ones(states.shape[0], dtype=torch.bool)
     idle[slots] = False
     assert torch.equal(got_states[idle], case[4][idle])
+
+
+@pytest.mark.parametrize(("groups", "gate_first"), [(1, True), (2, False)])
+def test_fused_norm_is_the_gated_norm_bit_for_bit(
+    kernels: SsmKernels, groups: int, gate_first: bool
+) -> None:
+    from hybridkv.model.layers.norm import GatedRMSNorm
+
+    mixer = make_mixer(6, groups, 16, 32, True)
+    case = step_case(mixer, 4, seed=5)
+    proj, tokens, slots, conv, states = (t.clone() for t in case)
+    inner = mixer.cfg.intermediate_size
+    norm = GatedRMSNorm(inner, groups, 1e-5, norm_before_gate=not gate_first)
+    norm.weight.data.uniform_(0.5, 1.5)
+    y, _, _ = run_kernel(kernels, mixer, case)
+    with torch.no_grad():  # GatedRMSNorm's native kernel (the torch path differs in order)
+        want = norm(y[tokens], proj[tokens, :inner])
+    fused = torch.zeros(proj.shape[0], inner)
+    step_norm = StepNorm(norm.weight.detach(), groups, 1e-5, gate_first)
+    weights = mixer._step_weights()
+    assert weights is not None
+    kernels.mamba_step_((conv, states), slots, tokens, proj, weights, fused, step_norm)
+    assert torch.equal(fused[tokens], want)
 
 
 def test_same_bits_on_one_and_two_threads(kernels: SsmKernels) -> None:

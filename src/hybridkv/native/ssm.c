@@ -3,7 +3,9 @@
  * and SSM states of the row's slot updated in place:
  *     xbc' = silu(conv(slot's last k - 1 inputs, xbc));  dt' = clamp(softplus(dt + dt_bias))
  *     S = exp(dt' a_h) S + (dt' x) b^T;   y = S c + D_h x
- * where x, b, c are xbc' split (x per head [p], b and c per group [n]) and S is [p][n].
+ * where x, b, c are xbc' split (x per head [p], b and c per group [n]) and S is [p][n];
+ * with a norm weight, y then goes through the gated RMS norm with the token's gate
+ * (gated_norm_row, the same code as hk_gated_rms_norm) before it is written.
  * The torch version (model/layers/mamba2.py Mamba2Mixer._decode) is ~20 tensor ops per layer
  * and reads and writes the state twice; here the state is read and written once and nothing
  * is gathered or scattered. Each output is computed by one thread in a fixed order: results
@@ -29,10 +31,13 @@ typedef struct {
     const float *d;       /* [H] or NULL */
     float *act;           /* [rows][C] scratch: silu(conv) */
     float *dts;           /* [rows][H] scratch: dt' */
+    float *ys;            /* [rows][H * P] scratch: y before the norm (used with norm_w) */
     float *y;             /* [num_tokens][y_stride]: row r's y at tokens[r], [H][P] */
+    const float *norm_w;  /* [H * P] gated norm weight, or NULL: y written unnormalised */
     int64_t proj_stride, xbc_at, dt_at, y_stride;
     int64_t rows, num_slots, num_tokens, heads, groups, p_dim, n_dim, k;
-    float dt_lo, dt_hi;
+    int64_t norm_groups, gate_first; /* gate_first: norm(y * silu(gate)); else norm(y) * silu */
+    float dt_lo, dt_hi, eps;
 } MambaStep;
 
 /* Conv step of one row over all C channels: window = slot's k - 1 inputs then x. */
@@ -67,7 +72,8 @@ static void ssd_head(const MambaStep *g, int64_t r, int64_t h) {
     const float *xv = g->act + r * (inner + 2 * span) + h * g->p_dim;
     const float *bv = g->act + r * (inner + 2 * span) + inner + grp * n_dim, *cv = bv + span;
     float *s = g->ssm_states + (g->slots[r] * g->heads + h) * g->p_dim * n_dim;
-    float *yv = g->y + g->tokens[r] * g->y_stride + h * g->p_dim;
+    float *yv = g->norm_w ? g->ys + r * inner : g->y + g->tokens[r] * g->y_stride;
+    yv += h * g->p_dim;
     for (int64_t p = 0; p < g->p_dim; p++) {
         const float xp = step * xv[p];
         float *row = s + p * n_dim, acc = 0.0f;
@@ -94,6 +100,14 @@ int hk_mamba_step(const MambaStep *g) {
         for (int64_t r = 0; r < g->rows; r++) conv_row(g, r);
 #pragma omp for schedule(static)
         for (int64_t rh = 0; rh < work; rh++) ssd_head(g, rh / g->heads, rh % g->heads);
+        if (g->norm_w) {
+            const int64_t dim = g->heads * g->p_dim;
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < g->rows; r++)
+                gated_norm_row(g->ys + r * dim, g->proj + g->tokens[r] * g->proj_stride,
+                               g->norm_w, g->y + g->tokens[r] * g->y_stride, dim,
+                               g->norm_groups, g->eps, (int)g->gate_first);
+        }
     }
     return 0;
 }

@@ -40,15 +40,17 @@ class _MambaStep(ctypes.Structure):
             "d",
             "act",
             "dts",
+            "ys",
             "y",
+            "norm_w",
         )
     ]
     _fields_ += [
         (name, _I64)
         for name in ("proj_stride", "xbc_at", "dt_at", "y_stride", "rows", "num_slots")
-        + ("num_tokens", "heads", "groups", "p_dim", "n_dim", "k")
+        + ("num_tokens", "heads", "groups", "p_dim", "n_dim", "k", "norm_groups", "gate_first")
     ]
-    _fields_ += [("dt_lo", _F32), ("dt_hi", _F32)]
+    _fields_ += [("dt_lo", _F32), ("dt_hi", _F32), ("eps", _F32)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,17 @@ class MambaWeights:
     a: torch.Tensor
     d: torch.Tensor | None
     dt_limits: tuple[float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class StepNorm:
+    """The gated RMS norm the step applies to y before writing it (``GatedRMSNorm``): weight
+    ``[inner]`` float32, groups, eps, and whether the gate comes before the norm."""
+
+    weight: torch.Tensor
+    groups: int
+    eps: float
+    gate_first: bool
 
 
 class SsmKernels:
@@ -80,11 +93,13 @@ class SsmKernels:
         proj: torch.Tensor,
         weights: MambaWeights,
         y: torch.Tensor,
+        norm: StepNorm | None = None,
     ) -> None:
         """Row r (token ``tokens[r]`` of ``proj`` ``[T, inner + C + h]``, gate | xbc | dt)
         continues from conv ``states[0][slots[r]]`` ``[C, k - 1]`` and SSM
         ``states[1][slots[r]]`` ``[h, p, n]`` (both updated in place) and writes its
-        ``[inner]`` output to ``y[tokens[r]]`` (``y`` ``[T, inner]``); float32."""
+        ``[inner]`` output to ``y[tokens[r]]`` (``y`` ``[T, inner]``), through ``norm`` with the
+        token's gate (``proj``'s first ``inner`` columns) if given; float32."""
         conv_states, ssm_states = states
         num_slots, heads, p_dim, n_dim = ssm_states.shape
         inner = heads * p_dim
@@ -103,6 +118,10 @@ class SsmKernels:
             want["conv bias"] = (weights.conv_b, (channels,))
         if weights.d is not None:
             want["d"] = (weights.d, (heads,))
+        if norm is not None:
+            want["norm weight"] = (norm.weight, (inner,))
+            if norm.groups < 1 or inner % norm.groups:
+                raise ValueError(f"norm: {inner} channels over {norm.groups} groups")
         for name, (t, shape) in want.items():
             dtype = torch.int64 if name == "tokens" else torch.float32
             if t.dtype != dtype or not t.is_contiguous() or tuple(t.shape) != shape:
@@ -117,12 +136,15 @@ class SsmKernels:
             raise ValueError(f"proj: {proj.shape[1]} columns, expected {inner + channels + heads}")
         if y.dtype != torch.float32 or y.shape != (num_tokens, inner) or y.stride(1) != 1:
             raise ValueError(f"y must be float32 [{num_tokens}, {inner}] with contiguous rows")
-        act = torch.empty(rows, channels + heads, dtype=torch.float32)
+        # scratch: silu(conv) [R, C], dt [R, h], y before the norm [R, inner]
+        act = torch.empty(rows * (channels + heads + (inner if norm else 0)), dtype=torch.float32)
         args = _MambaStep(
             *(_ptr(t) for t in (conv_states, ssm_states, slots, tokens, proj, weights.conv_w)),
             *(_ptr(t) for t in (weights.conv_b, weights.dt_bias, weights.a, weights.d, act)),
             act.data_ptr() + rows * channels * 4,
+            act.data_ptr() + rows * (channels + heads) * 4,
             y.data_ptr(),
+            None if norm is None else norm.weight.data_ptr(),
             proj.stride(0),
             inner,
             inner + channels,
@@ -135,7 +157,10 @@ class SsmKernels:
             p_dim,
             n_dim,
             k,
+            1 if norm is None else norm.groups,
+            int(norm is not None and norm.gate_first),
             *weights.dt_limits,
+            1e-6 if norm is None else norm.eps,
         )
         if self._step(ctypes.byref(args)) != 0:
             raise IndexError(f"state slot or token out of range ({num_slots} slots)")

@@ -26,7 +26,7 @@ from hybridkv.model.layers.norm import GatedRMSNorm
 from hybridkv.model.layers.short_conv import conv_chunk_, conv_step_
 from hybridkv.model.layers.ssd import ssd_chunk_scan, ssd_step_
 from hybridkv.model.step_context import StateMeta, StepContext
-from hybridkv.native.ssm import MambaWeights, load_ssm
+from hybridkv.native.ssm import MambaWeights, StepNorm, load_ssm
 from hybridkv.native.ssm_prefill import PrefillRows, load_ssm_prefill
 
 
@@ -59,7 +59,12 @@ class Mamba2Mixer(nn.Module):
             proj = proj * self.proj_scale.to(proj.dtype)
         gate, xbc, dt = proj.split([cfg.intermediate_size, cfg.conv_dim, cfg.num_heads], dim=-1)
         y = hidden.new_empty(hidden.shape[0], cfg.intermediate_size)  # [T, inner]
-        if meta.has_decode and not self._decode_native(proj, conv_state, ssm_state, meta, y):
+        norm = None if meta.has_prefill else self._step_norm()  # decode only: norm in the step
+        if meta.has_decode and self._decode_native(proj, conv_state, ssm_state, meta, y, norm):
+            if norm is not None:  # y went through the gated norm inside the step
+                normed: torch.Tensor = self.out_proj(y)
+                return normed
+        elif meta.has_decode:
             y[meta.decode_token_idx] = self._decode(xbc, dt, conv_state, ssm_state, meta)
         if meta.has_prefill and not self._prefill_native(xbc, dt, conv_state, ssm_state, meta, y):
             y[meta.prefill_token_idx] = self._prefill(xbc, dt, conv_state, ssm_state, meta)
@@ -99,18 +104,29 @@ class Mamba2Mixer(nn.Module):
         ssm_state: torch.Tensor,
         meta: StateMeta,
         y: torch.Tensor,
+        norm: StepNorm | None,
     ) -> bool:
         """The decode rows through ``native/ssm.c`` in one call: conv, SiLU, dt, the SSM step
-        and the skip term, slots updated in place, outputs written into ``y``'s decode rows;
-        False (nothing done) where it does not apply: no kernel, autograd, not float32."""
+        and the skip term (then ``norm`` if given), slots updated in place, outputs written
+        into ``y``'s decode rows; False (nothing done) where it does not apply: no kernel,
+        autograd, not float32."""
         kernels = None if torch.is_grad_enabled() else load_ssm()
         weights = None if kernels is None else self._step_weights()
         tensors = (proj, conv_state, ssm_state, y)
         if kernels is None or weights is None or any(t.dtype != torch.float32 for t in tensors):
             return False
         states = (conv_state, ssm_state)
-        kernels.mamba_step_(states, meta.decode_slots, meta.decode_token_idx, proj, weights, y)
+        tokens = meta.decode_token_idx
+        kernels.mamba_step_(states, meta.decode_slots, tokens, proj, weights, y, norm)
         return True
+
+    def _step_norm(self) -> StepNorm | None:
+        """The output norm as the decode kernel applies it; None without a norm or not
+        float32 (the mixer then runs ``GatedRMSNorm`` after the step)."""
+        if self.cfg.out_norm is MambaOutNorm.GATE_ONLY or self.norm.weight.dtype != torch.float32:
+            return None
+        norm = self.norm
+        return StepNorm(norm.weight, norm.num_groups, norm.eps, not norm.norm_before_gate)
 
     def _step_weights(self) -> MambaWeights | None:
         """The decode kernel's parameters, None unless all float32; ``a`` is cached while
