@@ -55,13 +55,20 @@ def step_case(
     return proj, tokens, slots, conv, states
 
 
+def step_weights(mixer: Mamba2Mixer) -> MambaWeights:
+    kernels = ssm.load_ssm()
+    assert kernels is not None
+    step = mixer._build_step(kernels, mixer._step_params())
+    assert step is not None
+    return step.weights
+
+
 def run_kernel(
     kernels: SsmKernels, mixer: Mamba2Mixer, case: tuple[torch.Tensor, ...]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     proj, tokens, slots, conv, states = (t.clone() for t in case)
     y = torch.full((proj.shape[0], mixer.cfg.intermediate_size), -7.0)
-    weights = mixer._step_weights()
-    assert weights is not None
+    weights = step_weights(mixer)
     kernels.mamba_step_((conv, states), slots, tokens, proj, weights, y)
     return y, conv, states
 
@@ -107,8 +114,7 @@ def test_fused_norm_is_the_gated_norm_bit_for_bit(
         want = norm(y[tokens], proj[tokens, :inner])
     fused = torch.zeros(proj.shape[0], inner)
     step_norm = StepNorm(norm.weight.detach(), groups, 1e-5, gate_first)
-    weights = mixer._step_weights()
-    assert weights is not None
+    weights = step_weights(mixer)
     kernels.mamba_step_((conv, states), slots, tokens, proj, weights, fused, step_norm)
     assert torch.equal(fused[tokens], want)
 
@@ -130,8 +136,7 @@ def test_same_bits_on_one_and_two_threads(kernels: SsmKernels) -> None:
 def test_bad_input_is_refused_before_any_write(kernels: SsmKernels) -> None:
     mixer = make_mixer(4, 1, 16, 32, True)
     proj, tokens, slots, conv, states = step_case(mixer, 3, seed=1)
-    weights = mixer._step_weights()
-    assert weights is not None
+    weights = step_weights(mixer)
     y = torch.zeros(proj.shape[0], mixer.cfg.intermediate_size)
     conv0, states0 = conv.clone(), states.clone()
     bad_slots = slots.clone()
@@ -157,3 +162,19 @@ def test_without_a_compiler_there_is_no_kernel(
     with caplog.at_level(logging.WARNING, logger="hybridkv.native"):
         assert ssm.load_ssm.__wrapped__() is None
     assert "native Mamba2 step unavailable" in caplog.text
+
+
+def test_the_mixer_keeps_its_step_until_a_parameter_changes(kernels: SsmKernels) -> None:
+    mixer = make_mixer(4, 1, 16, 32, True)
+    proj, _, _, conv, states = step_case(mixer, 2, seed=2)
+    with torch.no_grad():
+        first = mixer._native_step(proj, conv, states)
+        assert first is not None and mixer._native_step(proj, conv, states) is first
+        mixer.A_log.add_(0.5)  # in place: same tensor, new version
+        again = mixer._native_step(proj, conv, states)
+        assert again is not None and again is not first
+        assert torch.equal(again.weights.a, -torch.exp(mixer.A_log))
+    assert mixer._native_step(proj, conv, states) is None  # autograd: the torch step
+    with torch.no_grad():
+        mixer.D.data = mixer.D.data.to(torch.bfloat16)  # the kernel is float32 only
+        assert mixer._native_step(proj, conv, states) is None

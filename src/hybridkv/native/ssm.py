@@ -55,8 +55,9 @@ class _MambaStep(ctypes.Structure):
 
 @dataclass(frozen=True, slots=True)
 class MambaWeights:
-    """One mixer's step parameters, float32 contiguous: conv weight ``[C, k]`` and bias ``[C]`` or None, dt_bias, a (``-exp(A_log)``) and D ``[h]``
-    (D may be None), and the dt clamp."""
+    """One mixer's step parameters, float32 contiguous (checked here, once): conv weight
+    ``[C, k]`` and bias ``[C]`` or None; dt_bias, a (``-exp(A_log)``) and D ``[h]`` (D may be
+    None); the dt clamp."""
 
     conv_w: torch.Tensor
     conv_b: torch.Tensor | None
@@ -64,6 +65,13 @@ class MambaWeights:
     a: torch.Tensor
     d: torch.Tensor | None
     dt_limits: tuple[float, float]
+
+    def __post_init__(self) -> None:
+        channels, heads = self.conv_w.shape[0], self.dt_bias.shape[0]
+        _check_f32("conv weight", self.conv_w, (channels, self.conv_w.shape[-1]))
+        _check_f32("conv bias", self.conv_b, (channels,))
+        for name, t in (("dt_bias", self.dt_bias), ("a", self.a), ("d", self.d)):
+            _check_f32(name, t, (heads,))
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +83,18 @@ class StepNorm:
     groups: int
     eps: float
     gate_first: bool
+
+    def __post_init__(self) -> None:
+        _check_f32("norm weight", self.weight, (self.weight.shape[0],))
+        if self.groups < 1 or self.weight.shape[0] % self.groups:
+            raise ValueError(f"norm: {self.weight.shape[0]} channels over {self.groups} groups")
+
+
+def _check_f32(name: str, t: torch.Tensor | None, shape: tuple[int, ...]) -> None:
+    if t is not None and (
+        t.dtype != torch.float32 or not t.is_contiguous() or tuple(t.shape) != shape
+    ):
+        raise ValueError(f"{name}: expected contiguous float32 {shape}, got {t.dtype}")
 
 
 class SsmKernels:
@@ -106,30 +126,15 @@ class SsmKernels:
         channels, k = weights.conv_w.shape[0], weights.conv_w.shape[-1]
         groups = (channels - inner) // (2 * n_dim)
         rows, num_tokens = slots.shape[0], proj.shape[0]
-        want = {
-            "conv states": (conv_states, (num_slots, channels, k - 1)),
-            "ssm states": (ssm_states, (num_slots, heads, p_dim, n_dim)),
-            "conv weight": (weights.conv_w, (channels, k)),
-            "dt_bias": (weights.dt_bias, (heads,)),
-            "a": (weights.a, (heads,)),
-            "tokens": (tokens, (rows,)),
-        }
-        if weights.conv_b is not None:
-            want["conv bias"] = (weights.conv_b, (channels,))
-        if weights.d is not None:
-            want["d"] = (weights.d, (heads,))
-        if norm is not None:
-            want["norm weight"] = (norm.weight, (inner,))
-            if norm.groups < 1 or inner % norm.groups:
-                raise ValueError(f"norm: {inner} channels over {norm.groups} groups")
-        for name, (t, shape) in want.items():
-            dtype = torch.int64 if name == "tokens" else torch.float32
-            if t.dtype != dtype or not t.is_contiguous() or tuple(t.shape) != shape:
-                raise ValueError(f"{name}: expected contiguous {dtype} {shape}, got {t.dtype}")
+        _check_f32("conv states", conv_states, (num_slots, channels, k - 1))
+        _check_f32("ssm states", ssm_states, (num_slots, heads, p_dim, n_dim))
+        if weights.dt_bias.shape[0] != heads or (norm and norm.weight.shape[0] != inner):
+            raise ValueError(f"weights do not fit {heads} heads of {p_dim}")
+        for name, t in (("slots", slots), ("tokens", tokens)):
+            if t.dtype != torch.int64 or t.shape != (rows,) or not t.is_contiguous():
+                raise ValueError(f"{name} must be contiguous int64 [{rows}]")
         if groups < 1 or heads % groups or channels != inner + 2 * groups * n_dim:
             raise ValueError(f"{channels} conv channels do not fit {heads} heads of {p_dim}")
-        if slots.dtype != torch.int64 or slots.dim() != 1 or not slots.is_contiguous():
-            raise ValueError(f"slots must be contiguous int64 [{rows}]")
         if proj.dtype != torch.float32 or proj.dim() != 2 or proj.stride(1) != 1:
             raise ValueError("proj must be float32 [T, inner + C + h] with contiguous rows")
         if proj.shape[1] != inner + channels + heads:

@@ -16,6 +16,8 @@ channel (Falcon-H1's MuP vector; None elsewhere).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,8 +28,18 @@ from hybridkv.model.layers.norm import GatedRMSNorm
 from hybridkv.model.layers.short_conv import conv_chunk_, conv_step_
 from hybridkv.model.layers.ssd import ssd_chunk_scan, ssd_step_
 from hybridkv.model.step_context import StateMeta, StepContext
-from hybridkv.native.ssm import MambaWeights, StepNorm, load_ssm
+from hybridkv.native.ssm import MambaWeights, SsmKernels, StepNorm, load_ssm
 from hybridkv.native.ssm_prefill import PrefillRows, load_ssm_prefill
+
+
+@dataclass(frozen=True, slots=True)
+class NativeStep:
+    """The decode kernel and one mixer's parameters as it takes them; ``norm`` None: the
+    mixer's output norm is not one the kernel applies (gate only)."""
+
+    kernels: SsmKernels
+    weights: MambaWeights
+    norm: StepNorm | None
 
 
 class Mamba2Mixer(nn.Module):
@@ -46,8 +58,8 @@ class Mamba2Mixer(nn.Module):
             self.norm = GatedRMSNorm(inner, cfg.n_groups, eps, norm_before_gate=before)
         self.out_proj = Linear(inner, hidden, bias=cfg.proj_bias)
         self.proj_scale: torch.Tensor | None = None  # [inner + conv_dim + heads]
-        self._a_key: tuple[int, int] = (0, -2)
-        self._a_cache = torch.empty(0)
+        self._step_key: tuple[tuple[int, int], ...] = ()
+        self._step: NativeStep | None = None
 
     def forward(self, hidden: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """``[T, hidden]`` -> ``[T, hidden]``; updates this layer's live state slots."""
@@ -59,8 +71,15 @@ class Mamba2Mixer(nn.Module):
             proj = proj * self.proj_scale.to(proj.dtype)
         gate, xbc, dt = proj.split([cfg.intermediate_size, cfg.conv_dim, cfg.num_heads], dim=-1)
         y = hidden.new_empty(hidden.shape[0], cfg.intermediate_size)  # [T, inner]
-        norm = None if meta.has_prefill else self._step_norm()  # decode only: norm in the step
-        if meta.has_decode and self._decode_native(proj, conv_state, ssm_state, meta, y, norm):
+        step = self._native_step(proj, conv_state, ssm_state) if meta.has_decode else None
+        if step is not None:  # the decode rows in one call (native/ssm.c)
+            norm = None if meta.has_prefill else step.norm  # decode only: the norm in the step
+            states, slots, tokens = (
+                (conv_state, ssm_state),
+                meta.decode_slots,
+                meta.decode_token_idx,
+            )
+            step.kernels.mamba_step_(states, slots, tokens, proj, step.weights, y, norm)
             if norm is not None:  # y went through the gated norm inside the step
                 normed: torch.Tensor = self.out_proj(y)
                 return normed
@@ -97,49 +116,43 @@ class Mamba2Mixer(nn.Module):
         y = y + x * self.D.float()[:, None]  # [Rd, h, p]
         return y.flatten(1).to(xbc.dtype)
 
-    def _decode_native(
-        self,
-        proj: torch.Tensor,
-        conv_state: torch.Tensor,
-        ssm_state: torch.Tensor,
-        meta: StateMeta,
-        y: torch.Tensor,
-        norm: StepNorm | None,
-    ) -> bool:
-        """The decode rows through ``native/ssm.c`` in one call: conv, SiLU, dt, the SSM step
-        and the skip term (then ``norm`` if given), slots updated in place, outputs written
-        into ``y``'s decode rows; False (nothing done) where it does not apply: no kernel,
-        autograd, not float32."""
+    def _native_step(
+        self, proj: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
+    ) -> NativeStep | None:
+        """The decode kernel with this mixer's parameters, or None where it does not apply
+        (no kernel, autograd, not float32): the mixer then runs ``_decode``. Built once and
+        kept while the parameters are unchanged (same tensors, same versions)."""
         kernels = None if torch.is_grad_enabled() else load_ssm()
-        weights = None if kernels is None else self._step_weights()
-        tensors = (proj, conv_state, ssm_state, y)
-        if kernels is None or weights is None or any(t.dtype != torch.float32 for t in tensors):
-            return False
-        states = (conv_state, ssm_state)
-        tokens = meta.decode_token_idx
-        kernels.mamba_step_(states, meta.decode_slots, tokens, proj, weights, y, norm)
-        return True
-
-    def _step_norm(self) -> StepNorm | None:
-        """The output norm as the decode kernel applies it; None without a norm or not
-        float32 (the mixer then runs ``GatedRMSNorm`` after the step)."""
-        if self.cfg.out_norm is MambaOutNorm.GATE_ONLY or self.norm.weight.dtype != torch.float32:
+        tensors = (proj, conv_state, ssm_state)
+        if kernels is None or any(t.dtype != torch.float32 for t in tensors):
             return None
-        norm = self.norm
-        return StepNorm(norm.weight, norm.num_groups, norm.eps, not norm.norm_before_gate)
+        params = self._step_params()
+        key = tuple((p.data_ptr(), tensor_version(p)) for p in params)
+        if key != self._step_key:
+            self._step, self._step_key = self._build_step(kernels, params), key
+        return self._step
 
-    def _step_weights(self) -> MambaWeights | None:
-        """The decode kernel's parameters, None unless all float32; ``a`` is cached while
-        ``A_log`` is unchanged (same tensor, same version)."""
-        conv_w, conv_b = self.conv1d.weight[:, 0, :], self.conv1d.bias
-        params = (conv_w, conv_b, self.dt_bias, self.A_log, self.D)
-        if any(t is not None and t.dtype != torch.float32 for t in params):
+    def _step_params(self) -> list[torch.Tensor]:
+        """The parameters the decode kernel reads (not the projections')."""
+        params = [self.conv1d.weight, self.dt_bias, self.A_log, self.D]
+        if self.conv1d.bias is not None:
+            params.append(self.conv1d.bias)
+        if self.cfg.out_norm is not MambaOutNorm.GATE_ONLY:
+            params.append(self.norm.weight)
+        return params
+
+    def _build_step(self, kernels: SsmKernels, params: list[torch.Tensor]) -> NativeStep | None:
+        if any(p.dtype != torch.float32 for p in params):
             return None
-        key = (self.A_log.data_ptr(), tensor_version(self.A_log))
-        if key != self._a_key:
-            self._a_cache, self._a_key = self._a().contiguous(), key
+        conv_w = self.conv1d.weight[:, 0, :]  # [conv_dim, k]
         limits = (self.cfg.dt_min, self.cfg.dt_max)
-        return MambaWeights(conv_w, conv_b, self.dt_bias, self._a_cache, self.D, limits)
+        a = self._a().contiguous()
+        weights = MambaWeights(conv_w, self.conv1d.bias, self.dt_bias, a, self.D, limits)
+        norm = None
+        if self.cfg.out_norm is not MambaOutNorm.GATE_ONLY:
+            gated = self.norm
+            norm = StepNorm(gated.weight, gated.num_groups, gated.eps, not gated.norm_before_gate)
+        return NativeStep(kernels, weights, norm)
 
     def _prefill_native(
         self,
