@@ -1,15 +1,17 @@
-"""The Mamba2 decode step in one pass over the state, and its conv step, both in place through
-the live slots' indices (``ssm.c``).
+"""The Mamba2 decode step fused into one call (``ssm.c``): from the decode tokens' input
+projection to the mixer's pre-norm output, conv and SSM state slots updated in place.
 
 ``load_ssm()`` builds the C source like the other kernels (``hybridkv.native``) and returns
-None where that is impossible or ``HYBRIDKV_NATIVE=0``; the mixer then runs
-``model/layers/ssd.py`` ``ssd_step_``, which is also the kernel's test reference.
+None where that is impossible or ``HYBRIDKV_NATIVE=0``; the mixer then runs its torch step
+(``Mamba2Mixer._decode_torch``: ``short_conv.conv_step_`` + ``ssd.ssd_step_``), which is also
+the kernel's test reference.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,117 +19,160 @@ import torch
 from hybridkv.native import load_library
 
 SOURCE = Path(__file__).with_name("ssm.c")
+_P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+class _MambaStep(ctypes.Structure):
+    """``MambaStep`` of ``ssm.c``, field for field."""
+
+    _fields_ = [
+        (name, _P)
+        for name in (
+            "conv_states",
+            "ssm_states",
+            "slots",
+            "tokens",
+            "proj",
+            "conv_w",
+            "conv_b",
+            "dt_bias",
+            "a",
+            "d",
+            "act",
+            "dts",
+            "ys",
+            "y",
+            "norm_w",
+        )
+    ]
+    _fields_ += [
+        (name, _I64)
+        for name in ("proj_stride", "xbc_at", "dt_at", "y_stride", "rows", "num_slots")
+        + ("num_tokens", "heads", "groups", "p_dim", "n_dim", "k", "norm_groups", "gate_first")
+    ]
+    _fields_ += [("dt_lo", _F32), ("dt_hi", _F32), ("eps", _F32)]
+
+
+@dataclass(frozen=True, slots=True)
+class MambaWeights:
+    """One mixer's step parameters, float32 contiguous (checked here, once): conv weight
+    ``[C, k]`` and bias ``[C]`` or None; dt_bias, a (``-exp(A_log)``) and D ``[h]`` (D may be
+    None); the dt clamp."""
+
+    conv_w: torch.Tensor
+    conv_b: torch.Tensor | None
+    dt_bias: torch.Tensor
+    a: torch.Tensor
+    d: torch.Tensor | None
+    dt_limits: tuple[float, float]
+
+    def __post_init__(self) -> None:
+        channels, heads = self.conv_w.shape[0], self.dt_bias.shape[0]
+        _check_f32("conv weight", self.conv_w, (channels, self.conv_w.shape[-1]))
+        _check_f32("conv bias", self.conv_b, (channels,))
+        for name, t in (("dt_bias", self.dt_bias), ("a", self.a), ("d", self.d)):
+            _check_f32(name, t, (heads,))
+
+
+@dataclass(frozen=True, slots=True)
+class StepNorm:
+    """The gated RMS norm the step applies to y before writing it (``GatedRMSNorm``): weight
+    ``[inner]`` float32, groups, eps, and whether the gate comes before the norm."""
+
+    weight: torch.Tensor
+    groups: int
+    eps: float
+    gate_first: bool
+
+    def __post_init__(self) -> None:
+        _check_f32("norm weight", self.weight, (self.weight.shape[0],))
+        if self.groups < 1 or self.weight.shape[0] % self.groups:
+            raise ValueError(f"norm: {self.weight.shape[0]} channels over {self.groups} groups")
+
+
+def _check_f32(name: str, t: torch.Tensor | None, shape: tuple[int, ...]) -> None:
+    if t is not None and (
+        t.dtype != torch.float32 or not t.is_contiguous() or tuple(t.shape) != shape
+    ):
+        raise ValueError(f"{name}: expected contiguous float32 {shape}, got {t.dtype}")
 
 
 class SsmKernels:
     """The C kernel with the checks that keep it inside its buffers."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._step = lib.hk_ssd_step
-        self._step.argtypes = [*[ptr] * 9, i64, i64, i64, i64, i64]
-        self._step.restype = None
-        self._conv = lib.hk_conv_step
-        self._conv.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, i64]
-        self._conv.restype = None
+        self._step = lib.hk_mamba_step
+        self._step.argtypes = [ctypes.POINTER(_MambaStep)]
+        self._step.restype = ctypes.c_int
 
-    def conv_step_(
+    def mamba_step_(
         self,
-        states: torch.Tensor,
+        states: tuple[torch.Tensor, torch.Tensor],
         slots: torch.Tensor,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """``short_conv.conv_step_`` in place through the slot indices: ``states``
-        ``[S, C, k - 1]``, x ``[R, C]`` (rows contiguous), weight ``[C, k]``, bias ``[C]``
-        -> conv outputs ``[R, C]``; float32."""
-        rows, channels = x.shape
-        k = weight.shape[1]
-        want = {
-            "states": (states, (states.shape[0], channels, k - 1)),
-            "weight": (weight, (channels, k)),
-        }
-        if bias is not None:
-            want["bias"] = (bias, (channels,))
-        for name, (t, shape) in want.items():
-            if t.dtype != torch.float32 or not t.is_contiguous() or tuple(t.shape) != shape:
-                raise ValueError(f"{name}: expected contiguous float32 {shape}, got {t.dtype}")
-        if x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1:
-            raise ValueError("x must be float32 [R, C] with contiguous rows")
-        _check_slots(slots, rows, states.shape[0])
-        out = torch.empty(rows, channels, dtype=torch.float32)
-        self._conv(
-            states.data_ptr(),
-            slots.data_ptr(),
-            x.data_ptr(),
-            x.stride(0),
-            weight.data_ptr(),
-            None if bias is None else bias.data_ptr(),
-            out.data_ptr(),
-            rows,
-            channels,
-            k,
-        )
-        return out
-
-    def ssd_step_(
-        self,
-        states: torch.Tensor,
-        slots: torch.Tensor,
-        x: torch.Tensor,
-        dt: torch.Tensor,
-        a: torch.Tensor,
-        b: torch.Tensor,
-        c: torch.Tensor,
-        d: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Row ``r``'s state is ``states[slots[r]]`` (``states`` ``[S, h, p, n]``, updated in
-        place); x ``[R, h, p]``, dt ``[R, h]``, a and d ``[h]``, b/c ``[R, g, n]`` (heads
-        ``h / g`` per group) -> y ``[R, h, p]`` (``S c + d x``); float32, contiguous."""
-        _, heads, p_dim, n_dim = states.shape
-        rows, groups = x.shape[0], b.shape[1]
-        want = {
-            "states": (states, tuple(states.shape)),
-            "x": (x, (rows, heads, p_dim)),
-            "dt": (dt, (rows, heads)),
-            "a": (a, (heads,)),
-            "b": (b, (rows, groups, n_dim)),
-            "c": (c, (rows, groups, n_dim)),
-        }
-        if d is not None:
-            want["d"] = (d, (heads,))
-        for name, (t, shape) in want.items():
-            if t.dtype != torch.float32 or not t.is_contiguous() or tuple(t.shape) != shape:
-                raise ValueError(f"{name}: expected contiguous float32 {shape}, got {t.dtype}")
-        if groups < 1 or heads % groups:
-            raise ValueError(f"{heads} heads over {groups} groups")
-        _check_slots(slots, rows, states.shape[0])
-        y = torch.empty(rows, heads, p_dim, dtype=torch.float32)
-        self._step(
-            states.data_ptr(),
-            slots.data_ptr(),
-            x.data_ptr(),
-            dt.data_ptr(),
-            a.data_ptr(),
-            None if d is None else d.data_ptr(),
-            b.data_ptr(),
-            c.data_ptr(),
+        tokens: torch.Tensor,
+        proj: torch.Tensor,
+        weights: MambaWeights,
+        y: torch.Tensor,
+        norm: StepNorm | None = None,
+    ) -> None:
+        """Row r (token ``tokens[r]`` of ``proj`` ``[T, inner + C + h]``, gate | xbc | dt)
+        continues from conv ``states[0][slots[r]]`` ``[C, k - 1]`` and SSM
+        ``states[1][slots[r]]`` ``[h, p, n]`` (both updated in place) and writes its
+        ``[inner]`` output to ``y[tokens[r]]`` (``y`` ``[T, inner]``), through ``norm`` with the
+        token's gate (``proj``'s first ``inner`` columns) if given; float32."""
+        conv_states, ssm_states = states
+        num_slots, heads, p_dim, n_dim = ssm_states.shape
+        inner = heads * p_dim
+        channels, k = weights.conv_w.shape[0], weights.conv_w.shape[-1]
+        groups = (channels - inner) // (2 * n_dim)
+        rows, num_tokens = slots.shape[0], proj.shape[0]
+        _check_f32("conv states", conv_states, (num_slots, channels, k - 1))
+        _check_f32("ssm states", ssm_states, (num_slots, heads, p_dim, n_dim))
+        if weights.dt_bias.shape[0] != heads or (norm and norm.weight.shape[0] != inner):
+            raise ValueError(f"weights do not fit {heads} heads of {p_dim}")
+        for name, t in (("slots", slots), ("tokens", tokens)):
+            if t.dtype != torch.int64 or t.shape != (rows,) or not t.is_contiguous():
+                raise ValueError(f"{name} must be contiguous int64 [{rows}]")
+        if groups < 1 or heads % groups or channels != inner + 2 * groups * n_dim:
+            raise ValueError(f"{channels} conv channels do not fit {heads} heads of {p_dim}")
+        if proj.dtype != torch.float32 or proj.dim() != 2 or proj.stride(1) != 1:
+            raise ValueError("proj must be float32 [T, inner + C + h] with contiguous rows")
+        if proj.shape[1] != inner + channels + heads:
+            raise ValueError(f"proj: {proj.shape[1]} columns, expected {inner + channels + heads}")
+        if y.dtype != torch.float32 or y.shape != (num_tokens, inner) or y.stride(1) != 1:
+            raise ValueError(f"y must be float32 [{num_tokens}, {inner}] with contiguous rows")
+        # scratch: silu(conv) [R, C], dt [R, h], y before the norm [R, inner]
+        act = torch.empty(rows * (channels + heads + (inner if norm else 0)), dtype=torch.float32)
+        args = _MambaStep(
+            *(_ptr(t) for t in (conv_states, ssm_states, slots, tokens, proj, weights.conv_w)),
+            *(_ptr(t) for t in (weights.conv_b, weights.dt_bias, weights.a, weights.d, act)),
+            act.data_ptr() + rows * channels * 4,
+            act.data_ptr() + rows * (channels + heads) * 4,
             y.data_ptr(),
+            None if norm is None else norm.weight.data_ptr(),
+            proj.stride(0),
+            inner,
+            inner + channels,
+            y.stride(0),
             rows,
+            num_slots,
+            num_tokens,
             heads,
             groups,
             p_dim,
             n_dim,
+            k,
+            1 if norm is None else norm.groups,
+            int(norm is not None and norm.gate_first),
+            *weights.dt_limits,
+            1e-6 if norm is None else norm.eps,
         )
-        return y
+        if self._step(ctypes.byref(args)) != 0:
+            raise IndexError(f"state slot or token out of range ({num_slots} slots)")
 
 
-def _check_slots(slots: torch.Tensor, rows: int, num_slots: int) -> None:
-    if slots.dtype != torch.int64 or slots.shape != (rows,) or not slots.is_contiguous():
-        raise ValueError(f"slots must be contiguous int64 [{rows}]")
-    if rows and (int(slots.min()) < 0 or int(slots.max()) >= num_slots):
-        raise IndexError(f"state slot out of range [0, {num_slots})")
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 @functools.cache

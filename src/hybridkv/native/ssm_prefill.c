@@ -19,17 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vecmath.h"
+#include "ssm_act.h"
 #include "ssm_scan.h"
 
 #define CB 256  /* channels per conv work item */
-
-#pragma omp declare simd
-static inline float silu(float v) {
-    const float e = exp_le0(-fabsf(v)); /* exp(-|v|) in (0, 1] */
-    const float sig = v >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-    return v * sig;
-}
 
 /* Conv input i of row r: i < k - 1 from the slot's saved inputs (copied to head), else token
  * i - (k - 1) of the row. */
@@ -133,26 +126,8 @@ int hk_ssd_scan(float *states, const int64_t *slots, const int64_t *starts, cons
 void hk_gated_rms_norm(const float *y, int64_t y_stride, const float *gate, int64_t gate_stride,
                        const float *weight, float *out, int64_t tokens, int64_t dim,
                        int64_t groups, float eps, int gate_first) {
-    const int64_t width = dim / groups;
 #pragma omp parallel for schedule(static) if (tokens * dim > 65536)
-    for (int64_t t = 0; t < tokens; t++) {
-        const float *yv = y + t * y_stride, *gv = gate + t * gate_stride;
-        float *o = out + t * dim;
-#pragma omp simd
-        for (int64_t i = 0; i < dim; i++) o[i] = gate_first ? yv[i] * silu(gv[i]) : yv[i];
-        for (int64_t g0 = 0; g0 < dim; g0 += width) {
-            float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-            for (int64_t i = g0; i < g0 + width; i++) total += o[i] * o[i];
-            const float inv = 1.0f / sqrtf(total / (float)width + eps);
-            if (gate_first) {
-#pragma omp simd
-                for (int64_t i = g0; i < g0 + width; i++) o[i] = weight[i] * (o[i] * inv);
-            } else {
-#pragma omp simd
-                for (int64_t i = g0; i < g0 + width; i++)
-                    o[i] = weight[i] * (o[i] * inv) * silu(gv[i]);
-            }
-        }
-    }
+    for (int64_t t = 0; t < tokens; t++)
+        gated_norm_row(y + t * y_stride, gate + t * gate_stride, weight, out + t * dim, dim,
+                       groups, eps, gate_first);
 }

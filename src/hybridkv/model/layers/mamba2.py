@@ -16,18 +16,30 @@ channel (Falcon-H1's MuP vector; None elsewhere).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hybridkv.model.config import MambaConfig, MambaOutNorm
-from hybridkv.model.layers.linear import Linear
+from hybridkv.model.layers.linear import Linear, tensor_version
 from hybridkv.model.layers.norm import GatedRMSNorm
 from hybridkv.model.layers.short_conv import conv_chunk_, conv_step_
 from hybridkv.model.layers.ssd import ssd_chunk_scan, ssd_step_
 from hybridkv.model.step_context import StateMeta, StepContext
-from hybridkv.native.ssm import SsmKernels, load_ssm
+from hybridkv.native.ssm import MambaWeights, SsmKernels, StepNorm, load_ssm
 from hybridkv.native.ssm_prefill import PrefillRows, load_ssm_prefill
+
+
+@dataclass(frozen=True, slots=True)
+class NativeStep:
+    """The decode kernel and one mixer's parameters as it takes them; ``norm`` None: the
+    mixer's output norm is not one the kernel applies (gate only)."""
+
+    kernels: SsmKernels
+    weights: MambaWeights
+    norm: StepNorm | None
 
 
 class Mamba2Mixer(nn.Module):
@@ -46,6 +58,8 @@ class Mamba2Mixer(nn.Module):
             self.norm = GatedRMSNorm(inner, cfg.n_groups, eps, norm_before_gate=before)
         self.out_proj = Linear(inner, hidden, bias=cfg.proj_bias)
         self.proj_scale: torch.Tensor | None = None  # [inner + conv_dim + heads]
+        self._step_key: tuple[tuple[int, int], ...] = ()
+        self._step: NativeStep | None = None
 
     def forward(self, hidden: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """``[T, hidden]`` -> ``[T, hidden]``; updates this layer's live state slots."""
@@ -57,7 +71,19 @@ class Mamba2Mixer(nn.Module):
             proj = proj * self.proj_scale.to(proj.dtype)
         gate, xbc, dt = proj.split([cfg.intermediate_size, cfg.conv_dim, cfg.num_heads], dim=-1)
         y = hidden.new_empty(hidden.shape[0], cfg.intermediate_size)  # [T, inner]
-        if meta.has_decode:
+        step = self._native_step(proj, conv_state, ssm_state) if meta.has_decode else None
+        if step is not None:  # the decode rows in one call (native/ssm.c)
+            norm = None if meta.has_prefill else step.norm  # decode only: the norm in the step
+            states, slots, tokens = (
+                (conv_state, ssm_state),
+                meta.decode_slots,
+                meta.decode_token_idx,
+            )
+            step.kernels.mamba_step_(states, slots, tokens, proj, step.weights, y, norm)
+            if norm is not None:  # y went through the gated norm inside the step
+                normed: torch.Tensor = self.out_proj(y)
+                return normed
+        elif meta.has_decode:
             y[meta.decode_token_idx] = self._decode(xbc, dt, conv_state, ssm_state, meta)
         if meta.has_prefill and not self._prefill_native(xbc, dt, conv_state, ssm_state, meta, y):
             y[meta.prefill_token_idx] = self._prefill(xbc, dt, conv_state, ssm_state, meta)
@@ -76,18 +102,10 @@ class Mamba2Mixer(nn.Module):
         ssm_state: torch.Tensor,
         meta: StateMeta,
     ) -> torch.Tensor:
+        """The decode rows' step in torch (the fallback and the native kernel's reference)."""
         idx = meta.decode_token_idx
         # a contiguous run of slots is updated in place through a view; else gather/scatter
         live = meta.decode_slot_run or meta.decode_slots
-        kernels = None if torch.is_grad_enabled() else load_ssm()
-        if (
-            kernels is not None
-            and ssm_state.dtype == conv_state.dtype == xbc.dtype == torch.float32
-        ):
-            w, bias = self.conv1d.weight[:, 0, :], self.conv1d.bias  # [conv_dim, k]
-            conv = kernels.conv_step_(conv_state, meta.decode_slots, xbc[idx], w, bias)
-            y = self._decode_native(kernels, F.silu(conv), self._dt(dt[idx]), ssm_state, meta)
-            return y.flatten(1).to(xbc.dtype)
         conv = conv_step_(xbc[idx], conv_state, live, self.conv1d)  # [Rd, conv_dim]
         x, b, c = self._split_heads(F.silu(conv))  # [Rd, h, p], [Rd, h, n], [Rd, h, n]
         step_dt = self._dt(dt[idx])  # [Rd, h]
@@ -98,24 +116,43 @@ class Mamba2Mixer(nn.Module):
         y = y + x * self.D.float()[:, None]  # [Rd, h, p]
         return y.flatten(1).to(xbc.dtype)
 
-    def _decode_native(
-        self,
-        kernels: SsmKernels,
-        act: torch.Tensor,
-        step_dt: torch.Tensor,
-        ssm_state: torch.Tensor,
-        meta: StateMeta,
-    ) -> torch.Tensor:
-        """The SSM step of ``_decode`` in one pass over the state (``native/ssm.c``): B and C
-        per group, not repeated per head; the skip term ``D x`` folded in."""
-        cfg = self.cfg
-        rows, span = act.shape[0], cfg.n_groups * cfg.d_state
-        x, b, c = torch.split(act.float(), [cfg.intermediate_size, span, span], -1)
-        x = x.contiguous().view(rows, cfg.num_heads, cfg.head_dim)
-        b = b.contiguous().view(rows, cfg.n_groups, cfg.d_state)
-        c = c.contiguous().view(rows, cfg.n_groups, cfg.d_state)
-        slots = meta.decode_slots  # updated in place, no gather or scatter
-        return kernels.ssd_step_(ssm_state, slots, x, step_dt, self._a(), b, c, self.D.float())
+    def _native_step(
+        self, proj: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
+    ) -> NativeStep | None:
+        """The decode kernel with this mixer's parameters, or None where it does not apply
+        (no kernel, autograd, not float32): the mixer then runs ``_decode``. Built once and
+        kept while the parameters are unchanged (same tensors, same versions)."""
+        kernels = None if torch.is_grad_enabled() else load_ssm()
+        tensors = (proj, conv_state, ssm_state)
+        if kernels is None or any(t.dtype != torch.float32 for t in tensors):
+            return None
+        params = self._step_params()
+        key = tuple((p.data_ptr(), tensor_version(p)) for p in params)
+        if key != self._step_key:
+            self._step, self._step_key = self._build_step(kernels, params), key
+        return self._step
+
+    def _step_params(self) -> list[torch.Tensor]:
+        """The parameters the decode kernel reads (not the projections')."""
+        params = [self.conv1d.weight, self.dt_bias, self.A_log, self.D]
+        if self.conv1d.bias is not None:
+            params.append(self.conv1d.bias)
+        if self.cfg.out_norm is not MambaOutNorm.GATE_ONLY:
+            params.append(self.norm.weight)
+        return params
+
+    def _build_step(self, kernels: SsmKernels, params: list[torch.Tensor]) -> NativeStep | None:
+        if any(p.dtype != torch.float32 for p in params):
+            return None
+        conv_w = self.conv1d.weight[:, 0, :]  # [conv_dim, k]
+        limits = (self.cfg.dt_min, self.cfg.dt_max)
+        a = self._a().contiguous()
+        weights = MambaWeights(conv_w, self.conv1d.bias, self.dt_bias, a, self.D, limits)
+        norm = None
+        if self.cfg.out_norm is not MambaOutNorm.GATE_ONLY:
+            gated = self.norm
+            norm = StepNorm(gated.weight, gated.num_groups, gated.eps, not gated.norm_before_gate)
+        return NativeStep(kernels, weights, norm)
 
     def _prefill_native(
         self,

@@ -4,6 +4,8 @@ MoE when ``num_local_experts > 0``); embedding, attention, residual multipliers 
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -40,15 +42,33 @@ class GraniteMoeHybridDecoderLayer(nn.Module):
         self.residual_multiplier = float(raw.get("residual_multiplier", 1.0))
 
     def forward(self, x: torch.Tensor, rope: RotaryCosSin | None, ctx: StepContext) -> torch.Tensor:
-        h = self.input_layernorm(x)
+        """``x`` is the forward pass's own residual stream: updated in place and returned."""
+        return x.add_(self.deferred(x, None, rope, ctx))
+
+    def deferred(
+        self,
+        x: torch.Tensor,
+        pending: torch.Tensor | None,
+        rope: RotaryCosSin | None,
+        ctx: StepContext,
+    ) -> torch.Tensor:
+        """``forward`` with the residual adds folded into the norms after them: ``x +=
+        pending`` (the last layer's scaled output) inside this layer's input norm, ``x +=``
+        the scaled mixer output inside the post-attention norm; this layer's scaled MLP output
+        is returned for the next layer to add. Same sums as ``x + h * residual_multiplier``,
+        without a pass over a fresh ``x`` per add."""
+        norm = self.input_layernorm
+        h = norm(x) if pending is None else norm.add_norm(pending, x)
         h = self.mamba(h, ctx) if self.is_mamba else self.self_attn(h, rope, ctx)
-        x = x + h * self.residual_multiplier
-        h = self.post_attention_layernorm(x)
+        h = self.post_attention_layernorm.add_norm(self._scaled_(h), x)
         mlp = self.shared_mlp(h)
         if self.has_experts:
             mlp = self.block_sparse_moe(h) + mlp
-        out: torch.Tensor = x + mlp * self.residual_multiplier
-        return out
+        return self._scaled_(mlp)
+
+    def _scaled_(self, h: torch.Tensor) -> torch.Tensor:
+        """``h * residual_multiplier`` written over ``h`` (a sublayer's fresh output)."""
+        return h if self.residual_multiplier == 1.0 else h.mul_(self.residual_multiplier)
 
 
 class GraniteMoeHybridModel(nn.Module):
@@ -77,9 +97,12 @@ class GraniteMoeHybridForCausalLM(CausalLM):
         rope = None
         if self.rotary is not None:
             rope = self.rotary.lookup(ctx.positions, ctx.max_position, x.dtype)
-        for layer in self.model.layers:
-            x = layer(x, rope, ctx)
-        out: torch.Tensor = self.model.norm(x)
+        pending = None
+        for layer in cast("list[GraniteMoeHybridDecoderLayer]", self.model.layers):
+            pending = layer.deferred(x, pending, rope, ctx)
+        out: torch.Tensor = (
+            self.model.norm(x) if pending is None else self.model.norm.add_norm(pending, x)
+        )
         return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
