@@ -1,12 +1,16 @@
 """A consumer's loads: handshake (cached per producer), descriptor plan, the data READ, then
-the lease check, whose completion notifies the producer.
+the lease check, after which the producer is notified.
 
-    handshake -> READ data -> READ the lease word -> ``lease_valid``? notify the producer
-    (``"<remote request id>:<bytes>"``, it frees), finished : failed (lease expired)
+    handshake -> READ data -> READ the lease word -> ``lease_valid``? finished, and notify the
+    producer (``"<remote request id>:<bytes>"``, it frees) : failed (lease expired)
 
 Reads carry no notification: a READ with one is reported DONE only once the notification went
 out through UCX's progress thread (milliseconds on a busy host), while a same-host READ without
-one usually completes inside its post. ``send_notif`` after the check costs a few µs.
+one usually completes inside its post. The notification (``send_notif``: a message over UCX's
+active-message transport, tcp on one host, 15-65 µs here) is sent at the start of the next
+``progress`` call, i.e. after the load was reported and its request scheduled: it only lets the
+producer free, so it stays off the load's latency. ``has_pending`` covers it, so an idle engine
+still sends it; if the engine stops first, the producer's lease frees.
 
 A refused connection, an incompatible layout, a transfer error, an expired lease or
 ``load_timeout_seconds`` fail the load with ``"<reason>: <what happened, in words>"``; the
@@ -93,22 +97,36 @@ class Reader:
         self.loads: list[_Load] = []
         self.notify: list[NotifyOnly] = []
         self.done: list[LoadResult] = []
+        self._notify_after: list[tuple[str, bytes]] = []  # (producer agent, message)
 
     def add(self, spec: LoadSpec, now: float) -> None:
         assert isinstance(spec.keys, RemoteSource)
         self.loads.append(_Load(spec, spec.keys, now))
 
     def has_pending(self) -> bool:
-        return bool(self.loads or self.notify)
+        return bool(self.loads or self.notify or self._notify_after)
 
     def progress(self) -> bool:
-        """Advance every load (handshake, post, poll, check) and notification; True if any
-        ended."""
+        """Send the notifications of loads finished earlier, advance every load (handshake,
+        post, poll, check) and notification; True if a load ended or a deferred notification
+        went out."""
+        sent = self._notify_finished()
         before = len(self.done)
         for load in list(self.loads):
             self._advance(load)
         self._send_notifications()
-        return len(self.done) > before
+        return len(self.done) > before or sent
+
+    def _notify_finished(self) -> bool:
+        if not self._notify_after:
+            return False
+        pending, self._notify_after = self._notify_after, []
+        for agent_name, message in pending:
+            try:
+                self.agent.notify(agent_name, message)
+            except Exception as exc:  # noqa: BLE001 - the producer's lease frees instead
+                log.warning("NIXL: notifying producer %s failed: %s", agent_name, exc)
+        return True
 
     def _advance(self, load: _Load) -> None:
         try:
@@ -153,7 +171,7 @@ class Reader:
         load.nbytes = total_bytes(rows)
         load.num_descs = len(rows)
         if not load.num_descs:
-            self.agent.notify(peer.agent_name, self._notification(load))
+            self._notify_after.append((peer.agent_name, self._notification(load)))
             self._succeed(load)
             return
         load.handle = self.agent.read(peer.agent_name, rows, b"")
@@ -201,7 +219,7 @@ class Reader:
         word = int(self.scratch[load.checking])
         if lease_valid(word, lease.gen):
             assert load.peer is not None
-            self.agent.notify(load.peer.agent_name, self._notification(load))
+            self._notify_after.append((load.peer.agent_name, self._notification(load)))
             self._succeed(load)
             return
         self._fail(
