@@ -52,7 +52,8 @@ def _nixl() -> Any:
 
 def make_agent(name: str, progress_thread: bool, delay_us: int) -> Any:
     """An agent whose progress thread (if any) waits ``delay_us`` between rounds (the Python
-    API hard-codes 0; the binding's constructor is swapped for this call only)."""
+    API hard-codes 0; the binding's constructor is swapped for this call only), its UCX backend
+    created with ``UCX_PARAMS`` (``--ucx-param``)."""
     nixl = _nixl()
     binding = nixl._api.nixlBind
     original = binding.nixlAgent
@@ -63,10 +64,15 @@ def make_agent(name: str, progress_thread: bool, delay_us: int) -> Any:
 
     binding.nixlAgent = create
     try:
-        config = nixl.nixl_agent_config(enable_prog_thread=progress_thread, backends=["UCX"])
-        return nixl.nixl_agent(name, config)
+        config = nixl.nixl_agent_config(enable_prog_thread=progress_thread, backends=[])
+        agent = nixl.nixl_agent(name, config)
     finally:
         binding.nixlAgent = original
+    agent.create_backend("UCX", dict(UCX_PARAMS))
+    return agent
+
+
+UCX_PARAMS: dict[str, str] = {}  # NIXL UCX backend parameters (e.g. ucx_error_handling_mode)
 
 
 def buffer(nbytes: int, huge: bool) -> tuple[mmap.mmap, np.ndarray]:
@@ -179,6 +185,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     shm = shared_memory.SharedMemory(create=True, size=top)
     cmd = [sys.executable, __file__, "--serve", "--shm", shm.name, "--delay-us", str(args.delay_us), "--sizes", *map(str, args.sizes)]  # fmt: skip
     cmd += ["--hugepages"] if args.hugepages else []
+    cmd += [x for kv in args.ucx_param for x in ("--ucx-param", kv)]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -237,6 +244,8 @@ SWEEP: list[tuple[str, dict[str, str], list[str]]] = [
     ("UCX_TLS=sm,self (posix AM + cma)", {"UCX_TLS": "sm,self"}, []),
     ("UCX_TLS=posix,self (no cma)", {"UCX_TLS": "posix,self"}, []),
     ("UCX_TLS=tcp,self", {"UCX_TLS": "tcp,self"}, []),
+    ("ucx_error_handling_mode=none (shm AM)", {}, ["--ucx-param", "ucx_error_handling_mode=none"]),  # fmt: skip
+    ("error mode none, UCX_TLS=posix,cma,self", {"UCX_TLS": "posix,cma,self"}, ["--ucx-param", "ucx_error_handling_mode=none"]),  # fmt: skip
     ("UCX_PROTO_ENABLE=n (old protocols)", {"UCX_PROTO_ENABLE": "n"}, []),
     ("producer progress thread delay 0 us", {}, ["--delay-us", "0"]),
     ("consumer progress thread on", {}, ["--consumer-thread"]),
@@ -282,10 +291,12 @@ def main() -> None:
     parser.add_argument("--delay-us", type=int, default=100, help="progress thread delay")
     parser.add_argument("--consumer-thread", action="store_true", help="consumer progress thread")  # fmt: skip
     parser.add_argument("--busy-poll", action="store_true", help="spin instead of backing off")
+    parser.add_argument("--ucx-param", action="append", default=[], metavar="KEY=VALUE", help="NIXL UCX backend parameter")  # fmt: skip
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--shm", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    UCX_PARAMS.update(kv.split("=", 1) for kv in args.ucx_param)
     if args.serve:
         serve(args)
         return
