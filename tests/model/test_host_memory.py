@@ -40,4 +40,3 @@ def test_opt_out(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(host_memory, "_LIBC", None)
     assert not host_memory.advise_huge(torch.empty(4 * HUGE_PAGE, dtype=torch.uint8))
     assert int(zeros_huge((2, HUGE_PAGE), torch.uint8).count_nonzero()) == 0
-

@@ -44,7 +44,8 @@ def advise_huge(tensor: torch.Tensor) -> bool:
     start, end = huge_range(tensor.data_ptr(), tensor.numel() * tensor.element_size())
     if end == start:
         return False
-    return _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_HUGEPAGE) == 0  # fmt: skip
+    result: int = _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_HUGEPAGE)  # fmt: skip
+    return result == 0
 
 
 def zeros_huge(

@@ -71,9 +71,7 @@ class NixlWorker(BaseConnectorWorker):
         stride = sum(t[0].numel() * t.element_size() for ts in self.state_tensors for t in ts)
         if self.producer and stride:
             self._staging = torch.zeros(self.options.max_staged_states * stride, dtype=torch.uint8)
-        self.agent = NixlAgent(
-            self.engine_id, self.producer, self.options.ucx_error_handling_mode
-        )
+        self.agent = NixlAgent(self.engine_id, self.producer, self.options.ucx_error_handling_mode)
         tensors = backing + [t for ts in self.state_tensors for t in ts] + [self._words]
         if self._staging is not None:
             tensors.append(self._staging)
