@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/pd_floor.py                 # this environment's UCX settings
     .venv/bin/python benchmarks/pd_floor.py --sweep         # transports and knobs, one child each
+    .venv/bin/python benchmarks/pd_floor.py --quick         # seconds: checks the script runs
 
 Two processes, two NIXL agents (UCX backend), host memory registered, descriptor lists
 prepared once. One repetition is exactly a load's wire work: one READ of N bytes polled to
@@ -305,10 +306,13 @@ def main() -> None:
     parser.add_argument("--busy-poll", action="store_true", help="spin instead of backing off")
     parser.add_argument("--ucx-param", action="append", default=[], metavar="KEY=VALUE", help="NIXL UCX backend parameter")  # fmt: skip
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="seconds: checks the script runs")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--shm", help=argparse.SUPPRESS)
     args = parser.parse_args()
     UCX_PARAMS.update(kv.split("=", 1) for kv in args.ucx_param)
+    if args.quick:
+        args.sizes, args.repeats = [4096, 1 << 20], 3
     if args.serve:
         serve(args)
         return
