@@ -1,6 +1,6 @@
 """B6 throughput: a consumer's load through the NixlConnector's own read path (``Reader``:
 plan, data READ, lease-word check, polling as an idle engine does; the notification, which the
-Reader sends at its next call, is timed apart as ``notify``)
+worker sends at the end of the next engine step, is timed apart as ``notify``)
 against the same bytes copied between the same two processes through shared memory, and
 against ``process_vm_readv`` (the kernel call UCX's same-host ``cma`` transport makes).
 
@@ -124,9 +124,11 @@ class Consumer:
         done = self.reader.done.pop()
         if done.request_reason is not None:
             raise RuntimeError(done.request_reason)
+        self.reader.end_step()  # this step's end: the notification waits a step
         c0, t0 = time.thread_time(), time.perf_counter()
-        self.reader.progress()  # the next step's call: sends the notification
+        sent = self.reader.end_step()  # the next step's end (after a forward): sends it
         notify_wall, notify_cpu = time.perf_counter() - t0, time.thread_time() - c0
+        assert sent == 1
         return wall, cpu, self.reader.stats.take().descriptors, notify_wall, notify_cpu
 
 

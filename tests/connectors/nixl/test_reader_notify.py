@@ -1,5 +1,6 @@
 """The consumer's ``Reader`` with a scripted agent: a finished load notifies its producer at
-the Reader's next call (off the load's latency), and ``has_pending`` covers it until then;
+the end of the engine step after the one that reported it (after a forward used its KV), and
+``has_pending`` covers it until then;
 UCX error-mode settings are checked and the environment overrides the option."""
 
 from __future__ import annotations
@@ -90,15 +91,17 @@ def reader(word: int) -> tuple[Reader, ScriptedAgent, StatsCounter[NixlStats]]:
     return r, agent, stats
 
 
-def test_a_finished_load_notifies_at_the_next_call() -> None:
+def test_a_finished_load_notifies_a_step_later() -> None:
     r, agent, stats = reader(word=1)
     r.add(load("a", 40), 0.0)
     assert r.progress()  # the load ends inside this call
     assert [d.request_id for d in r.done] == ["a"] and r.done[0].request_reason is None
-    assert agent.sent == [] and r.has_pending()  # not yet: the load's latency excludes it
-    assert r.progress()  # the next call sends it
+    assert not r.progress()
+    assert r.end_step() == 0  # the step that reported it: not yet
+    assert agent.sent == [] and r.has_pending()
+    assert r.end_step() == 1  # the next step's end (its forward used the KV): sent
     assert agent.sent == [("producer-agent", f"a:{40 * 2 * TOKEN_BYTES * LAYERS}".encode())]
-    assert not r.has_pending() and not r.progress()
+    assert not r.has_pending() and r.end_step() == 0
     s = stats.take()
     assert s.nbytes[Flow.LOAD] == 40 * 2 * TOKEN_BYTES * LAYERS and s.transfers[Flow.LOAD] == 1
 
@@ -109,18 +112,26 @@ def test_an_expired_lease_fails_and_never_notifies() -> None:
     r.progress()
     assert r.done[0].request_reason is not None
     assert r.done[0].request_reason.startswith("nixl_lease_expired")
-    r.progress()
-    assert agent.sent == [] and not r.has_pending()
+    assert not r.has_pending()
+    r.end_step()
+    r.end_step()
+    assert agent.sent == []
 
 
-def test_several_loads_notify_in_one_later_call() -> None:
+def test_several_loads_notify_together_by_the_step_that_reported_them() -> None:
     r, agent, _ = reader(word=1)
     for rid in ("x", "y", "z"):
         r.add(load(rid, 17), 0.0)
     r.progress()
-    assert len(r.done) == 3 and agent.sent == []
+    assert len(r.done) == 3
+    r.end_step()
+    r.add(load("w", 17), 0.0)  # finishes a step later: due a step later
     r.progress()
+    assert agent.sent == []
+    r.end_step()
     assert [m.split(b":")[0] for _, m in agent.sent] == [b"x", b"y", b"z"]
+    r.end_step()
+    assert [m.split(b":")[0] for _, m in agent.sent] == [b"x", b"y", b"z", b"w"]
 
 
 def test_ucx_error_mode(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -141,6 +141,7 @@ class NixlWorker(BaseConnectorWorker):
         self.reader.progress()
         out = output_from_results(self.reader.done)
         self.reader.done = []
+        self.reader.end_step()  # notifications of loads reported a step ago
         if self.producer:
             self.leases.on_notifications(self.agent.notifications())
         out.finished_sending |= self.leases.take_finished()
