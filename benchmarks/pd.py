@@ -15,6 +15,9 @@ Prints one JSON document with three parts:
   plans, reads, checks the lease and notifies) against a plain copy of the same bytes between
   the same two processes through shared memory and against ``process_vm_readv`` (what UCX's
   same-host transport calls); wall and CPU time, medians over --repeats, alternating.
+- ``floor``: the same sizes through bare NIXL (``pd_floor.py``: two agents, prepared lists, one
+  READ, the lease-word READ, ``send_notif``; no hybridkv code) in the same run, with
+  ``load_vs_floor`` per size: how far the product path is from the wire work itself.
 - ``ttft_ms``: time to first token of a disaggregated request (prefill engine, then the
   decode engine's read and last-token step) vs a colocated engine, two engines in this process.
 """
@@ -44,6 +47,7 @@ from hybridkv.connectors.nixl.plan import (  # noqa: E402
     transfer_end,
 )
 from hybridkv.kv.spec import KVCacheLayout, create_layout  # noqa: E402
+from pd_floor import measure as measure_floor  # noqa: E402
 from pd_transfer import serve_producer, throughput  # noqa: E402
 
 
@@ -143,12 +147,51 @@ def ttft(lengths: list[int], repeats: int) -> dict[str, Any]:
     return out
 
 
+ERROR_MODE_ENV = "HYBRIDKV_NIXL_UCX_ERROR_MODE"
+
+
+def floor(sizes: list[int], repeats: int, loads: dict[str, Any]) -> dict[str, Any]:
+    """The bare-NIXL floor (huge pages, as ``CacheTensors`` allocates; the UCX error mode
+    the connector's agents use) beside the loads."""
+    import pd_floor
+
+    mode = os.environ.get(ERROR_MODE_ENV, "")
+    params = [f"ucx_error_handling_mode={mode}"] if mode else []
+    pd_floor.UCX_PARAMS.clear()
+    pd_floor.UCX_PARAMS.update(kv.split("=", 1) for kv in params)
+    args = argparse.Namespace(sizes=sizes, repeats=repeats, hugepages=True, delay_us=100, consumer_thread=False, busy_poll=False, ucx_param=params)  # fmt: skip
+    out = measure_floor(args)
+    for size, row in out["by_bytes"].items():
+        if size in loads:  # the load moves whole tokens: compare per byte
+            per_byte = row["us"]["floor"] / int(size)
+            row["load_vs_floor"] = round(per_byte * loads[size]["bytes"] / loads[size]["us"]["load"], 3)  # fmt: skip
+    return out
+
+
+def b6(sizes: list[int], repeats: int, with_floor: bool, mode: str | None) -> dict[str, Any]:
+    """B6's transfers (and the floor) under UCX error mode ``mode`` (None: the environment's)."""
+    if mode is not None:
+        os.environ[ERROR_MODE_ENV] = mode
+    out: dict[str, Any] = {"ucx_error_mode": os.environ.get(ERROR_MODE_ENV) or "peer (NIXL default)", "load_average": os.getloadavg()}  # fmt: skip
+    out["throughput"] = throughput(sizes, repeats, __file__, _free_port())
+    if with_floor:
+        out["floor"] = floor(sizes, repeats, out["throughput"])
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script runs")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--throughput-only", action="store_true", help="only the B6 transfer part")
     parser.add_argument("--sizes", type=int, nargs="+", help="transfer sizes in bytes")
+    parser.add_argument("--no-floor", action="store_true", help="skip the bare-NIXL floor")
+    parser.add_argument(
+        "--ucx-error-modes",
+        nargs="+",
+        choices=("peer", "none"),
+        help=f"B6 once per mode, in this order (sets {ERROR_MODE_ENV}; repeat to alternate)",
+    )
     parser.add_argument(
         "--serve-producer", nargs=3, metavar=("PORT", "BYTES", "SHM"), help=argparse.SUPPRESS
     )
@@ -164,8 +207,12 @@ def main() -> None:
     )
     sizes = args.sizes or sizes
     if args.throughput_only:
-        out = throughput(sizes, args.repeats or 30, __file__, _free_port())
-        print(json.dumps({"machine": machine_info(), "cpu_flags": cpu_flags(), "load": os.getloadavg(), "throughput": out}, indent=2))  # fmt: skip
+        result = {"machine": machine_info(), "cpu_flags": cpu_flags(), "load": os.getloadavg()}
+        if args.ucx_error_modes:
+            result["runs"] = [b6(sizes, args.repeats or 30, not args.no_floor, mode) for mode in args.ucx_error_modes]  # fmt: skip
+        else:
+            result.update(b6(sizes, args.repeats or 30, not args.no_floor, None))
+        print(json.dumps(result, indent=2))
         return
     repeats = args.repeats or (2 if args.quick else 7)
     lengths = [256, 1024] if args.quick else [256, 1024, 4096, 16384]
@@ -178,6 +225,8 @@ def main() -> None:
         "throughput": throughput(sizes, repeats, __file__, _free_port()),
         "ttft_ms": ttft([64] if args.quick else [256, 1024, 2048], 1 if args.quick else repeats),
     }
+    if not (args.quick or args.no_floor):
+        result["floor"] = floor(sizes, repeats, result["throughput"])
     print(json.dumps(result, indent=2))
 
 

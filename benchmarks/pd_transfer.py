@@ -1,5 +1,6 @@
 """B6 throughput: a consumer's load through the NixlConnector's own read path (``Reader``:
-plan, data READ, lease-word check carrying the notification, polling as an idle engine does)
+plan, data READ, lease-word check, polling as an idle engine does; the notification, which the
+worker sends at the end of the next engine step, is timed apart as ``notify``)
 against the same bytes copied between the same two processes through shared memory, and
 against ``process_vm_readv`` (the kernel call UCX's same-host ``cma`` transport makes).
 
@@ -34,6 +35,7 @@ from hybridkv.connectors.nixl.side_channel import SideChannelServer
 from hybridkv.connectors.nixl.stats import NixlStats
 from hybridkv.connectors.nixl.worker import POLL_SECONDS
 from hybridkv.connectors.stats import StatsCounter
+from hybridkv.model.host_memory import zeros_huge
 from hybridkv.step_io import LoadSpec
 
 LAYERS, TOKEN_BYTES, BLOCK = 4, 512, 16
@@ -47,7 +49,7 @@ class Cache:
 
     def __init__(self, name: str, num_blocks: int, fill: bool) -> None:
         self.num_blocks = num_blocks
-        self.backing = [torch.zeros(num_blocks * PAGE, dtype=torch.uint8) for _ in range(LAYERS)]
+        self.backing = [zeros_huge((num_blocks * PAGE,), torch.uint8) for _ in range(LAYERS)]
         for t in self.backing:
             t.fill_(1)  # touch every page (a real cache is written before it is read)
         if fill:
@@ -98,8 +100,9 @@ class Consumer:
         self.reader = Reader(options, self.cache.agent, peers, self.cache.descriptor, stats, scratch)  # fmt: skip
         self.count = 0
 
-    def load(self, tokens: int, scattered: bool) -> tuple[float, float, int]:
-        """One load as the worker runs it: (wall s, this thread's CPU s, descriptors)."""
+    def load(self, tokens: int, scattered: bool) -> tuple[float, float, int, float, float]:
+        """One load as the worker runs it: (wall s, this thread's CPU s, descriptors), then
+        the notification the Reader sends at its next call (wall s, CPU s)."""
         nb = -(-tokens // BLOCK)
         local, remote = list(range(1, nb + 1)), list(range(1, nb + 1))
         if scattered:
@@ -121,7 +124,12 @@ class Consumer:
         done = self.reader.done.pop()
         if done.request_reason is not None:
             raise RuntimeError(done.request_reason)
-        return wall, cpu, self.reader.stats.take().descriptors
+        self.reader.end_step()  # this step's end: the notification waits a step
+        c0, t0 = time.thread_time(), time.perf_counter()
+        sent = self.reader.end_step()  # the next step's end (after a forward): sends it
+        notify_wall, notify_cpu = time.perf_counter() - t0, time.thread_time() - c0
+        assert sent == 1
+        return wall, cpu, self.reader.stats.take().descriptors, notify_wall, notify_cpu
 
 
 class _Iovec(ctypes.Structure):
@@ -186,23 +194,26 @@ def _measure(
     end = PAGE + min(tokens, BLOCK) * TOKEN_BYTES  # block 1's K bytes the load wrote
     want = ((np.arange(PAGE, end, dtype=np.int64) * 7) % 256).astype(np.uint8)
     assert np.array_equal(c.cache.backing[0].numpy()[PAGE:end], want), "wrong bytes"
-    runs: dict[str, list[float]] = {k: [] for k in ("load", "load_scattered", "pvr", "shm_copy")}
+    runs: dict[str, list[float]] = {k: [] for k in ("load", "load_scattered", "pvr", "shm_copy", "notify")}  # fmt: skip
     cpu: dict[str, list[float]] = {k: [] for k in runs}
     descs: dict[str, int] = {}
     local = [t.data_ptr() + PAGE for t in c.cache.backing]
     remote = [b + PAGE for b in rbase]
     for _ in range(repeats):
         for key, scattered in (("load", False), ("load_scattered", True)):
-            wall, used, descs[key] = c.load(tokens, scattered)
+            wall, used, descs[key], notify_wall, notify_cpu = c.load(tokens, scattered)
             runs[key].append(wall)
             cpu[key].append(used)
+            if not scattered:
+                runs["notify"].append(notify_wall)
+                cpu["notify"].append(notify_cpu)
         for key, fn in (("pvr", lambda: _pvr(pid, local, remote, nbytes // LAYERS)), ("shm_copy", lambda: np.copyto(dst[:nbytes], src[:nbytes]))):  # fmt: skip
             c0, t0 = time.thread_time(), time.perf_counter()
             fn()
             runs[key].append(time.perf_counter() - t0)
             cpu[key].append(time.thread_time() - c0)
     row: dict[str, Any] = {"bytes": nbytes, "descriptors": descs}
-    row["gbps"] = {k: summary([nbytes / t / 1e9 for t in v]) for k, v in runs.items()}
+    row["gbps"] = {k: summary([nbytes / t / 1e9 for t in v]) for k, v in runs.items() if k != "notify"}  # fmt: skip
     row["us"] = {k: round(statistics.median(v) * 1e6, 1) for k, v in runs.items()}
     row["cpu_us"] = {k: round(statistics.median(v) * 1e6, 1) for k, v in cpu.items()}
     g = {k: v["median"] for k, v in row["gbps"].items()}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from hybridkv.kv.spec import FullAttentionSpec, KVCacheLayout, SlidingWindowSpec, StateSpec
+from hybridkv.model.host_memory import zeros_huge
 from hybridkv.model.loader import torch_dtype
 
 
@@ -26,8 +27,8 @@ class CacheTensors:
         self.layout = layout
         self.num_blocks = num_blocks
         self.num_state_slots = num_state_slots
-        self.backing = [
-            torch.zeros(num_blocks, layout.layer_page_bytes, dtype=torch.uint8, device=device)
+        self.backing = [  # huge pages: fewer TLB misses, faster same-host NIXL reads
+            zeros_huge((num_blocks, layout.layer_page_bytes), torch.uint8, device)
             for _ in range(layout.group_size if layout.attention_group_ids else 0)
         ]
         self.kv_pages: dict[int, torch.Tensor] = {}

@@ -71,6 +71,23 @@ def _with_progress_delay(nixl: Any, create: Any) -> Any:
         binding.nixlAgent = original
 
 
+ERROR_MODES = ("peer", "none")
+
+
+def ucx_params(error_mode: str = "peer") -> dict[str, str]:
+    """The UCX backend's parameters. ``ucx_error_handling_mode``: ``error_mode`` (the
+    connector's ``ucx_error_handling_mode`` option), or ``HYBRIDKV_NIXL_UCX_ERROR_MODE`` if
+    set. ``peer`` (NIXL's default) detects dead peers on every transport, but UCX's shared-memory
+    transports cannot, so on one host UCX then sends its messages over tcp/lo and every READ
+    pays tcp progress (~15 µs at 4 KiB, ~50 µs at 1 MiB). ``none`` lets UCX use shared memory
+    on one host (a READ of a dead producer's memory still fails: ``process_vm_readv`` errors);
+    across hosts keep ``peer``, where a network error under ``none`` is fatal to UCX."""
+    mode = os.environ.get("HYBRIDKV_NIXL_UCX_ERROR_MODE") or error_mode
+    if mode not in ERROR_MODES:
+        raise ValueError(f"NIXL ucx_error_handling_mode={mode!r}: expected one of {ERROR_MODES}")
+    return {"ucx_error_handling_mode": mode}
+
+
 class XferState(str, Enum):
     DONE = "DONE"
     PROC = "PROC"
@@ -81,16 +98,19 @@ _STATES = {state.value: state for state in XferState}  # a lookup, not Enum's sl
 
 
 class NixlAgent:
-    def __init__(self, name: str, progress_thread: bool = True) -> None:
+    def __init__(self, name: str, progress_thread: bool = True, error_mode: str = "peer") -> None:
         """``progress_thread``: needed where peers read this agent's memory (a producer must
         answer their wire-up and flush messages while its engine thread computes); a
-        consumer-only agent progresses in its own posts and polls, without the thread's lock."""
+        consumer-only agent progresses in its own posts and polls, without the thread's lock.
+        ``error_mode``: UCX's error handling (``ucx_params``)."""
+        params = ucx_params(error_mode)
         nixl = _import_nixl()
-        config = nixl.nixl_agent_config(enable_prog_thread=progress_thread, backends=["UCX"])
+        config = nixl.nixl_agent_config(enable_prog_thread=progress_thread, backends=[])
         self.name = name
         self._agent = _with_progress_delay(nixl, lambda: nixl.nixl_agent(name, config))
-        if "UCX" not in self._agent.backends:
+        if "UCX" not in self._agent.get_plugin_list():
             raise ValueError("NIXL: the UCX backend is not available in this installation")
+        self._agent.create_backend("UCX", params)
         self._regs: list[Any] = []
 
     def register(self, regions: list[tuple[int, int]]) -> None:

@@ -16,7 +16,10 @@ class NixlOptions(ConnectorOptions):
     a request's KV after this long if no consumer read it (its lease). ``load_timeout_seconds``:
     a consumer gives up on a read (handshake included) after this long and recovers.
     ``max_staged_states``: state checkpoints a producer can hold for consumers at once.
-    ``max_leases``: requests a producer can hold for consumers at once."""
+    ``max_leases``: requests a producer can hold for consumers at once.
+    ``ucx_error_handling_mode``: ``peer`` (NIXL's default, safe across hosts) or ``none``
+    (faster on one host: UCX's shared-memory transports; see ``agent.ucx_params``);
+    ``HYBRIDKV_NIXL_UCX_ERROR_MODE`` in the environment overrides it."""
 
     side_channel_host: str = "127.0.0.1"
     side_channel_port: int = 5600
@@ -25,6 +28,7 @@ class NixlOptions(ConnectorOptions):
     handshake_timeout_seconds: float = 5.0
     max_staged_states: int = 64
     max_leases: int = 4096
+    ucx_error_handling_mode: str = "peer"
 
     def __post_init__(self) -> None:
         if not isinstance(self.side_channel_port, int) or not 0 <= self.side_channel_port < 65536:
@@ -35,6 +39,11 @@ class NixlOptions(ConnectorOptions):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"NixlConnector: {name}={value!r} must be a positive number")
+        if self.ucx_error_handling_mode not in ("peer", "none"):
+            raise ValueError(
+                f"NixlConnector: ucx_error_handling_mode={self.ucx_error_handling_mode!r} "
+                "must be 'peer' or 'none'"
+            )
         for name in ("max_staged_states", "max_leases"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

@@ -1,12 +1,17 @@
 """A consumer's loads: handshake (cached per producer), descriptor plan, the data READ, then
-the lease check, whose completion notifies the producer.
+the lease check, after which the producer is notified.
 
-    handshake -> READ data -> READ the lease word -> ``lease_valid``? notify the producer
-    (``"<remote request id>:<bytes>"``, it frees), finished : failed (lease expired)
+    handshake -> READ data -> READ the lease word -> ``lease_valid``? finished, and notify the
+    producer (``"<remote request id>:<bytes>"``, it frees) : failed (lease expired)
 
 Reads carry no notification: a READ with one is reported DONE only once the notification went
 out through UCX's progress thread (milliseconds on a busy host), while a same-host READ without
-one usually completes inside its post. ``send_notif`` after the check costs a few µs.
+one usually completes inside its post. The notification (``send_notif``: a message over UCX's
+active-message transport, 10-70 µs here) only lets the producer free, so it waits for the
+engine step after the one that reported the load (``end_step``, called from the worker's
+``get_finished``): it then goes out after that step's forward, which already uses the loaded
+KV, instead of before it. ``has_pending`` covers it, so an idle engine still sends it (within
+two idle waits); if the engine stops first, the producer's lease frees.
 
 A refused connection, an incompatible layout, a transfer error, an expired lease or
 ``load_timeout_seconds`` fail the load with ``"<reason>: <what happened, in words>"``; the
@@ -93,13 +98,16 @@ class Reader:
         self.loads: list[_Load] = []
         self.notify: list[NotifyOnly] = []
         self.done: list[LoadResult] = []
+        # (producer agent, message) of finished loads: queued this step, due at the next one
+        self._notify_queued: list[tuple[str, bytes]] = []
+        self._notify_due: list[tuple[str, bytes]] = []
 
     def add(self, spec: LoadSpec, now: float) -> None:
         assert isinstance(spec.keys, RemoteSource)
         self.loads.append(_Load(spec, spec.keys, now))
 
     def has_pending(self) -> bool:
-        return bool(self.loads or self.notify)
+        return bool(self.loads or self.notify or self._notify_queued or self._notify_due)
 
     def progress(self) -> bool:
         """Advance every load (handshake, post, poll, check) and notification; True if any
@@ -109,6 +117,18 @@ class Reader:
             self._advance(load)
         self._send_notifications()
         return len(self.done) > before
+
+    def end_step(self) -> int:
+        """Once per engine step, after its results were taken: notify the producers of the
+        loads reported in an earlier step (their KV has been used by a forward since) and
+        hold this step's for the next call. Returns how many were sent."""
+        due, self._notify_due, self._notify_queued = self._notify_due, self._notify_queued, []
+        for agent_name, message in due:
+            try:
+                self.agent.notify(agent_name, message)
+            except Exception as exc:  # noqa: BLE001 - the producer's lease frees instead
+                log.warning("NIXL: notifying producer %s failed: %s", agent_name, exc)
+        return len(due)
 
     def _advance(self, load: _Load) -> None:
         try:
@@ -153,7 +173,7 @@ class Reader:
         load.nbytes = total_bytes(rows)
         load.num_descs = len(rows)
         if not load.num_descs:
-            self.agent.notify(peer.agent_name, self._notification(load))
+            self._notify_queued.append((peer.agent_name, self._notification(load)))
             self._succeed(load)
             return
         load.handle = self.agent.read(peer.agent_name, rows, b"")
@@ -201,7 +221,7 @@ class Reader:
         word = int(self.scratch[load.checking])
         if lease_valid(word, lease.gen):
             assert load.peer is not None
-            self.agent.notify(load.peer.agent_name, self._notification(load))
+            self._notify_queued.append((load.peer.agent_name, self._notification(load)))
             self._succeed(load)
             return
         self._fail(

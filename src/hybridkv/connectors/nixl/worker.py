@@ -71,7 +71,7 @@ class NixlWorker(BaseConnectorWorker):
         stride = sum(t[0].numel() * t.element_size() for ts in self.state_tensors for t in ts)
         if self.producer and stride:
             self._staging = torch.zeros(self.options.max_staged_states * stride, dtype=torch.uint8)
-        self.agent = NixlAgent(self.engine_id, progress_thread=self.producer)
+        self.agent = NixlAgent(self.engine_id, self.producer, self.options.ucx_error_handling_mode)
         tensors = backing + [t for ts in self.state_tensors for t in ts] + [self._words]
         if self._staging is not None:
             tensors.append(self._staging)
@@ -141,6 +141,7 @@ class NixlWorker(BaseConnectorWorker):
         self.reader.progress()
         out = output_from_results(self.reader.done)
         self.reader.done = []
+        self.reader.end_step()  # notifications of loads reported a step ago
         if self.producer:
             self.leases.on_notifications(self.agent.notifications())
         out.finished_sending |= self.leases.take_finished()
