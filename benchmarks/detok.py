@@ -35,6 +35,10 @@ class FullDecode:
         self.text, self.stop_string = "", None
 
     @property
+    def has_stop_strings(self) -> bool:
+        return bool(self._stop)
+
+    @property
     def num_tokens(self) -> int:
         return len(self._ids)
 
