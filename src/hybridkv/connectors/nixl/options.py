@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from hybridkv.connectors.config import ConnectorOptions, OptionsContext
+from hybridkv.connectors.nixl.agent import ERROR_MODES
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +40,7 @@ class NixlOptions(ConnectorOptions):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"NixlConnector: {name}={value!r} must be a positive number")
-        if self.ucx_error_handling_mode not in ("peer", "none"):
+        if self.ucx_error_handling_mode not in ERROR_MODES:
             raise ValueError(
                 f"NixlConnector: ucx_error_handling_mode={self.ucx_error_handling_mode!r} "
                 "must be 'peer' or 'none'"
