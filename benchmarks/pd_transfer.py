@@ -2,7 +2,11 @@
 plan, data READ, lease-word check, polling as an idle engine does; the notification, which the
 worker sends at the end of the next engine step, is timed apart as ``notify``)
 against the same bytes copied between the same two processes through shared memory, and
-against ``process_vm_readv`` (the kernel call UCX's same-host ``cma`` transport makes).
+against ``process_vm_readv`` (the kernel call UCX's same-host ``cma`` transport makes). ``wire``
+is the load's two READs alone (data, then the lease word) through the connector's agent: what
+NIXL costs with no hybridkv planning or bookkeeping, in the same alternation (so the same cache
+state) as the load; ``wire_vs_copy`` bounds what any NIXL load can reach, ``load_vs_wire`` is
+hybridkv's own share.
 
 Geometry: one full-attention group of ``LAYERS`` layers, block size 16, ``TOKEN_BYTES`` per
 token of K (or V) per layer, so a load of T tokens moves ``T * 2 * TOKEN_BYTES * LAYERS``
@@ -25,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridkv.connectors.nixl.agent import NixlAgent
+from hybridkv.connectors.nixl.agent import NixlAgent, XferState
 from hybridkv.connectors.nixl.handshake import Peers
 from hybridkv.connectors.nixl.layout import GroupDesc, LayoutDescriptor
 from hybridkv.connectors.nixl.meta import Lease, RemoteSource
@@ -42,6 +46,14 @@ LAYERS, TOKEN_BYTES, BLOCK = 4, 512, 16
 PAGE = 2 * BLOCK * TOKEN_BYTES
 TOKEN_TOTAL = 2 * TOKEN_BYTES * LAYERS  # bytes one token moves
 STEP_SECONDS = 0.005  # the producer's engine steps this often
+# An engine's per-layer backing tensor holds its whole KV cache (hundreds of MiB): at least
+# this much per layer, so that, as there, the blocks read lie on huge pages.
+MIN_LAYER_BYTES = 8 << 20
+
+
+def cache_blocks(max_bytes: int) -> int:
+    """Blocks per layer of a side's cache for loads of up to ``max_bytes``."""
+    return max(max_bytes // (BLOCK * TOKEN_TOTAL) + 2, MIN_LAYER_BYTES // PAGE)
 
 
 class Cache:
@@ -71,7 +83,7 @@ class Cache:
 
 def serve_producer(port: int, max_bytes: int, shm_name: str) -> None:
     """The producer process: a filled cache and the shared-memory twin of the baseline."""
-    cache = Cache("bench-producer", max_bytes // (BLOCK * TOKEN_TOTAL) + 2, fill=True)
+    cache = Cache("bench-producer", cache_blocks(max_bytes), fill=True)
     shm = shared_memory.SharedMemory(name=shm_name)
     resource_tracker.unregister(shm._name, "shared_memory")  # the parent owns (unlinks) it
     pattern = (np.arange(max_bytes, dtype=np.int64) % 251).astype(np.uint8)
@@ -92,7 +104,7 @@ def serve_producer(port: int, max_bytes: int, shm_name: str) -> None:
 class Consumer:
     def __init__(self, port: int, max_bytes: int) -> None:
         self.port = port
-        self.cache = Cache("bench-consumer", max_bytes // (BLOCK * TOKEN_TOTAL) + 2, fill=False)
+        self.cache = Cache("bench-consumer", cache_blocks(max_bytes), fill=False)
         stats = StatsCounter(NixlStats)
         options = NixlOptions()
         peers = Peers(self.cache.agent, self.cache.descriptor, 10.0, stats)
@@ -130,6 +142,20 @@ class Consumer:
         notify_wall, notify_cpu = time.perf_counter() - t0, time.thread_time() - c0
         assert sent == 1
         return wall, cpu, self.reader.stats.take().descriptors, notify_wall, notify_cpu
+
+    def wire(self, rows: list[tuple[int, int, int]]) -> None:
+        """A load's wire work alone: the data READ of ``rows`` and the lease word's READ,
+        through the connector's agent, each polled to its end (no plan, no Reader)."""
+        peer = next(iter(self.reader.peers._peers.values()))  # the handshake's, cached
+        agent = self.cache.agent
+        for handle, state in (
+            agent.read(peer.agent_name, rows, b""),
+            agent.read_prepared(self.reader._scratch_list, 0, peer.leases, 0),
+        ):
+            while state is XferState.PROC:
+                state = agent.state(handle)
+            agent.release(handle)
+            assert state is XferState.DONE
 
 
 class _Iovec(ctypes.Structure):
@@ -194,11 +220,12 @@ def _measure(
     end = PAGE + min(tokens, BLOCK) * TOKEN_BYTES  # block 1's K bytes the load wrote
     want = ((np.arange(PAGE, end, dtype=np.int64) * 7) % 256).astype(np.uint8)
     assert np.array_equal(c.cache.backing[0].numpy()[PAGE:end], want), "wrong bytes"
-    runs: dict[str, list[float]] = {k: [] for k in ("load", "load_scattered", "pvr", "shm_copy", "notify")}  # fmt: skip
+    runs: dict[str, list[float]] = {k: [] for k in ("load", "load_scattered", "wire", "pvr", "shm_copy", "notify")}  # fmt: skip
     cpu: dict[str, list[float]] = {k: [] for k in runs}
     descs: dict[str, int] = {}
     local = [t.data_ptr() + PAGE for t in c.cache.backing]
     remote = [b + PAGE for b in rbase]
+    rows = [(a, b, nbytes // LAYERS) for a, b in zip(local, remote, strict=True)]
     for _ in range(repeats):
         for key, scattered in (("load", False), ("load_scattered", True)):
             wall, used, descs[key], notify_wall, notify_cpu = c.load(tokens, scattered)
@@ -207,7 +234,11 @@ def _measure(
             if not scattered:
                 runs["notify"].append(notify_wall)
                 cpu["notify"].append(notify_cpu)
-        for key, fn in (("pvr", lambda: _pvr(pid, local, remote, nbytes // LAYERS)), ("shm_copy", lambda: np.copyto(dst[:nbytes], src[:nbytes]))):  # fmt: skip
+        for key, fn in (
+            ("wire", lambda: c.wire(rows)),
+            ("pvr", lambda: _pvr(pid, local, remote, nbytes // LAYERS)),
+            ("shm_copy", lambda: np.copyto(dst[:nbytes], src[:nbytes])),
+        ):
             c0, t0 = time.thread_time(), time.perf_counter()
             fn()
             runs[key].append(time.perf_counter() - t0)
@@ -219,6 +250,8 @@ def _measure(
     g = {k: v["median"] for k, v in row["gbps"].items()}
     row["load_vs_copy"] = round(g["load"] / g["shm_copy"], 3)
     row["load_vs_pvr"] = round(g["load"] / g["pvr"], 3)
+    row["wire_vs_copy"] = round(g["wire"] / g["shm_copy"], 3)  # what NIXL alone allows
+    row["load_vs_wire"] = round(g["load"] / g["wire"], 3)  # hybridkv's own cost
     row["load_vs_copy_cpu"] = round(row["cpu_us"]["shm_copy"] / max(row["cpu_us"]["load"], 1e-3), 3)  # fmt: skip
     print(f"throughput {size}: {row}", file=sys.stderr, flush=True)
     return row

@@ -28,6 +28,16 @@ def test_zeros_huge_is_zeros() -> None:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise is Linux's")
+def test_big_tensors_start_on_a_huge_page() -> None:
+    """An unaligned start would leave the first and last partial 2 MiB on 4 KiB pages."""
+    t = zeros_huge((3, HUGE_PAGE // 4 + 5), torch.float32)
+    assert t.data_ptr() % HUGE_PAGE == 0
+    assert t.shape == (3, HUGE_PAGE // 4 + 5) and t.is_contiguous()
+    t[-1, -1] = 7.0  # the whole extent is writable and zeroed
+    assert float(t.sum()) == 7.0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise is Linux's")
 def test_advice_is_taken_on_linux() -> None:
     t = torch.empty(4 * HUGE_PAGE, dtype=torch.uint8)
     assert host_memory.advise_huge(t)

@@ -11,6 +11,7 @@ call fails the tensor keeps 4 KiB pages. ``HYBRIDKV_HUGEPAGES=0`` turns it off.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import sys
 
@@ -48,12 +49,24 @@ def advise_huge(tensor: torch.Tensor) -> bool:
     return result == 0
 
 
+def _aligned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """``torch.empty(shape)`` starting on a huge-page boundary, so every whole 2 MiB of it can
+    be a huge page (an unaligned start leaves up to 4 MiB at its ends on 4 KiB pages). The
+    slack before and after is reserved, never touched: it costs address space, not memory."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
+    skip = -raw.data_ptr() % HUGE_PAGE
+    return raw[skip : skip + nbytes].view(dtype).view(shape)
+
+
 def zeros_huge(
     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """``torch.zeros(shape)``, on huge pages where possible (host memory only)."""
+    """``torch.zeros(shape)``, on huge pages where possible (host memory only); tensors of at
+    least a huge page start on a huge-page boundary."""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    tensor = torch.empty(shape, dtype=dtype)
+    big = _LIBC is not None and math.prod(shape) * dtype.itemsize >= HUGE_PAGE
+    tensor = _aligned_empty(shape, dtype) if big else torch.empty(shape, dtype=dtype)
     advise_huge(tensor)
     return tensor.zero_()

@@ -51,11 +51,10 @@ class Peer:
 def read_until_end(agent: NixlAgent, peer: str, descs: list[tuple[int, int, int]]) -> XferState:
     """Post and poll a read; a post that raises counts as ``ERR`` (after releasing)."""
     try:
-        handle = agent.read(peer, descs, b"")
+        handle, state = agent.read(peer, descs, b"")
     except Exception:  # noqa: BLE001 - NIXL raises its own error types
         return XferState.ERR
     deadline = time.monotonic() + 60
-    state = agent.state(handle)
     while state is XferState.PROC and time.monotonic() < deadline:
         time.sleep(0.001)
         state = agent.state(handle)

@@ -46,14 +46,16 @@ class ScriptedAgent:
     def prepare(self, remote: str | None, regions: list[tuple[int, int]]) -> str:
         return "prepared"
 
-    def read(self, remote: str, rows: Any, notif: bytes) -> str:
+    def read(self, remote: str, rows: Any, notif: bytes) -> tuple[str, XferState]:
         assert notif == b""  # reads carry no notification
-        return "data"
+        return "data", XferState.DONE
 
-    def read_prepared(self, local: Any, local_index: int, far: Any, far_index: int) -> str:
+    def read_prepared(
+        self, local: Any, local_index: int, far: Any, far_index: int
+    ) -> tuple[str, XferState]:
         assert self.reader is not None
         self.reader.scratch[local_index] = self.word
-        return "lease"
+        return "lease", XferState.DONE
 
     def state(self, handle: Any) -> XferState:
         return XferState.DONE

@@ -153,12 +153,10 @@ class Reader:
             load.peer = self.peers.get(load.source)
             if load.peer is None:
                 return False
-            self._post(load, load.peer)
-            return True
+            return self._post(load, load.peer)
         if load.handle is not None:
             return self._poll(load)
-        self._check(load, load.peer)
-        return load.handle is not None
+        return self._check(load, load.peer)
 
     @staticmethod
     def _transfer_error(load: _Load, exc: BaseException | None) -> str:
@@ -168,23 +166,26 @@ class Reader:
             f"failed{cause}; did the prefill engine stop?"
         )
 
-    def _post(self, load: _Load, peer: Peer) -> None:
+    def _post(self, load: _Load, peer: Peer) -> bool:
+        """Plan and post the data READ; True if the load moved on (ended, or its read is
+        done: a same-host read often completes inside its post)."""
         rows = self._plan(load.spec, load.source, peer.descriptor)
         load.nbytes = total_bytes(rows)
         load.num_descs = len(rows)
         if not load.num_descs:
             self._notify_queued.append((peer.agent_name, self._notification(load)))
             self._succeed(load)
-            return
-        load.handle = self.agent.read(peer.agent_name, rows, b"")
+            return True
+        load.handle, state = self.agent.read(peer.agent_name, rows, b"")
+        return state is not XferState.PROC and self._ended(load, state)
 
     def _notification(self, load: _Load) -> bytes:
         return f"{load.source.request_id}:{load.nbytes}".encode()
 
-    def _check(self, load: _Load, peer: Peer) -> None:
-        """Read the lease's word after the data (see ``leases``)."""
+    def _check(self, load: _Load, peer: Peer) -> bool:
+        """Read the lease's word after the data (see ``leases``); True if the load moved on."""
         if not self._free_scratch:
-            return  # a later progress call posts it
+            return False  # a later progress call posts it
         lease = load.source.lease
         assert lease is not None  # required by RemoteSource.parse when there is data
         if not 0 <= lease.slot < peer.descriptor.lease_words:
@@ -195,14 +196,17 @@ class Reader:
             )
         load.checking = self._free_scratch.pop()
         self.scratch[load.checking] = 0
-        load.handle = self.agent.read_prepared(
+        load.handle, state = self.agent.read_prepared(
             self._scratch_list, load.checking, peer.leases, lease.slot
         )
+        return state is not XferState.PROC and self._ended(load, state)
 
     def _poll(self, load: _Load) -> bool:
         state = self.agent.state(load.handle)
-        if state is XferState.PROC:
-            return False
+        return state is not XferState.PROC and self._ended(load, state)
+
+    def _ended(self, load: _Load, state: XferState) -> bool:
+        """The READ in flight ended in ``state``: fail, check the lease, or judge. True."""
         handle, load.handle = load.handle, None
         self.agent.release(handle)
         if state is not XferState.DONE:
