@@ -15,7 +15,7 @@ def test_pd_quick() -> None:
         for row in out["bytes"][arch]["by_prompt_tokens"].values():
             assert 0 < row["clipped"] <= row["unclipped"]
     for row in out["throughput"].values():
-        assert all(row["gbps"][k]["median"] > 0 for k in ("load", "pvr", "shm_copy"))
+        assert all(row["gbps"][k]["median"] > 0 for k in ("load", "wire", "pvr", "shm_copy"))
         assert row["descriptors"]["load"] == 4  # contiguous tables: one run per layer
     for row in out["ttft_ms"].values():
         assert row["colocated"]["median"] > 0 and row["disaggregated"]["median"] > 0
