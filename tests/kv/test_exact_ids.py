@@ -1,6 +1,7 @@
 """Exact block ids, slot ids and free-queue orders, computed by hand from the rules.
 
-Rules (vLLM's, kv-reference §2.3): allocation pops the queue front; a block whose ref count
+Rules (vLLM's, kv-reference §2.3): allocation pops the queue front (and, unlike vLLM, hands
+the popped ids out ascending, so freed runs come back as runs); a block whose ref count
 drops to 0 is prepended if it has no key, appended if cached; a request frees each group's table
 tail first, groups in order. B = 4 throughout; block 0 is the null block.
 """
@@ -71,7 +72,7 @@ def test_full_attention_only() -> None:
     pool.take_events()
     e = FakeRequest("E", list(range(2000, 2012)))
     prefill(coord, e)
-    assert coord.get_block_ids("E") == ([2, 4, 1],)  # LRU: A's tail, C's tail, then A's head
+    assert coord.get_block_ids("E") == ([1, 2, 4],)  # ascending; popped 2, 4, 1 (below)
     removed = [ev.item_id for ev in pool.take_events() if ev.kind is EventKind.REMOVED]
     assert removed == [2, 4, 1]
     assert coord.find_cache_hit(FakeRequest("A3", list(range(10)))).num_tokens == 0

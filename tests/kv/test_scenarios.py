@@ -146,13 +146,13 @@ def test_lru_eviction_takes_a_requests_tail_first() -> None:
     coord.free(a2)
     assert queue(coord.pool) == [8, 4, 7, 6, 5, 3, 2, 1]
     c = FakeRequest("C", list(range(200, 212)))
-    prefill(coord, c)  # pops 8, 4 (unkeyed) and B's tail block 7
-    assert coord.get_block_ids("C") == ([8, 4, 7],)
+    prefill(coord, c)  # pops 8, 4 (unkeyed) and B's tail block 7, handed out ascending
+    assert coord.get_block_ids("C") == ([4, 7, 8],)
     assert hit(list(range(100, 113))) == 8  # B lost its tail only
     assert hit(list(range(13))) == 12
     d = FakeRequest("D", list(range(300, 308)))
     prefill(coord, d)
-    assert coord.get_block_ids("D") == ([6, 5],)
+    assert coord.get_block_ids("D") == ([5, 6],)  # popped 6, 5 (B's tail first)
     assert hit(list(range(100, 113))) == 0
     assert hit(list(range(13))) == 12
     e = FakeRequest("E", list(range(400, 404)))
@@ -160,6 +160,27 @@ def test_lru_eviction_takes_a_requests_tail_first() -> None:
     assert coord.get_block_ids("E") == ([3],)
     assert hit(list(range(13))) == 8  # A's tail goes first
     finish(coord, c, d, e)
+
+
+def test_recycled_blocks_come_back_as_ascending_runs() -> None:
+    """A request's blocks are freed tails first, so they wait in the queue descending; the
+    request that takes them next gets them ascending: one run of pages, which a transfer
+    moves as one descriptor per layer (popped in pop order, it would be one per block)."""
+    coord = make_coordinator("full", num_blocks=9)
+    a = FakeRequest("A", list(range(16)))
+    b = FakeRequest("B", list(range(100, 116)))
+    prefill(coord, a)
+    prefill(coord, b)
+    assert coord.get_block_ids("A") == ([1, 2, 3, 4],)
+    coord.free(a)
+    coord.free(b)
+    assert queue(coord.pool) == [4, 3, 2, 1, 8, 7, 6, 5]  # eviction order: tails first
+    c = FakeRequest("C", list(range(200, 216)))
+    prefill(coord, c)
+    assert coord.get_block_ids("C") == ([1, 2, 3, 4],)
+    assert coord.find_cache_hit(FakeRequest("A2", list(range(16)))).num_tokens == 0
+    assert coord.find_cache_hit(FakeRequest("B2", list(range(100, 116)))).num_tokens == 12
+    finish(coord, c)
 
 
 def test_full_prompt_hit_is_capped_at_n_minus_1() -> None:
@@ -236,12 +257,12 @@ def test_external_tokens_get_unhashed_blocks_until_loaded() -> None:
     # 8 local + 8 external (loading) + 4 new: the window at 16 skips (16-7)//4 = 2 blocks,
     # so the sliding group needs no blocks for the hit at all and nulls them
     assert coord.allocate(b, 4, hit, num_external_tokens=8)
-    assert coord.get_block_ids("B") == ([1, 2, 6, 3, 7], [0, 0, 8, 9, 10])
-    assert coord.get_unhashed_block_ids("B") == ([6, 3, 7], [8, 9, 10])
+    assert coord.get_block_ids("B") == ([1, 2, 3, 6, 7], [0, 0, 8, 9, 10])  # popped 6, 3, 7
+    assert coord.get_unhashed_block_ids("B") == ([3, 6, 7], [8, 9, 10])
     b.num_computed_tokens = 16  # the load finished and was verified
     coord.cache(b, 16)
     assert coord.get_unhashed_block_ids("B") == ([7], [10])
-    assert coord.pool.key[6] == (b.block_hashes[2], 0) and coord.pool.key[9] == (
+    assert coord.pool.key[3] == (b.block_hashes[2], 0) and coord.pool.key[9] == (
         b.block_hashes[3],
         1,
     )

@@ -85,7 +85,12 @@ class BlockPool:
     # -- mutations -----------------------------------------------------------------------
 
     def allocate(self, n: int, group_id: int) -> list[int]:
-        """Pop ``n`` ids from the front (evicting their keys), each with ref count 1."""
+        """Pop ``n`` ids from the front (evicting their keys), each with ref count 1; returned
+        in ascending order. Which ids are popped is the queue's business (eviction order);
+        handing them out ascending makes a request's table runs of consecutive pages where the
+        ids allow it: a request's blocks are freed tails first, so they come back descending,
+        and ascending runs are what a transfer merges into one descriptor per layer (NIXL
+        reads, offloads) and what attention streams through in page order."""
         if n > self.num_free:
             raise RuntimeError(f"{self.name}: asked for {n} ids, {self.num_free} free")
         out = self.free_queue.head(n)
@@ -99,6 +104,7 @@ class BlockPool:
             owner[i] = group_id
         if keyed:
             self._drop_keys(keyed)
+        out.sort()
         return out
 
     def touch(self, ids: Iterable[int]) -> None:
