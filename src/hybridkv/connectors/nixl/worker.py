@@ -7,6 +7,11 @@ staging entries (state checkpoints at E) and the lease words (``leases``: a prod
 lease word, then the scratch words a consumer reads them into). A producer counts
 notifications and expired leases into ``finished_sending`` and extends leases on heartbeats; a
 consumer sends the heartbeats its scheduler half asks for (``heartbeats``).
+
+A consumer-only agent has no UCX progress thread: a notification it posts (a heartbeat, or a
+NotifyOnly before any READ to that producer) leaves only when something progresses its UCX
+worker (the endpoint's wire-up first). Asking for notifications does, so ``get_finished``
+asks every step; without that, heartbeats would never reach an idle-link producer.
 """
 
 from __future__ import annotations
@@ -150,6 +155,8 @@ class NixlWorker(BaseConnectorWorker):
         self.heartbeats.progress()
         if self.producer:
             self.leases.on_notifications(self.agent.notifications())
+        else:  # no progress thread: this progresses UCX (~1 µs), so notifications leave
+            self.agent.notifications()
         out.finished_sending |= self.leases.take_finished()
         return out
 
