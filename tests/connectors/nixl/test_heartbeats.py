@@ -197,6 +197,8 @@ def test_tracking_stops_on_load_start_full_local_hit_finish_and_abort() -> None:
     meta = sched.build_connector_meta([])
     assert [s.request_id for s in meta.loads] == ["l"]
     assert {i.source.request_id for i in meta.saves if isinstance(i, NotifyOnly)} == {"ph", "pd"}
+    clock.now += 10
+    assert beats(sched) == {1: ["pg", "ps"]}  # the same step's list: l, h, d stopped
     sched.on_waiting(reqs(stays))  # "gone" was aborted before its lookup: no longer waiting
     clock.now += 10
     assert beats(sched) == {1: ["ps"]}

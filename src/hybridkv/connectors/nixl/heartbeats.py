@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 
 from hybridkv.connectors.base import KVConnectorRequest
 from hybridkv.connectors.nixl.agent import NixlAgent
@@ -58,43 +58,57 @@ def parse_heartbeat(message: bytes) -> list[str] | None:
 
 
 class WaitList:
-    """The consumer's scheduler half: requests waiting for admission with a producer's params,
-    and every ``interval`` seconds (by ``clock``) one ``Heartbeat`` per producer."""
+    """The consumer's scheduler half: the requests waiting for admission with params (the
+    latest ``on_waiting`` list), and every ``interval`` seconds (by ``clock``) one ``Heartbeat``
+    per producer for those with something to read, except ``skip`` (requests that read already:
+    preempted after their load). A step costs O(1): the list is only read when a heartbeat is
+    due, and each request's params are parsed once (``parse``: None when there is no producer)."""
 
-    def __init__(self, interval: float, clock: Clock = time.monotonic) -> None:
-        self.interval = interval
-        self.clock = clock
-        self._waiting: dict[str, RemoteSource | None] = {}  # local id -> producer (None: none)
-        self._due: float | None = None  # next heartbeat (None: nothing tracked)
-
-    def update(
+    def __init__(
         self,
-        requests: Sequence[KVConnectorRequest],
+        interval: float,
         parse: Callable[[KVConnectorRequest], RemoteSource | None],
+        skip: Container[str],
+        clock: Clock = time.monotonic,
     ) -> None:
-        """The requests waiting now (replacing the previous list); each is parsed once."""
-        old, self._waiting = self._waiting, {}
-        for req in requests:
-            rid = req.request_id
-            self._waiting[rid] = old[rid] if rid in old else parse(req)
-        self._arm()
+        self.interval = interval
+        self.parse = parse
+        self.skip = skip
+        self.clock = clock
+        self._parsed: dict[str, RemoteSource | None] = {}  # of the last heartbeat's list
+        self._requests: Sequence[KVConnectorRequest] = ()
+        self._stopped: set[str] = set()  # left the wait since the list was given
+        self._due: float | None = None  # next heartbeat (None: nothing waits)
 
-    def stop(self, request_id: str) -> None:
-        if self._waiting.pop(request_id, None) is not None:
-            self._arm()
-
-    def tracked(self) -> dict[str, RemoteSource]:
-        """Local request id -> its producer's params, for the requests heartbeats cover."""
-        return {r: s for r, s in self._waiting.items() if s is not None and s.num_tokens > 0}
-
-    def _arm(self) -> None:
-        if not self.tracked():
+    def update(self, requests: Sequence[KVConnectorRequest]) -> None:
+        """The requests waiting now (replacing the previous list)."""
+        self._requests = requests
+        self._stopped.clear()
+        if not requests:
             self._due = None
         elif self._due is None:
             self._due = self.clock() + self.interval
 
+    def stop(self, request_id: str) -> None:
+        """The request's load started, or it needs none, or it ended: no more heartbeats."""
+        if self._requests:
+            self._stopped.add(request_id)
+
+    def tracked(self) -> dict[str, RemoteSource]:
+        """Local request id -> its producer's params, for the requests heartbeats cover."""
+        out = {}
+        old, self._parsed = self._parsed, {}
+        for req in self._requests:
+            rid = req.request_id
+            src = self._parsed[rid] = old[rid] if rid in old else self.parse(req)
+            live = rid not in self._stopped and rid not in self.skip
+            if live and src is not None and src.num_tokens > 0:
+                out[rid] = src
+        return out
+
     def due(self) -> list[Heartbeat]:
-        """The heartbeats to send now: none before the interval has passed."""
+        """The heartbeats to send now: none before an interval has passed since the first
+        request began to wait (or since the last heartbeats)."""
         now = self.clock()
         if self._due is None or now < self._due:
             return []

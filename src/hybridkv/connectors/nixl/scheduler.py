@@ -77,7 +77,9 @@ class NixlScheduler(BaseConnectorScheduler):
         self._loads: list[LoadSpec] = []
         self._items: list[Any] = []
         interval = options.heartbeat_interval_seconds
-        self.waits = WaitList(interval) if consumer and interval > 0 else None
+        self.waits = None
+        if consumer and interval > 0:
+            self.waits = WaitList(interval, self._waiting_source, self._consumed)
 
     # -- which role a request plays --------------------------------------------------------
 
@@ -87,22 +89,26 @@ class NixlScheduler(BaseConnectorScheduler):
             return None
         return transfer_end(request.num_prompt_tokens, self.block_size, self.has_state)
 
-    def _source(self, request: KVConnectorRequest) -> RemoteSource | None:
+    def _source(self, request: KVConnectorRequest, log_errors: bool = True) -> RemoteSource | None:
         params = request.kv_transfer_params
         if not (self.consumer and params and params.get("do_remote_prefill")):
             return None
         try:
             return RemoteSource.parse(params, len(self.attn), self.has_state)
         except ValueError as exc:
-            log.warning("request %s: %s; computing it locally", request.request_id, exc)
+            if log_errors:
+                log.warning("request %s: %s; computing it locally", request.request_id, exc)
             return None
 
     # -- consumer ----------------------------------------------------------------------------
 
     def on_waiting(self, requests: Sequence[KVConnectorRequest]) -> None:
         if self.waits is not None:
-            fresh = [r for r in requests if r.request_id not in self._consumed]
-            self.waits.update(fresh, self._source)
+            self.waits.update(requests)
+
+    def _waiting_source(self, request: KVConnectorRequest) -> RemoteSource | None:
+        """A waiting request's producer (malformed params are logged by its lookup)."""
+        return self._source(request, log_errors=False)
 
     def get_num_new_matched_tokens(
         self, request: KVConnectorRequest, num_local_computed: int
