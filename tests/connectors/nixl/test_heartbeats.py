@@ -29,6 +29,7 @@ from hybridkv.connectors.nixl.layout import (
 )
 from hybridkv.connectors.nixl.leases import ENDED, Leases
 from hybridkv.connectors.nixl.meta import Heartbeat, Lease, NotifyOnly, RemoteSource
+from hybridkv.connectors.nixl.metrics import nixl_families
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.scheduler import NixlScheduler
 from hybridkv.connectors.nixl.stats import Flow, NixlStats
@@ -279,3 +280,11 @@ def test_a_peer_of_the_old_protocol_is_refused_by_version() -> None:
     with pytest.raises(ValueError, match="protocol version 3, this engine 4"):
         LayoutDescriptor.decode(json.dumps(data).encode())
     assert LayoutDescriptor.decode(desc.encode()) == desc
+
+
+def test_heartbeat_counters_are_prometheus_families() -> None:
+    counters = {"nixl_heartbeats_sent": 3, "nixl_heartbeats_received": 2, "nixl_heartbeats_unmatched": 1}  # fmt: skip
+    families = {f.name: f for f in nixl_families(counters, "hybridkv:")}
+    for name, value in (("sent", 3), ("received", 2), ("unmatched", 1)):
+        (sample,) = families[f"hybridkv:kv_transfer_heartbeats_{name}"].samples
+        assert sample.value == value and sample.labels == {"connector": "NixlConnector"}
