@@ -70,13 +70,7 @@ class Leases:
         lease."""
         found = False
         for message in messages:
-            try:
-                ids = parse_heartbeat(message)
-            except ValueError as exc:
-                log.warning("NIXL: %s", exc)
-                ids = [""]  # counted as one unmatched heartbeat
-            if ids is not None:
-                self.heartbeat(ids)
+            if self._heartbeat_message(message):
                 continue
             rid, _, nbytes = message.decode(errors="replace").rpartition(":")
             n = int(nbytes) if nbytes.isdigit() else 0
@@ -90,6 +84,21 @@ class Leases:
                 with self.stats.update() as s:
                     s.notifications_unmatched += 1
         return found
+
+    def _heartbeat_message(self, message: bytes) -> bool:
+        """Digest ``message`` if it is a heartbeat (a malformed one counts as one unmatched)."""
+        try:
+            ids = parse_heartbeat(message)
+        except ValueError as exc:
+            log.warning("NIXL: %s", exc)
+            with self.stats.update() as s:
+                s.heartbeats_received += 1
+                s.heartbeats_unmatched += 1
+            return True
+        if ids is None:
+            return False
+        self.heartbeat(ids)
+        return True
 
     def heartbeat(self, request_ids: list[str]) -> None:
         """Consumers still wait to read these requests: extend their held leases."""
