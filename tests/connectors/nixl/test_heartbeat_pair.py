@@ -115,3 +115,34 @@ def test_a_request_waiting_past_the_lease(checkpoint: Checkpoint, heartbeats: bo
     finally:
         for e in (p, d):
             e.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_busy_consumer_delivers_a_notification_without_any_read(checkpoint: Checkpoint) -> None:
+    """A full local hit on the consumer reads nothing and only notifies the producer, the first
+    message to it (no READ wired the UCX endpoint up): it arrives while the consumer keeps
+    stepping, and the producer frees at once, not after its lease (the consumer-only agent has
+    no progress thread; before the worker progressed UCX every step this never arrived)."""
+    model = checkpoint("qwen3")
+    p = producer(model, abort_timeout_seconds=1000.0)
+    d = make_engine(model, kv_transfer_config=nixl("kv_consumer"))
+    try:
+        prompt = random_ids(65, 3)
+        run(d, prompt, greedy())  # colocated: the consumer holds the prompt's blocks
+        pre = run(p, prompt, greedy(1, {"do_remote_decode": True}))
+        assert pre.kv_transfer_params is not None and not p.kv.is_idle()
+        out = run(d, prompt, greedy(params=pre.kv_transfer_params))
+        assert out.cached_tokens == {"local": pre.kv_transfer_params["num_tokens"]}
+        busy = d.add_request(random_ids(20, 9), greedy(BLOCKER_TOKENS)).request_id
+        deadline = time.monotonic() + 60
+        while not p.kv.is_idle():
+            assert time.monotonic() < deadline, "the producer never heard from the consumer"
+            d.step()
+            p.step()
+        d.abort_request(busy)
+        drain_clean(p, d)
+        assert counter(p, "nixl_leases_expired") == 0 and counter(d, "nixl_bytes.load") == 0
+    finally:
+        for e in (p, d):
+            e.shutdown()
