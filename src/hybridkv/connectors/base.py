@@ -23,6 +23,7 @@ named per state group. A load is finished only when the worker reports it in
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -160,6 +161,14 @@ class BaseConnectorScheduler(ABC):
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         """Digest the worker's report of a step (optional)."""
+        return None
+
+    def on_waiting(self, requests: Sequence[KVConnectorRequest]) -> None:
+        """Once per step, before ``build_connector_meta``: the requests still waiting for
+        admission (new or preempted, in queue order) that carry ``kv_transfer_params``, the
+        ones the scheduler did not look at yet included. Replaces the previous step's list;
+        after a non-empty list, the next step calls it (with an empty list) even when none
+        wait any more. Optional (e.g. to keep a remote producer's lease alive)."""
         return None
 
     @abstractmethod

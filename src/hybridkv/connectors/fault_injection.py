@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +80,9 @@ class FaultInjectionScheduler(BaseConnectorScheduler):
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         self.inner.update_connector_output(output)
+
+    def on_waiting(self, requests: Sequence[KVConnectorRequest]) -> None:
+        self.inner.on_waiting(requests)
 
     def request_finished(
         self, request: KVConnectorRequest, blocks: RequestBlocks

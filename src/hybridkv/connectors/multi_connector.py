@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,6 +187,10 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
         if self._steps.last is not None:
             self.prefill.add(self._steps.tokens, now - self._steps.last)
         self._steps.last, self._steps.tokens = now, tokens
+
+    def on_waiting(self, requests: Sequence[KVConnectorRequest]) -> None:
+        for child in self.children:
+            child.on_waiting(requests)
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         now = self.clock()

@@ -18,6 +18,7 @@ finished transfers into a plan the scheduler applies.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hybridkv.connectors.base import BaseConnectorScheduler, RequestBlocks
@@ -59,6 +60,7 @@ class KVTransfer:
         self.load_start: dict[str, int] = {}  # request id -> first external token
         self.no_external: set[str] = set()  # requests that must not load again
         self.stats = TransferStats()
+        self._told_waiting = False  # the connector's last on_waiting list was not empty
 
     def blocks_of(self, req: Request) -> RequestBlocks:
         return RequestBlocks(
@@ -102,10 +104,15 @@ class KVTransfer:
             self.holding[req.request_id] = req
 
     def build_meta(
-        self, scheduled: list[tuple[Request, int, int]], restores: list[StateCopy]
+        self,
+        scheduled: list[tuple[Request, int, int]],
+        restores: list[StateCopy],
+        waiting: Iterable[Request] = (),
     ) -> ConnectorMetadata:
         """The connector's metadata for this step; ``restores`` (this step's checkpoint
-        restores) tell it which checkpoint a request's live state starts from."""
+        restores) tell it which checkpoint a request's live state starts from; ``waiting``
+        (the queue after this step's admissions) which requests with params still wait."""
+        self._note_waiting(waiting)
         source = {(c.group_id, c.dst_slot): c.src_slot for c in restores}
         items = []
         for req, start, end in scheduled:
@@ -116,6 +123,14 @@ class KVTransfer:
                 blocks = RequestBlocks(blocks.block_ids, blocks.state_slots, restored)
             items.append((req, start, end, blocks))
         return self.connector.build_connector_meta(items)  # type: ignore[arg-type]
+
+    def _note_waiting(self, waiting: Iterable[Request]) -> None:
+        """``on_waiting`` with the waiting requests that carry params; skipped while there are
+        none (after one empty call that ends the previous list)."""
+        found = [req for req in waiting if req.kv_transfer_params]
+        if found or self._told_waiting:
+            self.connector.on_waiting(found)
+        self._told_waiting = bool(found)
 
     # -- after the step ------------------------------------------------------------------
 

@@ -102,7 +102,7 @@ class Scheduler:
         out = self._build_output(plan.slices)
         if self.transfer is not None:
             out.kv_connector_metadata = self.transfer.build_meta(
-                [(x.request, x.start, x.end) for x in plan.slices], out.state_restores
+                [(x.request, x.start, x.end) for x in plan.slices], out.state_restores, self.waiting
             )
         return out
 

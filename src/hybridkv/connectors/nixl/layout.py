@@ -16,7 +16,7 @@ from typing import Any
 
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, StateSpec, dtype_bytes
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4  # 4: consumers send lease heartbeats (``heartbeats``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +60,13 @@ class LayoutDescriptor:
     @classmethod
     def decode(cls, blob: bytes) -> LayoutDescriptor:
         data: dict[str, Any] = json.loads(blob)
-        if data.pop("version", None) != PROTOCOL_VERSION:
-            raise ValueError("the remote engine speaks another NixlConnector protocol version")
+        version = data.pop("version", None)
+        if version != PROTOCOL_VERSION:
+            raise ValueError(
+                f"the remote engine speaks NixlConnector protocol version {version}, this "
+                f"engine {PROTOCOL_VERSION} (version 4 added lease heartbeats); run the same "
+                "hybridkv version on the prefill and decode engines"
+            )
         data["agent_metadata"] = base64.b64decode(data["agent_metadata"])
         data["backing"] = tuple(data["backing"])
         data["groups"] = tuple(GroupDesc(**g) for g in data["groups"])

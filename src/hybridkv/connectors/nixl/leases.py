@@ -1,6 +1,9 @@
 """A producer's leases: a finished request's KV waits for its consumer's notification
 (``"<request id>:<bytes read>"``), or until ``abort_timeout_seconds`` pass; either way the
-request is reported in ``finished_sending`` and the scheduler frees its blocks.
+request is reported in ``finished_sending`` and the scheduler frees its blocks. A consumer's
+heartbeat (``heartbeats``: its request still waits there) for a held lease extends its deadline
+to ``max(deadline, now + abort_timeout_seconds)``; heartbeats for unknown or ended leases are
+ignored (counted as unmatched).
 
 A late reader must never use freed (possibly reused) blocks. Each lease owns a word of a
 registered ``uint64`` array: the producer writes its generation ``gen`` (unique, increasing)
@@ -14,9 +17,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
+from hybridkv.connectors.nixl.heartbeats import parse_heartbeat
 from hybridkv.connectors.nixl.meta import Lease
 from hybridkv.connectors.nixl.stats import Flow, NixlStats
 from hybridkv.connectors.stats import StatsCounter, bump
@@ -36,26 +41,37 @@ def lease_valid(word: int, gen: int) -> bool:
 
 
 class Leases:
-    def __init__(self, stats: StatsCounter[NixlStats], words: np.ndarray) -> None:
+    def __init__(
+        self,
+        stats: StatsCounter[NixlStats],
+        words: np.ndarray,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.stats = stats
         self.words = words  # registered uint64 lease words
+        self.clock = clock
         self.deadlines: dict[str, float] = {}  # request id -> deadline (0: read, report now)
         self._held: dict[str, Lease] = {}
+        self._seconds: dict[str, float] = {}  # request id -> its lease's duration
         self._early: dict[str, int] = {}  # request id -> bytes read, before its lease started
 
     def start(self, request_id: str, seconds: float, lease: Lease) -> None:
         self._held[request_id] = lease
+        self._seconds[request_id] = seconds
         self.words[lease.slot] = lease.gen
         if request_id in self._early:  # the consumer was faster than our step
             self._count(self._early.pop(request_id))
             self.deadlines[request_id] = 0.0
             return
-        self.deadlines[request_id] = time.monotonic() + seconds
+        self.deadlines[request_id] = self.clock() + seconds
 
     def on_notifications(self, messages: list[bytes]) -> bool:
-        """Digest consumers' notifications; True if one completed a lease."""
+        """Digest consumers' notifications (reads and heartbeats); True if one completed a
+        lease."""
         found = False
         for message in messages:
+            if self._heartbeat_message(message):
+                continue
             rid, _, nbytes = message.decode(errors="replace").rpartition(":")
             n = int(nbytes) if nbytes.isdigit() else 0
             if rid in self.deadlines:
@@ -69,6 +85,33 @@ class Leases:
                     s.notifications_unmatched += 1
         return found
 
+    def _heartbeat_message(self, message: bytes) -> bool:
+        """Digest ``message`` if it is a heartbeat (a malformed one counts as one unmatched)."""
+        try:
+            ids = parse_heartbeat(message)
+        except ValueError as exc:
+            log.warning("NIXL: %s", exc)
+            with self.stats.update() as s:
+                s.heartbeats_received += 1
+                s.heartbeats_unmatched += 1
+            return True
+        if ids is None:
+            return False
+        self.heartbeat(ids)
+        return True
+
+    def heartbeat(self, request_ids: list[str]) -> None:
+        """Consumers still wait to read these requests: extend their held leases."""
+        now, matched = self.clock(), 0
+        for rid in request_ids:
+            deadline = self.deadlines.get(rid)
+            if deadline:  # held and not read yet (0.0: read, reported at the next step)
+                self.deadlines[rid] = max(deadline, now + self._seconds[rid])
+                matched += 1
+        with self.stats.update() as s:
+            s.heartbeats_received += len(request_ids)
+            s.heartbeats_unmatched += len(request_ids) - matched
+
     def _count(self, nbytes: int) -> None:
         with self.stats.update() as s:
             bump(s.nbytes, Flow.SEND, nbytes)
@@ -76,10 +119,11 @@ class Leases:
 
     def take_finished(self) -> set[str]:
         """Requests read (or whose lease expired) since the last call."""
-        now = time.monotonic()
+        now = self.clock()
         done = {rid for rid, deadline in self.deadlines.items() if deadline <= now}
         for rid in done:
             lease = self._held.pop(rid)
+            self._seconds.pop(rid, None)
             self.words[lease.slot] = lease.gen | ENDED  # before any of its blocks is freed
             if self.deadlines.pop(rid) > 0.0:
                 with self.stats.update() as s:

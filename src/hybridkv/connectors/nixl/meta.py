@@ -94,3 +94,12 @@ class NotifyOnly:
     """Consumer: nothing to read (full local hit, or aborted): tell the producer to free."""
 
     source: RemoteSource
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Consumer: tell the producer of ``source`` (its engine, host and port) that its requests
+    ``request_ids`` still wait here, so it keeps their KV (see ``heartbeats``)."""
+
+    source: RemoteSource
+    request_ids: tuple[str, ...]

@@ -2,7 +2,8 @@
 
 Counter names the halves write: ``nixl_bytes.<load|send>``, ``nixl_seconds.load``,
 ``nixl_transfers.<load|send>``, ``nixl_descriptors``, ``nixl_handshakes``,
-``nixl_handshake_failures``, ``nixl_failures.<reason>``, ``nixl_leases_expired``."""
+``nixl_handshake_failures``, ``nixl_failures.<reason>``, ``nixl_leases_expired``,
+``nixl_heartbeats_sent``, ``nixl_heartbeats_received``, ``nixl_heartbeats_unmatched``."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ def nixl_families(counters: Mapping[str, float], prefix: str) -> Iterator[Counte
         "kv_transfer_descriptors": ("NIXL descriptors posted (after merging runs)", "nixl_descriptors"),
         "kv_transfer_handshakes": ("handshakes completed with producers", "nixl_handshakes"),
         "kv_transfer_leases_expired": ("producer KV freed unread after abort_timeout_seconds", "nixl_leases_expired"),
+        "kv_transfer_heartbeats_sent": ("request ids in lease heartbeats sent to producers", "nixl_heartbeats_sent"),
+        "kv_transfer_heartbeats_received": ("request ids in lease heartbeats received from consumers", "nixl_heartbeats_received"),
+        "kv_transfer_heartbeats_unmatched": ("received heartbeat ids with no lease held (unknown or ended)", "nixl_heartbeats_unmatched"),
     }  # fmt: skip
     for metric, (doc, name) in simple.items():
         f = family(metric, doc)

@@ -18,6 +18,9 @@ class NixlOptions(ConnectorOptions):
     a consumer gives up on a read (handshake included) after this long and recovers.
     ``max_staged_states``: state checkpoints a producer can hold for consumers at once.
     ``max_leases``: requests a producer can hold for consumers at once.
+    ``heartbeat_interval_seconds``: how often a consumer tells each producer which of its
+    requests still wait here (the producer extends their leases; keep it well below the
+    producer's ``abort_timeout_seconds``); 0 disables heartbeats.
     ``ucx_error_handling_mode``: ``peer`` (NIXL's default, safe across hosts) or ``none``
     (faster on one host: UCX's shared-memory transports; see ``agent.ucx_params``);
     ``HYBRIDKV_NIXL_UCX_ERROR_MODE`` in the environment overrides it."""
@@ -30,6 +33,7 @@ class NixlOptions(ConnectorOptions):
     max_staged_states: int = 64
     max_leases: int = 4096
     ucx_error_handling_mode: str = "peer"
+    heartbeat_interval_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.side_channel_port, int) or not 0 <= self.side_channel_port < 65536:
@@ -44,6 +48,16 @@ class NixlOptions(ConnectorOptions):
             raise ValueError(
                 f"NixlConnector: ucx_error_handling_mode={self.ucx_error_handling_mode!r} "
                 "must be 'peer' or 'none'"
+            )
+        interval = self.heartbeat_interval_seconds
+        if (
+            isinstance(interval, bool)
+            or not isinstance(interval, int | float)
+            or not (0 <= interval < float("inf"))
+        ):
+            raise ValueError(
+                f"NixlConnector: heartbeat_interval_seconds={interval!r} must be a number of "
+                "seconds >= 0 (0 disables heartbeats)"
             )
         for name in ("max_staged_states", "max_leases"):
             value = getattr(self, name)

@@ -11,11 +11,13 @@ Consumer (request with the producer's params, ``do_remote_prefill``)::
 
     lookup: E - local hit tokens, asynchronous  ->  allocation  ->  LoadSpec (keys: RemoteSource)
     a full local hit or an abort before the read  ->  NotifyOnly (the producer frees at once)
+    waiting for admission (on_waiting)  ->  Heartbeat per producer every interval (``heartbeats``)
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from hybridkv.connectors.base import (
@@ -24,6 +26,7 @@ from hybridkv.connectors.base import (
     KVConnectorRequest,
     RequestBlocks,
 )
+from hybridkv.connectors.nixl.heartbeats import WaitList
 from hybridkv.connectors.nixl.layout import GroupDesc
 from hybridkv.connectors.nixl.meta import (
     Lease,
@@ -73,6 +76,10 @@ class NixlScheduler(BaseConnectorScheduler):
         self._consumed: set[str] = set()
         self._loads: list[LoadSpec] = []
         self._items: list[Any] = []
+        interval = options.heartbeat_interval_seconds
+        self.waits = None
+        if consumer and interval > 0:
+            self.waits = WaitList(interval, self._waiting_source, self._consumed)
 
     # -- which role a request plays --------------------------------------------------------
 
@@ -82,17 +89,26 @@ class NixlScheduler(BaseConnectorScheduler):
             return None
         return transfer_end(request.num_prompt_tokens, self.block_size, self.has_state)
 
-    def _source(self, request: KVConnectorRequest) -> RemoteSource | None:
+    def _source(self, request: KVConnectorRequest, log_errors: bool = True) -> RemoteSource | None:
         params = request.kv_transfer_params
         if not (self.consumer and params and params.get("do_remote_prefill")):
             return None
         try:
             return RemoteSource.parse(params, len(self.attn), self.has_state)
         except ValueError as exc:
-            log.warning("request %s: %s; computing it locally", request.request_id, exc)
+            if log_errors:
+                log.warning("request %s: %s; computing it locally", request.request_id, exc)
             return None
 
     # -- consumer ----------------------------------------------------------------------------
+
+    def on_waiting(self, requests: Sequence[KVConnectorRequest]) -> None:
+        if self.waits is not None:
+            self.waits.update(requests)
+
+    def _waiting_source(self, request: KVConnectorRequest) -> RemoteSource | None:
+        """A waiting request's producer (malformed params are logged by its lookup)."""
+        return self._source(request, log_errors=False)
 
     def get_num_new_matched_tokens(
         self, request: KVConnectorRequest, num_local_computed: int
@@ -105,6 +121,8 @@ class NixlScheduler(BaseConnectorScheduler):
     def update_state_after_alloc(
         self, request: KVConnectorRequest, blocks: RequestBlocks, num_external_tokens: int
     ) -> None:
+        if self.waits is not None:
+            self.waits.stop(request.request_id)  # its load starts, or it computes locally
         src = None if request.request_id in self._consumed else self._source(request)
         if src is None:
             return
@@ -147,6 +165,8 @@ class NixlScheduler(BaseConnectorScheduler):
         self, scheduled: list[tuple[KVConnectorRequest, int, int, RequestBlocks]]
     ) -> ConnectorMetadata:
         items = self._items
+        if self.waits is not None:
+            items.extend(self.waits.due())
         for request, start, end, blocks in scheduled:
             stage_at = self._end_if_producing(request)
             if not (self.has_state and stage_at):
@@ -176,6 +196,8 @@ class NixlScheduler(BaseConnectorScheduler):
         self, request: KVConnectorRequest, blocks: RequestBlocks
     ) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
+        if self.waits is not None:
+            self.waits.stop(rid)
         if rid in self._consumed:
             self._consumed.discard(rid)
         else:

@@ -25,3 +25,6 @@ class NixlStats(ConnectorStats):
     failures: dict[str, int] = counter("nixl_failures.{}")  # by the reason the load reports
     leases_expired: int = counter("nixl_leases_expired")
     notifications_unmatched: int = counter("nixl_notifications_unmatched")
+    heartbeats_sent: int = counter("nixl_heartbeats_sent")  # consumer: request ids sent
+    heartbeats_received: int = counter("nixl_heartbeats_received")  # producer: ids received
+    heartbeats_unmatched: int = counter("nixl_heartbeats_unmatched")  # of those: no lease held

@@ -5,7 +5,13 @@ reports.
 Registered with the NIXL agent: the KV backing tensors, the state tensors, a producer's
 staging entries (state checkpoints at E) and the lease words (``leases``: a producer's per
 lease word, then the scratch words a consumer reads them into). A producer counts
-notifications and expired leases into ``finished_sending``.
+notifications and expired leases into ``finished_sending`` and extends leases on heartbeats; a
+consumer sends the heartbeats its scheduler half asks for (``heartbeats``).
+
+A consumer-only agent has no UCX progress thread: a notification it posts (a heartbeat, or a
+NotifyOnly before any READ to that producer) leaves only when something progresses its UCX
+worker (the endpoint's wire-up first). Asking for notifications does, so ``get_finished``
+asks every step; without that, heartbeats would never reach an idle-link producer.
 """
 
 from __future__ import annotations
@@ -19,9 +25,10 @@ import torch
 from hybridkv.connectors.base import BaseConnectorWorker, KVCacheAccess, output_from_results
 from hybridkv.connectors.nixl.agent import NixlAgent
 from hybridkv.connectors.nixl.handshake import Peers
+from hybridkv.connectors.nixl.heartbeats import HeartbeatSender
 from hybridkv.connectors.nixl.layout import LayoutDescriptor, TensorDesc, group_descs
 from hybridkv.connectors.nixl.leases import Leases
-from hybridkv.connectors.nixl.meta import NotifyOnly, StageState, StartLease
+from hybridkv.connectors.nixl.meta import Heartbeat, NotifyOnly, StageState, StartLease
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.reader import SCRATCH_WORDS, Reader
 from hybridkv.connectors.nixl.side_channel import SideChannelServer
@@ -82,6 +89,7 @@ class NixlWorker(BaseConnectorWorker):
         )
         scratch = self._words[self.options.max_leases :]
         self.reader = Reader(self.options, self.agent, self.peers, self.local, self.stats, scratch)
+        self.heartbeats = HeartbeatSender(self.agent, self.peers, self.stats)
         if self.producer:
             o = self.options
             self._server = SideChannelServer(
@@ -117,6 +125,8 @@ class NixlWorker(BaseConnectorWorker):
                 self.leases.start(item.request_id, item.seconds, item.lease)
             elif isinstance(item, NotifyOnly):
                 self.reader.notify.append(item)
+            elif isinstance(item, Heartbeat):
+                self.heartbeats.add(item)
         for spec in metadata.loads:
             self.reader.add(spec, now)
         self.reader.progress()
@@ -142,8 +152,11 @@ class NixlWorker(BaseConnectorWorker):
         out = output_from_results(self.reader.done)
         self.reader.done = []
         self.reader.end_step()  # notifications of loads reported a step ago
+        self.heartbeats.progress()
         if self.producer:
             self.leases.on_notifications(self.agent.notifications())
+        else:  # no progress thread: this progresses UCX (~1 µs), so notifications leave
+            self.agent.notifications()
         out.finished_sending |= self.leases.take_finished()
         return out
 

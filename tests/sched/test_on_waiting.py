@@ -1,0 +1,62 @@
+"""The ``on_waiting`` seam: once per step the connector hears which requests carrying
+``kv_transfer_params`` still wait for admission (behind a blocked queue head too), a last empty
+list when none are left, and nothing at all while no waiting request has params."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import cast
+
+from hybridkv.connectors.base import KVConnectorRequest
+from hybridkv.connectors.fault_injection import FaultInjectionScheduler
+from hybridkv.connectors.multi_connector import MultiConnectorScheduler
+from tests.sched.builders import make_harness, random_prompt
+from tests.sched.scripted_connector import Script, ScriptedScheduler
+
+
+def test_the_connector_hears_every_waiting_request_with_params_each_step() -> None:
+    h = make_harness("full", scripts={"a": Script(external=0)}, max_num_seqs=1)
+    calls: list[list[str]] = []
+
+    def record(requests: Sequence[KVConnectorRequest]) -> None:
+        calls.append([r.request_id for r in requests])
+
+    assert h.connector is not None
+    h.connector.on_waiting = record  # type: ignore[method-assign]
+    h.add("a", random_prompt(1, 20), max_tokens=6)  # runs first: the queue head blocks
+    h.step()
+    assert calls == []  # nothing waits with params: no call
+    h.add("b", random_prompt(2, 20), max_tokens=3, kv_transfer_params={"x": 1})
+    h.add("c", random_prompt(3, 20), max_tokens=3)
+    h.add("d", random_prompt(4, 20), max_tokens=3, kv_transfer_params={"x": 2})
+    h.step()
+    assert calls == [["b", "d"]]  # b is the blocked head; d, behind it, is heard too
+    while "b" not in h.outputs:
+        h.step()
+    assert calls[-1] == ["d"]  # b was admitted
+    h.run()
+    assert calls[-1] == [] and calls.count([]) == 1  # one empty list ends it, then no calls
+    assert h.outputs.keys() == {"a", "b", "c", "d"}
+    h.assert_no_leaks()
+
+
+class Recorder(ScriptedScheduler):
+    def __init__(self) -> None:
+        super().__init__({})
+        self.heard: list[list[str]] = []
+
+    def on_waiting(self, requests: Sequence[KVConnectorRequest]) -> None:
+        self.heard.append([r.request_id for r in requests])
+
+
+def test_the_wrappers_pass_it_through() -> None:
+    """FaultInjection hands it to its inner connector, MultiConnector to every child."""
+    h = make_harness("full")
+    reqs = [cast(KVConnectorRequest, h.add("a", random_prompt(1, 8)))]
+    inner = Recorder()
+    FaultInjectionScheduler(inner).on_waiting(reqs)
+    assert inner.heard == [["a"]]
+    multi = MultiConnectorScheduler.__new__(MultiConnectorScheduler)  # only its children
+    multi.children = [Recorder(), Recorder()]
+    multi.on_waiting(reqs)
+    assert [c.heard for c in multi.children] == [[["a"]], [["a"]]]  # type: ignore[attr-defined]
