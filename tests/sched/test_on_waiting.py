@@ -10,6 +10,7 @@ from typing import cast
 from hybridkv.connectors.base import KVConnectorRequest
 from hybridkv.connectors.fault_injection import FaultInjectionScheduler
 from hybridkv.connectors.multi_connector import MultiConnectorScheduler
+from hybridkv.request import RequestStatus
 from tests.sched.builders import make_harness, random_prompt
 from tests.sched.scripted_connector import Script, ScriptedScheduler
 
@@ -60,3 +61,53 @@ def test_the_wrappers_pass_it_through() -> None:
     multi.children = [Recorder(), Recorder()]
     multi.on_waiting(reqs)
     assert [c.heard for c in multi.children] == [[["a"]], [["a"]]]  # type: ignore[attr-defined]
+
+
+def test_a_request_dropped_without_kv_is_reported_once() -> None:
+    """Aborted while it waits (it never held KV, so ``request_finished`` does not run for it):
+    the connector hears ``request_dropped``, for requests with params only; one that held KV
+    gets ``request_finished`` instead."""
+    h = make_harness("full", scripts={"a": Script(external=0)}, max_num_seqs=1)
+    dropped: list[str] = []
+    assert h.connector is not None
+    h.connector.request_dropped = lambda r: dropped.append(r.request_id)  # type: ignore[method-assign]
+    h.add("a", random_prompt(1, 20), max_tokens=6)
+    h.step()  # a runs; b and c wait behind it
+    h.add("b", random_prompt(2, 20), max_tokens=3, kv_transfer_params={"x": 1})
+    h.add("c", random_prompt(3, 20), max_tokens=3)
+    h.step()
+    h.scheduler.finish_request("b", RequestStatus.FINISHED_ABORTED)
+    h.scheduler.finish_request("c", RequestStatus.FINISHED_ABORTED)
+    h.scheduler.finish_request("a", RequestStatus.FINISHED_ABORTED)  # held KV: not dropped
+    assert dropped == ["b"]
+    h.run()
+    h.assert_no_leaks()
+
+
+def test_a_connector_with_items_keeps_an_idle_engine_stepping() -> None:
+    h = make_harness("full", scripts={})
+    assert h.connector is not None
+    pending = [True]
+    h.connector.has_pending = lambda: pending[0]  # type: ignore[method-assign]
+    assert h.scheduler.has_unfinished_requests()  # no request, but the connector has items
+    pending[0] = False
+    assert not h.scheduler.has_unfinished_requests()
+
+
+def test_the_wrappers_pass_drops_and_pending_through() -> None:
+    h = make_harness("full")
+    req = cast(KVConnectorRequest, h.add("a", random_prompt(1, 8)))
+    inner = Recorder()
+    dropped: list[str] = []
+    inner.request_dropped = lambda r: dropped.append(r.request_id)  # type: ignore[method-assign]
+    inner.has_pending = lambda: True  # type: ignore[method-assign]
+    wrapped = FaultInjectionScheduler(inner)
+    wrapped.request_dropped(req)
+    assert dropped == ["a"] and wrapped.has_pending()
+    multi = MultiConnectorScheduler.__new__(MultiConnectorScheduler)  # only its children
+    multi.children = [Recorder(), inner]
+    multi._chosen, multi._loading = {}, {}
+    multi.request_dropped(req)
+    assert dropped == ["a", "a"] and multi.has_pending()
+    multi.children = [Recorder()]
+    assert not multi.has_pending()

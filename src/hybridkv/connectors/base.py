@@ -171,6 +171,17 @@ class BaseConnectorScheduler(ABC):
         wait any more. Optional (e.g. to keep a remote producer's lease alive)."""
         return None
 
+    def request_dropped(self, request: KVConnectorRequest) -> None:
+        """A request that ended (aborted, failed) while it held no KV: ``request_finished`` is
+        not called for it. Only requests carrying ``kv_transfer_params`` are reported.
+        Optional (e.g. to tell a remote producer that its KV will not be read)."""
+        return None
+
+    def has_pending(self) -> bool:
+        """True while this half holds something for its worker that only the next step's
+        metadata carries: an idle engine then steps once more. Optional."""
+        return False
+
     @abstractmethod
     def request_finished(
         self, request: KVConnectorRequest, blocks: RequestBlocks
@@ -243,6 +254,11 @@ class BaseConnectorWorker(ABC):
 
     def has_pending(self) -> bool:
         """True while asynchronous loads are in flight."""
+        return False
+
+    def needs_steps(self) -> bool:
+        """True while this half has work only engine steps advance even when no request is
+        left (a message still to send): the engine keeps stepping. Optional."""
         return False
 
     def wait_for_saves(self, timeout: float | None = None) -> bool:

@@ -84,6 +84,12 @@ class FaultInjectionScheduler(BaseConnectorScheduler):
     def on_waiting(self, requests: Sequence[KVConnectorRequest]) -> None:
         self.inner.on_waiting(requests)
 
+    def request_dropped(self, request: KVConnectorRequest) -> None:
+        self.inner.request_dropped(request)
+
+    def has_pending(self) -> bool:
+        return self.inner.has_pending()
+
     def request_finished(
         self, request: KVConnectorRequest, blocks: RequestBlocks
     ) -> tuple[bool, dict[str, Any] | None]:
@@ -229,6 +235,9 @@ class FaultInjectionWorker(BaseConnectorWorker):
 
     def has_pending(self) -> bool:
         return bool(self._held) or not self._ready.is_empty or self.inner.has_pending()
+
+    def needs_steps(self) -> bool:
+        return self.inner.needs_steps()
 
     def wait_for_progress(self, timeout: float) -> None:
         waiting = [h for h in self._held.values() if h.inner_done]

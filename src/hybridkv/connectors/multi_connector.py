@@ -192,6 +192,15 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
         for child in self.children:
             child.on_waiting(requests)
 
+    def request_dropped(self, request: KVConnectorRequest) -> None:
+        self._chosen.pop(request.request_id, None)
+        self._loading.pop(request.request_id, None)
+        for child in self.children:
+            child.request_dropped(request)
+
+    def has_pending(self) -> bool:
+        return any(child.has_pending() for child in self.children)
+
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         now = self.clock()
         done = output.finished_recving | set(output.failed_recving)

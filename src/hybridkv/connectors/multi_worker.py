@@ -53,6 +53,9 @@ class MultiConnectorWorker(BaseConnectorWorker):
     def has_pending(self) -> bool:
         return any(child.has_pending() for child in self.children)
 
+    def needs_steps(self) -> bool:
+        return any(child.needs_steps() for child in self.children)
+
     def wait_for_progress(self, timeout: float) -> None:
         pending = [c for c in self.children if c.has_pending()]
         for child in pending:  # NOTE: a child's wait returns when it progresses or times out

@@ -250,7 +250,11 @@ class EngineCore:
             self.scheduler.finish_request(child_id, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Requests to run, or connector work only steps advance (a message to send)."""
+        worker = self.connector.worker if self.connector is not None else None
+        return self.scheduler.has_unfinished_requests() or (
+            worker is not None and worker.needs_steps()
+        )
 
     # -- one step ------------------------------------------------------------------------
 

@@ -207,11 +207,14 @@ class KVTransfer:
         ]
 
     def release(self, req: Request) -> bool:
-        """A request finished: tell the connector (exactly once). True: the scheduler frees its
+        """A request finished: tell the connector (exactly once; ``request_dropped`` if it held
+        no KV). True: the scheduler frees its
         blocks now; else they are freed when its in-flight load completes, or when the
         connector reports the send done (``Recovery`` plans a ``FREE`` then)."""
         rid = req.request_id
         if not self.kv.has_request(rid):
+            if req.kv_transfer_params:
+                self.connector.request_dropped(req)
             self.forget(rid)
             return False
         delay, params = self.connector.request_finished(req, self.blocks_of(req))
@@ -233,7 +236,9 @@ class KVTransfer:
         self.failed.pop(request_id, None)
 
     def has_pending(self) -> bool:
-        return bool(self.holding or self.aborted or self.delayed_free)
+        return (
+            bool(self.holding or self.aborted or self.delayed_free) or self.connector.has_pending()
+        )
 
     def _count(self, reason: str | FailureReason) -> None:
         key = FailureReason.of(reason)

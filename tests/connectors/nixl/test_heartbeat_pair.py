@@ -146,3 +146,41 @@ def test_a_busy_consumer_delivers_a_notification_without_any_read(checkpoint: Ch
     finally:
         for e in (p, d):
             e.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("then_idle", [False, True])
+def test_a_request_aborted_while_waiting_frees_the_producer_at_once(
+    checkpoint: Checkpoint, then_idle: bool
+) -> None:
+    """Aborted in the consumer's queue (it never held KV): the producer hears it (NotifyOnly)
+    and frees now, not after its lease; also when the consumer has nothing else to run (the
+    pending message keeps it stepping until it has left)."""
+    model = checkpoint("qwen3")
+    p = producer(model, abort_timeout_seconds=1000.0)
+    d = make_engine(model, kv_transfer_config=nixl("kv_consumer"), max_num_seqs=1)
+    try:
+        prompt = random_ids(70, 5)
+        pre = run(p, prompt, greedy(1, {"do_remote_decode": True}))
+        assert pre.kv_transfer_params is not None and not p.kv.is_idle()
+        blocker = d.add_request(random_ids(20, 6), greedy(BLOCKER_TOKENS)).request_id
+        d.step()
+        rid = d.add_request(prompt, greedy(params=pre.kv_transfer_params)).request_id
+        d.step()
+        assert d.scheduler.requests[rid].status is RequestStatus.WAITING
+        d.abort_request(rid)
+        if then_idle:
+            d.abort_request(blocker)
+        deadline = time.monotonic() + 60
+        while not p.kv.is_idle():
+            assert time.monotonic() < deadline, "the producer never heard of the abort"
+            assert d.has_unfinished_requests(), "the consumer went idle with the message unsent"
+            d.step()
+            p.step()
+        d.abort_request(blocker)
+        drain_clean(p, d)
+        assert counter(p, "nixl_leases_expired") == 0 and counter(d, "nixl_bytes.load") == 0
+    finally:
+        for e in (p, d):
+            e.shutdown()

@@ -210,6 +210,25 @@ def test_tracking_stops_on_load_start_full_local_hit_finish_and_abort() -> None:
     assert beats(sched) == {}
 
 
+def test_a_request_dropped_while_waiting_frees_its_producer_at_once() -> None:
+    """Aborted before admission (no KV, so no ``request_finished``): NotifyOnly to its
+    producer, which frees now instead of after its lease; nothing for a request that read
+    already or had nothing to read; the half reports the item pending until it is sent."""
+    sched = consumer(0.0)  # heartbeats off: the drop works without them
+    read, dropped, zero = Req("r", params("pr")), Req("x", params("px")), Req("z", params("pz", tokens=0))  # fmt: skip
+    read.num_computed_tokens = 32
+    sched.update_state_after_alloc(cast(KVConnectorRequest, read), RequestBlocks(([5, 6],), ()), 32)  # fmt: skip
+    sched.build_connector_meta([])  # r's load goes out
+    assert not sched.has_pending()
+    read.status = RequestStatus.PREEMPTED
+    for r in (read, dropped, zero):
+        sched.request_dropped(cast(KVConnectorRequest, r))
+    assert sched.has_pending()
+    meta = sched.build_connector_meta([])
+    assert [i.source.request_id for i in meta.saves if isinstance(i, NotifyOnly)] == ["px"]
+    assert not sched.has_pending()
+
+
 def test_disabled_by_zero_or_on_a_producer() -> None:
     assert consumer(0.0).waits is None
     groups = (GroupDesc("full_attention", 0, 2, 64),)

@@ -101,6 +101,7 @@ class Reader:
         # (producer agent, message) of finished loads: queued this step, due at the next one
         self._notify_queued: list[tuple[str, bytes]] = []
         self._notify_due: list[tuple[str, bytes]] = []
+        self.last_notify = float("-inf")  # when a NotifyOnly (maybe no READ before) was sent
 
     def add(self, spec: LoadSpec, now: float) -> None:
         assert isinstance(spec.keys, RemoteSource)
@@ -290,3 +291,4 @@ class Reader:
             if peer is not None:
                 self.agent.notify(peer.agent_name, f"{item.source.request_id}:0".encode())
                 self.notify.remove(item)
+                self.last_notify = time.monotonic()

@@ -196,14 +196,7 @@ class NixlScheduler(BaseConnectorScheduler):
         self, request: KVConnectorRequest, blocks: RequestBlocks
     ) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
-        if self.waits is not None:
-            self.waits.stop(rid)
-        if rid in self._consumed:
-            self._consumed.discard(rid)
-        else:
-            src = self._source(request)
-            if src is not None and src.num_tokens > 0:  # aborted before its read started
-                self._items.append(NotifyOnly(src))
+        self._consumer_done(request)
         end = self._end_if_producing(request)
         if end is None or getattr(request, "status", None) not in _NORMAL_FINISH:
             self._release_staging(rid)
@@ -216,6 +209,26 @@ class NixlScheduler(BaseConnectorScheduler):
             return False, self._params(rid, blocks, 0)
         self._items.append(StartLease(rid, self.options.abort_timeout_seconds, lease))
         return True, self._params(rid, blocks, end)
+
+    def request_dropped(self, request: KVConnectorRequest) -> None:
+        """Aborted (or failed) while waiting for admission: its producer frees now instead of
+        holding the KV for ``abort_timeout_seconds``."""
+        self._consumer_done(request)
+
+    def has_pending(self) -> bool:
+        return bool(self._items)
+
+    def _consumer_done(self, request: KVConnectorRequest) -> None:
+        """A request ends: if it never read its producer's KV, tell the producer (NotifyOnly)."""
+        rid = request.request_id
+        if self.waits is not None:
+            self.waits.stop(rid)
+        if rid in self._consumed:
+            self._consumed.discard(rid)
+            return
+        src = self._source(request)
+        if src is not None and src.num_tokens > 0:  # aborted before its read started
+            self._items.append(NotifyOnly(src))
 
     def _new_lease(self, rid: str) -> Lease | None:
         if not self._free_leases:

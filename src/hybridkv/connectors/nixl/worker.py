@@ -40,6 +40,7 @@ from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = (0.0001, 0.001)  # an idle engine waiting for a read polls, backing off
+LINGER_SECONDS = 1.0  # a consumer keeps progressing UCX this long after a NotifyOnly
 
 
 class NixlWorker(BaseConnectorWorker):
@@ -161,15 +162,23 @@ class NixlWorker(BaseConnectorWorker):
         return out
 
     def has_pending(self) -> bool:
-        return self.reader.has_pending() or bool(self.leases.deadlines)
+        return self.reader.has_pending() or bool(self.leases.deadlines) or self._lingering()
+
+    def needs_steps(self) -> bool:
+        return bool(self.reader.notify) or self._lingering()
+
+    def _lingering(self) -> bool:
+        """A consumer-only agent sent a NotifyOnly lately, maybe the first message to that
+        producer (no READ wired the endpoint up): until it has surely left, the engine keeps
+        polling, which progresses UCX, even with nothing else to do."""
+        return not self.producer and time.monotonic() - self.reader.last_notify < LINGER_SECONDS
 
     def wait_for_progress(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         delay = POLL_SECONDS[0]
         while time.monotonic() < deadline:
-            if self.reader.progress() or (
-                self.producer and self.leases.on_notifications(self.agent.notifications())
-            ):
+            heard = self.agent.notifications()  # also progresses UCX (no thread on a consumer)
+            if (self.producer and self.leases.on_notifications(heard)) or self.reader.progress():
                 return
             time.sleep(delay)
             delay = min(2 * delay, POLL_SECONDS[1])
