@@ -26,10 +26,12 @@ PROMPT_LENS = (17, 20, 24, 18)
 
 def one_request_budget(engine: EngineCore) -> int:
     """The smallest ``kv_cache_memory`` that holds one request of ``max_model_len`` tokens:
-    every state slot, plus a full table per attention group, plus the null block."""
+    every state slot but the checkpoint room (which only spare memory gets), plus a full table
+    per attention group, plus the null block."""
     layout = engine.layout
     blocks = -(-engine.max_model_len // layout.block_size) * len(layout.attention_group_ids) + 1
-    slots = engine.sizing.num_state_slots * layout.total_state_slot_bytes()
+    live = engine.sizing.num_state_slots - engine.sizing.checkpoint_room
+    slots = live * layout.total_state_slot_bytes()
     return slots + blocks * layout.page_bytes
 
 

@@ -117,3 +117,20 @@ def test_cache_salt_separates_tenants(checkpoints: dict[str, Path]) -> None:
 
     assert [hit("alice"), hit("bob"), hit(None), hit("alice"), hit(None)] == [0, 0, 0, 32, 32]
     assert_no_leaks(llm.engine)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_repeated_batch_hits_on_a_hybrid_with_few_running(checkpoints: dict[str, Path]) -> None:
+    """40 prompts, 4 running at a time, sent twice: the second pass resumes every prompt at its
+    last checkpointed boundary. The state pool used to be sized by ``max_num_seqs`` alone (3 x
+    4 + 16 slots, shared with live states), so it held a handful of checkpoints whatever the
+    budget and the second pass hit almost nothing; it now has room for the budget."""
+    llm = make_llm(checkpoints["granitemoehybrid"], max_num_seqs=4)
+    prompts = [random_ids(40 + 7 * i, 500 + i) for i in range(40)]
+    first = llm.generate(prompts, greedy(2), use_tqdm=False)
+    second = llm.generate(prompts, greedy(2), use_tqdm=False)
+    assert [o.token_ids for o in second] == [o.token_ids for o in first]
+    hits = [o.cached_tokens.get("local", 0) for o in second]
+    assert hits == [(len(p) - 1) // 16 * 16 for p in prompts]  # each at its last boundary
+    assert_no_leaks(llm.engine)
