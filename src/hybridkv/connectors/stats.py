@@ -12,8 +12,7 @@ child's stats under ``children`` (per-child breakdown); totals fold them in (``f
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Generic, TypeVar
 
@@ -122,14 +121,29 @@ class StatsCounter(Generic[S]):
         self._factory = factory
         self._lock = threading.Lock()
         self._stats = factory()
+        self._update = _Update(self)
 
-    @contextmanager
-    def update(self) -> Iterator[S]:
-        """``with counter.update() as s: s.timeouts += 1`` (under the lock)."""
-        with self._lock:
-            yield self._stats
+    def update(self) -> _Update[S]:
+        """``with counter.update() as s: s.timeouts += 1`` (under the lock). A plain context
+        manager, not a generator one: a load counts on its hot path, and
+        ``contextlib.contextmanager`` cost more than the counting itself (~1.2 of 2.1 µs)."""
+        return self._update
 
     def take(self) -> S:
         with self._lock:
             stats, self._stats = self._stats, self._factory()
         return stats
+
+
+class _Update(Generic[S]):
+    __slots__ = ("_counter",)
+
+    def __init__(self, counter: StatsCounter[S]) -> None:
+        self._counter = counter
+
+    def __enter__(self) -> S:
+        self._counter._lock.acquire()
+        return self._counter._stats
+
+    def __exit__(self, *exc: object) -> None:
+        self._counter._lock.release()

@@ -144,6 +144,8 @@ def _runs_equal(read: GroupRead, p: _Pages) -> list[tuple[int, int, int]] | None
         raise _null_block(read, max(read.lo, (k0 + bad) * b))
     if p.pl != page or p.pr != page:
         cuts = list(range(1, m))
+    elif lt == list(range(lt[0], lt[0] + m)) and rt == list(range(rt[0], rt[0] + m)):
+        cuts = []  # one run on both sides (common: tables come in runs), compared in C
     elif m > SHORT_RUNS:
         steps = np.diff(np.array([lt, rt], dtype=np.int64), axis=1)
         cuts = (np.flatnonzero((steps != 1).any(axis=0)) + 1).tolist()
