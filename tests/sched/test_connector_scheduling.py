@@ -5,6 +5,8 @@ PageRunner, which checks every read, so a wrong token is caught as a wrong outpu
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from hybridkv.request import RequestStatus
@@ -290,4 +292,34 @@ def test_request_received_then_preempted_still_completes() -> None:
     assert h.scheduler.num_preemptions > 0
     for rid, p in prompts.items():
         assert h.outputs[rid] == reference_generation(p, 16), rid
+    h.assert_no_leaks()
+
+
+def test_a_recovery_is_logged_once_per_step_with_counts(caplog: pytest.LogCaptureFixture) -> None:
+    """Operators grep for vLLM's "Recovered from KV load failure" line: one per step, with the
+    requests rescheduled, the tokens to recompute and the reasons."""
+    p = random_prompt(7, 40)
+    h = make_harness("full", scripts={"a": Script(external=36, fail_indices={5, 7})})
+    h.add("a", p, max_tokens=4)
+    with caplog.at_level(logging.WARNING, logger="hybridkv.sched.recovery"):
+        h.run()
+    lines = [r.getMessage() for r in caplog.records if r.name == "hybridkv.sched.recovery"]
+    assert lines == [
+        "Recovered from KV load failure: 1 request(s) rescheduled (16 tokens to recompute; "
+        "injected x1)"
+    ]
+    h.assert_no_leaks()
+
+
+def test_failing_under_policy_fail_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    p = random_prompt(7, 40)
+    h = make_harness("full", scripts={"a": Script(external=36, fail_request=True)}, policy="fail")
+    req = h.add("a", p, max_tokens=4)
+    with caplog.at_level(logging.WARNING, logger="hybridkv.sched.recovery"):
+        h.run()
+    lines = [r.getMessage() for r in caplog.records if r.name == "hybridkv.sched.recovery"]
+    assert lines == [
+        "Failing 1 request(s) after a KV load failure (kv_load_failure_policy=fail; injected x1)"
+    ]
+    assert req.status.value == "error"
     h.assert_no_leaks()

@@ -19,6 +19,8 @@ which request (it owns the queues and applies the plan):
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -27,6 +29,8 @@ from hybridkv.connectors.config import LoadFailurePolicy
 from hybridkv.request import Request
 from hybridkv.sched.kv_transfer import Failure, KVTransfer
 from hybridkv.step_io import KVConnectorOutput
+
+log = logging.getLogger(__name__)
 
 
 class Action(Enum):
@@ -55,6 +59,7 @@ class RecoveryPlan:
 class Recovery:
     def __init__(self, transfer: KVTransfer) -> None:
         self.transfer = transfer
+        self._reasons: Counter[str] = Counter()  # this report's failures by reason (for the log)
 
     def apply(
         self, out: KVConnectorOutput | None, live: Mapping[str, Request], candidates: list[Request]
@@ -65,6 +70,8 @@ class Recovery:
         if out is None:
             return plan
         t = self.transfer
+        tokens_before = t.stats.recomputed_tokens
+        self._reasons = Counter()
         t.connector.update_connector_output(out)
         for rid, failure in t.find_failures(out, candidates).items():
             req = live.get(rid)
@@ -78,11 +85,25 @@ class Recovery:
         for req in t.take_finished_loads(out):
             plan.moves += self._load_done(req)
         plan.moves += [Move(Action.FREE, req) for req in t.take_finished_sends(out)]
+        self._log(plan, t.stats.recomputed_tokens - tokens_before)
         return plan
+
+    def _log(self, plan: RecoveryPlan, tokens: int) -> None:
+        """One line per step that recovered (vLLM's operators grep for these)."""
+        if not self._reasons:
+            return
+        failed = sum(1 for m in plan.moves if m.action is Action.FAIL)
+        recovered = sum(self._reasons.values()) - failed
+        why = ", ".join(f"{reason} x{n}" for reason, n in sorted(self._reasons.items()))
+        if recovered:
+            log.warning("Recovered from KV load failure: %d request(s) rescheduled (%d tokens to recompute; %s)", recovered, tokens, why)  # fmt: skip
+        if failed:
+            log.warning("Failing %d request(s) after a KV load failure (kv_load_failure_policy=fail; %s)", failed, why)  # fmt: skip
 
     def recover(self, req: Request, failure: Failure) -> Move:
         t = self.transfer
         t.stats.failed_requests += 1
+        self._reasons[failure.reason.partition(":")[0].strip()] += 1  # the reason, not its text
         if t.policy is LoadFailurePolicy.FAIL:
             message = (
                 f"loading KV from the connector failed ({failure.reason}); "
