@@ -88,6 +88,7 @@ def test_a_request_waiting_past_the_lease(checkpoint: Checkpoint, heartbeats: bo
     plain = make_engine(model)
     try:
         halves(p)[1].leases.clock = clock
+        assert halves(p)[1].local.lease_seconds == LEASE  # consumers see it at the handshake
         waits = halves(d)[0].waits
         if waits is not None:
             waits.clock = clock

@@ -7,6 +7,7 @@ scripted agent once the handshake is done."""
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from hybridkv.connectors.base import KVConnectorRequest, RequestBlocks
-from hybridkv.connectors.nixl.handshake import HandshakeFailed, Peer
+from hybridkv.connectors.nixl.handshake import HandshakeFailed, Peer, warn_slow_heartbeats
 from hybridkv.connectors.nixl.heartbeats import (
     MAX_IDS,
     TAG,
@@ -307,3 +308,21 @@ def test_heartbeat_counters_are_prometheus_families() -> None:
     for name, value in (("sent", 3), ("received", 2), ("unmatched", 1)):
         (sample,) = families[f"hybridkv:kv_transfer_heartbeats_{name}"].samples
         assert sample.value == value and sample.labels == {"connector": "NixlConnector"}
+
+
+def test_heartbeats_too_rare_for_the_producers_lease_are_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The producer's abort_timeout_seconds travels in its descriptor; a consumer whose interval
+    exceeds half of it is told, with both options and the value to use."""
+    src = RemoteSource.parse(params("r", 7), 1, False)
+    with caplog.at_level(logging.WARNING, logger="hybridkv.connectors.nixl.handshake"):
+        assert warn_slow_heartbeats(70.0, 120.0, src)
+        assert not warn_slow_heartbeats(60.0, 120.0, src)  # at half: renewed in time
+        assert not warn_slow_heartbeats(0.0, 120.0, src)  # heartbeats off: the user's choice
+        assert not warn_slow_heartbeats(70.0, 0.0, src)  # not a producer
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "heartbeat_interval_seconds=70" in line and "abort_timeout_seconds is 120" in line
+    assert "127.0.0.1:7" in line and "at most 60" in line
+    desc = LayoutDescriptor("p", "c", 16, 1, (), (), (), 0, 0, lease_seconds=120.0)
+    assert LayoutDescriptor.decode(desc.encode()).lease_seconds == 120.0

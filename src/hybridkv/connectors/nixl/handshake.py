@@ -40,11 +40,13 @@ class Peers:
         local: LayoutDescriptor,
         timeout: float,
         stats: StatsCounter[NixlStats],
+        heartbeat_interval: float = 0.0,
     ) -> None:
         self.agent = agent
         self.local = local
         self.timeout = timeout
         self.stats = stats
+        self.heartbeat_interval = heartbeat_interval  # this consumer's (0: off)
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="nixl-handshake")
         self._fetching: dict[Key, Future[bytes]] = {}
         self._peers: dict[Key, Peer] = {}
@@ -96,6 +98,7 @@ class Peers:
             message = f"{src.host}:{src.port}: {exc}"
             log.error("NIXL handshake refused: %s", message)
             raise HandshakeFailed("nixl_incompatible", message) from None
+        warn_slow_heartbeats(self.heartbeat_interval, remote.lease_seconds, src)
         name = self.agent.add_remote(remote.agent_metadata)
         with self.stats.update() as s:
             s.handshakes += 1
@@ -113,3 +116,19 @@ class Peers:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def warn_slow_heartbeats(interval: float, lease: float, src: RemoteSource) -> bool:
+    """Warn (True) when this consumer's heartbeats come too rarely for a producer's leases:
+    a lease runs ``lease`` seconds from its last heartbeat, and the first heartbeat leaves an
+    interval after a request starts waiting, so an interval above half the lease lets a
+    waiting request's lease expire (it then recomputes). Heartbeats off (0): no warning."""
+    if interval <= 0 or lease <= 0 or interval <= lease / 2:
+        return False
+    log.warning(
+        "NIXL: heartbeat_interval_seconds=%g on this decode engine is too long for the prefill "
+        "engine at %s:%d, whose abort_timeout_seconds is %g: a request waiting here can lose "
+        "its KV there between heartbeats; set heartbeat_interval_seconds to at most %g",
+        interval, src.host, src.port, lease, lease / 2,
+    )  # fmt: skip
+    return True

@@ -50,6 +50,7 @@ class LayoutDescriptor:
     lease_base: int = 0  # a producer's lease words (uint64 each; see ``leases``)
     lease_words: int = 0  # how many
     model_id: str = ""  # "architecture:weights identity:dtype" (for the mismatch message)
+    lease_seconds: float = 0.0  # a producer's abort_timeout_seconds (0: not a producer)
 
     def encode(self) -> bytes:
         data = asdict(self)

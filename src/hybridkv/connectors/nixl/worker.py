@@ -85,8 +85,13 @@ class NixlWorker(BaseConnectorWorker):
             tensors.append(self._staging)
         self.agent.register([(t.data_ptr(), t.numel() * t.element_size()) for t in tensors])
         self.local = self._descriptor(backing, stride)
+        o = self.options
         self.peers = Peers(
-            self.agent, self.local, self.options.handshake_timeout_seconds, self.stats
+            self.agent,
+            self.local,
+            o.handshake_timeout_seconds,
+            self.stats,
+            o.heartbeat_interval_seconds,
         )
         scratch = self._words[self.options.max_leases :]
         self.reader = Reader(self.options, self.agent, self.peers, self.local, self.stats, scratch)
@@ -115,6 +120,7 @@ class NixlWorker(BaseConnectorWorker):
             lease_base=self._words.data_ptr(),
             lease_words=self.options.max_leases,
             model_id=self.model_id,
+            lease_seconds=self.options.abort_timeout_seconds if self.producer else 0.0,
         )
 
     # -- per step ------------------------------------------------------------------------------
