@@ -61,11 +61,16 @@ class FailureReason(Choice):
     @classmethod
     def of(cls, reason: str) -> FailureReason:
         """The reason a report's text starts with (``"error: OSError"`` -> ``ERROR``)."""
-        head = reason.partition(":")[0].strip()
         try:
-            return cls(head)
+            return cls(cls.head(reason))
         except ValueError:
             return cls.ERROR
+
+    @staticmethod
+    def head(reason: str) -> str:
+        """A report's reason without its detail (``"nixl_timeout: no data ..."`` ->
+        ``"nixl_timeout"``), kept as written even when it is not one of these values."""
+        return reason.partition(":")[0].strip()
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,13 +36,12 @@ def _binds(port: int) -> bool:
 
 def free_port() -> int:
     top = _ephemeral_start()
-    for _ in range(200):
-        port = random.randrange(_LOWEST, top) if top > _LOWEST + 1000 else 0
-        if port == 0:
-            break  # no room below the ephemeral range: let the kernel pick
-        if port not in _handed_out and _binds(port):
-            _handed_out.add(port)
-            return port
+    if top > _LOWEST + 1000:  # else no room below the ephemeral range: let the kernel pick
+        for _ in range(200):
+            port = random.randrange(_LOWEST, top)
+            if port not in _handed_out and _binds(port):
+                _handed_out.add(port)
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -28,7 +28,7 @@ from enum import Enum
 from hybridkv.connectors.config import LoadFailurePolicy
 from hybridkv.request import Request
 from hybridkv.sched.kv_transfer import Failure, KVTransfer
-from hybridkv.step_io import KVConnectorOutput
+from hybridkv.step_io import FailureReason, KVConnectorOutput
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class Recovery:
     def recover(self, req: Request, failure: Failure) -> Move:
         t = self.transfer
         t.stats.failed_requests += 1
-        self._reasons[failure.reason.partition(":")[0].strip()] += 1  # the reason, not its text
+        self._reasons[FailureReason.head(failure.reason)] += 1
         if t.policy is LoadFailurePolicy.FAIL:
             message = (
                 f"loading KV from the connector failed ({failure.reason}); "

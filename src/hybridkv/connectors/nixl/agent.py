@@ -96,9 +96,9 @@ class XferState(str, Enum):
 
 class NixlAgent:
     """Set-up calls go through NIXL's Python API; the per-load calls (descriptor lists,
-    create, post, status, release) through its binding, the layer that API wraps: about 20 µs
-    less per load, a fifth of a 1 MiB read. Transfer handles are then the binding's integers;
-    every one is released by its caller (``release``)."""
+    create, post, status, release) through its binding, the layer that API wraps: 6-10 µs
+    less per load (docs/benchmarks.md, ninth session). Transfer handles are then the binding's
+    integers; every one is released by its caller (``release``)."""
 
     def __init__(self, name: str, progress_thread: bool = True, error_mode: str = "peer") -> None:
         """``progress_thread``: needed where peers read this agent's memory (a producer must
