@@ -29,8 +29,8 @@ SHAPE = [(0, 1), (9, 1), (0, 7), (5, 6), (22, 1), (13, 3)]
 
 
 @pytest.fixture(scope="module")
-def kernels() -> AttentionKernels:
-    return built_or_skip(native_attention.load_attention())
+def kernels(isa: str) -> AttentionKernels:
+    return built_or_skip(native_attention.load_attention(isa))
 
 
 def make_layout(kv_heads: int, dtype: str, d: int = D) -> KVCacheLayout:

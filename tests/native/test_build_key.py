@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import hybridkv.native as native
+from hybridkv.native.isa import resolve_isa
 
 NATIVE = Path(native.__file__).parent
 LOCAL_INCLUDE = re.compile(r'^#include "([^"]+)"', re.MULTILINE)
@@ -43,7 +44,7 @@ def test_key_changes_with_an_included_header(source: str, header: str, tmp_path:
     assert header in _local_includes(NATIVE / source)
     for path in NATIVE.glob("*.[ch]"):
         shutil.copy(path, tmp_path / path.name)
-    before = native._library_path("cc", tmp_path / source)
+    before = native._library_path("cc", resolve_isa(), tmp_path / source)
     with open(tmp_path / header, "a") as f:
         f.write("/* changed */\n")
-    assert native._library_path("cc", tmp_path / source) != before
+    assert native._library_path("cc", resolve_isa(), tmp_path / source) != before

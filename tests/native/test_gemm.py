@@ -20,8 +20,8 @@ RTOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def kernel() -> SkinnyGemm:
-    return built_or_skip(gemm.load_gemm())
+def kernel(isa: str) -> SkinnyGemm:
+    return built_or_skip(gemm.load_gemm(isa))
 
 
 @pytest.fixture(autouse=True)

@@ -25,8 +25,8 @@ TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def kernels() -> RowKernels:
-    return built_or_skip(rownorm.load_rownorm())
+def kernels(isa: str) -> RowKernels:
+    return built_or_skip(rownorm.load_rownorm(isa))
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> None:

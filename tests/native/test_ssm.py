@@ -22,8 +22,8 @@ from tests.native.no_compiler import built_or_skip
 
 
 @pytest.fixture(scope="module")
-def kernels() -> SsmKernels:
-    return built_or_skip(ssm.load_ssm())
+def kernels(isa: str) -> SsmKernels:
+    return built_or_skip(ssm.load_ssm(isa))
 
 
 def make_mixer(heads: int, groups: int, p: int, n: int, conv_bias: bool) -> Mamba2Mixer:
@@ -99,10 +99,13 @@ def test_step_matches_torch(
 
 @pytest.mark.parametrize(("groups", "gate_first"), [(1, True), (2, False)])
 def test_fused_norm_is_the_gated_norm_bit_for_bit(
-    kernels: SsmKernels, groups: int, gate_first: bool
+    kernels: SsmKernels, isa: str, groups: int, gate_first: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from hybridkv.model.layers import norm as norm_module
     from hybridkv.model.layers.norm import GatedRMSNorm
+    from hybridkv.native.ssm_prefill import load_ssm_prefill
 
+    monkeypatch.setattr(norm_module, "load_ssm_prefill", lambda: load_ssm_prefill(isa))
     mixer = make_mixer(6, groups, 16, 32, True)
     case = step_case(mixer, 4, seed=5)
     proj, tokens, slots, conv, states = (t.clone() for t in case)

@@ -26,8 +26,8 @@ TAPS = ([1, 3, 3, 4, 4], [3, 1, 44, 16, 129])  # (row, tokens into the row): ins
 
 
 @pytest.fixture(scope="module")
-def kernels() -> SsmPrefillKernels:
-    return built_or_skip(ssm_prefill.load_ssm_prefill())
+def kernels(isa: str) -> SsmPrefillKernels:
+    return built_or_skip(ssm_prefill.load_ssm_prefill(isa))
 
 
 def make_rows(num_slots: int, gen: torch.Generator, gap: int = 3) -> PrefillRows:

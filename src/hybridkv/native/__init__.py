@@ -3,9 +3,11 @@ attention (``attention.c``, loaded by ``hybridkv.native.attention``). ``load_lib
 and loads either.
 
 ``load_pagecopy()`` compiles the C source with the system compiler on first use (``$CC`` or
-``cc``, ``-O3 -march=native``, with ``-fopenmp`` when the compiler has it: the ``*_many``
-calls then spread their copies over OpenMP threads, sharing torch's runtime) into ``$HYBRIDKV_CACHE_DIR/native`` (default
-``~/.cache/hybridkv/native``), one library per source version, CPU and compiler, written under
+``cc``, ``-O3`` and the instruction-set variant's flags, ``-march=native`` unless
+``$HYBRIDKV_NATIVE_ISA`` pins another (``hybridkv.native.isa``), with ``-fopenmp`` when the compiler has it: the ``*_many``
+calls then spread their copies over OpenMP threads, sharing torch's runtime) into
+``$HYBRIDKV_CACHE_DIR/native`` (default ``~/.cache/hybridkv/native``), one library per source
+version, variant, CPU and compiler, written under
 a temporary name and renamed so concurrent processes never load a half-written file. It
 returns None when that is impossible (no compiler, a failed build, ``HYBRIDKV_NATIVE=0``);
 callers then keep their numpy + xxhash path. The choice is made once per process, so every
@@ -28,13 +30,13 @@ from typing import Any
 
 import numpy as np
 
+from hybridkv.native.isa import IsaVariant, resolve_isa
 from hybridkv.paths import cache_dir
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("pagecopy.c")
-FLAGS = [
+FLAGS = [  # and the variant's (``isa.VARIANTS``)
     "-O3",
-    "-march=native",
     "-shared",
     "-fPIC",
     "-std=c11",
@@ -153,23 +155,29 @@ def _cpu_signature() -> str:
     return f"{platform.machine()}|{flags}"
 
 
-def _library_path(compiler: str, source: Path = SOURCE) -> Path:
+def _flags(variant: IsaVariant) -> list[str]:
+    return [*FLAGS, *variant.flags]
+
+
+def _library_path(compiler: str, variant: IsaVariant, source: Path = SOURCE) -> Path:
     key = hashlib.sha256()
     headers = [h.read_bytes() for h in sorted(source.parent.glob("*.h"))]  # #included
-    for part in (source.read_bytes(), *headers, " ".join(FLAGS).encode(), compiler.encode()):
+    flags = " ".join(_flags(variant)).encode()
+    for part in (source.read_bytes(), *headers, flags, compiler.encode()):
         key.update(part)
     key.update(_cpu_signature().encode())
-    return cache_dir() / "native" / f"{source.stem}-{key.hexdigest()[:16]}.so"
+    name = f"{source.stem}-{variant.name}-{key.hexdigest()[:16]}.so"
+    return cache_dir() / "native" / name
 
 
-def _build(compiler: str, target: Path, source: Path = SOURCE) -> None:
+def _build(compiler: str, variant: IsaVariant, target: Path, source: Path = SOURCE) -> None:
     """Build with OpenMP, else without it (the ``*_many`` calls then copy on one thread)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=target.parent)
     os.close(fd)
     try:
         for extra in (["-fopenmp"], []):
-            cmd = [compiler, *FLAGS, *extra, "-o", tmp, str(source), "-lm"]
+            cmd = [compiler, *_flags(variant), *extra, "-o", tmp, str(source), "-lm"]
             done = subprocess.run(cmd, capture_output=True, timeout=BUILD_TIMEOUT_S)
             if done.returncode == 0:
                 os.replace(tmp, target)
@@ -180,16 +188,21 @@ def _build(compiler: str, target: Path, source: Path = SOURCE) -> None:
             os.unlink(tmp)
 
 
-def load_library(source: Path, name: str, fallback: str) -> ctypes.CDLL | None:
-    """``source`` built (once per source version, CPU and compiler) and loaded; None (logged)
-    when native code is off (``HYBRIDKV_NATIVE=0``) or cannot be built."""
+def load_library(
+    source: Path, name: str, fallback: str, isa: str | None = None
+) -> ctypes.CDLL | None:
+    """``source`` built for instruction-set variant ``isa`` (``None``: ``$HYBRIDKV_NATIVE_ISA``,
+    default ``native``; once per source version, variant, CPU and compiler) and loaded; None
+    (logged) when native code is off (``HYBRIDKV_NATIVE=0``) or cannot be built. A variant this
+    CPU cannot run is a ``ValueError`` (``isa.resolve_isa``)."""
     if os.environ.get("HYBRIDKV_NATIVE", "1") == "0":
         return None
+    variant = resolve_isa(isa)
     compiler = os.environ.get("CC", "cc")
     try:
-        path = _library_path(compiler, source)
+        path = _library_path(compiler, variant, source)
         if not path.exists():
-            _build(compiler, path, source)
+            _build(compiler, variant, path, source)
         return ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError) as err:
         detail = getattr(err, "stderr", b"") or b""
@@ -198,7 +211,7 @@ def load_library(source: Path, name: str, fallback: str) -> ctypes.CDLL | None:
 
 
 @functools.cache
-def load_pagecopy() -> PageCopy | None:
+def load_pagecopy(isa: str | None = None) -> PageCopy | None:
     """The page copy kernels, built on first use; None (logged once) if they cannot be."""
-    lib = load_library(SOURCE, "page copy", "using numpy")
+    lib = load_library(SOURCE, "page copy", "using numpy", isa)
     return None if lib is None else PageCopy(lib)

@@ -179,7 +179,7 @@ def _float32(x: torch.Tensor, name: str) -> torch.Tensor:
 
 
 @functools.cache
-def load_attention() -> AttentionKernels | None:
+def load_attention(isa: str | None = None) -> AttentionKernels | None:
     """The paged attention kernels, built on first use; None (logged once) if they cannot be."""
-    lib = load_library(SOURCE, "paged attention", "attending with torch")
+    lib = load_library(SOURCE, "paged attention", "attending with torch", isa)
     return None if lib is None else AttentionKernels(lib)

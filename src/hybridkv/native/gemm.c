@@ -7,10 +7,19 @@
  * Every output is summed in the same order whatever M, N, the tile it falls in or the thread
  * count: VW lane-wise partial sums along K (the tail, K % VW, zero-padded into one more
  * vector), then the lanes folded in halves (8+8, 4+4, 2+2, 1+1 for VW = 16), then the bias.
- * So results are bitwise the same on 1 or 2 threads and for a row alone or in any batch. */
+ * So results are bitwise the same on 1 or 2 threads and for a row alone or in any batch.
+ *
+ * NOTE: each partial sum is an explicit fused multiply-add (madd), never left to the
+ * compiler's contraction: GCC's Zen tuning declines to fuse some multiply-add chains, and did
+ * so in one tile shape but not another, so a row alone and the same row in a batch rounded
+ * differently on AVX2 machines (issue 25). Without FMA (the scalar build) every product is
+ * rounded, then added, in every tile alike. */
 
 #include <stdint.h>
 #include <string.h>
+#if defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 #if defined(__AVX512F__)
 #define VW 16 /* floats per vector */
@@ -38,6 +47,17 @@ _Static_assert(MR * NR == VW, "one tile's sums fill one vector");
 #define PARALLEL_WORK 262144 /* N * K below this (1 MB of weight): one thread */
 
 typedef float vf __attribute__((vector_size(VW * sizeof(float))));
+
+/* c + a * b, rounded once where the CPU has FMA; the same everywhere in this file */
+static inline vf madd(vf a, vf b, vf c) {
+#if VW == 16
+    return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+    return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    return c + a * b; /* no FMA instruction: the compiler cannot fuse this either */
+#endif
+}
 
 static inline vf load(const float *p) {
     vf v;
@@ -88,14 +108,14 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t l
         for (int j = 0; j < pf_rows; j++) __builtin_prefetch(pf + j * K + k, 0, 2);
         for (int i = 0; i < mr; i++) {
             const vf xv = load(x + i * ldx + k);
-            for (int j = 0; j < nr; j++) acc[i * NR + j] += xv * wv[j];
+            for (int j = 0; j < nr; j++) acc[i * NR + j] = madd(xv, wv[j], acc[i * NR + j]);
         }
     }
     if (body < K) {
         for (int i = 0; i < mr; i++) {
             const vf xv = load_tail(x + i * ldx + body, K - body);
             for (int j = 0; j < nr; j++)
-                acc[i * NR + j] += xv * load_tail(w + j * K + body, K - body);
+                acc[i * NR + j] = madd(xv, load_tail(w + j * K + body, K - body), acc[i * NR + j]);
         }
     }
     float sums[VW];

@@ -71,7 +71,7 @@ class SkinnyGemm:
 
 
 @functools.cache
-def load_gemm() -> SkinnyGemm | None:
+def load_gemm(isa: str | None = None) -> SkinnyGemm | None:
     """The skinny GEMM, built on first use; None (logged once) if it cannot be."""
-    lib = load_library(SOURCE, "skinny GEMM", "using torch")
+    lib = load_library(SOURCE, "skinny GEMM", "using torch", isa)
     return None if lib is None else SkinnyGemm(lib)

@@ -177,7 +177,7 @@ def _rows(x: torch.Tensor) -> tuple[int, int, int, int]:
 
 
 @functools.cache
-def load_rownorm() -> RowKernels | None:
+def load_rownorm(isa: str | None = None) -> RowKernels | None:
     """The row kernels, built on first use; None (logged once) if they cannot be."""
-    lib = load_library(SOURCE, "row kernels", "using torch")
+    lib = load_library(SOURCE, "row kernels", "using torch", isa)
     return None if lib is None else RowKernels(lib)

@@ -176,7 +176,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 @functools.cache
-def load_ssm() -> SsmKernels | None:
+def load_ssm(isa: str | None = None) -> SsmKernels | None:
     """The Mamba2 decode kernel, built on first use; None (logged once) if it cannot be."""
-    lib = load_library(SOURCE, "Mamba2 step", "using torch")
+    lib = load_library(SOURCE, "Mamba2 step", "using torch", isa)
     return None if lib is None else SsmKernels(lib)

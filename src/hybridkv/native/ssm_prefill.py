@@ -251,7 +251,7 @@ def _check_slot_ids(slots: torch.Tensor, num_slots: int) -> None:
 
 
 @functools.cache
-def load_ssm_prefill() -> SsmPrefillKernels | None:
+def load_ssm_prefill(isa: str | None = None) -> SsmPrefillKernels | None:
     """The Mamba2 prefill kernels, built on first use; None (logged once) if they cannot be."""
-    lib = load_library(SOURCE, "Mamba2 prefill", "using torch")
+    lib = load_library(SOURCE, "Mamba2 prefill", "using torch", isa)
     return None if lib is None else SsmPrefillKernels(lib)
