@@ -8,6 +8,7 @@ Two threads: wall time (only meaningful on a quiet machine; the load average is 
 
     PYTHONPATH=src .venv/bin/python benchmarks/skinny_gemm.py              # ~1 min
     PYTHONPATH=src .venv/bin/python benchmarks/skinny_gemm.py --threads 1 --rows 1 16
+    PYTHONPATH=src .venv/bin/python benchmarks/skinny_gemm.py --isa avx2 --only skinny
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ def time_step(
     return best
 
 
-def contenders() -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
-    kernel = load_gemm()
+def contenders(isa: str | None) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    kernel = load_gemm(isa)
     packs: dict[int, torch.Tensor] = {}
 
     def packed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -80,6 +81,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 12, 16, 24, 32])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--isa", help="the kernel's instruction-set variant (default: native)")
+    parser.add_argument("--only", nargs="+", help="contenders to time (f_linear packed skinny)")
     args = parser.parse_args()
     flags = subprocess.run(
         "grep -o -w -E 'avx2|avx512f|avx512_bf16|amx_tile' /proc/cpuinfo | sort -u",
@@ -87,7 +90,7 @@ def main() -> None:
         capture_output=True,
         text=True,
     ).stdout.split()
-    print(json.dumps({"load": os.getloadavg(), "cpu_flags": flags}))
+    print(json.dumps({"load": os.getloadavg(), "cpu_flags": flags, "isa": args.isa or "native"}))
     weights = step_weights()
     with torch.inference_mode():
         for threads in args.threads:
@@ -95,7 +98,9 @@ def main() -> None:
             clock = time.thread_time if threads == 1 else time.perf_counter
             for rows in args.rows:
                 result: dict[str, object] = {"threads": threads, "rows": rows}
-                for name, gemm in contenders().items():
+                for name, gemm in contenders(args.isa).items():
+                    if args.only and name not in args.only:
+                        continue
                     if name == "packed" and (threads > 1 or not torch._C.has_mkl):
                         continue  # serial: compared on one thread only
                     ms = time_step(gemm, weights, rows, args.repeats, clock) * 1e3
