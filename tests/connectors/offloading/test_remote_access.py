@@ -20,6 +20,7 @@ from hybridkv.connectors.offloading.remote_connect import ENV_PASSWORD
 from hybridkv.connectors.offloading.remote_key import ENV_KEY, GENERATED_FILE, load_remote_key
 from hybridkv.connectors.registry import parse_kv_transfer_config
 from tests.connectors.helpers import make_layout
+from tests.support.tls_proxy import make_certificate, tls_front
 from tests.support.valkey_server import ValkeyProcess, running_valkey
 
 from .helpers import OffloadEngine, offload_config
@@ -135,9 +136,36 @@ def test_tls_options_need_a_tls_url_and_access_options_need_a_url(tmp_path: Path
     parse(remote="valkeys://h:1/0", remote_tls_ca_file="ca.pem")  # valid (checked at start)
 
 
-def test_tls_urls_reach_the_client_with_their_files(key_env: None, tmp_path: Path) -> None:
-    """TLS is the client's (valkey-py ``SSLConnection``): the bundled server has no TLS
-    build, so this checks what the pool is given; ``docs/offloading.md`` says so."""
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_tls_with_a_password_stores_and_loads(server: ValkeyProcess, tmp_path: Path) -> None:
+    """Through a TLS front (the bundled server has no TLS build): the tier's own reply reader
+    reads the TLS socket; a certificate the CA file does not vouch for stops the start."""
+    cert, key = make_certificate(tmp_path, "server")
+    wrong_ca, _ = make_certificate(tmp_path, "other")
+    pw = secret_file(tmp_path / "pw", PASSWORD)
+    with tls_front(server.port, cert, key) as front:
+        url = f"valkeys://127.0.0.1:{front.port}/0"
+        a = OffloadEngine(
+            offload_config(cpu=None, remote=url, remote_tls_ca_file=str(cert),
+                           remote_password_file=pw, remote_timeout_seconds=2),
+            make_layout("hybrid"), seed=1,
+        )  # fmt: skip
+        req = store(a)
+        assert a.counters()["stores.remote"] == 2
+        b = engine(server, seed=2, remote_password_file=pw)  # plain TCP, same values
+        assert settle(b, req) == (16, True)
+        assert load(b, req, 16)["invalid"] == 0
+        config = offload_config(
+            cpu=None, remote=url, remote_tls_ca_file=str(wrong_ca), remote_password_file=pw
+        )
+        with pytest.raises(ValueError, match="'remote_tls_ca_file'.*TLS handshake.*failed"):
+            OffloadEngine(config, make_layout("hybrid"))
+        a.assert_clean()
+        b.assert_clean()
+
+
+def test_tls_files_reach_the_client_and_must_exist(key_env: None, tmp_path: Path) -> None:
     import valkey
 
     from hybridkv.connectors.offloading.config import OffloadingConfig

@@ -9,15 +9,17 @@
     remote_tls_ca_file    CA bundle that verifies the server (TLS URLs only)
     remote_tls_cert_file  client certificate (with ``remote_tls_key_file``) for mutual TLS
 
-``check_server`` PINGs once at start-up: credentials the server refuses are a ``ValueError``
-naming the option (the engine does not start); a server that cannot be reached is logged as a
-warning and the tier starts anyway (its commands fail fast and are counted until it answers).
+``check_server`` PINGs once at start-up: credentials the server refuses, or a TLS handshake
+that fails (an unverified certificate), are a ``ValueError`` naming the option (the engine
+does not start); a server that cannot be reached is logged as a warning and the tier starts
+anyway (its commands fail fast and are counted until it answers).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import ssl
 from typing import Any
 
 import valkey
@@ -74,6 +76,11 @@ def check_server(client: valkey.Valkey, options: OffloadingConfig) -> None:
             f"refused a PING ({exc})"
         ) from None
     except (valkey.ConnectionError, valkey.TimeoutError) as exc:
+        if isinstance(exc.__context__, ssl.SSLError):  # e.g. a certificate not verified
+            raise ValueError(
+                f"OffloadingConnector: 'remote_tls_ca_file': the TLS handshake with "
+                f"{_where(options)} failed ({exc})"
+            ) from None
         log.warning(
             "remote tier: the server at %s does not answer yet (%s); its lookups miss and its "
             "stores are dropped (counted in remote_errors) until it does",
