@@ -63,7 +63,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "--kv-events-config",
         default=None,
         help="publish KV cache events (vLLM's wire format) as JSON, e.g. "
-        '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}\'',
+        "'{\"enable_kv_cache_events\": true}' (binds tcp://127.0.0.1:5557; docs/kv_events.md "
+        "says how to reach other hosts)",
     )
     for sub in (CacheConfig, SchedulerConfig):
         for f in fields(sub):

@@ -78,6 +78,11 @@ class Request:
         return len(self.all_token_ids) - self.num_prompt_tokens
 
     @property
+    def salted(self) -> bool:
+        """Whether a cache salt keys its blocks (KV events never publish its token ids)."""
+        return bool(self._hasher.extra)
+
+    @property
     def skip_reading_prefix_cache(self) -> bool:
         """Prompt logprobs need every prompt position computed (vLLM's rule too)."""
         return self.sampling_params.prompt_logprobs is not None

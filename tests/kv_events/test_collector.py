@@ -52,6 +52,10 @@ class TokenRequest(FakeRequest):
     def all_token_ids(self) -> list[int]:
         return self.token_ids
 
+    @property
+    def salted(self) -> bool:
+        return self.cache_salt is not None
+
 
 def setup(name: str) -> tuple[KVCacheCoordinator, KVEventCollector, Capture]:
     layout = make_layout(name)

@@ -41,6 +41,14 @@ def test_serve_publishes_and_resets(tmp_path: Path) -> None:
                 break
         assert stored and {ev.medium for ev in stored} == {"GPU"}
         assert any(ev.token_ids[:16] == list(range(3, 19)) for ev in stored)
+        # a salted request's blocks: announced by hash alone (issue 26, finding 5)
+        salted = {**body, "prompt": list(range(100, 180)), "cache_salt": "tenant-1"}
+        r = httpx.post(server.url + "/v1/completions", json=salted, timeout=120)
+        assert r.status_code == 200, r.text
+        assert sub.poll(10000)
+        batch = DECODER.decode(sub.recv_multipart()[2])
+        news = [ev for ev in batch.events if isinstance(ev, BlockStored)]
+        assert news and all(ev.token_ids == [] for ev in news)
         r = httpx.post(server.url + "/reset_prefix_cache", timeout=30)
         assert r.status_code == 200, r.text
         assert sub.poll(10000)

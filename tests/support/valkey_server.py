@@ -25,10 +25,13 @@ def server_binary() -> str:
 
 
 class ValkeyProcess:
-    def __init__(self, workdir: Path, maxmemory: str | None = None) -> None:
+    def __init__(
+        self, workdir: Path, maxmemory: str | None = None, password: str | None = None
+    ) -> None:
         self.port = free_port()
         self.workdir = workdir
         self.maxmemory = maxmemory
+        self.password = password  # ``--requirepass``: the ``default`` user's password
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -36,13 +39,17 @@ class ValkeyProcess:
         return f"valkey://127.0.0.1:{self.port}/0"
 
     def client(self) -> valkey.Valkey:
-        return valkey.Valkey(host="127.0.0.1", port=self.port, socket_timeout=5)
+        return valkey.Valkey(
+            host="127.0.0.1", port=self.port, socket_timeout=5, password=self.password
+        )
 
     def start(self) -> None:
         args = [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1"]
         args += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir)]
         if self.maxmemory is not None:
             args += ["--maxmemory", self.maxmemory, "--maxmemory-policy", "allkeys-lru"]
+        if self.password is not None:
+            args += ["--requirepass", self.password]
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = open(self.workdir / "valkey.log", "ab")  # noqa: SIM115 - the child keeps it
         self.proc = subprocess.Popen(
@@ -70,8 +77,10 @@ class ValkeyProcess:
 
 
 @contextlib.contextmanager
-def running_valkey(workdir: Path, maxmemory: str | None = None) -> Iterator[ValkeyProcess]:
-    server = ValkeyProcess(workdir, maxmemory)
+def running_valkey(
+    workdir: Path, maxmemory: str | None = None, password: str | None = None
+) -> Iterator[ValkeyProcess]:
+    server = ValkeyProcess(workdir, maxmemory, password)
     server.start()
     try:
         yield server

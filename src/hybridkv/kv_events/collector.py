@@ -12,6 +12,10 @@ first block's parent, ``token_ids`` every block's tokens). A tier unit holds eve
 part, so tier events carry no group; ``block_hashes`` is the unit's key (the block hash at its
 end), ``block_size`` the tokens it spans, ``token_ids`` empty -- as vLLM's offloading
 connector reports its units.
+
+Token ids leave the process only for requests without a cache salt: a salted request's
+blocks are announced by hash alone (``token_ids=[]``, still vLLM's schema), and with
+``omit_token_ids`` every request's are.
 """
 
 from __future__ import annotations
@@ -50,10 +54,13 @@ SPEC_KIND = {SpecKind.FULL: "full_attention", SpecKind.SLIDING: "sliding_window"
 
 
 class KVEventCollector:
-    def __init__(self, layout: KVCacheLayout, publisher: EventPublisher) -> None:
+    def __init__(
+        self, layout: KVCacheLayout, publisher: EventPublisher, omit_token_ids: bool = False
+    ) -> None:
         self.layout = layout
         self.block_size = layout.block_size
         self.publisher = publisher
+        self.omit_token_ids = omit_token_ids  # salted requests' token ids are omitted anyway
         self._tier_events: deque[TierEvent] = deque()  # appended on any thread
         # held while draining the tier queue into a published batch (the engine thread per
         # step, the publisher thread while the engine idles): batches keep the queue's order
@@ -142,7 +149,9 @@ class KVEventCollector:
         self, out: list[WireEvent], block_hash: BlockHash, group: int, req: HasBlockHashes | None
     ) -> None:
         index = self._find(req, block_hash, group)
-        tokens = _block_tokens(req, index, self.block_size)
+        # fail closed: a request that cannot say it is unsalted publishes no tokens
+        hidden = self.omit_token_ids or getattr(req, "salted", True) is not False
+        tokens = [] if hidden else _block_tokens(req, index, self.block_size)
         last = out[-1] if out else None
         run = (group, req.request_id, index - 1) if req is not None and index is not None else None
         if isinstance(last, BlockStored) and run is not None and run == self._run:
@@ -243,7 +252,7 @@ def create_collector(
     announces what the connector's tiers hold already."""
     if config is None or not config.enabled:
         return None
-    collector = KVEventCollector(layout, create_publisher(config))
+    collector = KVEventCollector(layout, create_publisher(config), config.omit_token_ids)
     collector.publisher.set_poll_hook(collector.pump_tier_events)
     if connector is not None and connector.set_tier_event_sink(collector.on_tier_event):
         collector.publish_units(connector.resident_units())

@@ -11,6 +11,11 @@ The engine thread only appends to a bounded queue (``publish`` never blocks, nev
 never wakes the thread, which polls); when the publisher thread falls behind the oldest
 batches are dropped and counted. The
 PUB socket itself drops what no subscriber reads (ZMQ's PUB semantics, up to ``hwm``).
+
+Trust: neither socket authenticates its peers, so whoever reaches them reads what the events
+say; both bind loopback unless configured otherwise (``KVEventsConfig``), and a bound address
+other hosts can reach is logged as a warning. A replay request frame above 64 bytes drops
+its peer (``ZMQ_MAXMSGSIZE``); a start that is not 8 bytes is ignored.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Protocol
 import msgspec
 import zmq
 
-from hybridkv.kv_events.config import KVEventsConfig
+from hybridkv.kv_events.config import KVEventsConfig, is_loopback
 from hybridkv.kv_events.schema import KVEventBatch
 from hybridkv.kv_events.stats import PublisherStats
 
@@ -36,6 +41,7 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 # loaded machine, measured); a poll mostly lands while the engine runs torch kernels.
 _POLL_BUSY_SECONDS = 0.01
 _POLL_IDLE_SECONDS = 0.05  # after a second without batches
+_MAX_REPLAY_REQUEST = 64  # bytes of one frame: a replay request is [b"", 8 bytes]
 
 
 class EventPublisher(Protocol):
@@ -89,22 +95,28 @@ class ZmqEventPublisher:
             self._open_sockets()
         except zmq.ZMQError as exc:
             self._close_sockets()
-            raise ValueError(f"kv_events_config: cannot open {config.endpoint!r}: {exc}") from None
+            raise ValueError(
+                f"kv_events_config: cannot open {config.pub_endpoint!r}: {exc}"
+            ) from None
         self._thread = threading.Thread(target=self._run, name="hybridkv-kv-events", daemon=True)
         self._thread.start()
 
     def _open_sockets(self) -> None:
-        """Bind a stable endpoint (wildcard host, ipc, inproc), connect to any other (vLLM's
-        rule: bind stable, connect volatile)."""
-        endpoint = self.config.endpoint
-        self._pub.set_hwm(self.config.hwm)
-        if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
-            self._pub.bind(endpoint)
+        """Bind or connect the PUB socket (``KVEventsConfig.binds``), bind the replay socket;
+        a bound address other hosts can reach is logged as a warning."""
+        config = self.config
+        self._pub.set_hwm(config.hwm)
+        if config.binds:
+            self._pub.bind(config.pub_endpoint)
+            _warn_if_reachable(config.pub_endpoint, "the publisher", "every cached block's hash")
         else:
-            self._pub.connect(endpoint)
-        if self.config.replay_endpoint is not None:
+            self._pub.connect(config.pub_endpoint)
+        if config.replay_endpoint is not None:
             self._replay = self._ctx.socket(zmq.ROUTER)
-            self._replay.bind(self.config.replay_endpoint)
+            self._replay.setsockopt(zmq.MAXMSGSIZE, _MAX_REPLAY_REQUEST)
+            self._replay.bind(config.replay_endpoint)
+            history = f"the last {config.buffer_steps} batches"
+            _warn_if_reachable(config.replay_endpoint, "the replay socket", history)
 
     # -- engine thread -------------------------------------------------------------------
 
@@ -200,6 +212,9 @@ class ZmqEventPublisher:
                 logger.warning("KV events: ignoring a replay request of %d frames", len(frames))
                 continue
             client, _, start_bytes = frames
+            if len(start_bytes) != 8:
+                logger.warning("KV events: ignoring a replay request of %d bytes", len(start_bytes))
+                continue
             start = int.from_bytes(start_bytes, "big")
             with contextlib.suppress(zmq.ZMQError):
                 for seq, payload in list(self._replay_buffer):
@@ -208,6 +223,18 @@ class ZmqEventPublisher:
                             (client, b"", self._topic, seq.to_bytes(8, "big"), payload)
                         )
                 self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
+
+
+def _warn_if_reachable(endpoint: str, socket: str, what: str) -> None:
+    if not is_loopback(endpoint):
+        logger.warning(
+            "KV events: %s bound on %s, reachable from other hosts: anyone who connects gets "
+            "%s (and the token ids of unsalted prompts unless omit_token_ids); bind a "
+            "loopback address or keep the port on an isolated network",
+            socket,
+            endpoint,
+            what,
+        )
 
 
 def create_publisher(config: KVEventsConfig) -> EventPublisher:

@@ -3,6 +3,7 @@ engines sharing it, corrupt and vanished values, the server down and back."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from hybridkv.connectors.offloading import remote_tier
+from hybridkv.connectors.offloading.remote_key import ENV_KEY
 from hybridkv.connectors.offloading.remote_tier import RemoteTier
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, table
 from tests.support.valkey_server import ValkeyProcess, running_valkey
@@ -21,7 +23,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[ValkeyProcess]:
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ValkeyProcess]:
+    monkeypatch.setenv(ENV_KEY, "a deployment key for tests")
     with running_valkey(tmp_path / "valkey") as proc:
         yield proc
 
@@ -82,8 +85,9 @@ def test_a_second_engine_loads_what_the_first_stored(server: ValkeyProcess) -> N
     assert b.scheduler.get_hit_sources(FakeRequest("l", req.all_token_ids), 16) == {"remote": 16}
     assert torch.equal(b.blocks_bytes([11, 12, 13, 14, 16, 17]), want[0])
     assert torch.equal(b.state_bytes(3), want[1])
-    keys = server.client().keys("*")
-    assert keys and all(k.startswith(b"hybridkv:fp-a:c8:") for k in keys)
+    keys = server.client().keys("*")  # keyed names: neither the model nor a hash shows
+    assert keys and all(re.fullmatch(rb"hybridkv:[0-9a-f]{40}:[0-9]+", k) for k in keys)
+    assert not any(h.hex().encode() in k for h in req.block_hashes for k in keys)
     a.assert_clean()
     b.assert_clean()
 

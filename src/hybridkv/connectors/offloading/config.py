@@ -7,12 +7,15 @@
      "offload_prompt_only": true, "max_inflight_io_bytes": "512MiB", "load_mode": "async",
      "cpu_prealloc": false,
      "remote_url": "valkey://127.0.0.1:6379/0", "remote_timeout_seconds": 2,
-     "remote_key_prefix": "hybridkv:", "remote_ttl_seconds": null}
+     "remote_key_prefix": "hybridkv:", "remote_ttl_seconds": null,
+     "remote_auth_key_file": null, "remote_username": null, "remote_password_file": null,
+     "remote_tls_ca_file": null, "remote_tls_cert_file": null, "remote_tls_key_file": null}
 
 Any tier may be left out (not all three: ``cpu_bytes``, ``disk_path``, ``remote_url``). Sizes take plain bytes or KiB/MiB/GiB suffixes.
 ``cpu_prealloc``: map and touch the CPU tier's memory at start-up (as vLLM's CPU offloading
 does), so stores run at copy speed from the first one, at the cost of committing ``cpu_bytes``
 and of ~1 s per 1-2 GiB of start-up.
+The remote tier's key, credentials and TLS options: ``remote_key`` and ``remote_connect``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from hybridkv.choice import parse_choice
 from hybridkv.connectors.config import ConnectorOptions, LoadMode, OptionsContext
@@ -29,6 +33,13 @@ from hybridkv.connectors.offloading.policies import Eviction
 from hybridkv.paths import parse_bytes
 
 MAX_TIMEOUT_SECONDS = 3600.0
+_REMOTE_FILES = (
+    "remote_auth_key_file",
+    "remote_password_file",
+    "remote_tls_ca_file",
+    "remote_tls_cert_file",
+    "remote_tls_key_file",
+)
 _KEYS = (
     "cpu_bytes",
     "disk_path",
@@ -44,8 +55,11 @@ _KEYS = (
     "remote_timeout_seconds",
     "remote_key_prefix",
     "remote_ttl_seconds",
+    *_REMOTE_FILES,
+    "remote_username",
 )
-REMOTE_SCHEMES = ("valkey://", "redis://", "unix://")
+REMOTE_SCHEMES = ("valkey://", "redis://", "unix://", "valkeys://", "rediss://")
+TLS_SCHEMES = ("valkeys://", "rediss://")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +78,12 @@ class OffloadingConfig(ConnectorOptions):
     remote_timeout_seconds: float = 2.0
     remote_key_prefix: str = "hybridkv:"
     remote_ttl_seconds: int | None = None  # None: values never expire (Valkey may evict)
+    remote_auth_key_file: str | None = None  # None: $HYBRIDKV_REMOTE_AUTH_KEY or generated
+    remote_username: str | None = None  # an ACL user
+    remote_password_file: str | None = None  # None: $HYBRIDKV_REMOTE_PASSWORD, if set
+    remote_tls_ca_file: str | None = None  # TLS (valkeys:// URLs): the CA that signed the server
+    remote_tls_cert_file: str | None = None  # mutual TLS: this client's certificate...
+    remote_tls_key_file: str | None = None  # ... and its private key
 
     @classmethod
     def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> OffloadingConfig:
@@ -159,6 +179,11 @@ def _remote(extra: Mapping[str, Any]) -> dict[str, Any]:
     if url is not None:
         if not isinstance(url, str) or not url.startswith(REMOTE_SCHEMES):
             raise ValueError(_err("remote_url", f"{url!r} must start with one of {REMOTE_SCHEMES}"))
+        parts = urlsplit(url)
+        if parts.password is not None or "password" in parse_qs(parts.query):
+            raise ValueError(
+                _err("remote_url", "holds a password (visible in ps): use remote_password_file")
+            )
         out["remote_url"] = url
     out["remote_timeout_seconds"] = _seconds(extra, "remote_timeout_seconds", 2.0)
     prefix = extra.get("remote_key_prefix", "hybridkv:")
@@ -169,6 +194,25 @@ def _remote(extra: Mapping[str, Any]) -> dict[str, Any]:
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl <= 0):
         raise ValueError(_err("remote_ttl_seconds", f"{ttl!r} must be a whole number > 0"))
     out["remote_ttl_seconds"] = ttl
+    out.update(_remote_access(extra, url))
+    return out
+
+
+def _remote_access(extra: Mapping[str, Any], url: str | None) -> dict[str, Any]:
+    """Key, credentials and TLS files: non-empty strings, given only with ``remote_url``, the
+    TLS files only with a TLS URL."""
+    out: dict[str, Any] = {}
+    for name in (*_REMOTE_FILES, "remote_username"):
+        value = extra.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str | os.PathLike) or not os.fspath(value):
+            raise ValueError(_err(name, f"{value!r} must be a non-empty string"))
+        if url is None:
+            raise ValueError(_err(name, "is only used with remote_url"))
+        if name.startswith("remote_tls_") and not url.startswith(TLS_SCHEMES):
+            raise ValueError(_err(name, f"needs a TLS remote_url (one of {TLS_SCHEMES})"))
+        out[name] = str(os.fspath(value))
     return out
 
 

@@ -49,14 +49,7 @@ def create_offloading_connector(
             ) from None
     remote = None
     if options.remote_url is not None:
-        remote = RemoteTier(
-            options.remote_url,
-            context.fingerprint,
-            geometry,
-            options.remote_timeout_seconds,
-            options.remote_key_prefix,
-            options.remote_ttl_seconds,
-        )
+        remote = RemoteTier(options, context.fingerprint, geometry)
     tiers: list[Tier] = [t for t in (cpu, disk, remote) if t is not None]
     ctx = OffloadContext(options, geometry, TierStack(tiers))
     scheduler = OffloadingScheduler(

@@ -14,6 +14,7 @@ import hashlib
 import os
 import secrets
 import stat
+from collections.abc import Sequence
 
 import xxhash
 
@@ -32,10 +33,10 @@ class DirectoryKey:
         self._seed = int.from_bytes(seed, "little")
 
     @classmethod
-    def load_or_create(cls, directory: str) -> DirectoryKey:
-        """The key in ``directory`` (created 0600 on first use, atomically). Raises
+    def load_or_create(cls, directory: str, name: str = KEY_FILE) -> DirectoryKey:
+        """The key in ``directory/name`` (created 0600 on first use, atomically). Raises
         ``ValueError`` if the key file is not a private regular file of this user."""
-        path = os.path.join(directory, KEY_FILE)
+        path = os.path.join(directory, name)
         with contextlib.suppress(FileNotFoundError):
             return cls(_read_key(path))
         tmp = f"{path}.{secrets.token_hex(8)}.tmp"
@@ -55,10 +56,21 @@ class DirectoryKey:
     def digest(self, payload: memoryview) -> bytes:
         return xxhash.xxh3_128_digest(payload, seed=self._seed)
 
+    def digest_pieces(self, pieces: Sequence[bytes | memoryview]) -> bytes:
+        """``digest`` of the pieces joined, without joining them."""
+        h = xxhash.xxh3_128(seed=self._seed)
+        for piece in pieces:
+            h.update(piece)
+        return h.digest()
+
+    def keyed_name(self, text: str) -> str:
+        """A keyed hash of ``text`` (40 hex digits): names no one without the key can derive."""
+        name = hashlib.blake2b(text.encode(), key=self._secret, digest_size=20, person=b"name")
+        return name.hexdigest()
+
     def file_name(self, part_key: str) -> str:
         """The file name of a part: a keyed hash, so a listing reveals no token hash."""
-        name = hashlib.blake2b(part_key.encode(), key=self._secret, digest_size=20, person=b"name")
-        return name.hexdigest() + ".kvu"
+        return self.keyed_name(part_key) + ".kvu"
 
 
 def _read_key(path: str) -> bytes:

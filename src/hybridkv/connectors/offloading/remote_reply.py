@@ -6,7 +6,8 @@ a part cut into several values is joined once more before it is verified. A part
 simple (RESP2: ``*N``, then ``$len`` + bytes or ``$-1`` per value), so this reader takes it
 itself: the header value as ``bytes``, the payload values received by the kernel straight into
 one array of the part's size (no copy in user space, no join). Anything unexpected is a
-``valkey.ConnectionError`` / ``valkey.ResponseError`` and the caller drops the connection.
+``valkey.ConnectionError`` / ``valkey.ResponseError`` (the protocol) or a ``PartError`` (a
+value of the wrong size), and the caller drops the connection.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import socket
 
 import numpy as np
 import valkey
+
+from hybridkv.connectors.file_format import CORRUPT, PartError
 
 _BUFFER = 1 << 16
 _MAX_LINE = 1 << 10
@@ -65,38 +68,43 @@ class ReplyReader:
 
 
 def read_part_reply(
-    reader: ReplyReader, num_values: int, payload_nbytes: int
+    reader: ReplyReader, num_values: int, header_nbytes: int, payload_nbytes: int
 ) -> tuple[bytes, list[memoryview]] | None:
     """An ``MGET`` reply of a part's ``num_values`` values: its header value and payload
-    pieces (one array when the values have the sizes the writer cut; the checksum decides
-    anyway), or None if some value is missing (all of the reply is read either way)."""
+    (one array, filled in order whatever sizes the values have; the verification decides),
+    or None if some value is missing (all of the reply is read then).
+
+    Sizes are checked before anything is allocated or received: a header value that is not
+    ``header_nbytes`` long, or payload values longer than ``payload_nbytes`` in all, is
+    ``PartError(CORRUPT)`` at once, the rest of the reply unread (the caller drops the
+    connection), so a value of any size announced by the server costs no memory."""
     head = reader.line()
     if head[:1] == b"-":
         raise valkey.ResponseError(head[1:].decode(errors="replace"))
     if head != b"*%d" % num_values:
         raise valkey.ConnectionError(f"remote reply: {head[:32]!r} for {num_values} values")
     payload = memoryview(np.empty(payload_nbytes, dtype=np.uint8).data).cast("B")
-    header, extra, filled, missing, contiguous = b"", [], 0, False, True
+    header, filled, missing = b"", 0, False
     for i in range(num_values):
         size = _bulk_size(reader.line())
         if size < 0:
             missing = True
             continue
         if i == 0:
+            if size != header_nbytes:
+                raise PartError(CORRUPT, f"a header value of {size} bytes, not {header_nbytes}")
             value = memoryview(bytearray(size))
             reader.into(value)
             header = value.tobytes()
-        elif contiguous and filled + size <= payload_nbytes:
+        elif filled + size <= payload_nbytes:
             reader.into(payload[filled : filled + size])
             filled += size
-        else:  # not the sizes the writer cut: kept apart (the verification refuses it)
-            contiguous = False
-            extra.append(memoryview(bytearray(size)))
-            reader.into(extra[-1])
+        else:
+            raise PartError(CORRUPT, f"payload values beyond the part's {payload_nbytes} bytes")
         reader.crlf()
     if missing:
         return None
-    return header, ([payload[:filled]] if filled else []) + extra
+    return header, ([payload[:filled]] if filled else [])
 
 
 def _bulk_size(line: bytes) -> int:

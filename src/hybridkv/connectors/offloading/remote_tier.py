@@ -2,11 +2,15 @@
 
 ::
 
-    <remote_key_prefix><fingerprint>:c<chunk_tokens>:<unit hash hex>.g<group>:<i>
+    <remote_key_prefix><keyed name of fingerprint, chunk_tokens, unit hash, group>:<i>
 
-A part is stored as the disk format's bytes (``file_format`` header, xxh3-128 checksum, then
-the payload): the header as value 0, the payload in values of at most ``VALUE_BYTES``; the key carries the layout
-fingerprint, so engines of another model or layout never see it. A unit is written with one
+A part is stored in ``remote_format``: an authenticated header as value 0 (a MAC with the
+deployment key, ``remote_key``, over the span, the length, the payload's keyed digest, the
+fingerprint and the part key), the payload in values of at most ``VALUE_BYTES``. Names are
+keyed hashes, so engines of another model, layout or key never see a value, and no one without
+the key can tell what the server holds. A value that does not authenticate (forged, garbled,
+cut, of the wrong size) is a counted load failure and recomputed, its sizes checked before
+anything is allocated (``remote_reply``). Credentials and TLS: ``remote_connect``. A unit is written with one
 pipelined batch of ``SET``s (with ``EX`` if ``remote_ttl_seconds``) and read per part with one
 ``MGET``; every read is verified.
 
@@ -36,15 +40,20 @@ from valkey._parsers.encoders import Encoder
 from valkey.connection import PythonRespSerializer
 
 from hybridkv.connectors.config import TierName
-from hybridkv.connectors.file_format import (
-    IO_ERROR,
-    MISSING,
-    PartError,
+from hybridkv.connectors.file_format import IO_ERROR, MISSING, PartError
+from hybridkv.connectors.offloading.config import OffloadingConfig
+from hybridkv.connectors.offloading.disk_key import DirectoryKey
+from hybridkv.connectors.offloading.policies import Eviction, create_policy
+from hybridkv.connectors.offloading.rate_log import RateLimitedLog
+from hybridkv.connectors.offloading.remote_checks import RemoteChecks
+from hybridkv.connectors.offloading.remote_connect import check_server, create_pool
+from hybridkv.connectors.offloading.remote_format import (
+    HEADER_BYTES,
     encode_header,
     parse_part,
+    value_name,
 )
-from hybridkv.connectors.offloading.policies import Eviction, create_policy
-from hybridkv.connectors.offloading.remote_checks import RemoteChecks
+from hybridkv.connectors.offloading.remote_key import load_remote_key
 from hybridkv.connectors.offloading.remote_reply import ReplyReader, read_part_reply
 from hybridkv.connectors.offloading.tier import TierIndex
 from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, UnitRef
@@ -54,7 +63,6 @@ from hybridkv.step_io import FailureReason
 
 VALUE_BYTES = 4 << 20  # a few MiB per value: big enough to stream, small enough for the server
 RETRY_SECONDS = 1.0  # after a connection error or timeout, the server is skipped this long
-NUM_CONNECTIONS = 8
 NUM_IO_THREADS = 2
 TIMEOUT = FailureReason.TIMEOUT
 _UNBOUNDED = 1 << 62  # the server bounds its memory; the index only tracks what we stored
@@ -70,30 +78,25 @@ class RemoteTier(Tier):
 
     def __init__(
         self,
-        url: str,
+        options: OffloadingConfig,
         fingerprint: str,
         geometry: UnitGeometry,
-        timeout: float,
-        key_prefix: str = "hybridkv:",
-        ttl_seconds: int | None = None,
+        dkey: DirectoryKey | None = None,
     ) -> None:
+        """Connects as ``options`` say (``remote_connect``); ``ValueError`` naming the option
+        if the key or the credentials cannot be used. ``dkey``: the deployment key (default:
+        ``load_remote_key``)."""
         self.fingerprint = fingerprint
         self.geometry = geometry
-        self.timeout = timeout
-        self.ttl = ttl_seconds
-        self.namespace = f"{key_prefix}{fingerprint}:c{geometry.chunk_tokens}:"
-        url = "redis://" + url[len("valkey://") :] if url.startswith("valkey://") else url
-        self.pool = valkey.BlockingConnectionPool.from_url(  # type: ignore[no-untyped-call]
-            url,
-            max_connections=NUM_CONNECTIONS,
-            timeout=timeout,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            command_packer=_ZeroCopyPacker(),
-            lib_name=None,  # no ``CLIENT SETINFO`` round trips on each (re)connection
-            lib_version=None,
-        )
+        self.timeout = options.remote_timeout_seconds
+        self.ttl = options.remote_ttl_seconds
+        self.key = dkey if dkey is not None else load_remote_key(options.remote_auth_key_file)
+        self.prefix = options.remote_key_prefix
+        self.namespace = f"{fingerprint}:c{geometry.chunk_tokens}"
+        self.pool: Any = create_pool(options, _ZeroCopyPacker())  # valkey-py is untyped
         self.client = valkey.Valkey(connection_pool=self.pool)
+        check_server(self.client, options)
+        self._error_log = RateLimitedLog("remote tier")
         self.index = TierIndex("remote", _UNBOUNDED, create_policy(Eviction.LRU, 1 << 20))
         self.io = ThreadPoolExecutor(NUM_IO_THREADS, thread_name_prefix="offload-remote")
         self._counters: dict[str, float] = {}  # under ``_lock``
@@ -107,9 +110,9 @@ class RemoteTier(Tier):
     # -- keys ----------------------------------------------------------------------------
 
     def part_keys(self, unit_hash: BlockHash, group_id: int, end: int) -> list[str]:
-        key = part_key(unit_hash, group_id)
+        name = value_name(self.key, self.namespace, part_key(unit_hash, group_id))
         num_values = 1 + -(-self.geometry.part_nbytes(group_id, end) // VALUE_BYTES)
-        return [f"{self.namespace}{key}:{i}" for i in range(num_values)]
+        return [f"{self.prefix}{name}:{i}" for i in range(num_values)]
 
     def unit_keys(self, unit_hash: BlockHash, end: int) -> list[str]:
         return [
@@ -136,6 +139,7 @@ class RemoteTier(Tier):
         with self._lock:
             self._down_until = self.clock() + RETRY_SECONDS
         self._count("remote_errors", f"remote_errors:{type(exc).__name__}")
+        self._error_log.warn(f"{type(exc).__name__}: {exc}; skipped for {RETRY_SECONDS} s")
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         """Run one round trip, or raise ``PartError(IO_ERROR)`` (server down or failing)."""
@@ -148,6 +152,7 @@ class RemoteTier(Tier):
             raise PartError(IO_ERROR, f"remote: {type(exc).__name__}") from None
         except valkey.ValkeyError as exc:  # e.g. OOM: the server answers, but refuses
             self._count(f"remote_errors:{type(exc).__name__}")
+            self._error_log.warn(f"{type(exc).__name__}: {exc}")
             raise PartError(IO_ERROR, f"remote: {exc}") from None
 
     # -- bytes (I/O workers) -------------------------------------------------------------
@@ -160,7 +165,7 @@ class RemoteTier(Tier):
             payload = memoryview(array).cast("B")
             key = part_key(unit_hash, gid)
             span = self.geometry.part_span(gid, end)
-            head = encode_header(self.fingerprint, key, span, payload, checksum="xxh3")
+            head = encode_header(self.key, self.fingerprint, key, span, payload)
             names = self.part_keys(unit_hash, gid, end)
             for name, value in zip(names, _values(head, payload), strict=True):
                 pipe.set(name, value, ex=self.ttl)
@@ -182,7 +187,7 @@ class RemoteTier(Tier):
         if reply is None:
             raise PartError(MISSING, f"remote part {key}")
         span = self.geometry.part_span(group_id, end)
-        payload = parse_part(reply[0], reply[1], self.fingerprint, key, span, nbytes)
+        payload = parse_part(self.key, reply[0], reply[1], self.fingerprint, key, span, nbytes)
         return _tensor(payload)
 
     def _mget(
@@ -190,7 +195,8 @@ class RemoteTier(Tier):
     ) -> tuple[bytes, list[memoryview]] | None:
         """One part's ``MGET`` (``remote_reply``: header value, payload pieces; None if a
         value is missing) whose socket waits end by the load's ``deadline`` too; a wait cut
-        short by it is ``PartError(TIMEOUT)`` (the server is not marked down for that)."""
+        short by it is ``PartError(TIMEOUT)`` (the server is not marked down for that). A
+        value of the wrong size is ``PartError(CORRUPT)``; the connection is dropped then."""
         wait = self.timeout if deadline is None else min(self.timeout, deadline - time.monotonic())
         if wait <= 0:
             raise PartError(TIMEOUT, "the load's deadline passed")
@@ -198,7 +204,8 @@ class RemoteTier(Tier):
         try:
             conn._sock.settimeout(wait)
             conn.send_command("MGET", *keys)
-            return read_part_reply(ReplyReader(conn._sock), len(keys), payload_nbytes)
+            reader = ReplyReader(conn._sock)
+            return read_part_reply(reader, len(keys), HEADER_BYTES, payload_nbytes)
         except valkey.TimeoutError:
             conn.disconnect()  # the rest of the reply may still come: the stream is lost
             if wait < self.timeout:
