@@ -1,10 +1,11 @@
 # make test: set up .venv if needed, then ruff, mypy and the whole pytest suite.
+# make test-fast: the fast tier only (no model, end-to-end, benchmark or slow test; tests/conftest.py).
 # make run:  set up if needed, then run the project's main job.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup test lint run bench clean
+.PHONY: setup test test-fast lint run bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,6 +24,9 @@ lint: setup
 
 test: lint
 	$(PY) -m pytest
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow and not model and not e2e and not bench"
 
 # Serves the embedded default model at http://127.0.0.1:8000 with the CPU and disk offload
 # tiers on (disk tier in ./kv-cache, kept across restarts), and prints a curl example.

@@ -1,11 +1,45 @@
-"""Fixtures shared by every test package."""
+"""Fixtures shared by every test package, and the test tiers.
+
+Tiers (markers, set here from where a test lives and what it uses, so no test file repeats
+them): ``e2e`` (``tests/e2e_*``: real engines and processes end to end), ``bench``
+(``tests/benchmarks``: benchmark scripts run quickly), ``model`` (builds or runs a model: every
+test in ``tests/model`` and ``tests/engine``, and any test taking a checkpoint fixture), and
+``slow`` (marked by hand: more than a few seconds). ``make test-fast`` runs the rest (the KV
+and scheduler control plane, connector units, the fake-engine server, the kernels)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
+
+TESTS = Path(__file__).resolve().parent
+TIER_OF_FOLDER = {"benchmarks": "bench", "model": "model", "engine": "model"}
+CHECKPOINT_FIXTURES = frozenset(
+    {"checkpoints", "checkpoint", "hf_checkpoints", "model_dir", "tiny", "model", "served",
+     "wide_checkpoints"}
+)  # fmt: skip
+
+
+def tier_of(item: pytest.Item) -> str | None:
+    """The tier marker ``item`` gets (None: the fast tier)."""
+    folder = item.path.relative_to(TESTS).parts[0]
+    if folder.startswith("e2e_"):
+        return "e2e"
+    if folder in TIER_OF_FOLDER:
+        return TIER_OF_FOLDER[folder]
+    if CHECKPOINT_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return "model"
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = tier_of(item)
+        if tier is not None:
+            item.add_marker(tier)
 
 from hybridkv.native import PageCopy, load_pagecopy
 
