@@ -24,6 +24,7 @@ import torch
 
 from hybridkv.connectors.base import BaseConnectorWorker, KVCacheAccess, output_from_results
 from hybridkv.connectors.nixl.agent import NixlAgent
+from hybridkv.connectors.nixl.auth import AuthKey
 from hybridkv.connectors.nixl.handshake import Peers
 from hybridkv.connectors.nixl.heartbeats import HeartbeatSender
 from hybridkv.connectors.nixl.layout import LayoutDescriptor, TensorDesc, group_descs
@@ -52,7 +53,9 @@ class NixlWorker(BaseConnectorWorker):
         engine_id: str,
         producer: bool,
         compat: str,
+        key: AuthKey,
     ) -> None:
+        self.key = key
         self.options = options
         self.layout = layout
         self.model_id = model_id
@@ -91,6 +94,7 @@ class NixlWorker(BaseConnectorWorker):
             self.local,
             o.handshake_timeout_seconds,
             self.stats,
+            self.key,
             o.heartbeat_interval_seconds,
         )
         scratch = self._words[self.options.max_leases :]
@@ -99,7 +103,11 @@ class NixlWorker(BaseConnectorWorker):
         if self.producer:
             o = self.options
             self._server = SideChannelServer(
-                o.side_channel_host, o.side_channel_port, self.local.encode()
+                o.side_channel_host,
+                o.side_channel_port,
+                self.local.encode(),
+                self.key,
+                o.handshake_timeout_seconds,
             )
 
     def _descriptor(self, backing: list[torch.Tensor], stride: int) -> LayoutDescriptor:
@@ -121,6 +129,9 @@ class NixlWorker(BaseConnectorWorker):
             lease_words=self.options.max_leases,
             model_id=self.model_id,
             lease_seconds=self.options.abort_timeout_seconds if self.producer else 0.0,
+            num_blocks=min((t.numel() * t.element_size() for t in backing), default=0)
+            // self.layout.layer_page_bytes,
+            staging_entries=self.options.max_staged_states if self._staging is not None else 0,
         )
 
     # -- per step ------------------------------------------------------------------------------
