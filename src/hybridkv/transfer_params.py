@@ -49,6 +49,7 @@ class TransferFields:
     num_tokens: int | None = None
     lease: tuple[int, int] | None = None  # (slot, generation)
     expires_ms: int | None = None  # epoch milliseconds after which a consumer refuses them
+    prompt_digest: str | None = None  # hex digest of the prompt tokens [0, num_tokens)
     signature: str | None = None  # hex HMAC of the producer (``connectors/nixl/auth.py``)
 
 
@@ -145,5 +146,6 @@ def parse_transfer_params(params: object) -> TransferFields:
         num_tokens=_int(params, "num_tokens", 0, MAX_INDEX),
         lease=_lease(params),
         expires_ms=_int(params, "remote_expires_ms", 0, MAX_EXPIRES_MS),
+        prompt_digest=_text(params, "remote_prompt_digest", _HEX),
         signature=_text(params, "remote_signature", _HEX),
     )

@@ -22,6 +22,8 @@ from hybridkv.sampling_params import SamplingParams
 from hybridkv.transfer_params import parse_transfer_params
 from tests.connectors.nixl.signing import TEST_KEY, policy, signed
 
+PROMPT = list(range(100, 200))
+
 
 def honest(rid: str = "victim", blocks: tuple[int, ...] = (3, 4, 5)) -> dict[str, Any]:
     return signed({
@@ -29,11 +31,11 @@ def honest(rid: str = "victim", blocks: tuple[int, ...] = (3, 4, 5)) -> dict[str
         "remote_port": 5600, "remote_request_id": rid, "remote_block_ids": [list(blocks)],
         "remote_block_starts": [0], "remote_state": [], "remote_block_size": 16,
         "num_tokens": 16 * len(blocks), "remote_lease": [2, 9],
-    })  # fmt: skip
+    }, prompt=PROMPT)  # fmt: skip
 
 
 def parse(params: dict[str, Any], pol: ParamsPolicy | None = None) -> RemoteSource:
-    return RemoteSource.parse(params, 1, False, pol or policy())
+    return RemoteSource.parse(params, PROMPT, (1, False), pol or policy())
 
 
 @pytest.mark.parametrize(
@@ -68,7 +70,8 @@ def test_the_producers_own_params_load() -> None:
     [{"remote_block_ids": [[7, 8, 9]]},  # another user's blocks
      {"remote_lease": [0, 2**62]},  # a lease that always validated before
      {"num_tokens": 32}, {"remote_port": 5601}, {"remote_request_id": "other"},
-     {"remote_host": "localhost"}, {"remote_expires_ms": 2**52}],
+     {"remote_host": "localhost"}, {"remote_expires_ms": 2**52},
+     {"remote_prompt_digest": "00" * 16}],
 )  # fmt: skip
 def test_a_changed_field_breaks_the_signature(change: dict[str, Any]) -> None:
     with pytest.raises(ParamsRefused) as refused:
@@ -78,9 +81,9 @@ def test_a_changed_field_breaks_the_signature(change: dict[str, Any]) -> None:
 
 def test_unsigned_other_key_untrusted_host_and_expired_params_are_refused() -> None:
     unsigned = {k: v for k, v in honest().items() if k != "remote_signature"}
-    other = signed(unsigned, AuthKey(b"another-deployment-key!!", "x"))
-    far = signed({**unsigned, "remote_host": "10.9.8.7"})
-    old = signed(unsigned, ttl=-1.0)
+    other = signed(unsigned, AuthKey(b"another-deployment-key!!", "x"), prompt=PROMPT)
+    far = signed({**unsigned, "remote_host": "10.9.8.7"}, prompt=PROMPT)
+    old = signed(unsigned, ttl=-1.0, prompt=PROMPT)
     for params, reason in ((unsigned, "forged"), (other, "forged"), (far, "untrusted"),
                            (old, "expired")):  # fmt: skip
         with pytest.raises(ParamsRefused) as refused:
@@ -88,6 +91,20 @@ def test_unsigned_other_key_untrusted_host_and_expired_params_are_refused() -> N
         assert refused.value.reason == f"nixl_params_{reason}"
     trusting = ParamsPolicy(TEST_KEY, frozenset({"10.9.8.7"}))
     assert parse(far, trusting).host == "10.9.8.7"  # trusted_hosts admits it
+
+
+def test_params_load_only_with_the_prompt_they_were_computed_for() -> None:
+    """A client's own genuine params with another (popular) prompt would cache its KV under
+    that prompt's hashes: refused."""
+    params = honest()
+    assert parse(params).num_tokens == 48
+    for prompt in ([7] + PROMPT[1:], PROMPT[:47], PROMPT[:48] + [1] * 52):
+        if prompt[:48] == PROMPT[:48]:
+            assert RemoteSource.parse(params, prompt, (1, False), policy()).num_tokens == 48
+            continue  # only tokens [0, num_tokens) are bound: the rest is the consumer's
+        with pytest.raises(ParamsRefused) as refused:
+            RemoteSource.parse(params, prompt, (1, False), policy())
+        assert refused.value.reason == "nixl_params_forged"
 
 
 def test_the_lease_check_is_exact() -> None:
@@ -143,6 +160,7 @@ class _Req:
     def __init__(self, rid: str, params: dict[str, Any]) -> None:
         self.request_id = rid
         self.kv_transfer_params = params
+        self.all_token_ids = PROMPT
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0, 0, True, "120", 10**9])

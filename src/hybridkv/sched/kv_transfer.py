@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class RefusedRequest:
-    """A request refused before the scheduler held it, as ``request_dropped`` sees it."""
+    """A request refused before the scheduler held it, as ``request_dropped`` sees it (no
+    tokens: a connector only releases what it holds for these params)."""
 
     request_id: str
     kv_transfer_params: dict[str, object]

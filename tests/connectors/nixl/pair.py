@@ -81,14 +81,15 @@ class Transfer:
     decode: RequestOutput
 
 
-def outliving(p: EngineCore, params: dict[str, Any] | None) -> dict[str, Any]:
+def outliving(p: EngineCore, params: dict[str, Any] | None, prompt: list[int]) -> dict[str, Any]:
     """``params`` re-signed by producer ``p`` to expire in 10 minutes: a test whose lease
     expires on purpose still reaches the lease word check (else the consumer refuses the
     expired params up front)."""
     from tests.connectors.nixl.signing import signed
 
     assert params is not None and p.connector is not None
-    return signed(params, p.connector.scheduler.policy.key)  # type: ignore[attr-defined]
+    key = p.connector.scheduler.policy.key  # type: ignore[attr-defined]
+    return signed(params, key, prompt=prompt)
 
 
 def disaggregated(p: EngineCore, d: EngineCore, prompt: list[int]) -> Transfer:

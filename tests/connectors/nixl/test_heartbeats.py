@@ -275,7 +275,7 @@ class ScriptedAgent:
 
 
 def heartbeat(port: int, *ids: str) -> Heartbeat:
-    src = RemoteSource.parse(params(ids[0], port), 1, False, policy())
+    src = RemoteSource.parse(params(ids[0], port), [], (1, False), policy())
     return Heartbeat(src, ids)
 
 
@@ -316,7 +316,7 @@ def test_heartbeats_too_rare_for_the_producers_lease_are_named(
 ) -> None:
     """The producer's abort_timeout_seconds travels in its descriptor; a consumer whose interval
     exceeds half of it is told, with both options and the value to use."""
-    src = RemoteSource.parse(params("r", 7), 1, False, policy())
+    src = RemoteSource.parse(params("r", 7), [], (1, False), policy())
     with caplog.at_level(logging.WARNING, logger="hybridkv.connectors.nixl.handshake"):
         assert warn_slow_heartbeats(70.0, 120.0, src)
         assert not warn_slow_heartbeats(60.0, 120.0, src)  # at half: renewed in time

@@ -86,7 +86,7 @@ def test_a_late_reader_never_uses_released_blocks(
                 return handle
 
             agent.read = read  # type: ignore[method-assign]
-        out = run(d, prompt, greedy(params=outliving(p, pre.kv_transfer_params)), p)
+        out = run(d, prompt, greedy(params=outliving(p, pre.kv_transfer_params, prompt)), p)
         assert out.token_ids == run(plain, prompt, greedy()).token_ids
         assert expired(d) == 1
         assert out.cached_tokens.get("nixl", 0) == 0
@@ -107,7 +107,7 @@ def test_under_policy_fail_the_error_names_the_expired_lease(
         prompt = random_ids(90, 24)
         pre = run(p, prompt, greedy(1, {"do_remote_decode": True}))
         expire_and_reuse(p, 25)
-        out = run(d, prompt, greedy(params=outliving(p, pre.kv_transfer_params)), p)
+        out = run(d, prompt, greedy(params=outliving(p, pre.kv_transfer_params, prompt)), p)
         assert out.finish_reason == "error" and out.error is not None
         for text in (out.error, caplog.text):
             assert "nixl_lease_expired" in text and "abort_timeout_seconds" in text, text

@@ -2,10 +2,12 @@
 of one deployment, used for two things only.
 
 - **Transfer params.** A producer signs what it hands out (``sign_params``: request id, engine
-  id, host, port, block ids and starts, state entries, block size, num_tokens, lease, expiry);
-  a consumer loads only params whose HMAC verifies (``verify_params``). A client can copy
-  params it was given (to the engine they were meant for, before they expire) but cannot
-  change one byte of them: no other user's blocks, no forged lease, no other producer.
+  id, host, port, block ids and starts, state entries, block size, num_tokens, lease, expiry,
+  and a digest of the prompt tokens ``[0, num_tokens)`` whose KV they name); a consumer loads
+  only params whose HMAC verifies against its own request's prompt (``verify_params``). A
+  client can hand params it was given to a decode engine (before they expire) but cannot
+  change one byte of them nor use them with another prompt: no other user's blocks, no forged
+  lease, no other producer, no KV cached under a prompt it was not computed for.
 - **The side channel's handshake** (``side_channel``): challenge-response MACs both ways, so a
   party without the key gets no agent metadata and cannot pose as a producer.
 
@@ -31,6 +33,8 @@ import json
 import logging
 import os
 import secrets
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,12 +72,18 @@ class AuthKey:
 
 def _canonical(f: TransferFields) -> bytes:
     fields = [f.request_id, f.engine_id, f.host, f.port, f.block_ids, f.block_starts, f.state,
-              f.block_size, f.num_tokens, f.lease, f.expires_ms]  # fmt: skip
+              f.block_size, f.num_tokens, f.lease, f.expires_ms, f.prompt_digest]  # fmt: skip
     return json.dumps(fields, separators=(",", ":")).encode()
 
 
+def prompt_digest(token_ids: Sequence[int]) -> str:
+    """The hex digest (``remote_prompt_digest``) of the prompt tokens whose KV params name
+    (``[0, num_tokens)``): a consumer loads only into a request with those tokens."""
+    return hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=16).hexdigest()
+
+
 def sign_params(key: AuthKey, fields: TransferFields) -> str:
-    """The producer's signature of ``fields`` (hex), ``remote_signature`` of its params."""
+    """The producer's signature (hex, ``remote_signature``) of ``fields``."""
     return key.mac(PARAMS_TAG.encode(), _canonical(fields)).hex()
 
 

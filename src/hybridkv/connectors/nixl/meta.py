@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridkv.connectors.nixl.auth import AuthKey, verify_params
+from hybridkv.connectors.nixl.auth import AuthKey, prompt_digest, verify_params
 from hybridkv.transfer_params import TransferFields, parse_transfer_params
 
 
@@ -54,21 +54,30 @@ class RemoteSource:
 
     @classmethod
     def parse(
-        cls, params: dict[str, Any], num_attn: int, has_state: bool, policy: ParamsPolicy
+        cls,
+        params: dict[str, Any],
+        token_ids: Sequence[int] | None,
+        layout: tuple[int, bool],
+        policy: ParamsPolicy,
     ) -> RemoteSource:
-        """Raises ParamsRefused: malformed (naming the field), not signed by this deployment's
-        key, an untrusted host, or expired."""
+        """The params of a request whose tokens are ``token_ids`` (None: not to load, only to
+        tell the producer to free), on a consumer with ``layout`` (attention groups, whether it
+        has state groups). Raises ParamsRefused: malformed (naming the field), not signed by
+        this deployment's key, computed for another prompt, an untrusted host, or expired."""
         try:
             f = parse_transfer_params(params)
         except ValueError as exc:
             raise ParamsRefused("nixl_params_malformed", str(exc)) from None
-        src = cls._typed(f, num_attn, has_state)
+        src = cls._typed(f, *layout)
         if not verify_params(policy.key, f):
             raise ParamsRefused(
                 "nixl_params_forged",
                 "kv_transfer_params: remote_signature is missing or does not match the "
                 f"deployment key ({policy.key.source}); only a producer's own params load",
             )
+        if token_ids is not None and f.prompt_digest != prompt_digest(token_ids[: src.num_tokens]):  # fmt: skip
+            raise ParamsRefused("nixl_params_forged", "kv_transfer_params: computed for another "
+                                "prompt (remote_prompt_digest)")  # fmt: skip
         if src.host not in policy.trusted:
             raise ParamsRefused("nixl_params_untrusted",
                                 f"kv_transfer_params: remote_host {src.host!r} is not trusted "

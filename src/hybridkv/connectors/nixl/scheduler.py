@@ -26,7 +26,7 @@ from hybridkv.connectors.base import (
     KVConnectorRequest,
     RequestBlocks,
 )
-from hybridkv.connectors.nixl.auth import sign_params
+from hybridkv.connectors.nixl.auth import prompt_digest, sign_params
 from hybridkv.connectors.nixl.heartbeats import WaitList
 from hybridkv.connectors.nixl.layout import GroupDesc
 from hybridkv.connectors.nixl.meta import (
@@ -98,10 +98,11 @@ class NixlScheduler(BaseConnectorScheduler):
             return None
         return transfer_end(request.num_prompt_tokens, self.block_size, self.has_state)
 
-    def _source(self, request: KVConnectorRequest) -> RemoteSource | None:
+    def _source(self, request: KVConnectorRequest, to_load: bool = True) -> RemoteSource | None:
         """A consumer's request's producer, parsed and verified once (at first sight, so the
         expiry is judged on arrival); None if it has none or its params are refused (counted,
-        logged; the request computes locally)."""
+        logged; the request computes locally). ``to_load`` False: only to tell the producer to
+        free (the prompt is not checked, nothing is kept)."""
         params = request.kv_transfer_params
         if not (self.consumer and params and params.get("do_remote_prefill")):
             return None
@@ -110,12 +111,15 @@ class NixlScheduler(BaseConnectorScheduler):
             return self._sources[rid]
         src = None
         try:
-            src = RemoteSource.parse(params, len(self.attn), self.has_state, self.policy)
+            layout = (len(self.attn), self.has_state)
+            tokens = request.all_token_ids if to_load else None
+            src = RemoteSource.parse(params, tokens, layout, self.policy)
         except ParamsRefused as exc:
             with self.stats.update() as s:
                 bump(s.failures, exc.reason)
             log.warning("request %s: %s: %s; computing it locally", rid, exc.reason, exc)
-        self._sources[rid] = src
+        if to_load:
+            self._sources[rid] = src
         return src
 
     # -- consumer ----------------------------------------------------------------------------
@@ -220,9 +224,9 @@ class NixlScheduler(BaseConnectorScheduler):
         lease = self._new_lease(rid) if end > 0 else None
         if lease is None:
             self._release_staging(rid)
-            return False, self._params(rid, blocks, 0)
+            return False, self._params(request, blocks, 0)
         self._items.append(StartLease(rid, self.options.abort_timeout_seconds, lease))
-        return True, self._params(rid, blocks, end)
+        return True, self._params(request, blocks, end)
 
     def request_dropped(self, request: KVConnectorRequest) -> None:
         """Aborted (or failed) while waiting for admission: its producer frees now instead of
@@ -241,7 +245,7 @@ class NixlScheduler(BaseConnectorScheduler):
             self._consumed.discard(rid)
             self._sources.pop(rid, None)
             return
-        src = self._source(request)
+        src = self._source(request, to_load=False)
         self._sources.pop(rid, None)
         if src is not None and src.num_tokens > 0:  # aborted before its read started
             self._items.append(NotifyOnly(src))
@@ -260,7 +264,11 @@ class NixlScheduler(BaseConnectorScheduler):
         end = self._end_if_producing(request)
         return KeptKV(end, producer_kept_tokens(end, self.block_size)) if end else None
 
-    def _params(self, rid: str, blocks: RequestBlocks, end: int) -> dict[str, Any]:
+    def _params(
+        self, request: KVConnectorRequest, blocks: RequestBlocks, end: int
+    ) -> dict[str, Any]:
+        """The signed params a consumer loads the KV of tokens [0, end) with (``auth``)."""
+        rid = request.request_id
         firsts = [producer_first_block(g, end, self.block_size) for g in self.attn]
         last = _cdiv(end, self.block_size)
         staged = self._staged.get(rid)
@@ -281,6 +289,7 @@ class NixlScheduler(BaseConnectorScheduler):
             "remote_lease": [lease.slot, lease.gen] if lease is not None else None,
             "remote_expires_ms": expires,
         }
+        params["remote_prompt_digest"] = prompt_digest(request.all_token_ids[:end])
         params["remote_signature"] = sign_params(self.policy.key, parse_transfer_params(params))
         return params
 
