@@ -71,7 +71,8 @@ def _int(params: dict[str, Any], name: str, low: int, high: int) -> int | None:
 def _ints(value: object, name: str, limit: int, high: int = MAX_INDEX) -> tuple[int, ...]:
     if not (isinstance(value, list | tuple) and len(value) <= limit):
         raise _fail(name, value, f"a list of at most {limit} integers")
-    if not all(is_int(v) and 0 <= v <= high for v in value):
+    # ``type(v) is int``: no bool, no float; then one pass each for the bounds
+    if not all(type(v) is int for v in value) or (value and not 0 <= min(value) <= max(value) <= high):  # fmt: skip
         raise _fail(name, value, f"integers in [0, {high}]")
     return tuple(value)
 

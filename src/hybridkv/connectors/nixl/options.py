@@ -44,7 +44,10 @@ class NixlOptions(ConnectorOptions):
     ``auth_key_file``: the deployment's shared secret (``auth``; else
     ``$HYBRIDKV_KV_AUTH_KEY``; else, on one host, a generated key in the cache directory).
     ``trusted_hosts``: producer hosts a consumer reads from, besides loopback and its own
-    ``side_channel_host`` (params naming any other host are refused)."""
+    ``side_channel_host`` (params naming any other host are refused).
+    ``ucx_net_devices``: the network devices UCX uses (``UCX_NET_DEVICES`` syntax, e.g.
+    ``eth1`` or ``mlx5_0:1``); default ``lo`` on a single host, else every device
+    (``$UCX_NET_DEVICES`` wins over both)."""
 
     side_channel_host: str = "127.0.0.1"
     side_channel_port: int = 5600
@@ -57,6 +60,7 @@ class NixlOptions(ConnectorOptions):
     heartbeat_interval_seconds: float = 10.0
     auth_key_file: str | None = None
     trusted_hosts: tuple[str, ...] = ()
+    ucx_net_devices: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.side_channel_port, int) or not 0 <= self.side_channel_port < 65536:
@@ -87,6 +91,10 @@ class NixlOptions(ConnectorOptions):
             if not isinstance(host, str) or not HOST_PATTERN.fullmatch(host):
                 raise ValueError(f"NixlConnector: host {host!r} (side_channel_host or "
                                  "trusted_hosts) must be a host name or IP address")  # fmt: skip
+        devices = self.ucx_net_devices
+        if devices is not None and not (isinstance(devices, str) and HOST_PATTERN.fullmatch(devices.replace(",", "."))):  # fmt: skip
+            raise ValueError(f"NixlConnector: ucx_net_devices={devices!r} must be UCX device names "
+                             "like 'eth1' or 'mlx5_0:1,eth1'")  # fmt: skip
         key = self.auth_key_file
         if key is not None and not (isinstance(key, str) and key):
             raise ValueError(f"NixlConnector: auth_key_file={key!r} must be a file path")

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from hybridkv.connectors.base import BaseConnectorWorker, KVCacheAccess, output_from_results
-from hybridkv.connectors.nixl.agent import NixlAgent
+from hybridkv.connectors.nixl.agent import NixlAgent, net_devices
 from hybridkv.connectors.nixl.auth import AuthKey
 from hybridkv.connectors.nixl.handshake import Peers
 from hybridkv.connectors.nixl.heartbeats import HeartbeatSender
@@ -82,7 +82,9 @@ class NixlWorker(BaseConnectorWorker):
         stride = sum(t[0].numel() * t.element_size() for ts in self.state_tensors for t in ts)
         if self.producer and stride:
             self._staging = torch.zeros(self.options.max_staged_states * stride, dtype=torch.uint8)
-        self.agent = NixlAgent(self.engine_id, self.producer, self.options.ucx_error_handling_mode)
+        o = self.options
+        devices = net_devices(o.ucx_net_devices, o.single_host())
+        self.agent = NixlAgent(self.engine_id, self.producer, o.ucx_error_handling_mode, devices)
         tensors = backing + [t for ts in self.state_tensors for t in ts] + [self._words]
         if self._staging is not None:
             tensors.append(self._staging)
