@@ -105,3 +105,26 @@ def test_a_hostile_notification_is_counted_not_raised() -> None:
     ]
     assert not leases.on_notifications(hostile)
     assert stats.take().notifications_unmatched == len(hostile)
+
+
+def test_an_index_outside_the_producer_fails_that_load_and_keeps_the_peer() -> None:
+    """A remote block id past the producer's blocks (or a lease slot past its words) fails
+    that load as malformed before any READ; the peer other loads share is not forgotten."""
+    from tests.connectors.nixl.test_reader_notify import OnePeer, ScriptedAgent, descriptor, load
+
+    class Peer(OnePeer):
+        def forget(self, source: RemoteSource) -> None:
+            raise AssertionError("a shared peer must not be forgotten")
+
+    agent, stats = ScriptedAgent(word=1), StatsCounter(NixlStats)
+    scratch = torch.zeros(8, dtype=torch.int64)
+    reader = Reader(NixlOptions(), agent, Peer(), descriptor("c", 1 << 20), stats, scratch)  # type: ignore[arg-type]
+    agent.reader = reader
+    spec = load("far", 16 * 70)  # blocks 1..70, the producer has 64
+    reader.add(spec, 0.0)
+    reader.add(load("near", 40), 0.0)
+    reader.progress()
+    reasons = {d.request_id: d.request_reason for d in reader.done}
+    assert reasons["near"] is None
+    assert reasons["far"] is not None and reasons["far"].startswith("nixl_params_malformed")
+    assert stats.take().failures == {"nixl_params_malformed": 1}

@@ -111,7 +111,11 @@ def load_auth_key(path: str | None, single_host: bool) -> AuthKey:
             f"kv_connector_extra_config.auth_key_file (or {ENV}) to the same secret on every "
             "prefill and decode engine"
         )
-    return _generated(cache_dir() / KEY_FILE)
+    try:
+        return _generated(cache_dir() / KEY_FILE)
+    except OSError as exc:
+        raise ValueError(f"NixlConnector: cannot create the single-host key in {cache_dir()} "
+                         f"({exc}); set auth_key_file or {ENV}") from None  # fmt: skip
 
 
 def _checked(text: str, name: str) -> bytes:

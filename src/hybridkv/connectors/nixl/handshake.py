@@ -16,7 +16,7 @@ from typing import Any
 from hybridkv.connectors.nixl.agent import NixlAgent
 from hybridkv.connectors.nixl.auth import AuthKey
 from hybridkv.connectors.nixl.layout import LayoutDescriptor, check_compatible
-from hybridkv.connectors.nixl.meta import RemoteSource
+from hybridkv.connectors.nixl.meta import ParamsRefused, RemoteSource
 from hybridkv.connectors.nixl.side_channel import fetch
 from hybridkv.connectors.nixl.stats import NixlStats
 from hybridkv.connectors.stats import StatsCounter
@@ -149,3 +149,16 @@ def warn_slow_heartbeats(interval: float, lease: float, src: RemoteSource) -> bo
         interval, src.host, src.port, lease, lease / 2,
     )  # fmt: skip
     return True
+
+
+def check_indices(src: RemoteSource, remote: LayoutDescriptor) -> None:
+    """Every remote index of ``src`` inside the producer's descriptor, else ParamsRefused."""
+    bad = ""
+    if any(b >= remote.num_blocks for t in src.block_ids for b in t):
+        bad = f"a remote block id is not below the producer's {remote.num_blocks} blocks"
+    elif src.staged_state is not None and src.staged_state >= remote.staging_entries:
+        bad = f"remote_state {src.staged_state} is not below {remote.staging_entries} entries"
+    elif src.lease is not None and src.lease.slot >= remote.lease_words:
+        bad = f"remote_lease slot {src.lease.slot} is not below {remote.lease_words} words"
+    if bad:
+        raise ParamsRefused("nixl_params_malformed", f"kv_transfer_params: {bad}")

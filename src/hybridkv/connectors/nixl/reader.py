@@ -37,7 +37,7 @@ import torch
 
 from hybridkv.connectors.base import LoadResult
 from hybridkv.connectors.nixl.agent import NixlAgent, XferState
-from hybridkv.connectors.nixl.handshake import HandshakeFailed, Peer, Peers
+from hybridkv.connectors.nixl.handshake import HandshakeFailed, Peer, Peers, check_indices
 from hybridkv.connectors.nixl.layout import LayoutDescriptor
 from hybridkv.connectors.nixl.leases import lease_pending, lease_valid
 from hybridkv.connectors.nixl.meta import NotifyOnly, ParamsRefused, RemoteSource
@@ -308,16 +308,3 @@ class Reader:
                 log.warning("NIXL: no notification to %s:%d: %s", item.source.host,
                             item.source.port, exc)  # fmt: skip
             self.notify.remove(item)
-
-
-def check_indices(src: RemoteSource, remote: LayoutDescriptor) -> None:
-    """Every remote index of ``src`` inside the producer's descriptor, else ParamsRefused."""
-    bad = ""
-    if any(b >= remote.num_blocks for t in src.block_ids for b in t):
-        bad = f"a remote block id is not below the producer's {remote.num_blocks} blocks"
-    elif src.staged_state is not None and src.staged_state >= remote.staging_entries:
-        bad = f"remote_state {src.staged_state} is not below {remote.staging_entries} entries"
-    elif src.lease is not None and src.lease.slot >= remote.lease_words:
-        bad = f"remote_lease slot {src.lease.slot} is not below {remote.lease_words} words"
-    if bad:
-        raise ParamsRefused("nixl_params_malformed", f"kv_transfer_params: {bad}")
