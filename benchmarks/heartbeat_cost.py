@@ -23,25 +23,33 @@ import numpy as np
 
 from hybridkv.connectors.base import KVConnectorRequest
 from hybridkv.connectors.nixl.agent import NixlAgent
+from hybridkv.connectors.nixl.auth import AuthKey, prompt_digest, sign_params
 from hybridkv.connectors.nixl.heartbeats import encode_heartbeats
 from hybridkv.connectors.nixl.layout import GroupDesc
 from hybridkv.connectors.nixl.leases import Leases
-from hybridkv.connectors.nixl.meta import Lease
+from hybridkv.connectors.nixl.meta import Lease, ParamsPolicy
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.scheduler import NixlScheduler
 from hybridkv.connectors.nixl.stats import NixlStats
 from hybridkv.connectors.stats import StatsCounter
+from hybridkv.transfer_params import parse_transfer_params
+
+KEY = AuthKey(b"benchmark-deployment-key", "bench")
 
 
 class _Req:
     def __init__(self, rid: str) -> None:
         self.request_id = rid
-        self.kv_transfer_params: dict[str, Any] = {
+        self.all_token_ids: list[int] = list(range(40))
+        params: dict[str, Any] = {
             "do_remote_prefill": True, "remote_engine_id": "p", "remote_host": "127.0.0.1",
             "remote_port": 1, "remote_request_id": rid, "remote_block_ids": [[1, 2]],
             "remote_block_starts": [0], "remote_state": [], "num_tokens": 32,
-            "remote_lease": [0, 1],
+            "remote_lease": [0, 1], "remote_expires_ms": int(time.time() * 1000) + 600_000,
+            "remote_prompt_digest": prompt_digest(self.all_token_ids[:32]),
         }  # fmt: skip
+        params["remote_signature"] = sign_params(KEY, parse_transfer_params(params))
+        self.kv_transfer_params = params
 
 
 def cpu_us(fn: Any, n: int) -> float:
@@ -56,7 +64,8 @@ def main() -> None:
     ap.add_argument("--waiting", type=int, default=1000)
     args = ap.parse_args()
     groups = (GroupDesc("full_attention", 0, 2, 64),)
-    sched = NixlScheduler(NixlOptions(), "d", groups, 16, producer=False, consumer=True)
+    policy = ParamsPolicy(KEY, frozenset({"127.0.0.1"}))
+    sched = NixlScheduler(NixlOptions(), "d", groups, 16, False, True, policy)
     waiting = [_Req(f"r{i}") for i in range(args.waiting)]
 
     def consumer_step() -> None:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from hybridkv.connectors.nixl.agent import NixlAgent, XferState
+from hybridkv.connectors.nixl.auth import AuthKey
 from hybridkv.connectors.nixl.handshake import Peers
 from hybridkv.connectors.nixl.layout import GroupDesc, LayoutDescriptor
 from hybridkv.connectors.nixl.meta import Lease, RemoteSource
@@ -49,6 +50,8 @@ STEP_SECONDS = 0.005  # the producer's engine steps this often
 # An engine's per-layer backing tensor holds its whole KV cache (hundreds of MiB): at least
 # this much per layer, so that, as there, the blocks read lie on huge pages.
 MIN_LAYER_BYTES = 8 << 20
+
+KEY = AuthKey(b"benchmark-deployment-key", "bench")  # both processes: the handshake
 
 
 def cache_blocks(max_bytes: int) -> int:
@@ -78,6 +81,7 @@ class Cache:
             groups=(GroupDesc("full_attention", 0, LAYERS, TOKEN_BYTES),), state_tensors=(),
             staging_base=0, staging_stride=0, agent_metadata=self.agent.metadata(),
             lease_base=self.words.data_ptr(), lease_words=1, model_id="bench:bench:bench",
+            num_blocks=num_blocks,
         )  # fmt: skip
 
 
@@ -88,7 +92,7 @@ def serve_producer(port: int, max_bytes: int, shm_name: str) -> None:
     resource_tracker.unregister(shm._name, "shared_memory")  # the parent owns (unlinks) it
     pattern = (np.arange(max_bytes, dtype=np.int64) % 251).astype(np.uint8)
     np.copyto(np.ndarray((max_bytes,), np.uint8, shm.buf), pattern)
-    server = SideChannelServer("127.0.0.1", port, cache.descriptor.encode())
+    server = SideChannelServer("127.0.0.1", port, cache.descriptor.encode(), KEY)
     import os
 
     bases = ",".join(str(t.data_ptr()) for t in cache.backing)
@@ -107,7 +111,7 @@ class Consumer:
         self.cache = Cache("bench-consumer", cache_blocks(max_bytes), fill=False)
         stats = StatsCounter(NixlStats)
         options = NixlOptions()
-        peers = Peers(self.cache.agent, self.cache.descriptor, 10.0, stats)
+        peers = Peers(self.cache.agent, self.cache.descriptor, 10.0, stats, KEY)
         scratch = self.cache.words[1:]
         self.reader = Reader(options, self.cache.agent, peers, self.cache.descriptor, stats, scratch)  # fmt: skip
         self.count = 0

@@ -14,6 +14,7 @@ from typing import Any
 
 from hybridkv.sampling_checks import check, check_range, check_token_ids, is_int, is_real
 from hybridkv.structured_params import StructuredOutputsParams
+from hybridkv.transfer_params import parse_transfer_params
 
 __all__ = ["SamplingParams", "StructuredOutputsParams"]
 
@@ -169,8 +170,8 @@ class SamplingParams:
         check(self.extra_args is None or isinstance(self.extra_args, dict), "extra_args",
               self.extra_args, "a dict")  # fmt: skip
         transfer = (self.extra_args or {}).get("kv_transfer_params")
-        check(transfer is None or isinstance(transfer, dict), "kv_transfer_params", transfer,
-              "an object (dict)")  # fmt: skip
+        if transfer is not None:
+            parse_transfer_params(transfer)  # typed and bounded, or a ValueError naming the field
         bounds = (self.extra_args or {}).get("cache_boundaries")
         check(
             bounds is None

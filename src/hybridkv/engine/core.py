@@ -202,9 +202,30 @@ class EngineCore:
         prompt: str | None = None,
         cache_salt: str | None = None,
     ) -> Request:
-        """Queue a request; raises ValueError naming the problem (nothing is queued then).
+        """Queue a request; raises ValueError naming the problem (nothing is queued then, and
+        a producer holding KV for its ``kv_transfer_params`` is told to free it).
         With ``params.n > 1`` the request fans out (``engine/parallel.py``): outputs come
         under ``request_id`` with n completions; the first child's ``Request`` is returned."""
+        try:
+            return self._add_request(prompt_token_ids, params, request_id, prompt, cache_salt)
+        except ValueError:
+            self.release_transfer(params.kv_transfer_params)
+            raise
+
+    def release_transfer(self, params: dict[str, object] | None) -> None:
+        """A request carrying ``params`` was refused before the scheduler held it: the
+        connector lets a producer free what it keeps for it now (``request_dropped``)."""
+        if params and self.scheduler.transfer is not None:
+            self.scheduler.transfer.drop_refused(params)
+
+    def _add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None,
+        prompt: str | None,
+        cache_salt: str | None,
+    ) -> Request:
         request_id = request_id or self.new_request_id()
         prompt_token_ids = truncate_prompt(prompt_token_ids, params, self.max_model_len)
         params = prepare_params(params, self.tokenizer, self.model_config.vocab_size, self.grammar)

@@ -10,6 +10,12 @@ request in ``holding`` (WAITING_FOR_REMOTE_KVS) with its blocks allocated and un
 the worker reports it in ``finished_recving``; only then are its blocks cached (after the
 failure report of the same output has been applied).
 
+Every call into the connector about one request (lookup, finish, drop) is guarded: an exception
+there fails that request alone (``take_errors``: the scheduler finishes it with the error) or,
+once it finished, is logged; ``on_waiting`` errors are logged. An exception anywhere else in a
+step cannot be pinned on one request (the scheduler's and the runner's views may disagree
+half-way through a step), so it stops the engine, whose health then says so.
+
 ``KVTransfer`` keeps only the connector's side of requests (loads in flight, failures waiting
 for their load to finish, delayed frees); it never touches the scheduler's queues or frees
 blocks itself: ``release`` says whether the scheduler frees them now, and ``Recovery`` turns
@@ -18,15 +24,28 @@ finished transfers into a plan the scheduler applies.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
-from hybridkv.connectors.base import BaseConnectorScheduler, RequestBlocks
+from hybridkv.connectors.base import BaseConnectorScheduler, KVConnectorRequest, RequestBlocks
 from hybridkv.connectors.config import LoadFailurePolicy
 from hybridkv.kv.coordinator import KVCacheCoordinator
 from hybridkv.kv.state_manager import StateCopy
 from hybridkv.request import Request, RequestStatus
 from hybridkv.step_io import ConnectorMetadata, FailureReason, KVConnectorOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedRequest:
+    """A request refused before the scheduler held it, as ``request_dropped`` sees it (no
+    tokens: a connector only releases what it holds for these params)."""
+
+    request_id: str
+    kv_transfer_params: dict[str, object]
 
 
 @dataclass(slots=True)
@@ -61,6 +80,8 @@ class KVTransfer:
         self.no_external: set[str] = set()  # requests that must not load again
         self.stats = TransferStats()
         self._told_waiting = False  # the connector's last on_waiting list was not empty
+        self._errors: dict[str, tuple[Request, str]] = {}  # the connector raised for these
+        self._num_refused = 0
 
     def blocks_of(self, req: Request) -> RequestBlocks:
         return RequestBlocks(
@@ -73,7 +94,13 @@ class KVTransfer:
         """External tokens beyond the local hit and whether the load is async; None = later."""
         if req.request_id in self.no_external or req.skip_reading_prefix_cache:
             return 0, False
-        found = self.connector.get_num_new_matched_tokens(req, num_local)
+        if req.request_id in self._errors:
+            return None
+        try:
+            found = self.connector.get_num_new_matched_tokens(req, num_local)
+        except Exception as exc:  # noqa: BLE001 - that request fails, the engine runs on
+            self._errors[req.request_id] = (req, self._failed_call(req.request_id, exc))
+            return None
         if found is None:
             return None
         num_external = self._clamp(req, num_local, found[0])
@@ -129,8 +156,32 @@ class KVTransfer:
         none (after one empty call that ends the previous list)."""
         found = [req for req in waiting if req.kv_transfer_params]
         if found or self._told_waiting:
-            self.connector.on_waiting(found)
+            self._guarded("", lambda: self.connector.on_waiting(found))
         self._told_waiting = bool(found)
+
+    def take_errors(self) -> list[tuple[Request, str]]:
+        """Requests the connector raised for (each with a message), to fail; drains."""
+        errors, self._errors = list(self._errors.values()), {}
+        return errors
+
+    def drop_refused(self, params: dict[str, object]) -> None:
+        """A request carrying ``params`` was refused before the scheduler held it (a bad
+        field, overload): ``request_dropped`` lets a producer free its KV now, not after its
+        lease."""
+        self._num_refused += 1
+        stub = RefusedRequest(f"refused-{self._num_refused}", params)
+        self._guarded(stub.request_id, lambda: self.connector.request_dropped(cast(KVConnectorRequest, stub)))  # fmt: skip
+
+    def _guarded(self, request_id: str, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - logged; the request is gone anyway
+            self._failed_call(request_id, exc)
+
+    @staticmethod
+    def _failed_call(request_id: str, exc: Exception) -> str:
+        log.exception("KV connector failed for request %s", request_id or "(several)")
+        return f"kv connector error: {type(exc).__name__}: {exc}"
 
     # -- after the step ------------------------------------------------------------------
 
@@ -212,13 +263,18 @@ class KVTransfer:
         blocks now; else they are freed when its in-flight load completes, or when the
         connector reports the send done (``Recovery`` plans a ``FREE`` then)."""
         rid = req.request_id
+        self._errors.pop(rid, None)
         if not self.kv.has_request(rid):
             if req.kv_transfer_params:
-                self.connector.request_dropped(req)
+                self._guarded(rid, lambda: self.connector.request_dropped(req))
             self.forget(rid)
             return False
-        delay, params = self.connector.request_finished(req, self.blocks_of(req))
-        kept = self.connector.get_kept_kv(req) if delay else None  # asks the request's params
+        try:
+            delay, params = self.connector.request_finished(req, self.blocks_of(req))
+            kept = self.connector.get_kept_kv(req) if delay else None  # asks its params
+        except Exception as exc:  # noqa: BLE001 - freed now; nothing is handed out
+            delay, params, kept = False, None, None
+            self._failed_call(rid, exc)
         req.kv_transfer_params = params
         if rid in self.holding:
             self.aborted[rid] = self.holding.pop(rid)

@@ -99,6 +99,8 @@ class Scheduler:
         if not preempted:
             self._schedule_loaded(plan)
             self._schedule_waiting(plan)
+        for req, message in self.transfer.take_errors() if self.transfer else ():
+            self._fail(req, message)  # the connector raised for it: it alone ends
         out = self._build_output(plan.slices)
         if self.transfer is not None:
             out.kv_connector_metadata = self.transfer.build_meta(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -36,20 +38,22 @@ RETRY_AFTER_SECONDS = 1
 
 @router.post("/completions")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    state = _checked(request, body)
-    # off the event loop: tokenizing a long prompt must not hold up other requests
-    prepared = await asyncio.to_thread(
-        prepare_completion, body, state.tokenizer, state.prompt_limits, state.sampling_defaults
-    )
+    async with _releasing(request, body):
+        state = _checked(request, body)
+        # off the event loop: tokenizing a long prompt must not hold up other requests
+        prepared = await asyncio.to_thread(
+            prepare_completion, body, state.tokenizer, state.prompt_limits, state.sampling_defaults
+        )
     return await _serve(request, state, prepared, CompletionFormat(), body.model)
 
 
 @router.post("/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    state = _checked(request, body)
-    prepared = await asyncio.to_thread(
-        prepare_chat, body, state.tokenizer, state.prompt_limits, state.sampling_defaults
-    )
+    async with _releasing(request, body):
+        state = _checked(request, body)
+        prepared = await asyncio.to_thread(
+            prepare_chat, body, state.tokenizer, state.prompt_limits, state.sampling_defaults
+        )
     return await _serve(request, state, prepared, ChatFormat(), body.model)
 
 
@@ -63,6 +67,25 @@ async def get_model(model_id: str, request: Request) -> dict[str, Any]:
     state = ServerState.of(request)
     state.check_model(model_id)
     return state.model_card()
+
+
+@contextlib.asynccontextmanager
+async def _releasing(request: Request, body: _SamplingFields) -> AsyncIterator[None]:
+    """A request refused before it reaches the engine (a bad field, another model) may carry a
+    producer's ``kv_transfer_params``: the engine tells that producer to free its KV now
+    instead of after its lease (``EngineCore.release_transfer``; a refusal by the engine itself
+    is handled there)."""
+    try:
+        yield
+    except APIError:
+        await _release(ServerState.of(request), body.kv_transfer_params)
+        raise
+
+
+async def _release(state: ServerState, params: dict[str, Any] | None) -> None:
+    if isinstance(params, dict) and params.get("do_remote_prefill"):
+        with contextlib.suppress(Exception):  # the engine may be gone; the lease frees then
+            await state.engine.call(lambda engine: engine.release_transfer(params))
 
 
 def _checked(request: Request, body: _SamplingFields) -> ServerState:
@@ -93,6 +116,7 @@ async def _serve(
         raise bad_request(str(exc), fmt.prompt_param) from None
     except Overloaded as exc:
         _abort(state, streams)
+        await _release(state, prepared.requests[0].params.kv_transfer_params)
         state.metrics.on_refused("overloaded")
         raise APIError(
             503,

@@ -139,5 +139,5 @@ def refuse(cond: bool, param: str, message: str) -> None:
 
 def _param_of(message: str) -> str | None:
     """The parameter a SamplingParams error names ('invalid sampling parameter top_p=...')."""
-    match = re.search(r"parameter (\w+)=", message)
+    match = re.search(r"parameter ([\w.]+)=", message)
     return match.group(1) if match else None

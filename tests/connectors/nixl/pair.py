@@ -81,6 +81,17 @@ class Transfer:
     decode: RequestOutput
 
 
+def outliving(p: EngineCore, params: dict[str, Any] | None, prompt: list[int]) -> dict[str, Any]:
+    """``params`` re-signed by producer ``p`` to expire in 10 minutes: a test whose lease
+    expires on purpose still reaches the lease word check (else the consumer refuses the
+    expired params up front)."""
+    from tests.connectors.nixl.signing import signed
+
+    assert params is not None and p.connector is not None
+    key = p.connector.scheduler.policy.key  # type: ignore[attr-defined]
+    return signed(params, key, prompt=prompt)
+
+
 def disaggregated(p: EngineCore, d: EngineCore, prompt: list[int]) -> Transfer:
     pre = run(p, prompt, greedy(1, {"do_remote_decode": True}))
     assert pre.kv_transfer_params is not None and pre.kv_transfer_params["do_remote_prefill"]

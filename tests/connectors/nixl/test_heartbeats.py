@@ -36,6 +36,7 @@ from hybridkv.connectors.nixl.scheduler import NixlScheduler
 from hybridkv.connectors.nixl.stats import Flow, NixlStats
 from hybridkv.connectors.stats import StatsCounter
 from hybridkv.request import RequestStatus
+from tests.connectors.nixl.signing import policy, signed
 
 TIMEOUT = 100.0
 
@@ -140,18 +141,18 @@ class Req:
 
 
 def params(rid: str, port: int = 1, tokens: int = 32) -> dict[str, Any]:
-    return {
+    return signed({
         "do_remote_prefill": True, "remote_engine_id": f"p{port}", "remote_host": "127.0.0.1",
         "remote_port": port, "remote_request_id": rid, "remote_block_ids": [[1, 2]],
         "remote_block_starts": [0], "remote_state": [], "num_tokens": tokens,
         "remote_lease": [0, 1],
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 def consumer(interval: float = 10.0, clock: Clock | None = None) -> NixlScheduler:
     options = NixlOptions(heartbeat_interval_seconds=interval)
     groups = (GroupDesc("full_attention", 0, 2, 64),)
-    sched = NixlScheduler(options, "d", groups, 16, producer=False, consumer=True)
+    sched = NixlScheduler(options, "d", groups, 16, False, True, policy())
     if sched.waits is not None and clock is not None:
         sched.waits.clock = clock
     return sched
@@ -233,7 +234,7 @@ def test_a_request_dropped_while_waiting_frees_its_producer_at_once() -> None:
 def test_disabled_by_zero_or_on_a_producer() -> None:
     assert consumer(0.0).waits is None
     groups = (GroupDesc("full_attention", 0, 2, 64),)
-    p = NixlScheduler(NixlOptions(), "p", groups, 16, producer=True, consumer=False)
+    p = NixlScheduler(NixlOptions(), "p", groups, 16, True, False, policy())
     assert p.waits is None
     p.on_waiting(reqs(Req("a", params("pa"))))
     assert p.build_connector_meta([]).saves == []
@@ -274,7 +275,7 @@ class ScriptedAgent:
 
 
 def heartbeat(port: int, *ids: str) -> Heartbeat:
-    src = RemoteSource.parse(params(ids[0], port), 1, False)
+    src = RemoteSource.parse(params(ids[0], port), [], (1, False), policy())
     return Heartbeat(src, ids)
 
 
@@ -295,9 +296,9 @@ def test_the_worker_sends_after_the_handshake_and_skips_unreachable_producers() 
 def test_a_peer_of_the_old_protocol_is_refused_by_version() -> None:
     desc = LayoutDescriptor("p", "c", 16, 1, (), (), (), 0, 0)
     data = json.loads(desc.encode())
-    assert data["version"] == PROTOCOL_VERSION == 4
-    data["version"] = 3
-    with pytest.raises(ValueError, match="protocol version 3, this engine 4"):
+    assert data["version"] == PROTOCOL_VERSION == 5
+    data["version"] = 4
+    with pytest.raises(ValueError, match="protocol version 4, this engine 5"):
         LayoutDescriptor.decode(json.dumps(data).encode())
     assert LayoutDescriptor.decode(desc.encode()) == desc
 
@@ -315,7 +316,7 @@ def test_heartbeats_too_rare_for_the_producers_lease_are_named(
 ) -> None:
     """The producer's abort_timeout_seconds travels in its descriptor; a consumer whose interval
     exceeds half of it is told, with both options and the value to use."""
-    src = RemoteSource.parse(params("r", 7), 1, False)
+    src = RemoteSource.parse(params("r", 7), [], (1, False), policy())
     with caplog.at_level(logging.WARNING, logger="hybridkv.connectors.nixl.handshake"):
         assert warn_slow_heartbeats(70.0, 120.0, src)
         assert not warn_slow_heartbeats(60.0, 120.0, src)  # at half: renewed in time

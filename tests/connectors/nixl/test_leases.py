@@ -12,10 +12,18 @@ from typing import Any
 
 import pytest
 
-from hybridkv.connectors.nixl.leases import ENDED, lease_valid
+from hybridkv.connectors.nixl.leases import ENDED, lease_pending, lease_valid
 from hybridkv.connectors.nixl.worker import NixlWorker
 from hybridkv.engine.core import EngineCore
-from tests.connectors.nixl.pair import consumer, drain, drain_clean, greedy, producer, run
+from tests.connectors.nixl.pair import (
+    consumer,
+    drain,
+    drain_clean,
+    greedy,
+    outliving,
+    producer,
+    run,
+)
 from tests.engine.helpers import make_engine, random_ids
 from tests.support.stats import flat_counters
 
@@ -25,7 +33,9 @@ LEASE = 0.3
 
 def test_lease_word_verdicts() -> None:
     assert lease_valid(7, 7)  # active
-    assert lease_valid(0, 7) and lease_valid(5 | ENDED, 7)  # not started on the producer yet
+    assert not lease_valid(0, 7) and not lease_valid(5 | ENDED, 7)  # not started: read again
+    assert lease_pending(0, 7) and lease_pending(5 | ENDED, 7)
+    assert not lease_pending(7 | ENDED, 7) and not lease_pending(9, 7)
     assert not lease_valid(7 | ENDED, 7)  # ended (read by someone, or expired)
     assert not lease_valid(9, 7) and not lease_valid(9 | ENDED, 7)  # the slot was reused
 
@@ -76,7 +86,7 @@ def test_a_late_reader_never_uses_released_blocks(
                 return handle
 
             agent.read = read  # type: ignore[method-assign]
-        out = run(d, prompt, greedy(params=pre.kv_transfer_params), p)
+        out = run(d, prompt, greedy(params=outliving(p, pre.kv_transfer_params, prompt)), p)
         assert out.token_ids == run(plain, prompt, greedy()).token_ids
         assert expired(d) == 1
         assert out.cached_tokens.get("nixl", 0) == 0
@@ -97,7 +107,7 @@ def test_under_policy_fail_the_error_names_the_expired_lease(
         prompt = random_ids(90, 24)
         pre = run(p, prompt, greedy(1, {"do_remote_decode": True}))
         expire_and_reuse(p, 25)
-        out = run(d, prompt, greedy(params=pre.kv_transfer_params), p)
+        out = run(d, prompt, greedy(params=outliving(p, pre.kv_transfer_params, prompt)), p)
         assert out.finish_reason == "error" and out.error is not None
         for text in (out.error, caplog.text):
             assert "nixl_lease_expired" in text and "abort_timeout_seconds" in text, text

@@ -76,6 +76,7 @@ def test_finished_prompt_pins_only_what_the_consumer_reads(
         for m in p.kv.attn:
             assert len(m.tables[rid]) == -(-end // b)  # nothing past E
         p.kv.check_integrity()
+        p.step()  # its lease starts (a real producer steps at once; the word then reads it)
         notes = record_notifications(d)
         out = run(d, prompt, greedy(params=params), p)
         assert notes == [b"", b""]  # data, then lease word: a READ with one waits for it (ms)

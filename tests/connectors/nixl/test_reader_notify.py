@@ -31,7 +31,7 @@ def descriptor(name: str, base: int) -> LayoutDescriptor:
         backing=tuple(base + i * (1 << 20) for i in range(LAYERS)),
         groups=(GroupDesc("full_attention", 0, LAYERS, TOKEN_BYTES),), state_tensors=(),
         staging_base=0, staging_stride=0, agent_metadata=b"", lease_base=base - 64,
-        lease_words=4, model_id="t:t:t",
+        lease_words=4, model_id="t:t:t", num_blocks=64,
     )  # fmt: skip
 
 

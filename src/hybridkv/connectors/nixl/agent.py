@@ -88,6 +88,18 @@ def ucx_params(error_mode: str = "peer") -> dict[str, str]:
     return {"ucx_error_handling_mode": mode}
 
 
+def net_devices(option: str | None, single_host: bool) -> str | None:
+    """The UCX network devices an agent listens and connects on: ``$UCX_NET_DEVICES`` when the
+    user set it (None: UCX reads it), else the ``ucx_net_devices`` option, else ``lo`` for a
+    single-host deployment (UCX then listens on loopback only), else None (UCX's default: every
+    device, so a multi-host deployment names its interface). NIXL's own ``ucx_devices``
+    parameter does not stop UCX's TCP transport from listening on every interface (checked with
+    nixl 1.5.1: ``ss -tlnp`` shows the external address); the environment variable does."""
+    if os.environ.get("UCX_NET_DEVICES"):
+        return None
+    return option or ("lo" if single_host else None)
+
+
 class XferState(str, Enum):
     DONE = "DONE"
     PROC = "PROC"
@@ -100,12 +112,22 @@ class NixlAgent:
     less per load (docs/benchmarks.md, ninth session). Transfer handles are then the binding's
     integers; every one is released by its caller (``release``)."""
 
-    def __init__(self, name: str, progress_thread: bool = True, error_mode: str = "peer") -> None:
+    def __init__(
+        self,
+        name: str,
+        progress_thread: bool = True,
+        error_mode: str = "peer",
+        devices: str | None = None,
+    ) -> None:
         """``progress_thread``: needed where peers read this agent's memory (a producer must
         answer their wire-up and flush messages while its engine thread computes); a
         consumer-only agent progresses in its own posts and polls, without the thread's lock.
-        ``error_mode``: UCX's error handling (``ucx_params``)."""
+        ``error_mode``: UCX's error handling (``ucx_params``). ``devices``: UCX's network
+        devices (``net_devices``), set as ``UCX_NET_DEVICES`` for the process, which UCX reads
+        when the backend is created."""
         params = ucx_params(error_mode)
+        if devices:
+            os.environ["UCX_NET_DEVICES"] = devices
         nixl = _import_nixl()
         config = nixl.nixl_agent_config(enable_prog_thread=progress_thread, backends=[])
         self.name = name

@@ -1,5 +1,10 @@
 """Consumer side of the handshake: fetch each producer's descriptor once (in a background
-thread), check it, add its agent; cached per (engine id, host, port)."""
+thread), check it, add its agent; cached per (engine id, host, port).
+
+Only verified params reach here (``RemoteSource.parse``: signed, a trusted host), so a client
+cannot point the engine elsewhere. Bounds: ``MAX_WORKERS`` fetches run at once, each under one
+deadline (``side_channel.fetch``), at most ``MAX_FETCHING`` wait; ``get`` never blocks and
+turns every error of a fetch into ``HandshakeFailed`` for the loads that asked."""
 
 from __future__ import annotations
 
@@ -9,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridkv.connectors.nixl.agent import NixlAgent
+from hybridkv.connectors.nixl.auth import AuthKey
 from hybridkv.connectors.nixl.layout import LayoutDescriptor, check_compatible
-from hybridkv.connectors.nixl.meta import RemoteSource
+from hybridkv.connectors.nixl.meta import ParamsRefused, RemoteSource
 from hybridkv.connectors.nixl.side_channel import fetch
 from hybridkv.connectors.nixl.stats import NixlStats
 from hybridkv.connectors.stats import StatsCounter
@@ -18,6 +24,8 @@ from hybridkv.connectors.stats import StatsCounter
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str, int]
+MAX_WORKERS = 4  # handshakes at once
+MAX_FETCHING = 64  # producers being handshaken (running or queued)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,14 +48,16 @@ class Peers:
         local: LayoutDescriptor,
         timeout: float,
         stats: StatsCounter[NixlStats],
+        key: AuthKey,
         heartbeat_interval: float = 0.0,
     ) -> None:
         self.agent = agent
+        self.auth = key
         self.local = local
         self.timeout = timeout
         self.stats = stats
         self.heartbeat_interval = heartbeat_interval  # this consumer's (0: off)
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="nixl-handshake")
+        self._pool = ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="nixl-handshake")
         self._fetching: dict[Key, Future[bytes]] = {}
         self._peers: dict[Key, Peer] = {}
 
@@ -64,24 +74,31 @@ class Peers:
             return peer
         future = self._fetching.get(key)
         if future is None:
-            self._fetching[key] = self._pool.submit(fetch, src.host, src.port, self.timeout)
+            if len(self._fetching) >= MAX_FETCHING:
+                raise self._failed(src, "too many producers being handshaken at once")
+            args = (src.host, src.port, self.timeout, self.auth)
+            self._fetching[key] = self._pool.submit(fetch, *args)
             return None
         if not future.done():
             return None
         del self._fetching[key]
         try:
             remote = LayoutDescriptor.decode(future.result())
-        except (OSError, ValueError) as exc:
-            with self.stats.update() as s:
-                s.handshake_failures += 1
-            raise HandshakeFailed(
-                "nixl_handshake_failed",
+        except OSError as exc:
+            raise self._failed(
+                src,
                 f"cannot reach the producer's side channel at {src.host}:{src.port} ({exc}); "
-                f"is the prefill engine running with side_channel_port={src.port}?"
-                if isinstance(exc, OSError)
-                else f"the side channel at {src.host}:{src.port} answered: {exc}",
+                f"is the prefill engine running with side_channel_port={src.port}?",
             ) from None
+        except Exception as exc:  # noqa: BLE001 - refused, malformed: that producer only
+            raise self._failed(src, f"the side channel at {src.host}:{src.port}: {exc}") from None
         return self._accept(key, src, remote)
+
+    def _failed(self, src: RemoteSource, message: str) -> HandshakeFailed:
+        with self.stats.update() as s:
+            s.handshake_failures += 1
+        log.warning("NIXL handshake with %s:%d failed: %s", src.host, src.port, message)
+        return HandshakeFailed("nixl_handshake_failed", message)
 
     def _accept(self, key: Key, src: RemoteSource, remote: LayoutDescriptor) -> Peer:
         if remote.engine_id != src.engine_id:
@@ -132,3 +149,16 @@ def warn_slow_heartbeats(interval: float, lease: float, src: RemoteSource) -> bo
         interval, src.host, src.port, lease, lease / 2,
     )  # fmt: skip
     return True
+
+
+def check_indices(src: RemoteSource, remote: LayoutDescriptor) -> None:
+    """Every remote index of ``src`` inside the producer's descriptor, else ParamsRefused."""
+    bad = ""
+    if any(b >= remote.num_blocks for t in src.block_ids for b in t):
+        bad = f"a remote block id is not below the producer's {remote.num_blocks} blocks"
+    elif src.staged_state is not None and src.staged_state >= remote.staging_entries:
+        bad = f"remote_state {src.staged_state} is not below {remote.staging_entries} entries"
+    elif src.lease is not None and src.lease.slot >= remote.lease_words:
+        bad = f"remote_lease slot {src.lease.slot} is not below {remote.lease_words} words"
+    if bad:
+        raise ParamsRefused("nixl_params_malformed", f"kv_transfer_params: {bad}")

@@ -24,7 +24,7 @@ from collections.abc import Callable, Container, Sequence
 
 from hybridkv.connectors.base import KVConnectorRequest
 from hybridkv.connectors.nixl.agent import NixlAgent
-from hybridkv.connectors.nixl.handshake import HandshakeFailed, Key, Peers
+from hybridkv.connectors.nixl.handshake import Key, Peers
 from hybridkv.connectors.nixl.meta import Heartbeat, RemoteSource
 from hybridkv.connectors.nixl.stats import NixlStats
 from hybridkv.connectors.stats import StatsCounter
@@ -142,7 +142,7 @@ class HeartbeatSender:
         for key, item in list(self._pending.items()):
             try:
                 peer = self.peers.get(item.source)
-            except HandshakeFailed as exc:
+            except Exception as exc:  # noqa: BLE001 - HandshakeFailed, or anything of that peer
                 del self._pending[key]
                 log.info("NIXL: no heartbeat to %s:%d: %s", key[1], key[2], exc)
                 continue

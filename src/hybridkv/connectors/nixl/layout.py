@@ -16,7 +16,9 @@ from typing import Any
 
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, StateSpec, dtype_bytes
 
-PROTOCOL_VERSION = 4  # 4: consumers send lease heartbeats (``heartbeats``)
+# 4: consumers send lease heartbeats (``heartbeats``); 5: the side channel authenticates both
+# sides (``side_channel``) and the descriptor carries its block and staging entry counts
+PROTOCOL_VERSION = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,8 @@ class LayoutDescriptor:
     lease_words: int = 0  # how many
     model_id: str = ""  # "architecture:weights identity:dtype" (for the mismatch message)
     lease_seconds: float = 0.0  # a producer's abort_timeout_seconds (0: not a producer)
+    num_blocks: int = 0  # blocks of every backing tensor (remote block ids are below it)
+    staging_entries: int = 0  # a producer's staged state entries (remote_state below it)
 
     def encode(self) -> bytes:
         data = asdict(self)
@@ -60,21 +64,41 @@ class LayoutDescriptor:
 
     @classmethod
     def decode(cls, blob: bytes) -> LayoutDescriptor:
-        data: dict[str, Any] = json.loads(blob)
-        version = data.pop("version", None)
+        """Raises ValueError for another version or any malformed field."""
+        try:
+            data: dict[str, Any] = json.loads(blob)
+            version = data.pop("version", None)
+        except (ValueError, AttributeError, TypeError):
+            raise ValueError("a malformed layout descriptor") from None
         if version != PROTOCOL_VERSION:
             raise ValueError(
                 f"the remote engine speaks NixlConnector protocol version {version}, this "
-                f"engine {PROTOCOL_VERSION} (version 4 added lease heartbeats); run the same "
-                "hybridkv version on the prefill and decode engines"
+                f"engine {PROTOCOL_VERSION} (version 5 authenticates the handshake); run the "
+                "same hybridkv version on the prefill and decode engines"
             )
-        data["agent_metadata"] = base64.b64decode(data["agent_metadata"])
-        data["backing"] = tuple(data["backing"])
-        data["groups"] = tuple(GroupDesc(**g) for g in data["groups"])
-        data["state_tensors"] = tuple(
-            tuple(TensorDesc(**t) for t in group) for group in data["state_tensors"]
+        try:
+            data["agent_metadata"] = base64.b64decode(data["agent_metadata"], validate=True)
+            data["backing"] = tuple(data["backing"])
+            data["groups"] = tuple(GroupDesc(**g) for g in data["groups"])
+            data["state_tensors"] = tuple(
+                tuple(TensorDesc(**t) for t in group) for group in data["state_tensors"]
+            )
+            desc = cls(**data)
+        except (KeyError, TypeError, ValueError) as exc:  # binascii.Error is a ValueError
+            raise ValueError(f"a malformed layout descriptor ({exc})") from None
+        desc._check_numbers()
+        return desc
+
+    def _check_numbers(self) -> None:
+        counts = (self.block_size, self.layer_page_bytes, self.num_blocks, self.lease_words,
+                  self.staging_entries, self.staging_stride, self.lease_base, self.staging_base,
+                  *self.backing)  # fmt: skip
+        ok = all(
+            isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 64 for n in counts
         )
-        return cls(**data)
+        if not ok or self.block_size < 1:
+            raise ValueError("a malformed layout descriptor (counts and addresses must be "
+                             "non-negative integers)")  # fmt: skip
 
     def state_offsets(self, state_index: int) -> list[int]:
         """Byte offsets of each of a state group's tensors inside a staged entry."""

@@ -9,8 +9,15 @@ A late reader must never use freed (possibly reused) blocks. Each lease owns a w
 registered ``uint64`` array: the producer writes its generation ``gen`` (unique, increasing)
 when the lease starts and ``gen | ENDED`` when it ends, *before* reporting the request (so
 before any block is freed). A consumer reads the word after its data read completed (and
-sends its notification only with that second read): ``lease_valid`` says whether the lease
-still held then, which means it held during the whole data read.
+sends its notification only with that second read): ``lease_valid`` (exactly ``word == gen``)
+says whether the lease still held then, which means it held during the whole data read;
+``lease_pending`` (an older lease's value) that it has not started on the producer's worker yet
+(the consumer reads the word again).
+
+A notification may arrive before its lease starts (the consumer was faster than the producer's
+next step): it waits in a table bounded in size (``EARLY_LIMIT``, oldest dropped first) and
+age (``EARLY_SECONDS``); a notification is at most ``MAX_NOTIFICATION`` bytes of
+``"<request id>:<ASCII digits>"``, anything else is counted unmatched.
 """
 
 from __future__ import annotations
@@ -29,15 +36,21 @@ from hybridkv.connectors.stats import StatsCounter, bump
 log = logging.getLogger(__name__)
 
 EARLY_LIMIT = 4096  # notifications kept for requests whose lease has not started (yet)
+EARLY_SECONDS = 60.0  # ... for at most this long (a lease starts one producer step later)
+MAX_NOTIFICATION = 512  # bytes of a read notification (request ids are short)
 ENDED = 1 << 63
 
 
 def lease_valid(word: int, gen: int) -> bool:
-    """Whether lease ``gen`` still held when its word read ``word``: its own value (active),
-    or an older lease's (ours has not started on the producer's worker yet; its KV is held
-    from the request's end). Ended, or the slot reused by a newer lease: not valid."""
-    value = word & ~ENDED
-    return (value == gen and not word & ENDED) or value < gen
+    """Whether lease ``gen`` held when its word read ``word``: exactly its own value."""
+    return word == gen
+
+
+def lease_pending(word: int, gen: int) -> bool:
+    """Whether ``word`` is an older lease's value (active or ended): lease ``gen`` has not
+    started on the producer's worker yet (its KV is held from the request's end); read the
+    word again. Ended, or a newer lease: neither valid nor pending."""
+    return (word & ~ENDED) < gen
 
 
 class Leases:
@@ -53,14 +66,15 @@ class Leases:
         self.deadlines: dict[str, float] = {}  # request id -> deadline (0: read, report now)
         self._held: dict[str, Lease] = {}
         self._seconds: dict[str, float] = {}  # request id -> its lease's duration
-        self._early: dict[str, int] = {}  # request id -> bytes read, before its lease started
+        # request id -> (bytes read, when), before its lease started; oldest first
+        self._early: dict[str, tuple[int, float]] = {}
 
     def start(self, request_id: str, seconds: float, lease: Lease) -> None:
         self._held[request_id] = lease
         self._seconds[request_id] = seconds
         self.words[lease.slot] = lease.gen
         if request_id in self._early:  # the consumer was faster than our step
-            self._count(self._early.pop(request_id))
+            self._count(self._early.pop(request_id)[0])
             self.deadlines[request_id] = 0.0
             return
         self.deadlines[request_id] = self.clock() + seconds
@@ -72,18 +86,39 @@ class Leases:
         for message in messages:
             if self._heartbeat_message(message):
                 continue
-            rid, _, nbytes = message.decode(errors="replace").rpartition(":")
-            n = int(nbytes) if nbytes.isdigit() else 0
+            parsed = parse_notification(message)
+            if parsed is None:
+                with self.stats.update() as s:
+                    s.notifications_unmatched += 1
+                continue
+            rid, n = parsed
             if rid in self.deadlines:
                 self.deadlines[rid] = 0.0
                 self._count(n)
                 found = True
-            elif len(self._early) < EARLY_LIMIT:
-                self._early[rid] = n
             else:
-                with self.stats.update() as s:
-                    s.notifications_unmatched += 1
+                self._keep_early(rid, n)
         return found
+
+    def _keep_early(self, rid: str, nbytes: int) -> None:
+        """Keep a notification whose lease has not started (bounded: see the module)."""
+        self._expire_early()
+        if len(self._early) >= EARLY_LIMIT:
+            del self._early[next(iter(self._early))]
+            with self.stats.update() as s:
+                s.notifications_unmatched += 1
+        self._early.pop(rid, None)
+        self._early[rid] = (nbytes, self.clock())
+
+    def _expire_early(self) -> None:
+        oldest = self.clock() - EARLY_SECONDS
+        while self._early:
+            rid, (_, when) = next(iter(self._early.items()))
+            if when >= oldest:
+                return
+            del self._early[rid]
+            with self.stats.update() as s:
+                s.notifications_unmatched += 1
 
     def _heartbeat_message(self, message: bytes) -> bool:
         """Digest ``message`` if it is a heartbeat (a malformed one counts as one unmatched)."""
@@ -119,6 +154,7 @@ class Leases:
 
     def take_finished(self) -> set[str]:
         """Requests read (or whose lease expired) since the last call."""
+        self._expire_early()
         now = self.clock()
         done = {rid for rid, deadline in self.deadlines.items() if deadline <= now}
         for rid in done:
@@ -130,3 +166,13 @@ class Leases:
                     s.leases_expired += 1
                 log.warning("NIXL: request %s was never read; lease expired, KV freed", rid)
         return done
+
+
+def parse_notification(message: bytes) -> tuple[str, int] | None:
+    """``"<request id>:<bytes read>"`` -> (id, bytes); None if ``message`` is not one."""
+    if len(message) > MAX_NOTIFICATION:
+        return None
+    rid, sep, nbytes = message.decode(errors="replace").rpartition(":")
+    if not sep or not rid or not (nbytes.isascii() and nbytes.isdigit()) or len(nbytes) > 18:
+        return None
+    return rid, int(nbytes)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+from hybridkv.connectors.nixl.auth import AuthKey, prompt_digest, verify_params
+from hybridkv.transfer_params import TransferFields, parse_transfer_params
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,17 +19,28 @@ class Lease:
     slot: int
     gen: int
 
-    @classmethod
-    def parse(cls, value: Any) -> Lease | None:
-        if value is None:
-            return None
-        slot, gen = (int(v) for v in value)
-        return cls(slot, gen)
+
+class ParamsRefused(ValueError):
+    """A request's ``kv_transfer_params`` are not loaded; ``reason`` is the counted failure."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class ParamsPolicy:
+    """What a consumer accepts: params signed with ``key``, naming one of ``trusted`` hosts,
+    not expired by ``clock_ms`` (epoch milliseconds)."""
+
+    key: AuthKey
+    trusted: frozenset[str]
+    clock_ms: Callable[[], int] = field(default=lambda: int(time.time() * 1000))
 
 
 @dataclass(frozen=True, slots=True)
 class RemoteSource:
-    """A consumer's view of a producer's ``kv_transfer_params`` (validated)."""
+    """A consumer's view of a producer's ``kv_transfer_params`` (validated and verified)."""
 
     engine_id: str
     host: str
@@ -37,37 +53,63 @@ class RemoteSource:
     lease: Lease | None = None  # where the producer publishes whether it still holds them
 
     @classmethod
-    def parse(cls, params: dict[str, Any], num_attn: int, has_state: bool) -> RemoteSource:
-        """Raises ValueError naming the bad field."""
+    def parse(
+        cls,
+        params: dict[str, Any],
+        token_ids: Sequence[int] | None,
+        layout: tuple[int, bool],
+        policy: ParamsPolicy,
+    ) -> RemoteSource:
+        """The params of a request whose tokens are ``token_ids`` (None: not to load, only to
+        tell the producer to free), on a consumer with ``layout`` (attention groups, whether it
+        has state groups). Raises ParamsRefused: malformed (naming the field), not signed by
+        this deployment's key, computed for another prompt, an untrusted host, or expired."""
         try:
-            src = cls(
-                engine_id=str(params["remote_engine_id"]),
-                host=str(params["remote_host"]),
-                port=int(params["remote_port"]),
-                request_id=str(params["remote_request_id"]),
-                block_ids=tuple(tuple(int(b) for b in t) for t in params["remote_block_ids"]),
-                first_blocks=tuple(int(k) for k in params["remote_block_starts"]),
-                staged_state=_first(params.get("remote_state") or []),
-                num_tokens=int(params["num_tokens"]),
-                lease=Lease.parse(params.get("remote_lease")),
+            f = parse_transfer_params(params)
+        except ValueError as exc:
+            raise ParamsRefused("nixl_params_malformed", str(exc)) from None
+        src = cls._typed(f, *layout)
+        if not verify_params(policy.key, f):
+            raise ParamsRefused(
+                "nixl_params_forged",
+                "kv_transfer_params: remote_signature is missing or does not match the "
+                f"deployment key ({policy.key.source}); only a producer's own params load",
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"kv_transfer_params: missing or malformed field {exc}") from None
-        if len(src.block_ids) != num_attn or len(src.first_blocks) != num_attn:
-            raise ValueError(
-                f"kv_transfer_params: remote_block_ids has {len(src.block_ids)} groups, "
-                f"this engine has {num_attn} attention groups"
-            )
-        if src.num_tokens > 0 and src.lease is None:
-            raise ValueError("kv_transfer_params: remote_lease is required")
-        if src.num_tokens > 0 and has_state and src.staged_state is None:
-            raise ValueError("kv_transfer_params: remote_state is required for state groups")
+        if token_ids is not None and f.prompt_digest != prompt_digest(token_ids[: src.num_tokens]):  # fmt: skip
+            raise ParamsRefused("nixl_params_forged", "kv_transfer_params: computed for another "
+                                "prompt (remote_prompt_digest)")  # fmt: skip
+        if src.host not in policy.trusted:
+            raise ParamsRefused("nixl_params_untrusted",
+                                f"kv_transfer_params: remote_host {src.host!r} is not trusted "
+                                "(add it to trusted_hosts)")  # fmt: skip
+        if f.expires_ms is None or f.expires_ms < policy.clock_ms():
+            raise ParamsRefused("nixl_params_expired", "kv_transfer_params: expired (the "
+                                "producer's abort_timeout_seconds passed before they came)")  # fmt: skip
         return src
 
-
-def _first(values: list[Any]) -> int | None:
-    """``remote_state`` lists the staging entry per state group (one entry holds them all)."""
-    return int(values[0]) if values else None
+    @classmethod
+    def _typed(cls, f: TransferFields, num_attn: int, has_state: bool) -> RemoteSource:
+        if None in (f.engine_id, f.host, f.port, f.request_id, f.block_ids, f.block_starts,
+                    f.num_tokens):  # fmt: skip
+            raise ParamsRefused("nixl_params_malformed", "kv_transfer_params: a remote_* field "
+                                "or num_tokens is missing")  # fmt: skip
+        assert f.block_ids is not None and f.block_starts is not None
+        if len(f.block_ids) != num_attn or len(f.block_starts) != num_attn:
+            raise ParamsRefused(
+                "nixl_params_malformed",
+                f"kv_transfer_params: remote_block_ids has {len(f.block_ids)} groups, "
+                f"this engine has {num_attn} attention groups",
+            )
+        src = cls(str(f.engine_id), str(f.host), int(f.port or 0), str(f.request_id),
+                  f.block_ids, f.block_starts, f.state[0] if f.state else None,
+                  int(f.num_tokens or 0), Lease(*f.lease) if f.lease else None)  # fmt: skip
+        if src.num_tokens > 0 and src.lease is None:
+            raise ParamsRefused("nixl_params_malformed", "kv_transfer_params: remote_lease is "
+                                "required")  # fmt: skip
+        if src.num_tokens > 0 and has_state and src.staged_state is None:
+            raise ParamsRefused("nixl_params_malformed", "kv_transfer_params: remote_state is "
+                                "required for state groups")  # fmt: skip
+        return src
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,14 @@ engine step after the one that reported the load (``end_step``, called from the 
 KV, instead of before it. ``has_pending`` covers it, so an idle engine still sends it (within
 two idle waits); if the engine stops first, the producer's lease frees.
 
+The params were verified (signed by a producer of this deployment) before a load is built;
+the reader still checks every remote index against the producer's descriptor (block ids,
+staging entry, lease slot) before planning: a plan that cannot be made fails that load alone
+(``nixl_params_malformed``) and never forgets the producer, which other loads share (only a
+transfer error does). The lease check is exact: the word must read the lease's generation; an
+older value means the producer's worker has not started the lease yet (the KV is held since
+the request ended), so the word is read again at the next progress call.
+
 A refused connection, an incompatible layout, a transfer error, an expired lease or
 ``load_timeout_seconds`` fail the load with ``"<reason>: <what happened, in words>"``; the
 scheduler's recovery recomputes (or fails the request under policy ``fail``, with that text).
@@ -29,10 +37,10 @@ import torch
 
 from hybridkv.connectors.base import LoadResult
 from hybridkv.connectors.nixl.agent import NixlAgent, XferState
-from hybridkv.connectors.nixl.handshake import HandshakeFailed, Peer, Peers
+from hybridkv.connectors.nixl.handshake import HandshakeFailed, Peer, Peers, check_indices
 from hybridkv.connectors.nixl.layout import LayoutDescriptor
-from hybridkv.connectors.nixl.leases import lease_valid
-from hybridkv.connectors.nixl.meta import NotifyOnly, RemoteSource
+from hybridkv.connectors.nixl.leases import lease_pending, lease_valid
+from hybridkv.connectors.nixl.meta import NotifyOnly, ParamsRefused, RemoteSource
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.plan import (
     GroupRead,
@@ -144,6 +152,8 @@ class Reader:
                 )
         except HandshakeFailed as exc:
             self._fail(load, exc.reason, str(exc))
+        except ParamsRefused as exc:  # this request's params: the peer stays
+            self._fail(load, exc.reason, str(exc))
         except Exception as exc:  # noqa: BLE001 - NIXL/UCX raise their own error types
             self.peers.forget(load.source)
             self._fail(load, "nixl_transfer_failed", self._transfer_error(load, exc))
@@ -170,7 +180,11 @@ class Reader:
     def _post(self, load: _Load, peer: Peer) -> bool:
         """Plan and post the data READ; True if the load moved on (ended, or its read is
         done: a same-host read often completes inside its post)."""
-        rows = self._plan(load.spec, load.source, peer.descriptor)
+        check_indices(load.source, peer.descriptor)
+        try:
+            rows = self._plan(load.spec, load.source, peer.descriptor)
+        except (ValueError, IndexError) as exc:
+            raise ParamsRefused("nixl_params_malformed", f"no read plan: {exc}") from None
         load.nbytes = total_bytes(rows)
         load.num_descs = len(rows)
         if not load.num_descs:
@@ -189,12 +203,6 @@ class Reader:
             return False  # a later progress call posts it
         lease = load.source.lease
         assert lease is not None  # required by RemoteSource.parse when there is data
-        if not 0 <= lease.slot < peer.descriptor.lease_words:
-            raise HandshakeFailed(
-                "nixl_transfer_failed",
-                f"remote_lease slot {lease.slot} is outside the producer's "
-                f"{peer.descriptor.lease_words} lease words at {load.where}",
-            )
         load.checking = self._free_scratch.pop()
         self.scratch[load.checking] = 0
         load.handle, state = self.agent.read_prepared(
@@ -217,10 +225,12 @@ class Reader:
             assert load.peer is not None
             self._check(load, load.peer)
         else:
-            self._verdict(load)
+            return self._verdict(load)
         return True
 
-    def _verdict(self, load: _Load) -> None:
+    def _verdict(self, load: _Load) -> bool:
+        """Judge the lease word; True if the load ended, False if the word is read again at
+        the next progress call (the lease has not started on the producer's worker yet)."""
         lease = load.source.lease
         assert lease is not None
         word = int(self.scratch[load.checking])
@@ -228,7 +238,11 @@ class Reader:
             assert load.peer is not None
             self._notify_queued.append((load.peer.agent_name, self._notification(load)))
             self._succeed(load)
-            return
+            return True
+        if lease_pending(word, lease.gen):
+            self._free_scratch.append(load.checking)
+            load.checking = -1
+            return False
         self._fail(
             load,
             "nixl_lease_expired",
@@ -236,6 +250,7 @@ class Reader:
             f"before this read completed (its abort_timeout_seconds lease expired); raise "
             f"abort_timeout_seconds on the prefill engine",
         )
+        return True
 
     def _plan(self, spec: LoadSpec, src: RemoteSource, remote: LayoutDescriptor) -> Rows:
         """Rows (local address, remote address, bytes) of every group's read and the state."""
@@ -285,10 +300,11 @@ class Reader:
         for item in list(self.notify):
             try:
                 peer = self.peers.get(item.source)
-            except HandshakeFailed:
-                self.notify.remove(item)  # the producer's lease frees it
-                continue
-            if peer is not None:
+                if peer is None:
+                    continue  # its handshake runs
                 self.agent.notify(peer.agent_name, f"{item.source.request_id}:0".encode())
-                self.notify.remove(item)
                 self.last_notify = time.monotonic()
+            except Exception as exc:  # noqa: BLE001 - that producer's lease frees it instead
+                log.warning("NIXL: no notification to %s:%d: %s", item.source.host,
+                            item.source.port, exc)  # fmt: skip
+            self.notify.remove(item)

@@ -26,11 +26,14 @@ from hybridkv.connectors.base import (
     KVConnectorRequest,
     RequestBlocks,
 )
+from hybridkv.connectors.nixl.auth import prompt_digest, sign_params
 from hybridkv.connectors.nixl.heartbeats import WaitList
 from hybridkv.connectors.nixl.layout import GroupDesc
 from hybridkv.connectors.nixl.meta import (
     Lease,
     NotifyOnly,
+    ParamsPolicy,
+    ParamsRefused,
     RemoteSource,
     StageState,
     StartLease,
@@ -38,8 +41,10 @@ from hybridkv.connectors.nixl.meta import (
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.plan import producer_first_block, producer_kept_tokens, transfer_end
 from hybridkv.connectors.nixl.stats import NixlStats
+from hybridkv.connectors.stats import StatsCounter, bump
 from hybridkv.request import RequestStatus
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
+from hybridkv.transfer_params import parse_transfer_params
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +65,12 @@ class NixlScheduler(BaseConnectorScheduler):
         block_size: int,
         producer: bool,
         consumer: bool,
+        policy: ParamsPolicy,
     ) -> None:
         self.options = options
+        self.policy = policy  # the deployment key: signs params (producer), verifies (consumer)
+        self.stats = StatsCounter(NixlStats)  # params refused
+        self._sources: dict[str, RemoteSource | None] = {}  # consumer: params parsed once
         self.engine_id = engine_id
         self.block_size = block_size
         self.attn = [g for g in groups if g.token_bytes]
@@ -79,7 +88,7 @@ class NixlScheduler(BaseConnectorScheduler):
         interval = options.heartbeat_interval_seconds
         self.waits = None
         if consumer and interval > 0:
-            self.waits = WaitList(interval, self._waiting_source, self._consumed)
+            self.waits = WaitList(interval, self._source, self._consumed)
 
     # -- which role a request plays --------------------------------------------------------
 
@@ -89,26 +98,35 @@ class NixlScheduler(BaseConnectorScheduler):
             return None
         return transfer_end(request.num_prompt_tokens, self.block_size, self.has_state)
 
-    def _source(self, request: KVConnectorRequest, log_errors: bool = True) -> RemoteSource | None:
+    def _source(self, request: KVConnectorRequest, to_load: bool = True) -> RemoteSource | None:
+        """A consumer's request's producer, parsed and verified once (at first sight, so the
+        expiry is judged on arrival); None if it has none or its params are refused (counted,
+        logged; the request computes locally). ``to_load`` False: only to tell the producer to
+        free (the prompt is not checked, nothing is kept)."""
         params = request.kv_transfer_params
         if not (self.consumer and params and params.get("do_remote_prefill")):
             return None
+        rid = request.request_id
+        if rid in self._sources:
+            return self._sources[rid]
+        src = None
         try:
-            return RemoteSource.parse(params, len(self.attn), self.has_state)
-        except ValueError as exc:
-            if log_errors:
-                log.warning("request %s: %s; computing it locally", request.request_id, exc)
-            return None
+            layout = (len(self.attn), self.has_state)
+            tokens = request.all_token_ids if to_load else None
+            src = RemoteSource.parse(params, tokens, layout, self.policy)
+        except ParamsRefused as exc:
+            with self.stats.update() as s:
+                bump(s.failures, exc.reason)
+            log.warning("request %s: %s: %s; computing it locally", rid, exc.reason, exc)
+        if to_load:
+            self._sources[rid] = src
+        return src
 
     # -- consumer ----------------------------------------------------------------------------
 
     def on_waiting(self, requests: Sequence[KVConnectorRequest]) -> None:
         if self.waits is not None:
             self.waits.update(requests)
-
-    def _waiting_source(self, request: KVConnectorRequest) -> RemoteSource | None:
-        """A waiting request's producer (malformed params are logged by its lookup)."""
-        return self._source(request, log_errors=False)
 
     def get_num_new_matched_tokens(
         self, request: KVConnectorRequest, num_local_computed: int
@@ -206,9 +224,9 @@ class NixlScheduler(BaseConnectorScheduler):
         lease = self._new_lease(rid) if end > 0 else None
         if lease is None:
             self._release_staging(rid)
-            return False, self._params(rid, blocks, 0)
+            return False, self._params(request, blocks, 0)
         self._items.append(StartLease(rid, self.options.abort_timeout_seconds, lease))
-        return True, self._params(rid, blocks, end)
+        return True, self._params(request, blocks, end)
 
     def request_dropped(self, request: KVConnectorRequest) -> None:
         """Aborted (or failed) while waiting for admission: its producer frees now instead of
@@ -225,8 +243,10 @@ class NixlScheduler(BaseConnectorScheduler):
             self.waits.stop(rid)
         if rid in self._consumed:
             self._consumed.discard(rid)
+            self._sources.pop(rid, None)
             return
-        src = self._source(request)
+        src = self._source(request, to_load=False)
+        self._sources.pop(rid, None)
         if src is not None and src.num_tokens > 0:  # aborted before its read started
             self._items.append(NotifyOnly(src))
 
@@ -244,11 +264,17 @@ class NixlScheduler(BaseConnectorScheduler):
         end = self._end_if_producing(request)
         return KeptKV(end, producer_kept_tokens(end, self.block_size)) if end else None
 
-    def _params(self, rid: str, blocks: RequestBlocks, end: int) -> dict[str, Any]:
+    def _params(
+        self, request: KVConnectorRequest, blocks: RequestBlocks, end: int
+    ) -> dict[str, Any]:
+        """The signed params a consumer loads the KV of tokens [0, end) with (``auth``)."""
+        rid = request.request_id
         firsts = [producer_first_block(g, end, self.block_size) for g in self.attn]
         last = _cdiv(end, self.block_size)
         staged = self._staged.get(rid)
-        return {
+        lease = self._leases.get(rid)
+        expires = self.policy.clock_ms() + int(self.options.abort_timeout_seconds * 1000)
+        params = {
             "do_remote_prefill": True,
             "do_remote_decode": False,
             "remote_engine_id": self.engine_id,
@@ -260,11 +286,15 @@ class NixlScheduler(BaseConnectorScheduler):
             "remote_state": [] if staged is None or not end else [staged] * self.num_state,
             "remote_block_size": self.block_size,
             "num_tokens": end,
-            "remote_lease": [lease.slot, lease.gen] if (lease := self._leases.get(rid)) else None,
+            "remote_lease": [lease.slot, lease.gen] if lease is not None else None,
+            "remote_expires_ms": expires,
         }
+        params["remote_prompt_digest"] = prompt_digest(request.all_token_ids[:end])
+        params["remote_signature"] = sign_params(self.policy.key, parse_transfer_params(params))
+        return params
 
     def take_stats(self) -> NixlStats:
-        return NixlStats()  # the worker half counts
+        return self.stats.take()  # params refused; the worker half counts the rest
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         for rid in output.finished_sending:

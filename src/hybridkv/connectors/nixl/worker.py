@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from hybridkv.connectors.base import BaseConnectorWorker, KVCacheAccess, output_from_results
-from hybridkv.connectors.nixl.agent import NixlAgent
+from hybridkv.connectors.nixl.agent import NixlAgent, net_devices
+from hybridkv.connectors.nixl.auth import AuthKey
 from hybridkv.connectors.nixl.handshake import Peers
 from hybridkv.connectors.nixl.heartbeats import HeartbeatSender
 from hybridkv.connectors.nixl.layout import LayoutDescriptor, TensorDesc, group_descs
@@ -52,7 +53,9 @@ class NixlWorker(BaseConnectorWorker):
         engine_id: str,
         producer: bool,
         compat: str,
+        key: AuthKey,
     ) -> None:
+        self.key = key
         self.options = options
         self.layout = layout
         self.model_id = model_id
@@ -79,7 +82,9 @@ class NixlWorker(BaseConnectorWorker):
         stride = sum(t[0].numel() * t.element_size() for ts in self.state_tensors for t in ts)
         if self.producer and stride:
             self._staging = torch.zeros(self.options.max_staged_states * stride, dtype=torch.uint8)
-        self.agent = NixlAgent(self.engine_id, self.producer, self.options.ucx_error_handling_mode)
+        o = self.options
+        devices = net_devices(o.ucx_net_devices, o.single_host())
+        self.agent = NixlAgent(self.engine_id, self.producer, o.ucx_error_handling_mode, devices)
         tensors = backing + [t for ts in self.state_tensors for t in ts] + [self._words]
         if self._staging is not None:
             tensors.append(self._staging)
@@ -91,6 +96,7 @@ class NixlWorker(BaseConnectorWorker):
             self.local,
             o.handshake_timeout_seconds,
             self.stats,
+            self.key,
             o.heartbeat_interval_seconds,
         )
         scratch = self._words[self.options.max_leases :]
@@ -99,7 +105,11 @@ class NixlWorker(BaseConnectorWorker):
         if self.producer:
             o = self.options
             self._server = SideChannelServer(
-                o.side_channel_host, o.side_channel_port, self.local.encode()
+                o.side_channel_host,
+                o.side_channel_port,
+                self.local.encode(),
+                self.key,
+                o.handshake_timeout_seconds,
             )
 
     def _descriptor(self, backing: list[torch.Tensor], stride: int) -> LayoutDescriptor:
@@ -121,6 +131,9 @@ class NixlWorker(BaseConnectorWorker):
             lease_words=self.options.max_leases,
             model_id=self.model_id,
             lease_seconds=self.options.abort_timeout_seconds if self.producer else 0.0,
+            num_blocks=min((t.numel() * t.element_size() for t in backing), default=0)
+            // self.layout.layer_page_bytes,
+            staging_entries=self.options.max_staged_states if self._staging is not None else 0,
         )
 
     # -- per step ------------------------------------------------------------------------------
