@@ -16,6 +16,10 @@ configurations share the engine, its files and its warm caches::
     disk clean    (``faults_hostile``) the OffloadingConnector's disk tier instead, every
     hostile dir   prompt a disk hit; then every stored part made a FIFO, symlink, forged,
                   foreign, truncated, huge or half-written file before each run
+    clean         (``faults_hostile_client``, tiny only) a prefill/decode pair behind the proxy,
+    hostile client  honest streamed requests; then the same with 10 % forged, retargeted,
+                  huge-number, untrusted-host and stalled-listener params sent to the decode
+                  engine: wrong tokens, decode health and honest TTFT p90 against ``clean``
 
 Rounds alternate the configurations (A, B, C, ..., A, B, C, ...) after one warm-up round.
 Every run's tokens are compared with the cold run's: the script exits 1 on any wrong token or
@@ -23,6 +27,7 @@ errored request. Prints one JSON document on stdout and a table on stderr.
 
     .venv/bin/python benchmarks/faults.py            # tiny + small, 5 rounds (a few minutes)
     .venv/bin/python benchmarks/faults.py --quick    # seconds; run by the test suite
+    .venv/bin/python benchmarks/faults.py --only-hostile-client --sizes tiny   # ~2 minutes
 """
 
 from __future__ import annotations
@@ -231,6 +236,20 @@ def hostile_rows(model: Path, work: Workload) -> dict[str, Any]:
     return {"hostile_startup_s": out["startup_s"], "hostile_configs": out["rows"]}
 
 
+def hostile_client_rows(model: Path, work: Workload) -> dict[str, Any]:
+    """The P/D pair with and without a hostile client (``faults_hostile_client``): 27 honest
+    prompts of 32-256 tokens per run, 3 of them followed by an attack."""
+    from faults_hostile_client import bench_hostile_client
+
+    rng = random.Random(7)
+    count = 9 if work.rounds <= 1 else 27
+    prompts = [
+        [rng.randrange(FIRST_TOKEN_ID, 1000) for _ in range(rng.randrange(32, 257))]
+        for _ in range(count)
+    ]
+    return {"hostile_client": bench_hostile_client(model, prompts, 8, work.rounds)}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny checkpoint, one round (seconds)")
@@ -242,6 +261,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cache-dir", type=Path, default=None, help="where checkpoints are built")
     p.add_argument(
         "--only-hostile", action="store_true", help="only the disk-tier clean/hostile rows"
+    )
+    p.add_argument(
+        "--only-hostile-client", action="store_true", help="only the P/D hostile-client rows"
     )
     return p.parse_args(argv)
 
@@ -296,11 +318,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     for size, work in workloads.items():
         model = ensure_checkpoint(cache_dir, args.arch, size)
-        if args.only_hostile:
+        if args.only_hostile or args.only_hostile_client:
             result: dict[str, Any] = {"workload": dataclasses.asdict(work), "configs": {}}
         else:
             result = bench_checkpoint(model, work, configs)
-        result.update(hostile_rows(model, work))
+        if not args.only_hostile_client:
+            result.update(hostile_rows(model, work))
+        if size == "tiny" and not args.quick and not args.only_hostile or args.only_hostile_client:
+            result.update(hostile_client_rows(model, work))
         doc["results"][f"{args.arch}-{size}"] = result
     doc["seconds"] = time.perf_counter() - started
     rows = [
@@ -308,14 +333,21 @@ def main(argv: list[str] | None = None) -> int:
         for r in doc["results"].values()
         for c in [*r["configs"].values(), *r.get("hostile_configs", {}).values()]
     ]
+    clients = [r["hostile_client"] for r in doc["results"].values() if "hostile_client" in r]
     wrong = sum(c["wrong_tokens"] for c in rows)
+    wrong_requests = sum(row["wrong_requests"] for c in clients for row in c["rows"].values())
     errored = sum(c["errored_requests"] for c in rows)
+    unhealthy = sum(c["attacks_answered_5xx"] + c["decode_health_not_200"] for c in clients)
     doc["wrong_tokens"] = wrong
     doc["errored_requests"] = errored
     print(json.dumps(doc, indent=1))
     print_table(doc)
-    if wrong or errored:
-        print(f"\nFAIL: {wrong} wrong tokens, {errored} errored requests", file=sys.stderr)
+    if wrong or errored or wrong_requests or unhealthy:
+        print(
+            f"\nFAIL: {wrong} wrong tokens, {errored} errored requests; hostile client: "
+            f"{wrong_requests} wrong honest requests, {unhealthy} 5xx answers or failed health polls",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
