@@ -93,6 +93,13 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
         default=30.0,
         help="/health answers 503 once one engine step has run this long (default: 30)",
     )
+    g.add_argument(
+        "--stream-stall-seconds",
+        type=float,
+        default=30.0,
+        help="a client that reads none of its response for this long is disconnected and its "
+        "request aborted (default: 30)",
+    )
 
 
 def resolve_api_key(args: argparse.Namespace) -> str | None:
@@ -147,6 +154,7 @@ def run_serve(
         max_request_bytes=parse_bytes(args.max_request_bytes, "--max-request-bytes"),
         max_queued_requests=args.max_queued_requests,
         engine_stall_seconds=args.engine_stall_seconds,
+        stream_stall_seconds=args.stream_stall_seconds,
     )
     return run_server(
         ServeOptions(
