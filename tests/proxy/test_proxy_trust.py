@@ -251,3 +251,20 @@ def _up(url: str) -> bool:
         return httpx.get(url + "/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_aborts_the_engines_request(stream: bool) -> None:
+    app, fd = make_app(max_model_len=1 << 20, step_delay=0.002)
+    slow = EngineTimeouts(first_byte_seconds=300)  # not what ends it
+    with ThreadedServer(app) as d, proxy([], [d.url], timeouts=slow) as px:
+        body = {"model": MODEL, "prompt": "a", "max_tokens": 1 << 19, "stream": stream}
+        if stream:
+            with httpx.stream("POST", px.url + "/v1/completions", json=body, timeout=30) as r:
+                lines = r.iter_lines()
+                assert next(lines).startswith("data: {")
+                assert len(fd.reqs) == 1
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(px.url + "/v1/completions", json=body, timeout=1)
+        wait_for(lambda: fd.num_queries == 1 and not fd.reqs, what="the engine to abort it")

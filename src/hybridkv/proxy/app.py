@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -62,7 +62,7 @@ def create_proxy_app(router: Router, options: ProxyOptions | None = None) -> Fas
     async def generate(path: str, request: Request) -> Response:
         body = await client_body(request)
         call = Call(client, router, options, path, options.engine_headers(_auth(request)))
-        return await route(call, body)
+        return await until_disconnect(request, route(call, body))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -113,6 +113,25 @@ async def route(call: Call, body: dict[str, Any]) -> Response:
     if params is None:
         return await decode(call, body, Outcome.COLOCATED)
     return await decode(call, {**body, "kv_transfer_params": params}, Outcome.DISAGGREGATED)
+
+
+async def until_disconnect(request: Request, work: Awaitable[Response]) -> Response:
+    """``work``'s answer; if the client goes away first, ``work`` is cancelled (its engine
+    calls are closed, so the engines abort their requests) and nobody reads the 499."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    return task.result() if task in done else Response(status_code=499)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def client_body(request: Request) -> dict[str, Any]:
