@@ -24,6 +24,7 @@ class RawBackend:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.num_posts = 0
+        self.num_health_probes = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
@@ -53,6 +54,7 @@ class RawBackend:
                 method = head.split(" ", 1)[0]
                 body = await reader.readexactly(_content_length(head))
                 if method == "GET":
+                    self.num_health_probes += 1
                     if self.hung_health:
                         await asyncio.sleep(3600)
                     writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")

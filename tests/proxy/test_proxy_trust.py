@@ -10,7 +10,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import httpx
 import pytest
 
 from hybridkv.proxy.app import create_proxy_app
+from hybridkv.proxy.health import FRESH_SECONDS
 from hybridkv.proxy.options import EngineTimeouts, ProxyOptions
 from hybridkv.proxy.router import Router
 from hybridkv.server.limits import ServerLimits
@@ -188,6 +191,18 @@ def test_a_hung_prefill_engine_shows_in_health_and_is_routed_around(
     with RawBackend(hang, hung_health=True) as hung, proxy([], [hung.url]) as px:
         r = httpx.get(px.url + "/health", timeout=10)
         assert r.status_code == 503 and "no decode engine is healthy" in r.text
+
+
+def test_health_calls_do_not_multiply_probes() -> None:
+    """An open /health must not let anyone make the proxy hammer its engines."""
+    with RawBackend(hang) as engine, proxy([], [engine.url]) as px:
+        start = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: httpx.get(px.url + "/health", timeout=10), range(40)))
+        elapsed = time.monotonic() - start
+        assert {a.status_code for a in answers} == {200}
+        # at most a round per FRESH_SECONDS (+ the background round), not one per call
+        assert engine.num_health_probes <= 2 + elapsed / FRESH_SECONDS
 
 
 def sse_events(text: str) -> list[str]:

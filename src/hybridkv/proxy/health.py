@@ -1,5 +1,6 @@
 """Which engines answer: each engine's ``/health`` probed with a short timeout, every
-``health_interval_seconds`` in the background and again on each ``GET /health`` of the proxy.
+``health_interval_seconds`` in the background and again on a ``GET /health`` of the proxy
+(at most one round per ``FRESH_SECONDS``, however many clients ask: no amplification).
 
 An engine that refuses connections, answers non-200 (its engine thread died, or one step has
 run past its ``--engine-stall-seconds``) or does not answer within ``health_seconds`` (a hung
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 
 import httpx
 
@@ -17,6 +20,7 @@ from hybridkv.proxy.options import EngineTimeouts
 from hybridkv.proxy.router import Router
 
 log = logging.getLogger(__name__)
+FRESH_SECONDS = 1.0
 
 
 class HealthMonitor:
@@ -24,9 +28,18 @@ class HealthMonitor:
         self.router = router
         self.client = client
         self.timeouts = timeouts
+        self._lock = asyncio.Lock()
+        self._probed_at = -math.inf  # when the last round ended (monotonic)
 
     async def probe_all(self) -> None:
-        """Probe every engine at once; the router's ``healthy`` is updated in place."""
+        """Probe every engine at once, unless a round ended within ``FRESH_SECONDS`` (one in
+        progress is waited for); the router's ``healthy`` is updated in place."""
+        async with self._lock:
+            if time.monotonic() - self._probed_at >= FRESH_SECONDS:
+                await self._probe_round()
+                self._probed_at = time.monotonic()
+
+    async def _probe_round(self) -> None:
         urls = list(self.router.healthy)
         results = await asyncio.gather(*(self._probe(u) for u in urls))
         for url, ok in zip(urls, results, strict=True):
