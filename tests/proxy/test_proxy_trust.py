@@ -193,6 +193,27 @@ def test_a_hung_prefill_engine_shows_in_health_and_is_routed_around(
         assert r.status_code == 503 and "no decode engine is healthy" in r.text
 
 
+def test_requests_waiting_on_an_engine_that_hangs_are_freed(engines: list[Engine]) -> None:
+    """An engine that hangs with requests in flight: they move on once a probe finds it down,
+    not after --first-byte-timeout (300 s here)."""
+    _, (d, _) = engines
+    timeouts = EngineTimeouts(
+        first_byte_seconds=300, health_seconds=0.5, health_interval_seconds=0.5
+    )
+    with RawBackend(hang) as engine, proxy([engine.url], [d.url], timeouts=timeouts) as px:
+        with ThreadPoolExecutor(2) as pool:
+            waiting = [pool.submit(post, px.url) for _ in range(2)]
+            wait_for(lambda: engine.num_posts == 2, what="both requests to reach the engine")
+            engine.hung_health = True  # the whole engine hangs now
+            answers = [w.result(60) for w in waiting]
+        for r in answers:  # colocated on the decode engine
+            assert r.status_code == 200 and r.json()["kv_transfer_params"] is None
+        values = scrape(px.url)
+        assert (
+            values[f"hybridkv_proxy_engine_failures_total{{engine={engine.url},role=prefill}}"] == 2
+        )
+
+
 def test_health_calls_do_not_multiply_probes() -> None:
     """An open /health must not let anyone make the proxy hammer its engines."""
     with RawBackend(hang) as engine, proxy([], [engine.url]) as px:

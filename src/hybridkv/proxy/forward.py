@@ -7,8 +7,10 @@ What the client sees when an engine fails:
 | failure                                      | answer                                      |
 |----------------------------------------------|---------------------------------------------|
 | prefill engine refuses the request (4xx)     | its own answer, status and body             |
-| prefill engine unreachable, 5xx, timed out   | the next one; none left: decode colocated   |
-| decode engine unreachable                    | the next one; none left: 503                |
+| prefill engine unreachable, 5xx, timed out,  | the next one; none left: decode colocated   |
+| or found down (/health) while awaited        |                                             |
+| decode engine unreachable, or found down     | the next one; none left: 503                |
+| (/health) while its answer is awaited        |                                             |
 | decode engine fails or times out before its  | 502 (504 for a timeout), OpenAI's error      |
 | answer is whole (not streamed)               | shape                                       |
 | decode engine fails mid-stream               | an ``{"error": ...}`` event, ``[DONE]``     |
@@ -19,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from asyncio import FIRST_COMPLETED
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from fastapi.responses import Response, StreamingResponse
@@ -32,6 +35,7 @@ from hybridkv.server.errors import APIError
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 DONE_EVENT = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -75,7 +79,7 @@ async def prefill(call: Call, body: dict[str, Any]) -> dict[str, Any] | None:
     for url in call.router.prefill_order():
         try:
             post = call.client.post(url + call.path, content=payload, headers=call.post_headers)
-            r = await asyncio.wait_for(post, call.timeouts.first_byte_seconds)
+            r = await first_byte(call, url, post)
         except (httpx.HTTPError, TimeoutError) as exc:
             log.warning("prefill engine %s failed: %s", url, _describe(exc))
         else:
@@ -113,8 +117,8 @@ async def decode(call: Call, body: dict[str, Any], outcome: Outcome) -> Response
         )
         try:
             sent = call.client.send(request, stream=True)
-            upstream = await asyncio.wait_for(sent, call.timeouts.first_byte_seconds)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            upstream = await first_byte(call, url, sent)
+        except (httpx.ConnectError, httpx.ConnectTimeout, EngineDown) as exc:
             log.warning("decode engine %s unreachable: %s", url, _describe(exc))
             call.router.count_failure(url, prefill=False)
             continue
@@ -128,6 +132,31 @@ async def decode(call: Call, body: dict[str, Any], outcome: Outcome) -> Response
         return await _whole_answer(call, url, upstream)
     call.router.count(Outcome.FAILED)
     return gateway_error(503, "no decode engine answered", "service_unavailable").response()
+
+
+class EngineDown(TimeoutError):
+    """A /health probe found the engine unhealthy while a call to it waited."""
+
+
+async def first_byte(call: Call, url: str, answer: Awaitable[T]) -> T:
+    """``answer`` (an engine call up to its headers), raising ``TimeoutError`` past
+    ``first_byte_seconds``, or ``EngineDown`` as soon as a /health probe finds the engine
+    unhealthy (a hung engine does not hold its requests for the whole timeout). An engine
+    already unhealthy when the call begins (tried last: no other answered) is not watched."""
+    task = asyncio.ensure_future(answer)
+    watched: set[asyncio.Future[Any]] = {task}
+    if call.router.healthy[url]:
+        watched.add(asyncio.ensure_future(call.router.wait_unhealthy(url)))
+    try:
+        done, _ = await asyncio.wait(
+            watched, timeout=call.timeouts.first_byte_seconds, return_when=FIRST_COMPLETED
+        )
+    finally:
+        for t in watched:
+            t.cancel()  # a no-op on the done one
+    if task in done:
+        return task.result()
+    raise EngineDown("its /health probe failed") if done else TimeoutError()
 
 
 async def relay_events(
@@ -215,6 +244,8 @@ def _params_of(r: httpx.Response, url: str) -> dict[str, Any] | None:
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, EngineDown):
+        return f"the engine went down ({exc})"
     if isinstance(exc, TimeoutError):
         return "timed out"
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

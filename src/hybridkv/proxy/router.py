@@ -3,11 +3,14 @@ routing counters."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
+
+UNHEALTHY_POLL_SECONDS = 0.25
 
 
 class Outcome(str, Enum):
@@ -48,6 +51,11 @@ class Router:
         """Every decode engine once: the healthy ones first, each group in turn."""
         urls = _rotated(self.decode, next(self._next_decode))
         return sorted(urls, key=lambda u: not self.healthy[u])  # stable: keeps the turn
+
+    async def wait_unhealthy(self, url: str) -> None:
+        """Return once ``url`` is marked unhealthy (polled: the monitor marks it)."""
+        while self.healthy[url]:
+            await asyncio.sleep(UNHEALTHY_POLL_SECONDS)
 
     def has_healthy(self, role: str) -> bool:
         return any(self.healthy[u] for u in (self.prefill if role == "prefill" else self.decode))
