@@ -110,6 +110,12 @@ METRICS: dict[str, MetricSpec] = {
         ("reason",),
         "requests refused before the engine saw them (server limits), by reason",
     ),
+    "stalled_clients_disconnected": MetricSpec(
+        "counter",
+        (),
+        "connections closed because the client read none of its response for "
+        "--stream-stall-seconds (its request aborted)",
+    ),
 }
 
 
@@ -165,10 +171,18 @@ class ServerMetrics:
         )
         for reason in REFUSAL_REASONS:
             self._refused.labels(reason)  # every reason shows, at zero until used
+        spec = METRICS["stalled_clients_disconnected"]
+        self._stalled = Counter(
+            PREFIX + "stalled_clients_disconnected", spec.help, registry=self.registry
+        )
 
     def on_refused(self, reason: str) -> None:
         """Count a request refused by a server limit (one of ``REFUSAL_REASONS``)."""
         self._refused.labels(reason).inc()
+
+    def on_stalled(self) -> None:
+        """Count a connection closed because its client stopped reading (event loop only)."""
+        self._stalled.inc()
 
     def publish(self, snapshot: EngineStats) -> None:
         """The engine thread's newest snapshot (after each iteration: one step at most)."""

@@ -1,44 +1,68 @@
 """The proxy's routes. Per request: the prefill engine computes the prompt (``max_tokens=1``,
 ``kv_transfer_params={"do_remote_decode": true}``); its answer's ``kv_transfer_params`` go with
-the original request to a decode engine, whose answer (streamed or not) passes through
-unchanged. A prefill engine that fails is retried on the next; when all fail, the decode engine
-serves the request colocated (no params)."""
+the client's request to a decode engine, whose answer goes back (streamed event by event, or
+whole). A prefill engine that fails is retried on the next; when all fail (or none is healthy),
+the decode engine serves the request colocated (no params). A prefill engine that refuses the
+request (4xx) answers the client itself: that body never reaches a decode engine.
+
+The client's body is bounded (``BodyLimit``: 413 past ``--max-request-bytes``, read as it
+arrives), parsed once (400 in OpenAI's shape for bad JSON, a non-object, ``NaN``/``Infinity``
+or numbers beyond a float), and loses the client's own ``kv_transfer_params`` unless
+``allow_client_kv_transfer_params`` (then they go to the decode engine as given, no prefill).
+"""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+import json
+import math
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
+from hybridkv.proxy.forward import Call, Refused, decode, prefill
+from hybridkv.proxy.health import HealthMonitor
 from hybridkv.proxy.metrics import render_metrics
+from hybridkv.proxy.options import ProxyOptions
 from hybridkv.proxy.router import Outcome, Router
+from hybridkv.server.app import BearerAuth
+from hybridkv.server.errors import APIError, bad_request, install_error_handlers
+from hybridkv.server.limits import BodyLimit
 
-log = logging.getLogger(__name__)
-
-GENERATE_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
+LARGE_BODY_BYTES = 1 << 20  # parsed on a worker thread from this size
 
 
-def create_proxy_app(router: Router) -> FastAPI:
-    client = httpx.AsyncClient(timeout=GENERATE_TIMEOUT)
+def create_proxy_app(router: Router, options: ProxyOptions | None = None) -> FastAPI:
+    options = options or ProxyOptions()
+    connect = options.timeouts.connect_seconds
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=connect))
+    probes = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=connect))  # own pool
+    monitor = HealthMonitor(router, probes, options.timeouts)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        await client.aclose()
+        task = asyncio.create_task(monitor.run())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await client.aclose()
+            await probes.aclose()
 
-    app = FastAPI(title="hybridkv proxy", lifespan=lifespan)
+    app = FastAPI(title="hybridkv proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
+    install_error_handlers(app)
 
     async def generate(path: str, request: Request) -> Response:
-        body: dict[str, Any] = await request.json()
-        params = await _prefill(client, router, path, body)
-        if params is not None:
-            body = {**body, "kv_transfer_params": params}
-        return await _decode(client, router, path, body, params is not None)
+        body = await client_body(request)
+        call = Call(client, router, options, path, options.engine_headers(_auth(request)))
+        return await until_disconnect(request, route(call, body))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -50,88 +74,111 @@ def create_proxy_app(router: Router) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        for url in router.decode:
-            try:
-                if (await client.get(url + "/health", timeout=5.0)).status_code == 200:
-                    return JSONResponse({"status": "ok"})
-            except httpx.HTTPError:
-                continue
-        return JSONResponse({"status": "no decode engine is healthy"}, status_code=503)
+        """200 while at least one prefill engine (if any is configured) and one decode engine
+        answer their /health within ``--health-timeout``; else 503 saying which side is down."""
+        await monitor.probe_all()
+        problem = monitor.problem()
+        if problem is not None:
+            raise APIError(503, problem, type="service_unavailable", code="engine_unavailable")
+        return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
-    async def models() -> Response:
-        seen: dict[str, dict[str, Any]] = {}
-        for url in router.decode:
-            try:
-                r = await client.get(url + "/v1/models", timeout=5.0)
-                for m in r.json().get("data", []):
-                    seen.setdefault(m["id"], m)
-            except (httpx.HTTPError, ValueError, KeyError):
-                router.count_failure(url, prefill=False)
-        return JSONResponse({"object": "list", "data": list(seen.values())})
+    async def models(request: Request) -> Response:
+        headers = options.engine_headers(_auth(request))
+        return JSONResponse(await _models(client, router, options, headers))
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(render_metrics(router), media_type="text/plain; version=0.0.4")
 
+    limits = options.limits
+    app.add_middleware(
+        BodyLimit, max_bytes=limits.max_request_bytes, timeout=limits.body_timeout_seconds
+    )
+    if options.api_key:
+        app.add_middleware(BearerAuth, api_key=options.api_key)  # outermost
     return app
 
 
-async def _prefill(
-    client: httpx.AsyncClient, router: Router, path: str, body: dict[str, Any]
-) -> dict[str, Any] | None:
-    """The prefill engine's kv_transfer_params, or None if no prefill engine could do it."""
-    prefill_body = {
-        **body,
-        "max_tokens": 1,
-        "stream": False,
-        "kv_transfer_params": {"do_remote_decode": True},
-    }
-    prefill_body.pop("stream_options", None)
-    if "max_completion_tokens" in prefill_body:
-        prefill_body["max_completion_tokens"] = 1
-    for url in router.prefill_order():
-        try:
-            r = await client.post(url + path, json=prefill_body)
-            if r.status_code == 200:
-                params = r.json().get("kv_transfer_params")
-                if isinstance(params, dict):
-                    return params
-            if 400 <= r.status_code < 500:
-                return None  # the request itself is bad: the decode engine answers the error
-            log.warning("prefill engine %s answered %d", url, r.status_code)
-        except httpx.HTTPError as exc:
-            log.warning("prefill engine %s failed: %s", url, exc)
-        router.count_failure(url, prefill=True)
-    return None
-
-
-async def _decode(
-    client: httpx.AsyncClient, router: Router, path: str, body: dict[str, Any], disagg: bool
-) -> Response:
-    for url in router.decode_order():
-        try:
-            request = client.build_request("POST", url + path, json=body)
-            upstream = await client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            log.warning("decode engine %s failed: %s", url, exc)
-            router.count_failure(url, prefill=False)
-            continue
-        router.count(Outcome.DISAGGREGATED if disagg else Outcome.COLOCATED)
-        headers = {"content-type": upstream.headers.get("content-type", "application/json")}
-        return StreamingResponse(
-            _passthrough(upstream), status_code=upstream.status_code, headers=headers
-        )
-    router.count(Outcome.FAILED)
-    return JSONResponse(
-        {"error": {"message": "no decode engine answered", "type": "service_unavailable"}},
-        status_code=503,
-    )
-
-
-async def _passthrough(upstream: httpx.Response) -> AsyncIterator[bytes]:
+async def route(call: Call, body: dict[str, Any]) -> Response:
+    """Prefill (unless the client's own params are allowed and given), then decode."""
+    given = body.pop("kv_transfer_params", None)
+    if given is not None and call.options.allow_client_kv_transfer_params:
+        return await decode(call, {**body, "kv_transfer_params": given}, Outcome.DISAGGREGATED)
     try:
-        async for chunk in upstream.aiter_raw():
-            yield chunk
+        params = await prefill(call, body)
+    except Refused as refused:
+        call.router.count(Outcome.REFUSED)
+        return refused.response
+    if params is None:
+        return await decode(call, body, Outcome.COLOCATED)
+    return await decode(call, {**body, "kv_transfer_params": params}, Outcome.DISAGGREGATED)
+
+
+async def until_disconnect(request: Request, work: Awaitable[Response]) -> Response:
+    """``work``'s answer; if the client goes away first, ``work`` is cancelled (its engine
+    calls are closed, so the engines abort their requests) and nobody reads the 499."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        await upstream.aclose()
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    return task.result() if task in done else Response(status_code=499)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def client_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object (its size already bounded by ``BodyLimit``)."""
+    raw = await request.body()
+    if len(raw) >= LARGE_BODY_BYTES:  # a 16 MiB body parses for ~0.3 s: not on the loop
+        return await asyncio.to_thread(parse_body, raw)
+    return parse_body(raw)
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
+        detail = f": {exc}" if isinstance(exc, ValueError) else ": nested too deeply"
+        raise bad_request(f"the request body is not valid JSON{detail}") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+def _auth(request: Request) -> str | None:
+    return request.headers.get("authorization")
+
+
+async def _models(
+    client: httpx.AsyncClient, router: Router, options: ProxyOptions, headers: dict[str, str]
+) -> dict[str, Any]:
+    """Every decode engine's models, once each."""
+    seen: dict[str, Any] = {}
+    for url in router.decode:
+        try:
+            got = client.get(url + "/v1/models", headers=headers)
+            r = await asyncio.wait_for(got, options.timeouts.health_seconds)
+            for m in r.json().get("data", []):
+                seen.setdefault(m["id"], m)
+        except (httpx.HTTPError, TimeoutError, ValueError, KeyError, TypeError, AttributeError):
+            router.count_failure(url, prefill=False)
+    return {"object": "list", "data": list(seen.values())}

@@ -1,9 +1,9 @@
-"""The proxy's own Prometheus counters (routing outcomes, failures by engine)."""
+"""The proxy's own Prometheus metrics (routing outcomes, failures and health by engine)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from hybridkv.proxy.router import Router
@@ -30,6 +30,14 @@ class _RouterCollector(Collector):
             for url, n in table.items():
                 failures.add_metric([role, url], n)
         yield failures
+        healthy = GaugeMetricFamily(
+            "hybridkv_proxy_engine_healthy",
+            "1 if the engine's last /health probe answered 200 in time, else 0",
+            labels=["role", "engine"],
+        )
+        for role, url in self.router.engines():
+            healthy.add_metric([role, url], float(self.router.healthy[url]))
+        yield healthy
 
 
 def render_metrics(router: Router) -> bytes:

@@ -1,18 +1,23 @@
-"""Round robin over prefill and decode engines, and the proxy's routing counters."""
+"""Round robin over prefill and decode engines, which of them answer /health, and the proxy's
+routing counters."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 
+UNHEALTHY_POLL_SECONDS = 0.25
+
 
 class Outcome(str, Enum):
     DISAGGREGATED = "disaggregated"  # prefilled on a prefill engine, decoded on a decode engine
-    COLOCATED = "colocated"  # every prefill engine failed: the decode engine did it all
-    FAILED = "failed"  # no decode engine answered
+    COLOCATED = "colocated"  # no prefill engine could: the decode engine did it all
+    REFUSED = "refused"  # the prefill engine refused the request: its 4xx went to the client
+    FAILED = "failed"  # no decode engine answered, or it failed before its answer was whole
 
 
 @dataclass(slots=True)
@@ -23,22 +28,37 @@ class RoutingStats:
 
 
 class Router:
+    """Engines in turn. An engine whose last /health probe failed is skipped for prefill (the
+    decode engine computes the prompt instead) and tried last for decode. Every engine counts
+    as healthy until probed."""
+
     def __init__(self, prefill: list[str], decode: list[str]) -> None:
         if not decode:
             raise ValueError("hybridkv proxy: at least one --decode engine URL is required")
         self.prefill = [u.rstrip("/") for u in prefill]
         self.decode = [u.rstrip("/") for u in decode]
+        self.healthy: dict[str, bool] = dict.fromkeys([*self.prefill, *self.decode], True)
         self._next_prefill = itertools.count()
         self._next_decode = itertools.count()
         self._lock = threading.Lock()
         self.stats = RoutingStats()
 
     def prefill_order(self) -> list[str]:
-        """Every prefill engine once, starting with the next in turn."""
-        return _rotated(self.prefill, next(self._next_prefill))
+        """Every healthy prefill engine once, starting with the next in turn."""
+        return [u for u in _rotated(self.prefill, next(self._next_prefill)) if self.healthy[u]]
 
     def decode_order(self) -> list[str]:
-        return _rotated(self.decode, next(self._next_decode))
+        """Every decode engine once: the healthy ones first, each group in turn."""
+        urls = _rotated(self.decode, next(self._next_decode))
+        return sorted(urls, key=lambda u: not self.healthy[u])  # stable: keeps the turn
+
+    async def wait_unhealthy(self, url: str) -> None:
+        """Return once ``url`` is marked unhealthy (polled: the monitor marks it)."""
+        while self.healthy[url]:
+            await asyncio.sleep(UNHEALTHY_POLL_SECONDS)
+
+    def has_healthy(self, role: str) -> bool:
+        return any(self.healthy[u] for u in (self.prefill if role == "prefill" else self.decode))
 
     def count(self, outcome: Outcome) -> None:
         with self._lock:

@@ -93,24 +93,37 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
         default=30.0,
         help="/health answers 503 once one engine step has run this long (default: 30)",
     )
+    g.add_argument(
+        "--stream-stall-seconds",
+        type=float,
+        default=30.0,
+        help="a client that reads none of its response for this long is disconnected and its "
+        "request aborted (default: 30)",
+    )
 
 
 def resolve_api_key(args: argparse.Namespace) -> str | None:
     """--api-key, else --api-key-file's content, else $HYBRIDKV_API_KEY, else none."""
-    if args.api_key is not None and args.api_key_file is not None:
-        raise ValueError("give --api-key or --api-key-file, not both")
-    if args.api_key_file is not None:
+    return resolve_secret(args.api_key, args.api_key_file, API_KEY_ENV, "--api-key")
+
+
+def resolve_secret(value: str | None, path: Path | None, env: str, flag: str) -> str | None:
+    """``flag``'s value, else the content of ``flag``-file, else ``$env``, else none; an
+    empty key, or both the value and the file, is an error naming the flag."""
+    if value is not None and path is not None:
+        raise ValueError(f"give {flag} or {flag}-file, not both")
+    if path is not None:
         try:
-            key = args.api_key_file.read_text().strip()
+            key = path.read_text().strip()
         except OSError as exc:
-            raise ValueError(f"cannot read --api-key-file {args.api_key_file}: {exc}") from None
+            raise ValueError(f"cannot read {flag}-file {path}: {exc}") from None
         if not key:
-            raise ValueError(f"--api-key-file {args.api_key_file} is empty")
-        return str(key)
-    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
-    if key is not None and not key:
-        raise ValueError("the API key is empty")
-    return key
+            raise ValueError(f"{flag}-file {path} is empty")
+        return key
+    given = value if value is not None else os.environ.get(env)
+    if given is not None and not given:
+        raise ValueError(f"the key of {flag} (or ${env}) is empty")
+    return given
 
 
 def model_of(args: argparse.Namespace) -> str | None:
@@ -147,6 +160,7 @@ def run_serve(
         max_request_bytes=parse_bytes(args.max_request_bytes, "--max-request-bytes"),
         max_queued_requests=args.max_queued_requests,
         engine_stall_seconds=args.engine_stall_seconds,
+        stream_stall_seconds=args.stream_stall_seconds,
     )
     return run_server(
         ServeOptions(

@@ -75,7 +75,7 @@ def run_server(options: ServeOptions) -> int:
         app,
         log_level=options.log_level,
         timeout_graceful_shutdown=5,
-        **options.limits.uvicorn_options(),
+        **options.limits.uvicorn_options(on_stalled=state.metrics.on_stalled),
     )
     server = uvicorn.Server(config)
     banner = ready_message(options, state.model_name)

@@ -2,14 +2,20 @@
 
 ::
 
-    socket -- GuardedH11Protocol: headers within header_timeout_seconds, else closed
+    socket -- GuardedH11Protocol: headers within header_timeout_seconds, else closed;
+              a response the client stops reading closed after stream_stall_seconds
            -- BodyLimit: body <= max_request_bytes (413), sent within body_timeout_seconds (408)
            -- routes: tokenize off the event loop; AsyncEngine.submit refuses a request while
               max_queued_requests wait (503 + Retry-After)
 
 uvicorn (0.54, h11) bounds header size (``h11_max_incomplete_event_size``) and idle keep-alive
 connections, but not how long a client may take to send its headers or its body: both are
-bounded here, so half-sent requests cannot pile up.
+bounded here, so half-sent requests cannot pile up. Nor does uvicorn bound how long a client
+may leave its response unread: its flow control pauses the app once ~64 KiB wait in the
+socket's buffer (so the buffer is bounded), but the request behind it would run on to its
+``max_tokens``, holding its KV blocks and its growing cumulative output. A connection whose
+writes stay paused for ``stream_stall_seconds`` is aborted (buffer dropped); the route sees the
+disconnect and aborts its request.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class ServerLimits:
     max_request_bytes: int = 16 * MiB
     max_queued_requests: int = 1024
     engine_stall_seconds: float = 30.0
+    stream_stall_seconds: float = 30.0
     header_timeout_seconds: float = 10.0
     body_timeout_seconds: float = 30.0
     keep_alive_seconds: int = 5
@@ -45,18 +52,25 @@ class ServerLimits:
         _positive_int(self.max_queued_requests, "--max-queued-requests")
         _positive_int(self.keep_alive_seconds, "--keep-alive-seconds")
         _positive_int(self.max_header_bytes, "max_header_bytes")
-        for name in ("engine_stall_seconds", "header_timeout_seconds", "body_timeout_seconds"):
+        for name in (
+            "engine_stall_seconds",
+            "stream_stall_seconds",
+            "header_timeout_seconds",
+            "body_timeout_seconds",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number > 0")
 
-    def uvicorn_options(self) -> dict[str, Any]:
-        """``uvicorn.Config`` keywords enforcing these limits."""
-        protocol = type(
-            "GuardedH11Protocol",
-            (GuardedH11Protocol,),
-            {"header_timeout": self.header_timeout_seconds},
-        )
+    def uvicorn_options(self, on_stalled: Callable[[], None] | None = None) -> dict[str, Any]:
+        """``uvicorn.Config`` keywords enforcing these limits; ``on_stalled`` is called for
+        each connection closed because its client stopped reading."""
+        fields = {
+            "header_timeout": self.header_timeout_seconds,
+            "write_stall_timeout": self.stream_stall_seconds,
+            "on_stalled": staticmethod(on_stalled or _nothing),
+        }
+        protocol = type("GuardedH11Protocol", (GuardedH11Protocol,), fields)
         return {
             "http": protocol,
             "timeout_keep_alive": self.keep_alive_seconds,
@@ -69,11 +83,20 @@ def _positive_int(value: object, name: str) -> None:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
+def _nothing() -> None:
+    pass
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol, closing a connection whose request headers do not arrive within
-    ``header_timeout`` seconds of it opening (or of its previous response)."""
+    ``header_timeout`` seconds of it opening (or of its previous response), and aborting one
+    whose writes stay paused (the client reads nothing) for ``write_stall_timeout`` seconds."""
 
-    header_timeout: float = 10.0  # ServerLimits.uvicorn_options() subclasses with its own
+    # ServerLimits.uvicorn_options() subclasses with its own values
+    header_timeout: float = 10.0
+    write_stall_timeout: float = 30.0
+    on_stalled: Callable[[], None] = staticmethod(_nothing)
+    _stall_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -90,6 +113,31 @@ class GuardedH11Protocol(H11Protocol):
     def _maybe_close(self, waiting_after: object) -> None:
         if self.cycle is waiting_after and not self.transport.is_closing():
             self.transport.close()
+
+    def pause_writing(self) -> None:
+        """The socket's buffer passed the high-water mark: the client has this long to read."""
+        super().pause_writing()
+        if self._stall_timer is None:
+            self._stall_timer = self.loop.call_later(self.write_stall_timeout, self._abort_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        super().connection_lost(exc)
+
+    def _abort_stalled(self) -> None:
+        """NOTE: ``abort``, not ``close``: close would wait for the unread buffer to drain."""
+        self._stall_timer = None
+        if self.flow.write_paused and not self.transport.is_closing():
+            self.on_stalled()
+            self.transport.abort()  # -> connection_lost: the route sees a disconnect
 
 
 class BodyLimit:

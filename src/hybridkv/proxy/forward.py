@@ -1,0 +1,259 @@
+"""One client request's calls to the engines: the prefill call, then the decode call whose
+answer goes back to the client.
+
+Every call is bounded in time (``EngineTimeouts``: connect, first byte, idle between chunks).
+What the client sees when an engine fails:
+
+| failure                                      | answer                                      |
+|----------------------------------------------|---------------------------------------------|
+| prefill engine refuses the request (4xx)     | its own answer, status and body             |
+| prefill engine unreachable, 5xx, timed out,  | the next one; none left: decode colocated   |
+| or found down (/health) while awaited        |                                             |
+| decode engine unreachable, or found down     | the next one; none left: 503                |
+| (/health) while its answer is awaited        |                                             |
+| decode engine fails or times out before its  | 502 (504 for a timeout), OpenAI's error      |
+| answer is whole (not streamed)               | shape                                       |
+| decode engine fails mid-stream               | an ``{"error": ...}`` event, ``[DONE]``     |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from asyncio import FIRST_COMPLETED
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+from fastapi.responses import Response, StreamingResponse
+
+from hybridkv.proxy.options import MAX_ANSWER_BYTES, EngineTimeouts, ProxyOptions
+from hybridkv.proxy.router import Outcome, Router
+from hybridkv.server.errors import APIError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+DONE_EVENT = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """What every engine call of one client request shares."""
+
+    client: httpx.AsyncClient
+    router: Router
+    options: ProxyOptions
+    path: str  # /v1/completions or /v1/chat/completions
+    headers: dict[str, str]  # Authorization for the engines
+
+    @property
+    def post_headers(self) -> dict[str, str]:
+        return {**self.headers, "content-type": "application/json"}
+
+    @property
+    def timeouts(self) -> EngineTimeouts:
+        return self.options.timeouts
+
+
+class TooLarge(Exception):
+    """An engine's answer (or one event of it) is larger than ``MAX_ANSWER_BYTES``."""
+
+
+class Refused(Exception):
+    """The prefill engine refused the request; ``response`` is its answer, for the client."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+async def prefill(call: Call, body: dict[str, Any]) -> dict[str, Any] | None:
+    """The prefill engine's ``kv_transfer_params``, or None if no prefill engine could give
+    them (the decode engine then computes the prompt). Raises ``Refused`` when one refuses the
+    request: its body must not reach a decode engine."""
+    payload = _encode(prefill_body(body))
+    for url in call.router.prefill_order():
+        try:
+            post = call.client.post(url + call.path, content=payload, headers=call.post_headers)
+            r = await first_byte(call, url, post)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            log.warning("prefill engine %s failed: %s", url, _describe(exc))
+        else:
+            if 400 <= r.status_code < 500:
+                raise Refused(Response(r.content, r.status_code, media_type=_type_of(r)))
+            if r.status_code == 200:
+                return _params_of(r, url)
+            log.warning("prefill engine %s answered %d", url, r.status_code)
+        call.router.count_failure(url, prefill=True)
+    return None
+
+
+def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The client's body as a prefill request: one token, not streamed, params asked for.
+    ``min_tokens`` goes (above 1 it would make an honest request fail there)."""
+    out = {
+        **body,
+        "max_tokens": 1,
+        "stream": False,
+        "kv_transfer_params": {"do_remote_decode": True},
+    }
+    out.pop("stream_options", None)
+    out.pop("min_tokens", None)
+    if "max_completion_tokens" in out:
+        out["max_completion_tokens"] = 1
+    return out
+
+
+async def decode(call: Call, body: dict[str, Any], outcome: Outcome) -> Response:
+    """The decode engine's answer: a stream relayed event by event, or a whole body."""
+    payload = _encode(body)
+    for url in call.router.decode_order():
+        request = call.client.build_request(
+            "POST", url + call.path, content=payload, headers=call.post_headers
+        )
+        try:
+            sent = call.client.send(request, stream=True)
+            upstream = await first_byte(call, url, sent)
+        except (httpx.ConnectError, httpx.ConnectTimeout, EngineDown) as exc:
+            log.warning("decode engine %s unreachable: %s", url, _describe(exc))
+            call.router.count_failure(url, prefill=False)
+            continue
+        except (httpx.HTTPError, TimeoutError) as exc:
+            return _failed(call, url, exc)
+        call.router.count(outcome)
+        if upstream.status_code == 200 and _type_of(upstream).startswith("text/event-stream"):
+            on_failure = _failure_counter(call.router, url)
+            events = relay_events(upstream, call.timeouts, on_failure)
+            return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        return await _whole_answer(call, url, upstream)
+    call.router.count(Outcome.FAILED)
+    return gateway_error(503, "no decode engine answered", "service_unavailable").response()
+
+
+class EngineDown(TimeoutError):
+    """A /health probe found the engine unhealthy while a call to it waited."""
+
+
+async def first_byte(call: Call, url: str, answer: Awaitable[T]) -> T:
+    """``answer`` (an engine call up to its headers), raising ``TimeoutError`` past
+    ``first_byte_seconds``, or ``EngineDown`` as soon as a /health probe finds the engine
+    unhealthy (a hung engine does not hold its requests for the whole timeout). An engine
+    already unhealthy when the call begins (tried last: no other answered) is not watched."""
+    task = asyncio.ensure_future(answer)
+    watched: set[asyncio.Future[Any]] = {task}
+    if call.router.healthy[url]:
+        watched.add(asyncio.ensure_future(call.router.wait_unhealthy(url)))
+    try:
+        done, _ = await asyncio.wait(
+            watched, timeout=call.timeouts.first_byte_seconds, return_when=FIRST_COMPLETED
+        )
+    finally:
+        for t in watched:
+            t.cancel()  # a no-op on the done one
+    if task in done:
+        return task.result()
+    raise EngineDown("its /health probe failed") if done else TimeoutError()
+
+
+async def relay_events(
+    upstream: httpx.Response, timeouts: EngineTimeouts, on_failure: Callable[[str], None]
+) -> AsyncIterator[bytes]:
+    """The engine's events, each sent whole. A stream that fails (the engine died, a chunk
+    came too late, or it ended without ``[DONE]``) ends with an error event and ``[DONE]``,
+    as the engine's own server ends a failed stream, never cut short."""
+    buf, done, failure = bytearray(), False, "the stream ended without [DONE]"
+    chunks = upstream.aiter_bytes()
+    wait = timeouts.first_byte_seconds
+    try:
+        while not done:
+            chunk = await asyncio.wait_for(anext(chunks, b""), wait)
+            if not chunk:
+                break
+            wait = timeouts.idle_seconds
+            buf += chunk
+            cut = buf.rfind(b"\n\n", max(0, len(buf) - len(chunk) - 1))
+            if cut >= 0:
+                events = bytes(buf[: cut + 2])
+                del buf[: cut + 2]
+                done = events.endswith(DONE_EVENT)
+                yield events
+            if len(buf) > MAX_ANSWER_BYTES:
+                failure = f"an event larger than {MAX_ANSWER_BYTES} bytes"
+                break
+    except (httpx.HTTPError, TimeoutError) as exc:
+        failure = _describe(exc)
+    finally:
+        await upstream.aclose()
+    if not done:
+        on_failure(failure)
+        error = gateway_error(502, f"the decode engine failed mid-stream: {failure}")
+        yield b"data: " + json.dumps(error.body()).encode() + b"\n\n" + DONE_EVENT
+
+
+async def _whole_answer(call: Call, url: str, upstream: httpx.Response) -> Response:
+    """A non-streamed answer, read whole so that a failure is a 502, not a cut body."""
+    body = bytearray()
+    try:
+        chunks = upstream.aiter_bytes()
+        while chunk := await asyncio.wait_for(anext(chunks, b""), call.timeouts.idle_seconds):
+            body += chunk
+            if len(body) > MAX_ANSWER_BYTES:
+                raise TooLarge(f"an answer larger than {MAX_ANSWER_BYTES} bytes")
+    except (httpx.HTTPError, TimeoutError, TooLarge) as exc:
+        return _failed(call, url, exc)
+    finally:
+        await upstream.aclose()
+    return Response(bytes(body), upstream.status_code, media_type=_type_of(upstream))
+
+
+def _failed(call: Call, url: str, exc: BaseException) -> Response:
+    """The decode engine failed before its answer was whole: 504 for a timeout, else 502."""
+    log.warning("decode engine %s failed: %s", url, _describe(exc))
+    call.router.count_failure(url, prefill=False)
+    call.router.count(Outcome.FAILED)
+    timed_out = isinstance(exc, TimeoutError | httpx.TimeoutException)
+    message = f"the decode engine failed before its answer was complete: {_describe(exc)}"
+    return gateway_error(504 if timed_out else 502, message).response()
+
+
+def gateway_error(status: int, message: str, type_: str = "server_error") -> APIError:
+    return APIError(status, message, type=type_, code="upstream_failed")
+
+
+def _failure_counter(router: Router, url: str) -> Callable[[str], None]:
+    def on_failure(reason: str) -> None:
+        log.warning("decode engine %s failed mid-stream: %s", url, reason)
+        router.count_failure(url, prefill=False)
+
+    return on_failure
+
+
+def _params_of(r: httpx.Response, url: str) -> dict[str, Any] | None:
+    try:
+        params = r.json().get("kv_transfer_params")
+    except (ValueError, AttributeError):
+        params = None
+    if not isinstance(params, dict):
+        log.warning("prefill engine %s gave no kv_transfer_params (is it a kv_producer?)", url)
+        return None
+    return params
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, EngineDown):
+        return f"the engine went down ({exc})"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _type_of(r: httpx.Response) -> str:
+    return str(r.headers.get("content-type", "application/json"))
+
+
+def _encode(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, allow_nan=False).encode()

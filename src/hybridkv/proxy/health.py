@@ -1,0 +1,69 @@
+"""Which engines answer: each engine's ``/health`` probed with a short timeout, every
+``health_interval_seconds`` in the background and again on a ``GET /health`` of the proxy
+(at most one round per ``FRESH_SECONDS``, however many clients ask: no amplification).
+
+An engine that refuses connections, answers non-200 (its engine thread died, or one step has
+run past its ``--engine-stall-seconds``) or does not answer within ``health_seconds`` (a hung
+process) is unhealthy until a probe succeeds; the router then routes around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+
+import httpx
+
+from hybridkv.proxy.options import EngineTimeouts
+from hybridkv.proxy.router import Router
+
+log = logging.getLogger(__name__)
+FRESH_SECONDS = 1.0
+
+
+class HealthMonitor:
+    def __init__(self, router: Router, client: httpx.AsyncClient, timeouts: EngineTimeouts):
+        self.router = router
+        self.client = client
+        self.timeouts = timeouts
+        self._lock = asyncio.Lock()
+        self._probed_at = -math.inf  # when the last round ended (monotonic)
+
+    async def probe_all(self) -> None:
+        """Probe every engine at once, unless a round ended within ``FRESH_SECONDS`` (one in
+        progress is waited for); the router's ``healthy`` is updated in place."""
+        async with self._lock:
+            if time.monotonic() - self._probed_at >= FRESH_SECONDS:
+                await self._probe_round()
+                self._probed_at = time.monotonic()
+
+    async def _probe_round(self) -> None:
+        urls = list(self.router.healthy)
+        results = await asyncio.gather(*(self._probe(u) for u in urls))
+        for url, ok in zip(urls, results, strict=True):
+            if self.router.healthy[url] != ok:
+                log.warning("engine %s is %s", url, "healthy again" if ok else "unhealthy")
+            self.router.healthy[url] = ok
+
+    async def run(self) -> None:
+        """Probe forever (a background task of the app's lifespan)."""
+        while True:
+            await self.probe_all()
+            await asyncio.sleep(self.timeouts.health_interval_seconds)
+
+    def problem(self) -> str | None:
+        """Why the proxy cannot serve disaggregated (or at all), or None if it can."""
+        for role, urls in (("prefill", self.router.prefill), ("decode", self.router.decode)):
+            if urls and not self.router.has_healthy(role):
+                return f"no {role} engine is healthy (none of {len(urls)} answers /health)"
+        return None
+
+    async def _probe(self, url: str) -> bool:
+        try:
+            probe = self.client.get(url + "/health")
+            response = await asyncio.wait_for(probe, self.timeouts.health_seconds)
+        except (httpx.HTTPError, TimeoutError):
+            return False
+        return response.status_code == 200
