@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from hybridkv.native import PageCopy, load_pagecopy
+
 TESTS = Path(__file__).resolve().parent
 TIER_OF_FOLDER = {"benchmarks": "bench", "model": "model", "engine": "model"}
 CHECKPOINT_FIXTURES = frozenset(
@@ -40,8 +42,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tier = tier_of(item)
         if tier is not None:
             item.add_marker(tier)
-
-from hybridkv.native import PageCopy, load_pagecopy
 
 
 @pytest.fixture(scope="session")
