@@ -1,7 +1,8 @@
 """Fixtures shared by every test package, and the test tiers.
 
 Tiers (markers, set here from where a test lives and what it uses, so no test file repeats
-them): ``e2e`` (``tests/e2e_*``: real engines and processes end to end), ``bench``
+them): ``e2e`` (``tests/e2e_*`` and ``tests/cli``: real engines and processes end to end),
+``bench``
 (``tests/benchmarks``: benchmark scripts run quickly), ``model`` (builds or runs a model: every
 test in ``tests/model`` and ``tests/engine``, and any test taking a checkpoint fixture), and
 ``slow`` (marked by hand: more than a few seconds). ``make test-fast`` runs the rest (the KV
@@ -18,7 +19,7 @@ import pytest
 from hybridkv.native import PageCopy, load_pagecopy
 
 TESTS = Path(__file__).resolve().parent
-TIER_OF_FOLDER = {"benchmarks": "bench", "model": "model", "engine": "model"}
+TIER_OF_FOLDER = {"benchmarks": "bench", "model": "model", "engine": "model", "cli": "e2e"}
 CHECKPOINT_FIXTURES = frozenset(
     {"checkpoints", "checkpoint", "hf_checkpoints", "model_dir", "tiny", "model", "served",
      "wide_checkpoints"}

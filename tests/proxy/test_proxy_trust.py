@@ -135,9 +135,12 @@ def test_client_kv_transfer_params_are_dropped_unless_allowed(engines: list[Engi
         assert r.status_code == 200 and r.json()["kv_transfer_params"] is None
     num_prefills = fp.num_queries
     with proxy([p.url], [d.url], allow_client_kv_transfer_params=True) as px:
-        assert post(px.url, kv_transfer_params=evil).json()["kv_transfer_params"] == {
-            "echo": {**evil, "remote_port": 10**30}
+        trusted = {**evil, "remote_port": 5600}  # a trusted router's params go through as given
+        assert post(px.url, kv_transfer_params=trusted).json()["kv_transfer_params"] == {
+            "echo": trusted
         }
+        r = post(px.url, kv_transfer_params=evil)  # the engine still parses them: a 400
+        assert r.status_code == 400 and "kv_transfer_params.remote_port" in r.text
     assert fp.num_queries == num_prefills  # given params: no prefill call
 
 
