@@ -9,6 +9,9 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+import socket
+import threading
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -168,3 +171,42 @@ def test_close_is_idempotent_and_a_closed_llm_says_so(model: Path, tmp_path: Pat
         engine.add_request(PROMPT, PARAMS)
     with pytest.raises(EngineClosedError, match="shut down"):
         engine.step()
+
+
+@pytest.mark.slow
+def test_an_engine_that_fails_to_start_releases_what_it_built(model: Path, tmp_path: Path) -> None:
+    """The NIXL agent is created and the cache registered before the side channel's port
+    turns out to be taken: the failed constructor releases them (and the tiers of a
+    MultiConnector's first child when its second cannot start)."""
+    run_once(model, CONFIGS["nixl_producer"](tmp_path, None), True)  # warm-up: UCX, NIXL
+    before = snapshot(None)[:2]
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
+                "kv_connector_extra_config": {"side_channel_port": port}}  # fmt: skip
+        multi = {"kv_connector": "MultiConnector",
+                 "kv_connector_extra_config": {"connectors": [offload(tmp_path), nixl]}}  # fmt: skip
+        for config in (nixl, multi):
+            with pytest.raises(ValueError, match="side channel"):
+                make(model, config)
+    assert snapshot(None)[:2] == before
+
+
+def test_dropping_the_last_reference_ends_the_engine_without_the_collector(
+    model: Path, tmp_path: Path
+) -> None:
+    """The engine is in no reference cycle: ``del llm`` alone runs its finalizer, and the
+    tier threads it started are gone before any collection."""
+    run_once(model, offload(tmp_path), True)  # warm-up: tqdm's monitor lives for the process
+    before = threading.active_count()  # Python's: OpenMP's native team may grow meanwhile
+    gc.disable()
+    try:
+        llm = make(model, offload(tmp_path))
+        llm.generate([PROMPT], PARAMS, use_tqdm=False)
+        engine = weakref.ref(llm.engine)
+        assert threading.active_count() > before  # the disk tier's workers
+        del llm
+        assert engine() is None
+        assert threading.active_count() == before
+    finally:
+        gc.enable()

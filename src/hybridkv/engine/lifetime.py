@@ -35,6 +35,10 @@ P = ParamSpec("P")
 SAVE_WAIT_SECONDS = 30.0  # saves handed over before the end get this long to become durable
 
 
+class EngineClosedError(RuntimeError):
+    """The engine was shut down (``LLM.close()``, a ``with`` block's end): create another."""
+
+
 def weak_method(method: Callable[P, None]) -> Callable[P, None]:
     """``method`` (bound to the engine) without a strong reference to the engine, for the
     engine's own parts: the engine stays out of reference cycles, so dropping its last
@@ -49,10 +53,6 @@ def weak_method(method: Callable[P, None]) -> Callable[P, None]:
         bound(*args, **kwargs)
 
     return call
-
-
-class EngineClosedError(RuntimeError):
-    """The engine was shut down (``LLM.close()``, a ``with`` block's end): create another."""
 
 
 @dataclass(slots=True)
