@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hybridkv.native import PageCopy, load_pagecopy
+from tests.support import lifetimes
 
 TESTS = Path(__file__).resolve().parent
 TIER_OF_FOLDER = {"benchmarks": "bench", "model": "model", "engine": "model", "cli": "e2e"}
@@ -57,3 +59,26 @@ def native() -> PageCopy:
     if shutil.which(os.environ.get("CC", "cc")) is None:
         pytest.skip("no C compiler: the native kernels cannot be built here")
     pytest.fail("a C compiler is present but the native kernels did not build (see the log)")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _close_session_engines() -> Iterator[None]:
+    """What a builder cached for the session (``lifetimes.keep``) is closed at its end."""
+    yield
+    lifetimes.close_session()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _close_module_engines() -> Iterator[None]:
+    """Engines a module's fixtures built (``lifetimes.track``) are closed when it ends."""
+    start = lifetimes.mark()
+    yield
+    lifetimes.close_since(start)
+
+
+@pytest.fixture(autouse=True)
+def _close_test_engines() -> Iterator[None]:
+    """Engines and connector doubles a test built are closed when it ends, failed or not."""
+    start = lifetimes.mark()
+    yield
+    lifetimes.close_since(start)

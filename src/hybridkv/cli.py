@@ -251,9 +251,10 @@ def _generate(args: argparse.Namespace) -> int:
     front = frontend_options(args)
     llm = LLM(args.model, tokenizer=front.tokenizer, generation_config=front.generation_config,
               max_logprobs=front.max_logprobs, **options)  # fmt: skip
-    if front.chat_template is not None:
-        llm.get_tokenizer().set_chat_template(front.chat_template)
-    outputs = llm.generate(prompts, params, use_tqdm=not args.json and len(prompts) > 1)
+    with llm:  # its end waits (bounded) for the connector's saves and joins its threads
+        if front.chat_template is not None:
+            llm.get_tokenizer().set_chat_template(front.chat_template)
+        outputs = llm.generate(prompts, params, use_tqdm=not args.json and len(prompts) > 1)
     failed = 0
     for out in outputs:
         failed += out.finish_reason == "error"

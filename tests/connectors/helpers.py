@@ -29,6 +29,7 @@ from hybridkv.kv.spec import (
 )
 from hybridkv.model.cache_tensors import CacheTensors
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
+from tests.support.lifetimes import track
 
 B = 4
 WINDOW = 8
@@ -130,6 +131,10 @@ class Engine:
         )
         self.scheduler, self.worker = pair.scheduler, pair.worker
         self.worker.register_kv_caches(self.cache)
+        track(self)  # the worker's threads and tiers end with the test
+
+    def close(self) -> None:
+        self.worker.shutdown()
 
     def file_worker(self) -> FileConnectorWorker:
         worker: Any = self.worker

@@ -20,6 +20,7 @@ from hybridkv.connectors.fault_injection import FaultInjectionWorker
 from hybridkv.connectors.fault_plan import TIMEOUT, plan_faults
 from hybridkv.engine.output import RequestOutput
 from hybridkv.step_io import ConnectorMetadata, LoadSpec
+from tests.support.lifetimes import track
 
 OPTIONS: dict[str, Any] = {"dtype": "float32", "block_size": 16, "kv_cache_memory": "32MiB"}
 MAX_TOKENS = 8
@@ -66,7 +67,7 @@ def fault_config(
 
 
 def make_llm(model: Path, kv_transfer_config: dict[str, Any] | None = None) -> LLM:
-    return LLM(str(model), kv_transfer_config=kv_transfer_config, **OPTIONS)
+    return track(LLM(str(model), kv_transfer_config=kv_transfer_config, **OPTIONS))
 
 
 def generate(llm: LLM, prompts: list[list[int]]) -> list[RequestOutput]:

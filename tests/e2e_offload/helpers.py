@@ -15,6 +15,7 @@ from hybridkv import LLM, SamplingParams
 from hybridkv.connectors.offloading.scheduler import OffloadingScheduler
 from hybridkv.connectors.offloading.units import UnitGeometry
 from hybridkv.connectors.offloading.worker import OffloadingWorker
+from tests.support.lifetimes import keep, track
 from tests.support.stats import flat_counters
 
 C = 32  # chunk_tokens
@@ -55,7 +56,7 @@ def make_llm(model: Path, kv_transfer_config: dict[str, Any] | None, **kw: Any) 
         "max_model_len": 512,
     }
     opts.update(kw)
-    return LLM(model=str(model), kv_transfer_config=kv_transfer_config, **opts)
+    return track(LLM(model=str(model), kv_transfer_config=kv_transfer_config, **opts))
 
 
 _REFERENCE: dict[tuple[Path, tuple[int, ...]], list[int]] = {}
@@ -63,7 +64,7 @@ _REFERENCE: dict[tuple[Path, tuple[int, ...]], list[int]] = {}
 
 @functools.lru_cache(maxsize=4)
 def _reference_llm(model: Path) -> LLM:
-    return make_llm(model, None, enable_prefix_caching=False)
+    return keep(make_llm(model, None, enable_prefix_caching=False))  # closed with the session
 
 
 def reference(model: Path, prompts: list[list[int]]) -> list[list[int]]:

@@ -23,6 +23,7 @@ from hybridkv.config import EngineConfig
 from hybridkv.engine.core import EngineCore
 from hybridkv.engine.output import RequestOutput
 from tests.support.checkpoints import HF_ARCHS, hf_model, make_hf_checkpoint
+from tests.support.lifetimes import track
 
 TOL = 1e-4  # |logit difference| allowed against transformers, float32
 MAX_TOKENS = 8
@@ -74,13 +75,13 @@ def greedy(max_tokens: int = MAX_TOKENS, **kw: Any) -> SamplingParams:
 def make_llm(model_dir: Path, **options: Any) -> LLM:
     opts: dict[str, Any] = {"dtype": "float32", "kv_cache_memory": SMALL_KV}
     opts.update(options)
-    return LLM(model=str(model_dir), keep_logits=True, **opts)
+    return track(LLM(model=str(model_dir), keep_logits=True, **opts))
 
 
 def make_engine(model_dir: Path, **options: Any) -> EngineCore:
     opts: dict[str, Any] = {"dtype": "float32", "kv_cache_memory": SMALL_KV}
     opts.update(options)
-    return EngineCore(EngineConfig.create(str(model_dir), **opts), keep_logits=True)
+    return track(EngineCore(EngineConfig.create(str(model_dir), **opts), keep_logits=True))
 
 
 @functools.lru_cache(maxsize=512)

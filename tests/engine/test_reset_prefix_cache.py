@@ -11,6 +11,7 @@ import pytest
 from hybridkv import LLM, SamplingParams
 from hybridkv.connectors.tier_events import NoTiersError
 from tests.support.checkpoints import make_hf_checkpoint
+from tests.support.lifetimes import track
 
 pytestmark = pytest.mark.slow
 
@@ -24,8 +25,8 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def make(model: Path, **kw: object) -> LLM:
-    return LLM(model=str(model), dtype="float32", kv_cache_memory="4MiB", block_size=16,
-               max_model_len=256, max_num_seqs=4, num_state_slots=16, **kw)  # fmt: skip
+    return track(LLM(model=str(model), dtype="float32", kv_cache_memory="4MiB", block_size=16,
+                     max_model_len=256, max_num_seqs=4, num_state_slots=16, **kw))  # fmt: skip
 
 
 def test_refused_while_running_then_an_empty_cache(model: Path) -> None:

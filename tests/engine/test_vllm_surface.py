@@ -15,6 +15,7 @@ import pytest
 from hybridkv import LLM, SamplingParams
 from hybridkv.inputs import TextPrompt, TokensPrompt
 from tests.cli.helpers import run_cli
+from tests.support.lifetimes import track
 
 VLLM_SCRIPT = """
 from vllm import LLM, SamplingParams
@@ -41,7 +42,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def llm(model_dir: Path) -> LLM:
-    return LLM(str(model_dir), kv_cache_memory="64MiB")
+    return track(LLM(str(model_dir), kv_cache_memory="64MiB"))
 
 
 def test_a_vllm_scripts_tokenizer_and_chat_calls_run(model_dir: Path) -> None:

@@ -5,8 +5,11 @@ fine-tune reused its base model's disk cache)."""
 from __future__ import annotations
 
 import json
+import os
 import struct
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -56,10 +59,8 @@ def test_identity_covers_every_byte_tokenizer_and_config(base: Path, tmp_path: P
     assert weights_identity(cfg, None) != ident
 
 
-def test_digests_are_cached_per_file_version(
-    base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    model_dir = copy_checkpoint(base, tmp_path / "m")
+def count_hashing(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the files hashed from now on."""
     calls: list[str] = []
     real = weights_id.file_digest
 
@@ -68,6 +69,15 @@ def test_digests_are_cached_per_file_version(
         return real(path)
 
     monkeypatch.setattr(weights_id, "file_digest", counting)
+    return calls
+
+
+def test_digests_are_cached_per_file_version(
+    base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model_dir = copy_checkpoint(base, tmp_path / "m")
+    calls = count_hashing(monkeypatch)
+    monkeypatch.setattr(weights_id, "RACY_SECONDS", 0.0)  # the copy was just written
     cache = tmp_path / "cache"
     first = weights_identity(model_dir, cache)
     assert "model.safetensors" in calls and (cache / DIGEST_CACHE).is_file()
@@ -80,6 +90,50 @@ def test_digests_are_cached_per_file_version(
     assert weights_identity(model_dir, cache) != first and calls == ["model.safetensors"]
     (cache / DIGEST_CACHE).write_text("{not json")  # a broken cache only costs hashing
     assert weights_identity(model_dir, cache) == weights_identity(model_dir, None)
+
+
+def test_an_in_place_edit_with_its_mtime_restored_is_hashed_again(
+    base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26 finding 10: same size, same inode, mtime put back with ``os.utime``: the
+    change time (which no unprivileged process can set) still tells the versions apart."""
+    model_dir = copy_checkpoint(base, tmp_path / "m")
+    monkeypatch.setattr(weights_id, "RACY_SECONDS", 0.0)  # the copy was just written
+    cache = tmp_path / "cache"
+    first = weights_identity(model_dir, cache)
+    path = model_dir / "model.safetensors"
+    before = path.stat()
+    time.sleep(0.05)  # past the kernel's timestamp tick (1-10 ms); RACY_SECONDS guards a tick
+    with path.open("r+b") as f:  # flip one bit of the last tensor's last byte, in place
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)[0]
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last ^ 1]))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    same = ("st_size", "st_ino", "st_dev", "st_mtime_ns")
+    assert all(getattr(after, k) == getattr(before, k) for k in same)
+    edited = weights_identity(model_dir, cache)
+    assert edited != first and edited == weights_identity(model_dir, None)
+
+
+def test_a_file_written_just_now_is_hashed_but_not_cached(
+    base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write in the same clock tick as the stat would leave the ctime as it was: a digest
+    is cached only once the file is ``RACY_SECONDS`` old."""
+    model_dir = copy_checkpoint(base, tmp_path / "m")
+    calls = count_hashing(monkeypatch)
+    cache = tmp_path / "cache"
+    first = weights_identity(model_dir, cache)
+    assert weights_identity(model_dir, cache) == first
+    assert calls.count("model.safetensors") == 2  # hashed again: not cached while racy
+    later = time.time_ns() + int(2 * weights_id.RACY_SECONDS * 1e9)
+    monkeypatch.setattr(weights_id, "time", SimpleNamespace(time_ns=lambda: later))
+    calls.clear()
+    assert weights_identity(model_dir, cache) == first and "model.safetensors" in calls
+    calls.clear()
+    assert weights_identity(model_dir, cache) == first and calls == []
 
 
 def external_hits(outs: list[Any]) -> int:

@@ -16,6 +16,7 @@ import pytest
 
 from hybridkv.chat_boundaries import message_boundaries
 from tests.server.harness import SubprocessServer
+from tests.support.lifetimes import track
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +38,7 @@ def plain(model_dir: Path) -> Any:
     """The same engine with prefix caching off: the outputs to match."""
     from hybridkv import LLM
 
-    return LLM(str(model_dir), kv_cache_memory="64MiB", seed=0, enable_prefix_caching=False)
+    return track(LLM(str(model_dir), kv_cache_memory="64MiB", seed=0, enable_prefix_caching=False))
 
 
 def _post(server: SubprocessServer, path: str, body: dict[str, Any]) -> httpx.Response:

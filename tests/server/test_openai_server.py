@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from tests.server.harness import SubprocessServer, scrape, wait_for
+from tests.support.lifetimes import track
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +42,7 @@ def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def llm(model_dir: Path) -> Any:
     from hybridkv import LLM
 
-    return LLM(str(model_dir), **ENGINE_OPTIONS)
+    return track(LLM(str(model_dir), **ENGINE_OPTIONS))
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from tests.server.harness import SubprocessServer, wait_for
+from tests.support.lifetimes import track
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +35,7 @@ def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def llm(model_dir: Path) -> Any:
     from hybridkv import LLM
 
-    return LLM(str(model_dir), kv_cache_memory="64MiB", max_num_seqs=16, seed=0)
+    return track(LLM(str(model_dir), kv_cache_memory="64MiB", max_num_seqs=16, seed=0))
 
 
 @pytest.fixture(scope="module")

@@ -34,6 +34,7 @@ from hybridkv.connectors.file_format import IO_ERROR, MISSING, PartError, read_p
 from hybridkv.connectors.file_saves import FileSaver
 from hybridkv.connectors.file_store import FileLoadKeys, FileStore
 from hybridkv.connectors.stats import Direction, StatsCounter, bump
+from hybridkv.connectors.threads import SHUTDOWN_GRACE_SECONDS, stop_pool
 from hybridkv.kv.spec import KVCacheLayout
 from hybridkv.step_io import ConnectorMetadata, FailureReason, KVConnectorOutput, LoadSpec
 
@@ -214,8 +215,10 @@ class FileConnectorWorker(FileSaver, BaseConnectorWorker):
         return self._stats.take()
 
     def shutdown(self) -> None:
-        self._loader.shutdown(wait=False, cancel_futures=True)  # a stuck read must not hold us
+        """Saves end (the engine waited for them); queued loads are cancelled and the load
+        threads joined for a few seconds at most: a stuck read must not hold the shutdown."""
         self._writer.shutdown(wait=True)
+        stop_pool(self._loader, SHUTDOWN_GRACE_SECONDS)
 
 
 def _load_keys(spec: LoadSpec) -> FileLoadKeys:

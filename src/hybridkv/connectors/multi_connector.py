@@ -257,6 +257,8 @@ def create_multi_connector(config: KVTransferConfig, context: ConnectorContext) 
         try:
             pairs.append(create_connector(child_config, context))
         except ValueError as exc:
+            for created in pairs:  # their threads end with this error
+                created.worker.shutdown()
             raise ValueError(
                 f"MultiConnector: child {child.name!r} ({child.config.kv_connector}) cannot "
                 f"serve this engine's layout or config: {exc}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from hybridkv.connectors.base import (
@@ -11,6 +12,8 @@ from hybridkv.connectors.base import (
 )
 from hybridkv.connectors.stats import ConnectorStats, counter
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -70,8 +73,12 @@ class MultiConnectorWorker(BaseConnectorWorker):
         return stats
 
     def shutdown(self) -> None:
-        for child in self.children:
-            child.shutdown()
+        """Every child is shut down, even after one of them failed to (that is logged)."""
+        for name, child in zip(self.names, self.children, strict=True):
+            try:
+                child.shutdown()
+            except Exception:
+                log.exception("MultiConnector: shutting down child %s failed", name)
 
 
 @dataclass(slots=True)

@@ -45,6 +45,12 @@ class DeviceCacheAccess:
             for g in layout.state_group_ids
         }
 
+    def release(self) -> None:
+        """Drop every reference to the cache tensors (at engine shutdown, once the connector
+        stopped): a connector that outlives its engine in an uncollected reference cycle
+        then holds no device cache memory."""
+        self.backing, self._backing_np, self._pages, self.group_states = [], [], None, {}
+
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
         page = self.backing[0].shape[1] if self.backing else 0
         # torch's allocator: fresh large numpy buffers page-fault several times slower here

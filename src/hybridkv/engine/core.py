@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import weakref
 from typing import TYPE_CHECKING
 
 from hybridkv.config import EngineConfig
@@ -19,6 +20,7 @@ from hybridkv.connectors.stats import ConnectorStats
 from hybridkv.engine.cache_access import DeviceCacheAccess
 from hybridkv.engine.cache_reset import ResetResult, reset_prefix_cache
 from hybridkv.engine.detokenizer import IncrementalDetokenizer
+from hybridkv.engine.lifetime import EngineClosedError, EngineResources, weak_method
 from hybridkv.engine.output import RequestOutput, TextState
 from hybridkv.engine.outputs import OutputProcessor
 from hybridkv.engine.parallel import ParallelSampling, ParentRequest
@@ -81,19 +83,27 @@ class EngineCore:
             seed=config.seed,  # unseeded requests sample from the runner's own generator
             grammar=self.grammar,
         )
-        self.connector = self._create_connector()
+        # threads, buffers, sockets: released once, by shutdown() or when the engine is
+        # collected (engine/lifetime.py), even if the rest of __init__ fails
+        self._resources = EngineResources()
+        self._release = weakref.finalize(self, self._resources.release)
+        try:
+            self.connector = self._create_connector()
+            self.kv_events = self._create_kv_events() if events_on else None
+        except BaseException:
+            self._release()
+            raise
         transfer = None
         if self.connector is not None and config.kv_transfer_config is not None:
             policy = config.kv_transfer_config.kv_load_failure_policy
             transfer = KVTransfer(self.connector.scheduler, policy, self.kv)
         self.scheduler = Scheduler(config.scheduler, self.max_model_len, self.kv, transfer)
-        self.kv_events = self._create_kv_events() if events_on else None
         self._connector_totals: ConnectorStats | None = None  # since start
         self._hash_fn = get_hash_fn(config.cache.prefix_caching_hash_algo)
         self.outputs = OutputProcessor(self.scheduler, keep_logits)
         self._ids = itertools.count()
         self._counters = StepCounters()  # tokens per step and in all, for stats()
-        self._parallel = ParallelSampling(self._add_child)
+        self._parallel = ParallelSampling(weak_method(self._add_child))  # no cycle to self
         self.outputs.wants_every = self._parallel.is_child  # a child's first output spawns
         self._prompts: dict[str, tuple[list[int], str | None, str | None]] = {}  # of n > 1
 
@@ -110,16 +120,20 @@ class EngineCore:
             model_id=model_id,
             max_model_len=self.max_model_len,
         )
-        pair = create_connector(transfer_config, context)
+        pair = self._resources.connector = create_connector(transfer_config, context)
         cache = self.runner.cache
-        pair.worker.register_kv_caches(DeviceCacheAccess(self.layout, cache.backing, cache.states))
+        access = DeviceCacheAccess(self.layout, cache.backing, cache.states)
+        self._resources.cache = access
+        pair.worker.register_kv_caches(access)
         return pair
 
     def _create_kv_events(self) -> KVEventCollector | None:
         from hybridkv.kv_events.collector import create_collector  # imports zmq
 
         connector = self.connector.scheduler if self.connector is not None else None
-        return create_collector(self.config.kv_events_config, self.layout, connector)
+        collector = create_collector(self.config.kv_events_config, self.layout, connector)
+        self._resources.kv_events = collector
+        return collector
 
     def _weights_id(self) -> str:
         """Identity of the weights, tokenizer and config (every byte, digests cached per file
@@ -176,17 +190,32 @@ class EngineCore:
         return TransferStats(dict(t.load_failures), t.recomputed_tokens, t.failed_requests,
                              t.external_tokens, totals)  # fmt: skip
 
+    @property
+    def closed(self) -> bool:
+        return not self._release.alive
+
     def shutdown(self) -> None:
-        if self.connector is not None:
-            self.connector.worker.wait_for_saves(timeout=30.0)
-            self.connector.worker.shutdown()
+        """Publish the last KV events, then release the connector and the events' sockets
+        (``engine/lifetime.py``: threads stopped and joined, buffers and registrations
+        freed). Idempotent; afterwards every request, step or reset raises
+        ``EngineClosedError``. Call on the engine thread, between steps."""
+        if self.closed:
+            return
         if self.kv_events is not None:
             self.kv_events.publish_step(self.kv.take_events())
-            self.kv_events.publisher.shutdown()
+        self._release()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise EngineClosedError(
+                "this engine was shut down (LLM.close(), or the end of its 'with' block): "
+                "create a new one"
+            )
 
     def reset_prefix_cache(self, tiers: bool = False) -> ResetResult:
         """Forget every cached block (and every tier unit with ``tiers``); refused unless
         idle (``engine/cache_reset.py``). ``NoTiersError`` if ``tiers`` and none exist."""
+        self._check_open()
         return reset_prefix_cache(self.kv, self.scheduler, self.connector, self.kv_events, tiers)
 
     # -- requests ------------------------------------------------------------------------
@@ -206,6 +235,7 @@ class EngineCore:
         a producer holding KV for its ``kv_transfer_params`` is told to free it).
         With ``params.n > 1`` the request fans out (``engine/parallel.py``): outputs come
         under ``request_id`` with n completions; the first child's ``Request`` is returned."""
+        self._check_open()
         try:
             return self._add_request(prompt_token_ids, params, request_id, prompt, cache_salt)
         except ValueError:
@@ -281,6 +311,7 @@ class EngineCore:
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; return an output for each request that got a token or finished."""
+        self._check_open()
         started = time.monotonic()
         out, result, updated = run_step(
             self.scheduler, self.runner, self.connector.worker if self.connector else None

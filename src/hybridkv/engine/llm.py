@@ -10,6 +10,7 @@ from hybridkv.chat_boundaries import message_boundaries, with_cache_boundaries
 from hybridkv.config import EngineConfig
 from hybridkv.engine.core import EngineCore
 from hybridkv.engine.frontend import FrontendOptions, attach, check_logprobs, engine_dtype
+from hybridkv.engine.lifetime import EngineClosedError
 from hybridkv.engine.output import RequestOutput, error_output
 from hybridkv.engine.progress import Progress
 from hybridkv.sampling_params import SamplingParams
@@ -28,6 +29,12 @@ class LLM:
     (bytes or "4GiB"), ``seed``, ``tokenizer`` (another tokenizer directory),
     ``generation_config`` (``auto``: the model's sampling defaults; ``vllm``: none; or a
     directory), ``max_logprobs``...
+
+    Lifetime: ``close()`` (or ``with LLM(...) as llm:``) stops and joins the connector's
+    threads, frees its buffers and registrations and the KV events' sockets, and lets the
+    weights and the KV cache go; an engine dropped without it releases the same when it is
+    garbage collected (``engine/lifetime.py``). After ``close()``, ``generate``, ``chat``,
+    ``reset_prefix_cache`` and ``engine`` raise ``EngineClosedError``.
     """
 
     def __init__(
@@ -49,9 +56,30 @@ class LLM:
 
             config = dataclasses.replace(config, model=str(ensure_default_model()))
         self.config = config
-        self.engine = EngineCore(self.config, keep_logits=keep_logits)
+        self._engine: EngineCore | None = EngineCore(self.config, keep_logits=keep_logits)
         self.frontend = attach(self.engine, frontend)
         self.tokenizer = self.engine.tokenizer
+
+    @property
+    def engine(self) -> EngineCore:
+        if self._engine is None:
+            raise EngineClosedError(
+                "this LLM was closed (LLM.close(), or the end of its 'with' block): create a "
+                "new LLM to generate"
+            )
+        return self._engine
+
+    def close(self) -> None:
+        """Release everything the engine holds (see the class docstring); idempotent."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def get_tokenizer(self) -> Tokenizer:
         """The tokenizer (``encode``, ``decode``, ``__call__``, ``apply_chat_template``,
@@ -76,6 +104,7 @@ class LLM:
         requests with the same salt). A prompt that cannot run (too long, bad token ids)
         gets an output with ``finish_reason == "error"`` and ``error`` saying why; the others
         run normally."""
+        engine = self.engine  # EngineClosedError after close()
         items = _as_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
@@ -89,8 +118,8 @@ class LLM:
                 text, ids = self._tokenize(item)
                 salt = _cache_salt(item)
                 check_logprobs(p, self.frontend.options.max_logprobs)
-                request_id = self.engine.new_request_id()
-                self.engine.add_request(ids, p, request_id, prompt=text, cache_salt=salt)
+                request_id = engine.new_request_id()
+                engine.add_request(ids, p, request_id, prompt=text, cache_salt=salt)
                 order[request_id] = i
             except (ValueError, TypeError) as exc:
                 results[i] = error_output(f"rejected-{i}", text, ids, str(exc))
@@ -113,6 +142,7 @@ class LLM:
         parts; ``chat_template_kwargs`` become template variables, e.g.
         ``{"enable_thinking": False}``), then generate. Each message's end in the rendered
         prompt is a state checkpoint boundary (``chat_boundaries``)."""
+        self.engine  # noqa: B018 - EngineClosedError after close(), before the template
         single = bool(messages) and isinstance(messages[0], dict)
         conversations: list[Any] = [messages] if single else list(messages)
         template = {"tools": tools, "chat_template": chat_template, **(chat_template_kwargs or {})}

@@ -1,11 +1,25 @@
 """The identity of a checkpoint: KV computed from other bytes must never be loaded.
 
 It covers every byte of every ``*.safetensors`` file, ``config.json`` (every field: any of them
-may change the numbers) and the tokenizer files. Reading a checkpoint of many GB takes
-seconds, so each file's digest is computed once per file version and kept in
-``<cache dir>/file-digests.json``, keyed by the file's absolute path, size, modification time
-(ns) and inode: rewriting or replacing a file gives a new key, so a stale digest is never used.
-A cache that cannot be read or written only costs the hashing again.
+may change the numbers) and the tokenizer files, each hashed whole with SHA-256.
+
+Reading a checkpoint of 10 GB takes 20 s at SHA-256's ~0.5 GB/s, so each file's digest is kept
+in ``<cache dir>/file-digests.json`` under a key naming the file *version*: its absolute path,
+device, inode, size, modification time and **change time** (all in ns). The change time is what
+makes the key safe: the kernel sets it to the current time on every write, truncation, rename
+or attribute change, and no unprivileged process can set it back -- ``touch -d`` / ``os.utime``
+restore the mtime but bump the ctime. So an in-place edit of the same size with its mtime
+restored (issue 26: it once kept the old identity) gets a new key and is hashed again, at no
+start-up cost for an unchanged checkpoint. A digest is cached only if the file's stat is the
+same before and after hashing and its ctime is at least ``RACY_SECONDS`` old (git's "racy"
+rule: a write in the same clock tick as the stat would leave the ctime unchanged), so a file
+being written meanwhile is hashed again next time.
+
+Not covered, by design: root rewriting the block device or moving the clock back, and a
+filesystem whose ctime does not follow writes made elsewhere (some FUSE or network mounts):
+there, delete ``file-digests.json`` after editing weights in place, or set
+``HYBRIDKV_CACHE_DIR`` to an empty directory to hash everything. A cache that cannot be read or
+written only costs the hashing again.
 """
 
 from __future__ import annotations
@@ -16,6 +30,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -31,6 +46,7 @@ IDENTITY_FILES = (
     "merges.txt",
 )
 DIGEST_CACHE = "file-digests.json"
+RACY_SECONDS = 2.0  # a file changed this recently is hashed but its digest not cached
 MAX_CACHED_FILES = 4096  # the oldest entries go first beyond this
 ANNOUNCE_BYTES = 1 << 30
 
@@ -62,6 +78,13 @@ def file_digest(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def _version_key(path: Path) -> str:
+    """What changes whenever the file's bytes may have (see the module docstring)."""
+    st = path.stat()
+    version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return f"v3|{path.resolve()}|" + "|".join(map(str, version))
+
+
 class _DigestCache:
     def __init__(self, path: Path | None) -> None:
         self.path = path
@@ -69,11 +92,14 @@ class _DigestCache:
         self.dirty = False
 
     def digest(self, path: Path) -> str:
-        st = path.stat()
-        key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+        key = _version_key(path)
         found = self.entries.get(key)
-        if found is None:
-            found = self.entries[key] = file_digest(path)
+        if found is not None:
+            return found
+        found = file_digest(path)
+        settled = time.time_ns() - path.stat().st_ctime_ns > RACY_SECONDS * 1e9
+        if settled and _version_key(path) == key:  # not written while (or just before) hashing
+            self.entries[key] = found
             self.dirty = True
         return found
 

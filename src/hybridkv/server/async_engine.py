@@ -137,11 +137,16 @@ class AsyncEngine:
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
+        """Stop the engine thread, which shuts the engine down on its way out (connector
+        threads joined, buffers and registrations freed); an engine whose thread never
+        started is shut down here."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        elif self._thread.ident is None:
+            self.engine.shutdown()
 
     @property
     def is_healthy(self) -> bool:

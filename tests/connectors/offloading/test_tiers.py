@@ -12,6 +12,7 @@ import torch
 from hybridkv.connectors.offloading.disk_tier import DiskTier
 from hybridkv.connectors.offloading.policies import ARCPolicy, LRUPolicy
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, stored_files, table
+from tests.support.lifetimes import track
 
 from .helpers import DST, SRC, OffloadEngine, offload_config
 
@@ -158,7 +159,7 @@ def test_startup_removes_truncated_files_and_incomplete_debris(tmp_path: Path) -
     store(engine, a)
     head, tail = sorted(stored_files(tmp_path), key=lambda p: p.stat().st_mtime)
     tail.write_bytes(tail.read_bytes()[:100])
-    rebuilt = DiskTier(str(tmp_path), "fp-a", 1 << 20, "lru", engine.disk.geometry)
+    rebuilt = track(DiskTier(str(tmp_path), "fp-a", 1 << 20, "lru", engine.disk.geometry))
     assert rebuilt.num_removed_at_startup == 1 and not tail.exists()
     assert len(rebuilt.index.entries) == 1
 

@@ -148,6 +148,18 @@ class NixlAgent:
             descs = [(addr, size, 0, "") for addr, size in regions]
             self._regs.append(self._agent.register_memory(descs, "DRAM"))
 
+    def close(self) -> None:
+        """Deregister every region (peers can no longer reach this memory) and let NIXL's
+        agent go: it is destroyed with its UCX workers and progress thread once the last
+        prepared list referring to it is collected. Idempotent; no other call after it."""
+        regs, self._regs = self._regs, []
+        for reg in regs:
+            try:
+                self._agent.deregister_memory(reg)
+            except Exception as exc:  # noqa: BLE001 - NIXL raises its own error types
+                log.warning("NIXL: deregistering memory failed: %s", exc)
+        self._agent = self._raw = None
+
     def metadata(self) -> bytes:
         return bytes(self._agent.get_agent_metadata())
 

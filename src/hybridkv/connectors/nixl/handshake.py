@@ -20,6 +20,7 @@ from hybridkv.connectors.nixl.meta import ParamsRefused, RemoteSource
 from hybridkv.connectors.nixl.side_channel import fetch
 from hybridkv.connectors.nixl.stats import NixlStats
 from hybridkv.connectors.stats import StatsCounter
+from hybridkv.connectors.threads import SHUTDOWN_GRACE_SECONDS, stop_pool
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,12 @@ class Peers:
             self.agent.remove_remote(peer.agent_name)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the handshakes (joined within a grace) and drop every peer's agent."""
+        stop_pool(self._pool, SHUTDOWN_GRACE_SECONDS)
+        for peer in self._peers.values():
+            self.agent.release_prepared(peer.leases)
+            self.agent.remove_remote(peer.agent_name)
+        self._peers.clear()
 
 
 def warn_slow_heartbeats(interval: float, lease: float, src: RemoteSource) -> bool:

@@ -111,6 +111,15 @@ class Reader:
         self._notify_due: list[tuple[str, bytes]] = []
         self.last_notify = float("-inf")  # when a NotifyOnly (maybe no READ before) was sent
 
+    def close(self) -> None:
+        """At shutdown, before the agent closes: release the reads in flight (NIXL aborts
+        them) and the prepared scratch list."""
+        for load in self.loads:
+            if load.handle is not None:
+                self.agent.release(load.handle)
+                load.handle = None
+        self.agent.release_prepared(self._scratch_list)
+
     def add(self, spec: LoadSpec, now: float) -> None:
         assert isinstance(spec.keys, RemoteSource)
         self.loads.append(_Load(spec, spec.keys, now))

@@ -69,6 +69,7 @@ class NixlWorker(BaseConnectorWorker):
         self.leases = Leases(self.stats, lease_words)
         self._server: SideChannelServer | None = None
         self._staging: torch.Tensor | None = None
+        self._shut_down = False
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -206,7 +207,17 @@ class NixlWorker(BaseConnectorWorker):
         return self.stats.take()
 
     def shutdown(self) -> None:
+        """Stop serving handshakes, drop the peers, then deregister every region from NIXL
+        before the engine frees the memory (no peer can read or write it afterwards).
+        Idempotent."""
+        if self._shut_down:
+            return
+        self._shut_down = True
         if self._server is not None:
             self._server.close()
         if hasattr(self, "peers"):
             self.peers.close()
+        if hasattr(self, "reader"):
+            self.reader.close()
+        if hasattr(self, "agent"):
+            self.agent.close()

@@ -26,17 +26,52 @@ def create_offloading_connector(
     geometry = UnitGeometry(layout, options.chunk_tokens)
     unit_bytes = max(1, geometry.unit_nbytes(options.chunk_tokens * 2))
     check_sizes(options, unit_bytes, context.max_model_len)
+    tiers = _create_tiers(options, geometry, unit_bytes, context.fingerprint)
+    ctx = OffloadContext(options, geometry, TierStack(tiers))
+    scheduler = OffloadingScheduler(
+        ctx, load=config.kv_role != "kv_producer", save=config.kv_role != "kv_consumer"
+    )
+    return KVConnectorPair(scheduler, OffloadingWorker(ctx))
+
+
+def _create_tiers(
+    options: OffloadingConfig, geometry: UnitGeometry, unit_bytes: int, fingerprint: str
+) -> list[Tier]:
+    """The configured tiers, fastest first; if one cannot be created, those created before
+    it are shut down (their threads joined) before the error propagates."""
+    tiers: list[Tier] = []
+    try:
+        for create in (_cpu_tier, _disk_tier, _remote_tier):
+            tier = create(options, geometry, unit_bytes, fingerprint)
+            if tier is not None:
+                tiers.append(tier)
+    except BaseException:
+        for created in tiers:
+            created.shutdown()
+        raise
+    return tiers
+
+
+def _cpu_tier(
+    options: OffloadingConfig, geometry: UnitGeometry, unit_bytes: int, fingerprint: str
+) -> CpuTier | None:
     cpu = None
     if options.cpu_bytes is not None:
         cpu = CpuTier(options.cpu_bytes, options.eviction, unit_bytes, load_pagecopy(), geometry)
         if options.cpu_prealloc:
             cpu.preallocate(geometry.steady_part_sizes())
+    return cpu
+
+
+def _disk_tier(
+    options: OffloadingConfig, geometry: UnitGeometry, unit_bytes: int, fingerprint: str
+) -> DiskTier | None:
     disk = None
     if options.disk_path is not None and options.disk_bytes is not None:
         try:
             disk = DiskTier(
                 options.disk_path,
-                context.fingerprint,
+                fingerprint,
                 options.disk_bytes,
                 options.eviction,
                 geometry,
@@ -47,12 +82,13 @@ def create_offloading_connector(
                 f"OffloadingConnector: cannot use 'disk_path'={options.disk_path!r} as a KV "
                 f"directory: {exc.strerror or exc}"
             ) from None
+    return disk
+
+
+def _remote_tier(
+    options: OffloadingConfig, geometry: UnitGeometry, unit_bytes: int, fingerprint: str
+) -> RemoteTier | None:
     remote = None
     if options.remote_url is not None:
-        remote = RemoteTier(options, context.fingerprint, geometry)
-    tiers: list[Tier] = [t for t in (cpu, disk, remote) if t is not None]
-    ctx = OffloadContext(options, geometry, TierStack(tiers))
-    scheduler = OffloadingScheduler(
-        ctx, load=config.kv_role != "kv_producer", save=config.kv_role != "kv_consumer"
-    )
-    return KVConnectorPair(scheduler, OffloadingWorker(ctx))
+        remote = RemoteTier(options, fingerprint, geometry)
+    return remote

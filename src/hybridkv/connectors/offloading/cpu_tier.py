@@ -183,6 +183,17 @@ class CpuTier(Tier):
         self.kernel = kernel
         self.geometry = geometry
 
+    def shutdown(self) -> None:
+        """Free the tier's memory: every unit's parts (pinned ones too: a load still copying
+        holds its own references) and the free buffers. Subscribers of KV events hear
+        nothing: the engine that announced the units is ending."""
+        index = self.index
+        with index.lock:
+            index.listener = None
+            for unit_hash in list(index.entries):
+                index.remove(unit_hash)
+            index.buffers.trim(0)
+
     def preallocate(self, part_sizes: list[int]) -> int:
         """Fill the free buffers with sets of ``part_sizes`` (the parts of a typical unit),
         mapped and touched, up to the capacity; returns the bytes mapped."""

@@ -12,8 +12,9 @@ evicted and stored again is deleted before it is rewritten); other jobs run in p
 call blocked in the kernel cannot be interrupted in Python: the watchdog abandons its thread
 (it exits if it ever returns) so other I/O keeps flowing. After ``MAX_ABANDONED`` stuck threads
 the disk is treated as gone: every later job fails at once. ``shutdown`` waits at most its
-``grace`` for queued work, then fails what is left; workers are daemon threads, so a process
-exits whatever the disk does.
+``grace`` for queued work, then fails what is left and joins the workers and the watchdog
+until the grace ends (an abandoned thread cannot be joined: it ends if its call ever returns);
+workers are daemon threads, so a process exits whatever the disk does.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
+
+from hybridkv.connectors.threads import join_threads
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +76,11 @@ class IOPool:
         self._closed = False
         self._broken = False
         self._local = threading.local()
+        self._threads: list[threading.Thread] = []  # workers and the watchdog, for shutdown
         for _ in range(num_workers):
             self._spawn()
         watchdog = threading.Thread(target=self._watch, name=f"{name}-watchdog", daemon=True)
+        self._threads.append(watchdog)
         watchdog.start()
 
     def on_worker(self) -> bool:
@@ -103,7 +108,9 @@ class IOPool:
             return self._cond.wait_for(lambda: not self._queue and not self._running, timeout)
 
     def shutdown(self, grace: float = 2.0) -> None:
-        """Refuse new jobs, give queued ones ``grace`` seconds, then fail the rest."""
+        """Refuse new jobs, give queued ones ``grace`` seconds, then fail the rest; join the
+        threads until ``grace`` seconds have passed in all."""
+        deadline = time.monotonic() + grace
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -112,14 +119,19 @@ class IOPool:
             left = [*self._queue, *self._running]
             self._queue.clear()
             self._cond.notify_all()
+            threads = [t for t in self._threads if t.is_alive()]
+            self._threads = []
         for job in left:
             _fail(job.future, StuckIO(f"{self.name}: shut down"))
+        join_threads(threads, max(0.0, deadline - time.monotonic()))
 
     # -- workers -------------------------------------------------------------------------
 
     def _spawn(self) -> None:
         worker = _Worker()
         thread = threading.Thread(target=self._run, args=(worker,), name=self.name, daemon=True)
+        self._threads = [t for t in self._threads if t.is_alive()]  # abandoned ones that ended
+        self._threads.append(thread)
         thread.start()
 
     def _next(self) -> _Job | None:

@@ -220,4 +220,7 @@ class Tier(ABC):
             )
 
     def shutdown(self) -> None:
+        """Stop and join the tier's threads (within a few seconds whatever the storage does)
+        and free its memory and connections; called once, after the worker's load threads
+        were told to stop. Nothing is called on the tier afterwards."""
         return None
