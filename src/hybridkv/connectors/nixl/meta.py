@@ -35,6 +35,7 @@ class RemoteSource:
     staged_state: int | None  # the producer's staging entry holding the state at num_tokens
     num_tokens: int  # tokens whose KV the producer holds: [0, num_tokens)
     lease: Lease | None = None  # where the producer publishes whether it still holds them
+    block_size: int = 0  # the producer's tokens per block (0: not given)
 
     @classmethod
     def parse(cls, params: dict[str, Any], num_attn: int, has_state: bool) -> RemoteSource:
@@ -50,6 +51,7 @@ class RemoteSource:
                 staged_state=_first(params.get("remote_state") or []),
                 num_tokens=int(params["num_tokens"]),
                 lease=Lease.parse(params.get("remote_lease")),
+                block_size=int(params.get("remote_block_size") or 0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"kv_transfer_params: missing or malformed field {exc}") from None

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridkv.connectors.nixl.layout import GroupDesc, LayoutDescriptor
+from hybridkv.connectors.nixl.meta import RemoteSource
+from hybridkv.step_io import LoadSpec
 
 Desc = tuple[int, int, int]  # (local address, remote address, bytes)
 Rows = list[Desc] | np.ndarray  # a plan; a short one stays a list (numpy costs µs a call)
@@ -53,11 +55,48 @@ def consumer_range(
     group: GroupDesc, start: int, end: int, block_size: int, remote_first_token: int
 ) -> tuple[int, int]:
     """Tokens ``[lo, end)`` of ``group`` a consumer reads: after its local hit (``start``),
-    inside the window's whole blocks, and where the producer still has data."""
+    inside the window's whole blocks, and where the producer still has data. Raises
+    ValueError if the producer does not hold a token the step resuming at ``end`` reads."""
+    need = needed_from(group, start, end)
+    if not 0 <= remote_first_token <= need:
+        raise ValueError(
+            f"the producer holds tokens from {remote_first_token} on (remote_block_starts), "
+            f"but resuming at token {end} needs them from {need}"
+        )
     lo = max(start, remote_first_token)
     if group.window:
         lo = max(lo, max(0, end - group.window + 1) // block_size * block_size)
     return min(lo, end), end
+
+
+def needed_from(group: GroupDesc, start: int, end: int) -> int:
+    """The first token of ``group`` a step resuming at ``end`` after a local hit of ``start``
+    tokens reads from the load (its window's first token, or ``start``)."""
+    window_start = max(0, end - group.window + 1) if group.window else 0
+    return min(max(start, window_start), end)
+
+
+def first_whole_entry(
+    group: GroupDesc, start: int, end: int, block_size: int, remote_first_token: int | None
+) -> int:
+    """The first table entry from which a load of ``[start, end)`` writes every token of each
+    entry it fills (the last one up to ``end``: the consumer computes the rest).
+
+    Entries between the local hit and it are filled only in part: with blocks more than twice
+    the producer's, the window's first block starts before the first token the producer
+    kept. Their bytes before ``lo`` were never loaded, so they must never be hashed (a later
+    hit whose window reaches there would read them)::
+
+        consumer blocks   |   entry k   |  entry k+1  |
+        producer kept           [rf .............. end)
+        loaded                  [lo ..............      entry k: partial -> k + 1
+
+    ``remote_first_token`` None (the producer's block size unknown): only the tokens this
+    step needs are assumed held."""
+    if remote_first_token is None:
+        remote_first_token = needed_from(group, start, end)
+    lo, _ = consumer_range(group, start, end, block_size, remote_first_token)
+    return -(-lo // block_size)
 
 
 def _segment_starts(lo: int, hi: int, b1: int, b2: int) -> np.ndarray:
@@ -88,6 +127,42 @@ class _Pages:
     br: int
     pl: int
     pr: int
+
+
+def load_rows(
+    local: LayoutDescriptor, remote: LayoutDescriptor, spec: LoadSpec, src: RemoteSource
+) -> Rows:
+    """Rows (local address, remote address, bytes) of a consumer's load: every attention
+    group's read (``consumer_range``) and the staged state. Raises ValueError if the params
+    contradict the producer's layout (the load fails and is recomputed)."""
+    if src.block_size not in (0, remote.block_size):
+        raise ValueError(
+            f"remote_block_size {src.block_size} in kv_transfer_params, but the producer's "
+            f"handshake says {remote.block_size}"
+        )
+    parts: list[Rows] = []
+    attn = [i for i, g in enumerate(local.groups) if g.token_bytes]
+    for j, group_index in enumerate(attn):
+        group = local.groups[group_index]
+        first = src.first_blocks[j] * remote.block_size
+        lo, hi = consumer_range(group, spec.start, spec.end, local.block_size, first)
+        table = _table(spec.block_indices[j], spec.block_ids[j])
+        read = GroupRead(group_index, lo, hi, table, list(src.block_ids[j]), src.first_blocks[j])
+        parts.append(attention_descs(local, remote, read))
+    if src.staged_state is not None:
+        for s, slot in enumerate(spec.state_slots):
+            parts.append(state_descs(local, remote, s, slot, src.staged_state))
+    return parts[0] if len(parts) == 1 else join(parts)
+
+
+def _table(indices: list[int], ids: list[int]) -> list[int]:
+    """The local block table (entry k: block id, 0 where nothing is loaded) of a load."""
+    if indices and indices == list(range(indices[0], indices[0] + len(indices))):  # one run
+        return [0] * indices[0] + list(ids)
+    table = [0] * (max(indices, default=-1) + 1)
+    for k, block in zip(indices, ids, strict=True):
+        table[k] = block
+    return table
 
 
 def attention_descs(local: LayoutDescriptor, remote: LayoutDescriptor, read: GroupRead) -> Rows:

@@ -36,7 +36,12 @@ from hybridkv.connectors.nixl.meta import (
     StartLease,
 )
 from hybridkv.connectors.nixl.options import NixlOptions
-from hybridkv.connectors.nixl.plan import producer_first_block, producer_kept_tokens, transfer_end
+from hybridkv.connectors.nixl.plan import (
+    first_whole_entry,
+    producer_first_block,
+    producer_kept_tokens,
+    transfer_end,
+)
 from hybridkv.connectors.nixl.stats import NixlStats
 from hybridkv.request import RequestStatus
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
@@ -153,6 +158,25 @@ class NixlScheduler(BaseConnectorScheduler):
         self, request: KVConnectorRequest, num_external_tokens: int
     ) -> dict[str, int]:
         return {"nixl": num_external_tokens} if num_external_tokens else {}
+
+    def get_first_whole_blocks(
+        self, request: KVConnectorRequest, num_external_tokens: int
+    ) -> tuple[int, ...] | None:
+        """Per attention group, where the load's whole entries start (``first_whole_entry``:
+        a window's first block is partial when it starts before the producer's first block).
+        Params the load will refuse: no entry it fills is whole."""
+        src = self._source(request, log_errors=False)
+        if src is None or not num_external_tokens:
+            return None
+        end = request.num_computed_tokens
+        start, bs = end - num_external_tokens, src.block_size
+        try:
+            return tuple(
+                first_whole_entry(group, start, end, self.block_size, first * bs if bs else None)
+                for group, first in zip(self.attn, src.first_blocks, strict=True)
+            )
+        except ValueError:  # the reader fails this load (same check); recovery recomputes
+            return tuple(_cdiv(end, self.block_size) for _ in self.attn)
 
     # -- producer ----------------------------------------------------------------------------
 

@@ -1,0 +1,122 @@
+"""No block is ever hashed with bytes it does not hold, whatever the two sides' block sizes.
+
+Device-free: real schedulers, coordinators and NixlConnector scheduler halves on both sides,
+bytes moved by ``plan.load_rows`` (``window_sim``). With a consumer block more than twice the
+producer's, the window's first consumer block starts before the first token the producer kept;
+it used to be hashed after the load, and a later request whose window reached into it read KV
+that never arrived.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hybridkv.connectors.nixl.layout import GroupDesc
+from hybridkv.connectors.nixl.plan import consumer_range, first_whole_entry, transfer_end
+from tests.connectors.nixl.window_sim import SimEngine, make_engine
+from tests.sched.page_runner import reference_generation
+
+MAX_TOKENS = 3
+SLIDING = GroupDesc("sliding_window", 128, 1, 8)
+FULL = GroupDesc("full_attention", 0, 1, 8)
+
+
+def transfer(prompt: list[int], window: int, bp: int, bc: int, warm: int) -> SimEngine:
+    """Prefill ``prompt`` on a producer (blocks of ``bp``), decode it on a consumer (blocks of
+    ``bc``, a local hit of ``prompt[:warm]`` first); the consumer, ready for later requests."""
+    producer = make_engine(bp, window, "kv_producer")
+    req = producer.add("p", prompt, 1, {"do_remote_decode": True})
+    producer.run()
+    assert isinstance(req.kv_transfer_params, dict)
+    consumer = make_engine(bc, window, "kv_consumer", producer=producer)
+    if warm:
+        consumer.add("warm", prompt[:warm], 1)
+        consumer.run()
+    decode = consumer.add("d", prompt, MAX_TOKENS, req.kv_transfer_params)
+    consumer.run()
+    assert consumer.outputs["d"] == reference_generation(prompt, MAX_TOKENS)
+    end = transfer_end(len(prompt), bp, has_state=False)
+    if consumer.worker.loads:  # not all of it was a local hit
+        assert decode.cached_tokens.get("nixl") == end - consumer.worker.loads[0].start
+    return consumer
+
+
+def later(consumer: SimEngine, rid: str, prompt: list[int]) -> None:
+    consumer.add(rid, prompt, MAX_TOKENS)
+    consumer.run()  # asserts the invariant after every step
+    assert consumer.outputs[rid] == reference_generation(prompt, MAX_TOKENS), rid
+    assert not consumer.runner.disagreements
+
+
+block_sizes = st.sampled_from([1, 2, 3, 4, 5, 8, 12, 16])
+ratios = st.sampled_from([1, 2, 3, 4, 8, 0.5, 0.25, 0.125])
+
+
+@pytest.mark.slow
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    window=st.integers(2, 80),
+    bp=block_sizes,
+    ratio=ratios,
+    length=st.integers(2, 220),
+    warm=st.floats(0, 1),
+    prefix=st.floats(0, 1),
+    num_new=st.integers(1, 40),
+    seed=st.integers(0, 1 << 16),
+)
+def test_no_block_is_hashed_without_its_bytes(
+    window: int,
+    bp: int,
+    ratio: float,
+    length: int,
+    warm: float,
+    prefix: float,
+    num_new: int,
+    seed: int,
+) -> None:
+    bc = max(1, int(bp * ratio))
+    rng = random.Random(seed)
+    prompt = [rng.randrange(997) for _ in range(length)]
+    consumer = transfer(prompt, window, bp, bc, int(warm * (length - 1)))
+    shared = int(prefix * length)
+    later(consumer, "block_multiple", prompt[: shared // bc * bc] + [7] * num_new)
+    later(consumer, "any", prompt[:shared] + [rng.randrange(997) for _ in range(num_new)])
+    later(consumer, "whole", prompt + [5] * num_new)
+    consumer.kv.check_integrity()
+    assert consumer.kv.is_idle()
+
+
+@pytest.mark.parametrize("ratio", [4, 8])
+def test_the_issue_trace_at_ratios_4_and_8(ratio: int) -> None:
+    """Window 128, producer blocks of 16, consumer blocks of 16 * ratio: prompts of 300-700
+    ids, then requests sharing a block-multiple prefix plus 40 new ids (wrong tokens before
+    the fix: a partial window block was hashed)."""
+    rng = random.Random(ratio)
+    bc = 16 * ratio
+    for length in (300, 437, 521, 700):
+        prompt = [rng.randrange(997) for _ in range(length)]
+        consumer = transfer(prompt, 128, 16, bc, 0)
+        for k in range(1, length // bc + 1):
+            later(consumer, f"l{length}-{k}", prompt[: k * bc] + [9] * 40)
+
+
+def test_the_partial_window_block_is_the_one_skipped() -> None:
+    """E = 400, window 128: the window starts at 273; the producer (blocks of 16) keeps from
+    256; a consumer block of 64 starting at 256 is whole, one of 128 starting at 256 too, one
+    of 256 starting at 256 too; with the window at 301 (E = 428) the producer keeps from 272
+    and the consumer's 64-block at 256 is partial: its whole entries start at 5."""
+    assert first_whole_entry(SLIDING, 0, 400, 64, 256) == 4
+    assert first_whole_entry(SLIDING, 0, 428, 64, 272) == 5
+    assert consumer_range(SLIDING, 0, 428, 64, 272) == (272, 428)
+    assert first_whole_entry(FULL, 128, 428, 64, 0) == 2  # after the local hit: all whole
+    assert first_whole_entry(SLIDING, 0, 428, 64, None) == 5  # unknown: only what is needed
+
+
+@pytest.mark.parametrize("first", [-16, 302, 1000])
+def test_params_claiming_less_than_the_window_needs_are_refused(first: int) -> None:
+    with pytest.raises(ValueError, match="needs them from 301|remote_block_starts"):
+        consumer_range(SLIDING, 0, 428, 64, first)
