@@ -7,15 +7,17 @@ parent's role; ``load_weight`` (default 1.0) and ``name`` (default
 ``<index>.<kv_connector>``, the ``connector`` label of their counters) are read there.
 ``selection`` is ``first``, ``weighted`` or ``cost`` (``multi_select``).
 
-The scheduler half asks every child (any ``None`` makes the answer ``None``: ask again), picks
-one (``multi_select.choose``), gives it the real external count in ``update_state_after_alloc``
-and every other child 0. Metadata is one ``ConnectorMetadata`` per child (``MultiMetadata``);
+The scheduler half asks every child, picks one among those that answered
+(``multi_select.choose``) and asks again later (``None``) only if a child still looking could
+beat that pick (``multi_select.worth_waiting``: never after a full hit); it gives the chosen
+child the real external count in ``update_state_after_alloc`` and every other child 0. Metadata is one ``ConnectorMetadata`` per child (``MultiMetadata``);
 each child plans its own saves, with its own backpressure. Step intervals: their gcd. The
 time from a load's metadata to its ``finished_recving`` feeds the chosen child's estimate;
 the time between steps over the tokens they computed feeds the prefill estimate.
 
 Counters: the children's, summed under their own names, and each again as
-``connector.<name>.<counter>``, plus ``connector.<name>.selected`` / ``.selected_tokens``.
+``connector.<name>.<counter>``, plus ``selected.<name>`` / ``selected_tokens.<name>`` and
+``waited.<name>`` (lookups asked again because that child was still looking).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from hybridkv.connectors.multi_select import (
     PrefillEstimate,
     choose,
     load_bytes,
+    worth_waiting,
 )
 from hybridkv.connectors.multi_worker import (
     MultiConnectorWorker,
@@ -98,22 +101,25 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
     def get_num_new_matched_tokens(
         self, request: KVConnectorRequest, num_local_computed: int
     ) -> tuple[int, bool] | None:
+        """Every child is asked; the best answer is taken unless a child still looking could
+        beat it (``worth_waiting``): then ask again (None)."""
         hits: list[Hit] = []
+        pending: list[int] = []
         for i, child in enumerate(self.children):
             found = child.get_num_new_matched_tokens(request, num_local_computed)
             if found is None:
-                return None
-            hits.append(Hit(i, found[0], found[1]))
+                pending.append(i)
+            else:
+                hits.append(Hit(i, found[0], found[1]))
         todo = request.num_tokens - num_local_computed
-        pick = choose(
-            self.config.selection,
-            hits,
-            self.weights,
-            self.estimates,
-            self.prefill,
-            self.layout,
-            todo,
-        )
+        args = (self.weights, self.estimates, self.prefill, self.layout, todo)
+        pick = choose(self.config.selection, hits, *args)
+        max_hit = max(0, request.num_tokens - 1 - num_local_computed)
+        if worth_waiting(self.config.selection, pick, pending, *args, max_hit):
+            for i in pending:
+                bump(self._stats.waited, self.names[i])
+            self._chosen.pop(request.request_id, None)
+            return None
         if pick is None:
             self._chosen.pop(request.request_id, None)
             return 0, False
