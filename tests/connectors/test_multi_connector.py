@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from hybridkv.connectors.base import BaseConnectorScheduler, KeptKV
+from hybridkv.connectors.base import BaseConnectorScheduler, KeptKV, RequestBlocks
 from hybridkv.connectors.multi_connector import MultiConnectorScheduler
 from hybridkv.connectors.multi_select import (
     Hit,
@@ -235,6 +235,11 @@ class LookupChild(BaseConnectorScheduler):
         self.found = found
         self.asked = 0
         self.loads: list[int] = []
+        self.whole: tuple[int, ...] | None = None  # get_first_whole_blocks' answer
+        self.seen: list[RequestBlocks] = []  # the blocks build_connector_meta was given
+
+    def get_first_whole_blocks(self, request: Any, num_external: int) -> tuple[int, ...] | None:
+        return self.whole
 
     def get_num_new_matched_tokens(self, request: Any, num_local: int) -> tuple[int, bool] | None:
         self.asked += 1
@@ -244,6 +249,7 @@ class LookupChild(BaseConnectorScheduler):
         self.loads.append(num_external)
 
     def build_connector_meta(self, scheduled: Any) -> ConnectorMetadata:
+        self.seen += [blocks for _, _, _, blocks in scheduled]
         return ConnectorMetadata()
 
     def request_finished(self, request: Any, blocks: Any) -> tuple[bool, dict[str, Any] | None]:
@@ -306,3 +312,24 @@ def test_worth_waiting_follows_each_selection() -> None:
     assert not worth_waiting(Selection.FIRST, small, [2], *args, 99)  # c would not
     assert worth_waiting(Selection.WEIGHTED, small, [0], *args, 99)  # 99 x 1 > 16 x 1
     assert not worth_waiting(Selection.WEIGHTED, Hit(2, 40, True), [0], *args, 99)  # < 40 x 3
+
+
+def test_blocks_a_load_filled_in_part_are_hidden_from_every_childs_saves() -> None:
+    """Child a loads 40 tokens after a local hit of 8 and says the sliding group's entries
+    before 5 got only part of their bytes (a window's first block): while the request lives,
+    no child (a tier that saves) sees entries 2..4 of that table, so none stores them."""
+    scheduler, req, doubles = lookup("cost", (40, True), (0, False))
+    assert scheduler.get_num_new_matched_tokens(req, 8) == (40, True)
+    req.num_computed_tokens = 48
+    blocks = RequestBlocks((list(range(1, 14)), list(range(21, 34))), (3,))
+    scheduler.update_state_after_alloc(req, blocks, 40)
+    doubles[0].whole = (2, 5)  # full-attention group: from the local hit on, all whole
+    assert scheduler.get_first_whole_blocks(req, 40) == (2, 5)
+    scheduler.build_connector_meta([(req, 48, 60, blocks)])
+    hidden = [21, 22, 0, 0, 0, *range(26, 34)]
+    for child in doubles:
+        assert child.seen[-1].block_ids == (list(range(1, 14)), hidden)
+    assert blocks.block_ids[1][2] == 23  # the scheduler's own table is untouched
+    scheduler.request_finished(req, blocks)
+    scheduler.build_connector_meta([(req, 60, 61, blocks)])
+    assert doubles[1].seen[-1] is blocks

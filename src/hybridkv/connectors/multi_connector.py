@@ -58,6 +58,7 @@ from hybridkv.connectors.registry import (
 )
 from hybridkv.connectors.stats import ConnectorStats, bump
 from hybridkv.connectors.tier_events import NoTiersError, TierEvent, TierEventSink
+from hybridkv.kv.block_pool import NULL_BLOCK
 from hybridkv.kv.spec import KVCacheLayout
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 
@@ -95,6 +96,8 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
         self._chosen: dict[str, Hit] = {}  # request id -> the child loading it
         self._loading: dict[str, _Loading] = {}
         self._delaying: dict[str, list[BaseConnectorScheduler]] = {}  # children keeping its KV
+        # request id -> per group, table entries [first, stop) its load filled only in part
+        self._partial: dict[str, tuple[range, ...]] = {}
         self._steps = _Clock()
         self._stats = MultiStats()
 
@@ -129,6 +132,7 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
     def update_state_after_alloc(
         self, request: KVConnectorRequest, blocks: RequestBlocks, num_external_tokens: int
     ) -> None:
+        self._partial.pop(request.request_id, None)  # a new admission (after a restart)
         pick = self._chosen.get(request.request_id)
         chosen = pick.child if pick is not None and num_external_tokens > 0 else -1
         for i, child in enumerate(self.children):
@@ -141,6 +145,22 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
             bump(self._stats.selected_tokens, name, num_external_tokens)
             nbytes = load_bytes(self.layout, num_external_tokens)
             self._loading[request.request_id] = _Loading(chosen, nbytes)
+
+    def get_first_whole_blocks(
+        self, request: KVConnectorRequest, num_external_tokens: int
+    ) -> tuple[int, ...] | None:
+        """The loading child's answer; the entries it filled in part are hidden (null) from
+        every child's saves (``build_connector_meta``), so no tier stores them as held."""
+        pick = self._chosen.get(request.request_id)
+        if pick is None or not num_external_tokens:
+            return None
+        whole = self.children[pick.child].get_first_whole_blocks(request, num_external_tokens)
+        if whole is not None:
+            first = (request.num_computed_tokens - num_external_tokens) // self.layout.block_size
+            parts = tuple(range(first, max(first, stop)) for stop in whole)
+            if any(parts):
+                self._partial[request.request_id] = parts
+        return whole
 
     def get_hit_sources(
         self, request: KVConnectorRequest, num_external_tokens: int
@@ -180,6 +200,8 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
     ) -> ConnectorMetadata:
         now = self.clock()
         self._measure_step(now, sum(end - start for _, start, end, _ in scheduled))
+        if self._partial:
+            scheduled = [(r, s, e, self._saveable(r.request_id, b)) for r, s, e, b in scheduled]
         metas = tuple(child.build_connector_meta(scheduled) for child in self.children)
         for meta in metas:
             for spec in meta.loads:
@@ -187,6 +209,18 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
                 if loading is not None and loading.started is None:
                     loading.started = now
         return MultiMetadata(loads=[spec for meta in metas for spec in meta.loads], children=metas)
+
+    def _saveable(self, request_id: str, blocks: RequestBlocks) -> RequestBlocks:
+        """``blocks`` with the entries its load filled only in part shown as null."""
+        parts = self._partial.get(request_id)
+        if parts is None:
+            return blocks
+        tables = tuple(list(t) for t in blocks.block_ids)
+        for table, part in zip(tables, parts, strict=True):
+            for k in part:
+                if k < len(table):
+                    table[k] = NULL_BLOCK
+        return dataclasses.replace(blocks, block_ids=tables)
 
     def _measure_step(self, now: float, tokens: int) -> None:
         """The previous step's tokens over the time until this one: the prefill estimate."""
@@ -200,6 +234,7 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
 
     def request_dropped(self, request: KVConnectorRequest) -> None:
         self._chosen.pop(request.request_id, None)
+        self._partial.pop(request.request_id, None)
         self._loading.pop(request.request_id, None)
         for child in self.children:
             child.request_dropped(request)
@@ -224,6 +259,7 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
     ) -> tuple[bool, dict[str, Any] | None]:
         self._chosen.pop(request.request_id, None)
         self._loading.pop(request.request_id, None)
+        self._partial.pop(request.request_id, None)
         params = None
         delaying = []
         for child in self.children:

@@ -10,6 +10,7 @@ that never arrived.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -114,6 +115,39 @@ def test_the_partial_window_block_is_the_one_skipped() -> None:
     assert consumer_range(SLIDING, 0, 428, 64, 272) == (272, 428)
     assert first_whole_entry(FULL, 128, 428, 64, 0) == 2  # after the local hit: all whole
     assert first_whole_entry(SLIDING, 0, 428, 64, None) == 5  # unknown: only what is needed
+
+
+@pytest.mark.parametrize(
+    ("field", "forge", "message"),
+    [
+        ("remote_block_size", lambda v: 8, "handshake says 16"),
+        ("remote_block_size", lambda v: -16, "handshake says 16"),
+        ("remote_block_starts", lambda v: [v[0] + 3, v[1]], "needs them from"),
+        ("remote_block_starts", lambda v: [10**9, v[1]], "needs them from"),
+        ("remote_block_ids", lambda v: [v[0][:2], v[1]], "remote_block_ids of attention"),
+        ("num_tokens", lambda v: v - 60, "needs them from"),
+    ],
+)
+def test_params_the_producer_contradicts_fail_the_load_alone(
+    field: str, forge: Any, message: str
+) -> None:
+    """Forged or stale params (the block size, where the producer's tables start, how long they
+    are, the transfer end): the load fails with a reason naming the field and the request is
+    recomputed to the exact tokens; nothing is hashed without its bytes meanwhile."""
+    rng = random.Random(3)
+    prompt = [rng.randrange(997) for _ in range(300)]
+    producer = make_engine(16, 128, "kv_producer")
+    req = producer.add("p", prompt, 1, {"do_remote_decode": True})
+    producer.run()
+    params = dict(req.kv_transfer_params or {})
+    params[field] = forge(params[field])
+    consumer = make_engine(64, 128, "kv_consumer", producer=producer)
+    consumer.add("d", prompt, MAX_TOKENS, params)
+    consumer.run()  # asserts the invariant after every step
+    assert consumer.outputs["d"] == reference_generation(prompt, MAX_TOKENS)
+    assert len(consumer.worker.failures) == 1
+    assert message in consumer.worker.failures[0]
+    later(consumer, "after", prompt[:192] + [9] * 40)
 
 
 @pytest.mark.parametrize("first", [-16, 302, 1000])

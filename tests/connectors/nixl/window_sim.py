@@ -90,14 +90,20 @@ class SimWorker(BaseConnectorWorker):
     def __init__(self, memory: SimMemory, producer: SimMemory | None) -> None:
         self.memory, self.producer = memory, producer
         self.done: set[str] = set()
+        self.failed: dict[str, str] = {}
+        self.failures: list[str] = []  # every failure reported, in order
         self.loads: list[LoadSpec] = []
 
     def start_load(self, metadata: ConnectorMetadata) -> None:
         for spec in metadata.loads:
             assert self.producer is not None
             self.loads.append(spec)
-            self._load(spec, self.producer)
             self.done.add(spec.request_id)
+            try:
+                self._load(spec, self.producer)
+            except ValueError as exc:  # as the reader: this load fails, recovery recomputes
+                self.failed[spec.request_id] = f"nixl_transfer_failed: {exc}"
+                self.failures.append(self.failed[spec.request_id])
 
     def _load(self, spec: LoadSpec, producer: SimMemory) -> None:
         src = spec.keys
@@ -114,8 +120,8 @@ class SimWorker(BaseConnectorWorker):
         return None
 
     def get_finished(self, finished_request_ids: list[str]) -> KVConnectorOutput:
-        out = KVConnectorOutput(finished_recving=self.done)
-        self.done = set()
+        out = KVConnectorOutput(finished_recving=self.done, failed_recving=self.failed)
+        self.done, self.failed = set(), {}
         return out
 
 

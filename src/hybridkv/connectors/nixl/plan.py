@@ -146,6 +146,12 @@ def load_rows(
         group = local.groups[group_index]
         first = src.first_blocks[j] * remote.block_size
         lo, hi = consumer_range(group, spec.start, spec.end, local.block_size, first)
+        stop = -(-hi // remote.block_size) - src.first_blocks[j]  # remote entries read
+        if hi > lo and stop > len(src.block_ids[j]):
+            raise ValueError(
+                f"remote_block_ids of attention group {j} list {len(src.block_ids[j])} "
+                f"blocks; reading up to token {hi} needs {stop}"
+            )
         table = _table(spec.block_indices[j], spec.block_ids[j])
         read = GroupRead(group_index, lo, hi, table, list(src.block_ids[j]), src.first_blocks[j])
         parts.append(attention_descs(local, remote, read))

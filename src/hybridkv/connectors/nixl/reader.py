@@ -220,8 +220,12 @@ class Reader:
         )
 
     def _plan(self, spec: LoadSpec, src: RemoteSource, remote: LayoutDescriptor) -> Rows:
-        """Rows (local address, remote address, bytes) of every group's read and the state."""
-        return load_rows(self.local, remote, spec, src)
+        """Rows (local address, remote address, bytes) of every group's read and the state.
+        Params that contradict the producer's layout fail this load alone (the peer stays)."""
+        try:
+            return load_rows(self.local, remote, spec, src)
+        except ValueError as exc:
+            raise HandshakeFailed("nixl_transfer_failed", f"kv_transfer_params: {exc}") from None
 
     def _end(self, load: _Load) -> None:
         if load.checking >= 0:
