@@ -9,7 +9,9 @@ logits give the first output token)::
 
 Per group only what a step resuming at E reads is sent: full-attention groups every block
 before E, sliding-window groups the blocks of the window ending at E plus one (so a consumer
-with blocks up to twice as large still gets whole blocks), state groups one checkpoint.
+with blocks up to twice as large still gets whole blocks), state groups one checkpoint. A
+consumer with larger blocks gets its window's first block only in part; it must never hash it
+(``first_whole_entry``): no block is ever hashed with bytes it does not hold.
 Addresses are computed token by token segment (a segment never crosses a block of either
 side), K and V separately, then merged where both sides are contiguous inside a layer: with
 equal block sizes a run of consecutive blocks becomes one descriptor per layer. A plan is rows
