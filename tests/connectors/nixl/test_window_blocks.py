@@ -57,7 +57,6 @@ block_sizes = st.sampled_from([1, 2, 3, 4, 5, 8, 12, 16])
 ratios = st.sampled_from([1, 2, 3, 4, 8, 0.5, 0.25, 0.125])
 
 
-@pytest.mark.slow
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     window=st.integers(2, 80),
