@@ -17,7 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hybridkv.connectors.nixl.layout import GroupDesc
-from hybridkv.connectors.nixl.plan import consumer_range, first_whole_entry, transfer_end
+from hybridkv.connectors.nixl.plan import (
+    consumer_range,
+    first_held,
+    first_whole_entry,
+    transfer_end,
+)
 from tests.connectors.nixl.window_sim import SimEngine, make_engine
 from tests.sched.page_runner import reference_generation
 
@@ -153,3 +158,16 @@ def test_params_the_producer_contradicts_fail_the_load_alone(
 def test_params_claiming_less_than_the_window_needs_are_refused(first: int) -> None:
     with pytest.raises(ValueError, match="needs them from 301|remote_block_starts"):
         consumer_range(SLIDING, 0, 428, 64, first)
+
+
+def test_a_prefill_chunk_ending_at_the_transfer_end_still_transfers() -> None:
+    """Chunks of 64 end at E = 320: the producer's step there freed the window's entries
+    before 193 // 16 = 12, the extra block 11 included, so its params start at entry 12
+    (``first_held``); a consumer with blocks of 40 reads from 192 and hashes entry 4
+    ([160, 200)) never. Before, the params listed a null block and the load failed."""
+    assert first_held([0, 0, 7, 8], 1) == 2 and first_held([0, 0], 0) == 2
+    rng = random.Random(5)
+    prompt = [rng.randrange(997) for _ in range(321)]
+    consumer = transfer(prompt, 128, 16, 40, 0)  # asserts all 320 tokens came from nixl
+    assert not consumer.worker.failures
+    later(consumer, "later", prompt[:240] + [9] * 40)

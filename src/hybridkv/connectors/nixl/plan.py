@@ -48,6 +48,15 @@ def producer_first_block(group: GroupDesc, end: int, block_size: int) -> int:
     return max(0, (max(0, end - group.window + 1) // block_size) - 1)
 
 
+def first_held(table: list[int], first: int) -> int:
+    """``first``, or the first entry after it holding a block: a chunk of the prefill that
+    ended at E already freed the window's entries before E - W + 1 (``remove_skipped``), so
+    the extra block ``producer_first_block`` keeps may be gone."""
+    while first < len(table) and not table[first]:
+        first += 1
+    return first
+
+
 def producer_kept_tokens(end: int, block_size: int) -> int:
     """The position whose window ``remove_skipped`` keeps = what ``producer_first_block`` keeps."""
     return max(0, end - block_size)

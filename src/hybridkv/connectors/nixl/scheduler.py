@@ -37,6 +37,7 @@ from hybridkv.connectors.nixl.meta import (
 )
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.plan import (
+    first_held,
     first_whole_entry,
     producer_first_block,
     producer_kept_tokens,
@@ -79,6 +80,7 @@ class NixlScheduler(BaseConnectorScheduler):
         self._leases: dict[str, Lease] = {}
         self._generation = 0
         self._consumed: set[str] = set()
+        self._whole: dict[str, tuple[int, ...]] = {}  # a load's first whole entries, once
         self._loads: list[LoadSpec] = []
         self._items: list[Any] = []
         interval = options.heartbeat_interval_seconds
@@ -137,9 +139,9 @@ class NixlScheduler(BaseConnectorScheduler):
                 self._items.append(NotifyOnly(src))
             return
         end = request.num_computed_tokens
-        self._loads.append(
-            self._load_spec(request.request_id, blocks, end - num_external_tokens, end, src)
-        )
+        start = end - num_external_tokens
+        self._loads.append(self._load_spec(request.request_id, blocks, start, end, src))
+        self._whole[request.request_id] = self._first_whole(src, start, end)
 
     def _load_spec(
         self, request_id: str, blocks: RequestBlocks, start: int, end: int, src: RemoteSource
@@ -162,14 +164,15 @@ class NixlScheduler(BaseConnectorScheduler):
     def get_first_whole_blocks(
         self, request: KVConnectorRequest, num_external_tokens: int
     ) -> tuple[int, ...] | None:
-        """Per attention group, where the load's whole entries start (``first_whole_entry``:
-        a window's first block is partial when it starts before the producer's first block).
-        Params the load will refuse: no entry it fills is whole."""
-        src = self._source(request, log_errors=False)
-        if src is None or not num_external_tokens:
-            return None
-        end = request.num_computed_tokens
-        start, bs = end - num_external_tokens, src.block_size
+        """Per attention group, where the load's whole entries start (computed with the load,
+        ``_first_whole``)."""
+        return self._whole.pop(request.request_id, None)
+
+    def _first_whole(self, src: RemoteSource, start: int, end: int) -> tuple[int, ...]:
+        """``first_whole_entry`` per attention group: a window's first block is partial when
+        it starts before the producer's first block. Params the load will refuse: no entry it
+        fills is whole."""
+        bs = src.block_size
         try:
             return tuple(
                 first_whole_entry(group, start, end, self.block_size, first * bs if bs else None)
@@ -245,6 +248,7 @@ class NixlScheduler(BaseConnectorScheduler):
     def _consumer_done(self, request: KVConnectorRequest) -> None:
         """A request ends: if it never read its producer's KV, tell the producer (NotifyOnly)."""
         rid = request.request_id
+        self._whole.pop(rid, None)
         if self.waits is not None:
             self.waits.stop(rid)
         if rid in self._consumed:
@@ -269,8 +273,11 @@ class NixlScheduler(BaseConnectorScheduler):
         return KeptKV(end, producer_kept_tokens(end, self.block_size)) if end else None
 
     def _params(self, rid: str, blocks: RequestBlocks, end: int) -> dict[str, Any]:
-        firsts = [producer_first_block(g, end, self.block_size) for g in self.attn]
         last = _cdiv(end, self.block_size)
+        firsts = [
+            min(last, first_held(t, producer_first_block(g, end, self.block_size)))
+            for g, t in zip(self.attn, blocks.block_ids, strict=True)
+        ]
         staged = self._staged.get(rid)
         return {
             "do_remote_prefill": True,
