@@ -1,22 +1,10 @@
-"""Which tokens and bytes a transfer moves, and the descriptor pairs that move them (pure).
+"""Which bytes a transfer moves: the descriptor pairs of a consumer's load (pure).
 
-The producer hands over the KV of tokens ``[0, E)`` and, for layouts with state groups, the
-state at ``E``; the consumer computes ``[E, N)`` itself (at least the last prompt token, whose
-logits give the first output token)::
-
-    E = N - 1                         attention-only layouts
-    E = floor((N - 1) / B) * B        layouts with state groups (B: the producer's block size)
-
-Per group only what a step resuming at E reads is sent: full-attention groups every block
-before E, sliding-window groups the blocks of the window ending at E plus one (so a consumer
-with blocks up to twice as large still gets whole blocks), state groups one checkpoint. A
-consumer with larger blocks gets its window's first block only in part; it must never hash it
-(``first_whole_entry``): no block is ever hashed with bytes it does not hold.
-Addresses are computed token by token segment (a segment never crosses a block of either
-side), K and V separately, then merged where both sides are contiguous inside a layer: with
-equal block sizes a run of consecutive blocks becomes one descriptor per layer. A plan is rows
-(local address, remote address, bytes), what ``agent.read`` posts: a list when short, an
-(N, 3) int64 array when long.
+The tokens come from ``spans`` (re-exported here). Addresses are computed token by token
+segment (a segment never crosses a block of either side), K and V separately, then merged
+where both sides are contiguous inside a layer: with equal block sizes a run of consecutive
+blocks becomes one descriptor per layer. A plan is rows (local address, remote address,
+bytes), what ``agent.read`` posts: a list when short, an (N, 3) int64 array when long.
 """
 
 from __future__ import annotations
@@ -27,6 +15,16 @@ import numpy as np
 
 from hybridkv.connectors.nixl.layout import GroupDesc, LayoutDescriptor
 from hybridkv.connectors.nixl.meta import RemoteSource
+from hybridkv.connectors.nixl.spans import (
+    consumer_range,
+    first_held,
+    first_whole_entries,
+    first_whole_entry,
+    needed_from,
+    producer_first_block,
+    producer_kept_tokens,
+    transfer_end,
+)
 from hybridkv.step_io import LoadSpec
 
 Desc = tuple[int, int, int]  # (local address, remote address, bytes)
@@ -34,80 +32,16 @@ Rows = list[Desc] | np.ndarray  # a plan; a short one stays a list (numpy costs 
 SHORT_RUNS = 64  # block runs found in plain Python (more: numpy)
 SHORT_ROWS = 32  # rows expanded per layer in plain Python (more: numpy)
 
-
-def transfer_end(num_prompt_tokens: int, block_size: int, has_state: bool) -> int:
-    if has_state:
-        return (num_prompt_tokens - 1) // block_size * block_size
-    return num_prompt_tokens - 1
-
-
-def producer_first_block(group: GroupDesc, end: int, block_size: int) -> int:
-    """The first table entry a producer keeps and sends for ``group``."""
-    if not group.window:
-        return 0
-    return max(0, (max(0, end - group.window + 1) // block_size) - 1)
-
-
-def first_held(table: list[int], first: int) -> int:
-    """``first``, or the first entry after it holding a block: a chunk of the prefill that
-    ended at E already freed the window's entries before E - W + 1 (``remove_skipped``), so
-    the extra block ``producer_first_block`` keeps may be gone."""
-    while first < len(table) and not table[first]:
-        first += 1
-    return first
-
-
-def producer_kept_tokens(end: int, block_size: int) -> int:
-    """The position whose window ``remove_skipped`` keeps = what ``producer_first_block`` keeps."""
-    return max(0, end - block_size)
-
-
-def consumer_range(
-    group: GroupDesc, start: int, end: int, block_size: int, remote_first_token: int
-) -> tuple[int, int]:
-    """Tokens ``[lo, end)`` of ``group`` a consumer reads: after its local hit (``start``),
-    inside the window's whole blocks, and where the producer still has data. Raises
-    ValueError if the producer does not hold a token the step resuming at ``end`` reads."""
-    need = needed_from(group, start, end)
-    if not 0 <= remote_first_token <= need:
-        raise ValueError(
-            f"the producer holds tokens from {remote_first_token} on (remote_block_starts), "
-            f"but resuming at token {end} needs them from {need}"
-        )
-    lo = max(start, remote_first_token)
-    if group.window:
-        lo = max(lo, max(0, end - group.window + 1) // block_size * block_size)
-    return min(lo, end), end
-
-
-def needed_from(group: GroupDesc, start: int, end: int) -> int:
-    """The first token of ``group`` a step resuming at ``end`` after a local hit of ``start``
-    tokens reads from the load (its window's first token, or ``start``)."""
-    window_start = max(0, end - group.window + 1) if group.window else 0
-    return min(max(start, window_start), end)
-
-
-def first_whole_entry(
-    group: GroupDesc, start: int, end: int, block_size: int, remote_first_token: int | None
-) -> int:
-    """The first table entry from which a load of ``[start, end)`` writes every token of each
-    entry it fills (the last one up to ``end``: the consumer computes the rest).
-
-    Entries between the local hit and it are filled only in part: with blocks more than twice
-    the producer's, the window's first block starts before the first token the producer
-    kept. Their bytes before ``lo`` were never loaded, so they must never be hashed (a later
-    hit whose window reaches there would read them)::
-
-        consumer blocks   |   entry k   |  entry k+1  |
-        producer kept           [rf .............. end)
-        loaded                  [lo ..............      entry k: partial -> k + 1
-
-    ``remote_first_token`` None (the producer's block size unknown): only the tokens this
-    step needs are assumed held."""
-    if remote_first_token is None:
-        remote_first_token = needed_from(group, start, end)
-    lo, _ = consumer_range(group, start, end, block_size, remote_first_token)
-    return -(-lo // block_size)
+__all__ = [  # the token arithmetic, from ``spans``
+    "consumer_range",
+    "first_held",
+    "first_whole_entries",
+    "first_whole_entry",
+    "needed_from",
+    "producer_first_block",
+    "producer_kept_tokens",
+    "transfer_end",
+]
 
 
 def _segment_starts(lo: int, hi: int, b1: int, b2: int) -> np.ndarray:

@@ -38,7 +38,7 @@ from hybridkv.connectors.nixl.meta import (
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.plan import (
     first_held,
-    first_whole_entry,
+    first_whole_entries,
     producer_first_block,
     producer_kept_tokens,
     transfer_end,
@@ -141,7 +141,9 @@ class NixlScheduler(BaseConnectorScheduler):
         end = request.num_computed_tokens
         start = end - num_external_tokens
         self._loads.append(self._load_spec(request.request_id, blocks, start, end, src))
-        self._whole[request.request_id] = self._first_whole(src, start, end)
+        self._whole[request.request_id] = first_whole_entries(
+            self.attn, src.first_blocks, src.block_size, (start, end), self.block_size
+        )
 
     def _load_spec(
         self, request_id: str, blocks: RequestBlocks, start: int, end: int, src: RemoteSource
@@ -164,22 +166,9 @@ class NixlScheduler(BaseConnectorScheduler):
     def get_first_whole_blocks(
         self, request: KVConnectorRequest, num_external_tokens: int
     ) -> tuple[int, ...] | None:
-        """Per attention group, where the load's whole entries start (computed with the load,
-        ``_first_whole``)."""
+        """Per attention group, where the load's whole entries start (``first_whole_entries``,
+        computed with the load)."""
         return self._whole.pop(request.request_id, None)
-
-    def _first_whole(self, src: RemoteSource, start: int, end: int) -> tuple[int, ...]:
-        """``first_whole_entry`` per attention group: a window's first block is partial when
-        it starts before the producer's first block. Params the load will refuse: no entry it
-        fills is whole."""
-        bs = src.block_size
-        try:
-            return tuple(
-                first_whole_entry(group, start, end, self.block_size, first * bs if bs else None)
-                for group, first in zip(self.attn, src.first_blocks, strict=True)
-            )
-        except ValueError:  # the reader fails this load (same check); recovery recomputes
-            return tuple(_cdiv(end, self.block_size) for _ in self.attn)
 
     # -- producer ----------------------------------------------------------------------------
 
