@@ -171,3 +171,23 @@ def test_a_prefill_chunk_ending_at_the_transfer_end_still_transfers() -> None:
     consumer = transfer(prompt, 128, 16, 40, 0)  # asserts all 320 tokens came from nixl
     assert not consumer.worker.failures
     later(consumer, "later", prompt[:240] + [9] * 40)
+
+
+def test_the_partial_block_by_id() -> None:
+    """The issue's trace, prompt of 300: E = 299, the window starts at 172, the producer
+    (blocks of 16) kept from 144; the consumer's sliding-window load fills entries 2..4
+    (blocks of 64): entry 2 ([128, 192)) only from 144, so its block is never hashed; entry 3
+    is; entry 4 ([256, 320)) is not full yet (300 prompt + 3 output tokens)."""
+    rng = random.Random(4)
+    prompt = [rng.randrange(997) for _ in range(300)]
+    consumer = transfer(prompt, 128, 16, 64, 0)
+    spec = consumer.worker.loads[0]
+    layout = consumer.kv.layout
+    kinds = [layout.groups[g].kind.value for g in layout.attention_group_ids]
+    j = kinds.index("sliding_window")
+    assert spec.block_indices[j] == [2, 3, 4]
+    hashed = [consumer.kv.pool.key[b] is not None for b in spec.block_ids[j]]
+    assert hashed == [False, True, False]
+    assert spec.block_indices[1 - j] == [0, 1, 2, 3, 4]
+    hashed = [consumer.kv.pool.key[b] is not None for b in spec.block_ids[1 - j]]
+    assert hashed == [True, True, True, True, False]
