@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from hybridkv.connectors.base import KeptKV
+from hybridkv.connectors.base import BaseConnectorScheduler, KeptKV, RequestBlocks
 from hybridkv.connectors.multi_connector import MultiConnectorScheduler
 from hybridkv.connectors.multi_select import (
     Hit,
@@ -18,7 +18,9 @@ from hybridkv.connectors.multi_select import (
     Selection,
     choose,
     load_bytes,
+    worth_waiting,
 )
+from hybridkv.step_io import ConnectorMetadata
 from tests.connectors.helpers import Engine, FakeRequest, make_layout, make_request, table
 from tests.connectors.offloading.helpers import DST, SRC, offload_config
 from tests.support.stats import counters_with_children
@@ -224,3 +226,110 @@ def test_kept_kv_is_what_the_delaying_children_keep(
     assert scheduler.get_kept_kv(req) == expected
     assert [d.asked for d in doubles] == [int(d.delay) for d in doubles]  # only delaying ones
     assert scheduler.get_kept_kv(req) is None  # asked once per finished request, then forgotten
+
+
+class LookupChild(BaseConnectorScheduler):
+    """A child whose lookup answers ``found`` (None: still looking, ask again)."""
+
+    def __init__(self, found: tuple[int, bool] | None) -> None:
+        self.found = found
+        self.asked = 0
+        self.loads: list[int] = []
+        self.whole: tuple[int, ...] | None = None  # get_first_whole_blocks' answer
+        self.seen: list[RequestBlocks] = []  # the blocks build_connector_meta was given
+
+    def get_first_whole_blocks(self, request: Any, num_external: int) -> tuple[int, ...] | None:
+        return self.whole
+
+    def get_num_new_matched_tokens(self, request: Any, num_local: int) -> tuple[int, bool] | None:
+        self.asked += 1
+        return self.found
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external: int) -> None:
+        self.loads.append(num_external)
+
+    def build_connector_meta(self, scheduled: Any) -> ConnectorMetadata:
+        self.seen += [blocks for _, _, _, blocks in scheduled]
+        return ConnectorMetadata()
+
+    def request_finished(self, request: Any, blocks: Any) -> tuple[bool, dict[str, Any] | None]:
+        return False, None
+
+
+def lookup(selection: str, *answers: tuple[int, bool] | None, s_per_token: float = 1e-3) -> Any:
+    """A MultiConnector scheduler over children answering ``answers``, fast loads, a fixed
+    prefill cost; returns (scheduler, request of 100 tokens, children)."""
+    scheduler = sched(Engine(multi(selection, child("a"), child("b")), LAYOUT))
+    doubles = [LookupChild(a) for a in answers]
+    scheduler.children = doubles  # type: ignore[assignment]
+    scheduler.estimates = [LoadEstimate(1e-3, 1e9) for _ in doubles]
+    scheduler.prefill = FixedPrefill(s_per_token)
+    return scheduler, make_request("r", 100), doubles
+
+
+@pytest.mark.parametrize("selection", ["first", "weighted", "cost"])
+def test_a_full_hit_is_taken_while_another_child_still_looks(selection: str) -> None:
+    """99 of 100 tokens (all but the last, computed for its logits) from child b: child a,
+    still looking, could not load more, so the request is not deferred."""
+    scheduler, req, doubles = lookup(selection, None, (99, True))
+    assert scheduler.get_num_new_matched_tokens(req, 0) == (99, True)
+    assert all(d.asked == 1 for d in doubles)  # every child asked, the pending one too
+    assert "waited.a" not in counters_with_children(scheduler.take_stats())
+    scheduler.update_state_after_alloc(req, table(LAYOUT, DST, {2: 3}), 99)
+    assert [d.loads for d in doubles] == [[0], [99]]  # b loads, a (still looking) does not
+
+
+def test_a_small_hit_waits_for_a_pending_child_while_waiting_pays() -> None:
+    """Child b has 16 tokens, child a is still looking. With prefill at 1 ms a token, a full
+    hit from a (1 ms latency) would save far more than a round trip: ask again. Once a answers
+    96, it is chosen."""
+    scheduler, req, doubles = lookup("cost", None, (16, True))
+    assert scheduler.get_num_new_matched_tokens(req, 0) is None
+    assert counters_with_children(scheduler.take_stats())["waited.a"] == 1
+    doubles[0].found = (96, True)
+    assert scheduler.get_num_new_matched_tokens(req, 0) == (96, True)
+
+
+def test_a_small_hit_is_taken_when_waiting_cannot_pay() -> None:
+    """The same answers, but child a's round trip (2 s) costs more than recomputing what a
+    full hit would save (84 tokens at 1 ms): take b's 16 tokens now."""
+    scheduler, req, _ = lookup("cost", None, (16, True))
+    scheduler.estimates[0] = LoadEstimate(2.0, 1e9)
+    assert scheduler.get_num_new_matched_tokens(req, 0) == (16, True)
+    # nothing anywhere yet, a short prompt: recomputing beats any wait too
+    scheduler, req, _ = lookup("cost", None, (0, False), s_per_token=1e-6)
+    assert scheduler.get_num_new_matched_tokens(req, 0) == (0, False)
+
+
+def test_worth_waiting_follows_each_selection() -> None:
+    fast = [LoadEstimate(1e-3, 1e9) for _ in range(3)]
+    args = ([1.0, 1.0, 3.0], fast, PrefillEstimate(1e-3), LAYOUT, 100)
+    small = Hit(1, 16, True)
+    assert not worth_waiting(Selection.COST, Hit(1, 99, True), [0], *args, 99)  # full hit
+    assert not worth_waiting(Selection.COST, small, [], *args, 99)  # nobody pending
+    assert worth_waiting(Selection.COST, small, [0], *args, 99)
+    assert worth_waiting(Selection.FIRST, small, [0], *args, 99)  # a would come first
+    assert not worth_waiting(Selection.FIRST, small, [2], *args, 99)  # c would not
+    assert worth_waiting(Selection.WEIGHTED, small, [0], *args, 99)  # 99 x 1 > 16 x 1
+    assert not worth_waiting(Selection.WEIGHTED, Hit(2, 40, True), [0], *args, 99)  # < 40 x 3
+
+
+def test_blocks_a_load_filled_in_part_are_hidden_from_every_childs_saves() -> None:
+    """Child a loads 40 tokens after a local hit of 8 and says the sliding group's entries
+    before 5 got only part of their bytes (a window's first block): while the request lives,
+    no child (a tier that saves) sees entries 2..4 of that table, so none stores them."""
+    scheduler, req, doubles = lookup("cost", (40, True), (0, False))
+    assert scheduler.get_num_new_matched_tokens(req, 8) == (40, True)
+    req.num_computed_tokens = 48
+    blocks = RequestBlocks((list(range(1, 14)), list(range(21, 34))), (3,))
+    scheduler.update_state_after_alloc(req, blocks, 40)
+    doubles[0].whole = (2, 5)  # full-attention group: from the local hit on, all whole
+    assert scheduler.get_first_whole_blocks(req, 40) == (2, 5)
+    scheduler.build_connector_meta([(req, 48, 60, blocks)])
+    hidden = [21, 22, 0, 0, 0, *range(26, 34)]
+    for child in doubles:
+        assert child.seen[-1].block_ids == (list(range(1, 14)), hidden)
+    assert blocks.block_ids[1][2] == 23  # the scheduler's own table is untouched
+    scheduler.request_finished(req, blocks)
+    scheduler.build_connector_meta([(req, 60, 61, blocks)])
+    assert doubles[1].seen[-1] is blocks

@@ -106,7 +106,7 @@ def test_the_wrappers_pass_drops_and_pending_through() -> None:
     assert dropped == ["a"] and wrapped.has_pending()
     multi = MultiConnectorScheduler.__new__(MultiConnectorScheduler)  # only its children
     multi.children = [Recorder(), inner]
-    multi._chosen, multi._loading = {}, {}
+    multi._chosen, multi._loading, multi._partial = {}, {}, {}
     multi.request_dropped(req)
     assert dropped == ["a", "a"] and multi.has_pending()
     multi.children = [Recorder()]

@@ -190,6 +190,16 @@ class BaseConnectorScheduler(ABC):
         (delay_free_blocks, kv_transfer_params). With True the blocks stay allocated until the
         request id comes back in ``finished_sending``."""
 
+    def get_first_whole_blocks(
+        self, request: KVConnectorRequest, num_external_tokens: int
+    ) -> tuple[int, ...] | None:
+        """After ``update_state_after_alloc`` chose to load ``num_external_tokens``: per
+        attention group, the first table entry from which the load writes every token of each
+        entry it fills. Entries between the local hit and it get only part of their bytes (a
+        window's first block the producer held only in part); the scheduler never hashes
+        them. None (the default): every entry the load fills is written whole."""
+        return None
+
     def get_kept_kv(self, request: KVConnectorRequest) -> KeptKV | None:
         """For a request whose free ``request_finished`` delayed: what it keeps until
         ``finished_sending`` (everything else is freed at once); None keeps every block and

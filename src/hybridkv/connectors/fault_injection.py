@@ -100,6 +100,11 @@ class FaultInjectionScheduler(BaseConnectorScheduler):
     ) -> dict[str, int]:
         return self.inner.get_hit_sources(request, num_external_tokens)
 
+    def get_first_whole_blocks(
+        self, request: KVConnectorRequest, num_external_tokens: int
+    ) -> tuple[int, ...] | None:
+        return self.inner.get_first_whole_blocks(request, num_external_tokens)
+
     def get_step_interval(self, request: KVConnectorRequest) -> int:
         return self.inner.get_step_interval(request)
 

@@ -7,15 +7,17 @@ parent's role; ``load_weight`` (default 1.0) and ``name`` (default
 ``<index>.<kv_connector>``, the ``connector`` label of their counters) are read there.
 ``selection`` is ``first``, ``weighted`` or ``cost`` (``multi_select``).
 
-The scheduler half asks every child (any ``None`` makes the answer ``None``: ask again), picks
-one (``multi_select.choose``), gives it the real external count in ``update_state_after_alloc``
-and every other child 0. Metadata is one ``ConnectorMetadata`` per child (``MultiMetadata``);
+The scheduler half asks every child, picks one among those that answered
+(``multi_select.choose``) and asks again later (``None``) only if a child still looking could
+beat that pick (``multi_select.worth_waiting``: never after a full hit); it gives the chosen
+child the real external count in ``update_state_after_alloc`` and every other child 0. Metadata is one ``ConnectorMetadata`` per child (``MultiMetadata``);
 each child plans its own saves, with its own backpressure. Step intervals: their gcd. The
 time from a load's metadata to its ``finished_recving`` feeds the chosen child's estimate;
 the time between steps over the tokens they computed feeds the prefill estimate.
 
 Counters: the children's, summed under their own names, and each again as
-``connector.<name>.<counter>``, plus ``connector.<name>.selected`` / ``.selected_tokens``.
+``connector.<name>.<counter>``, plus ``selected.<name>`` / ``selected_tokens.<name>`` and
+``waited.<name>`` (lookups asked again because that child was still looking).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from hybridkv.connectors.multi_select import (
     PrefillEstimate,
     choose,
     load_bytes,
+    worth_waiting,
 )
 from hybridkv.connectors.multi_worker import (
     MultiConnectorWorker,
@@ -55,6 +58,7 @@ from hybridkv.connectors.registry import (
 )
 from hybridkv.connectors.stats import ConnectorStats, bump
 from hybridkv.connectors.tier_events import NoTiersError, TierEvent, TierEventSink
+from hybridkv.kv.block_pool import NULL_BLOCK
 from hybridkv.kv.spec import KVCacheLayout
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 
@@ -92,28 +96,33 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
         self._chosen: dict[str, Hit] = {}  # request id -> the child loading it
         self._loading: dict[str, _Loading] = {}
         self._delaying: dict[str, list[BaseConnectorScheduler]] = {}  # children keeping its KV
+        # request id -> per group, table entries [first, stop) its load filled only in part
+        self._partial: dict[str, tuple[range, ...]] = {}
         self._steps = _Clock()
         self._stats = MultiStats()
 
     def get_num_new_matched_tokens(
         self, request: KVConnectorRequest, num_local_computed: int
     ) -> tuple[int, bool] | None:
+        """Every child is asked; the best answer is taken unless a child still looking could
+        beat it (``worth_waiting``): then ask again (None)."""
         hits: list[Hit] = []
+        pending: list[int] = []
         for i, child in enumerate(self.children):
             found = child.get_num_new_matched_tokens(request, num_local_computed)
             if found is None:
-                return None
-            hits.append(Hit(i, found[0], found[1]))
+                pending.append(i)
+            else:
+                hits.append(Hit(i, found[0], found[1]))
         todo = request.num_tokens - num_local_computed
-        pick = choose(
-            self.config.selection,
-            hits,
-            self.weights,
-            self.estimates,
-            self.prefill,
-            self.layout,
-            todo,
-        )
+        args = (self.weights, self.estimates, self.prefill, self.layout, todo)
+        pick = choose(self.config.selection, hits, *args)
+        max_hit = max(0, request.num_tokens - 1 - num_local_computed)
+        if worth_waiting(self.config.selection, pick, pending, *args, max_hit):
+            for i in pending:
+                bump(self._stats.waited, self.names[i])
+            self._chosen.pop(request.request_id, None)
+            return None
         if pick is None:
             self._chosen.pop(request.request_id, None)
             return 0, False
@@ -123,6 +132,7 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
     def update_state_after_alloc(
         self, request: KVConnectorRequest, blocks: RequestBlocks, num_external_tokens: int
     ) -> None:
+        self._partial.pop(request.request_id, None)  # a new admission (after a restart)
         pick = self._chosen.get(request.request_id)
         chosen = pick.child if pick is not None and num_external_tokens > 0 else -1
         for i, child in enumerate(self.children):
@@ -135,6 +145,22 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
             bump(self._stats.selected_tokens, name, num_external_tokens)
             nbytes = load_bytes(self.layout, num_external_tokens)
             self._loading[request.request_id] = _Loading(chosen, nbytes)
+
+    def get_first_whole_blocks(
+        self, request: KVConnectorRequest, num_external_tokens: int
+    ) -> tuple[int, ...] | None:
+        """The loading child's answer; the entries it filled in part are hidden (null) from
+        every child's saves (``build_connector_meta``), so no tier stores them as held."""
+        pick = self._chosen.get(request.request_id)
+        if pick is None or not num_external_tokens:
+            return None
+        whole = self.children[pick.child].get_first_whole_blocks(request, num_external_tokens)
+        if whole is not None:
+            first = (request.num_computed_tokens - num_external_tokens) // self.layout.block_size
+            parts = tuple(range(first, max(first, stop)) for stop in whole)
+            if any(parts):
+                self._partial[request.request_id] = parts
+        return whole
 
     def get_hit_sources(
         self, request: KVConnectorRequest, num_external_tokens: int
@@ -174,6 +200,8 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
     ) -> ConnectorMetadata:
         now = self.clock()
         self._measure_step(now, sum(end - start for _, start, end, _ in scheduled))
+        if self._partial:
+            scheduled = [(r, s, e, self._saveable(r.request_id, b)) for r, s, e, b in scheduled]
         metas = tuple(child.build_connector_meta(scheduled) for child in self.children)
         for meta in metas:
             for spec in meta.loads:
@@ -181,6 +209,18 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
                 if loading is not None and loading.started is None:
                     loading.started = now
         return MultiMetadata(loads=[spec for meta in metas for spec in meta.loads], children=metas)
+
+    def _saveable(self, request_id: str, blocks: RequestBlocks) -> RequestBlocks:
+        """``blocks`` with the entries its load filled only in part shown as null."""
+        parts = self._partial.get(request_id)
+        if parts is None:
+            return blocks
+        tables = tuple(list(t) for t in blocks.block_ids)
+        for table, part in zip(tables, parts, strict=True):
+            for k in part:
+                if k < len(table):
+                    table[k] = NULL_BLOCK
+        return dataclasses.replace(blocks, block_ids=tables)
 
     def _measure_step(self, now: float, tokens: int) -> None:
         """The previous step's tokens over the time until this one: the prefill estimate."""
@@ -194,6 +234,7 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
 
     def request_dropped(self, request: KVConnectorRequest) -> None:
         self._chosen.pop(request.request_id, None)
+        self._partial.pop(request.request_id, None)
         self._loading.pop(request.request_id, None)
         for child in self.children:
             child.request_dropped(request)
@@ -218,6 +259,7 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
     ) -> tuple[bool, dict[str, Any] | None]:
         self._chosen.pop(request.request_id, None)
         self._loading.pop(request.request_id, None)
+        self._partial.pop(request.request_id, None)
         params = None
         delaying = []
         for child in self.children:

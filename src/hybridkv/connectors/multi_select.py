@@ -11,6 +11,11 @@
   slower to load than to recompute is not taken. Latency and bandwidth are running estimates
   per child (``LoadEstimate``, fitted from the loads it served); the prefill cost per token is
   the engine's, measured from its steps (``PrefillEstimate``). Both start from priors.
+
+A child still looking ("ask again") delays the request only if waiting for it could beat the
+best answer so far (``worth_waiting``): never when that answer is already a full hit; under
+``cost`` only if the pending child, at its best (a full hit, one more round trip away), would
+cost less than the best answer so far.
 """
 
 from __future__ import annotations
@@ -132,10 +137,56 @@ def choose(
     if selection is Selection.WEIGHTED:
         return max(hits, key=lambda h: (h.tokens * weights[h.child], -h.child))
     best: Hit | None = None
-    best_cost = num_to_compute * prefill.s_per_token  # recompute everything
+    best_cost = _cost(None, estimates, prefill, layout, num_to_compute)
     for hit in hits:
-        cost = estimates[hit.child].seconds(load_bytes(layout, hit.tokens))
-        cost += (num_to_compute - hit.tokens) * prefill.s_per_token
+        cost = _cost(hit, estimates, prefill, layout, num_to_compute)
         if cost < best_cost:
             best, best_cost = hit, cost
     return best
+
+
+def worth_waiting(
+    selection: Selection,
+    best: Hit | None,
+    pending: list[int],
+    weights: list[float],
+    estimates: list[LoadEstimate],
+    prefill: PrefillEstimate,
+    layout: KVCacheLayout,
+    num_to_compute: int,
+    max_hit: int,
+) -> bool:
+    """Whether to ask again for children still looking up (``pending``) rather than take
+    ``best`` (``choose``'s answer among the others; None: compute everything) now.
+    ``max_hit``: the most tokens any child can load (N - 1 - local). A pending child is
+    assumed to answer that much at best, one more of its round trips (its latency) away."""
+    have = best.tokens if best is not None else 0
+    if not pending or have >= max_hit:
+        return False  # a full hit: nothing can load more
+    if selection is Selection.FIRST:
+        return best is None or min(pending) < best.child
+    if selection is Selection.WEIGHTED:
+        score = have * weights[best.child] if best is not None else 0.0
+        return any(max_hit * weights[i] > score for i in pending)
+    best_cost = _cost(best, estimates, prefill, layout, num_to_compute)
+    for i in pending:
+        waiting = estimates[i].latency + _cost(
+            Hit(i, max_hit, True), estimates, prefill, layout, num_to_compute
+        )
+        if waiting < best_cost:
+            return True
+    return False
+
+
+def _cost(
+    hit: Hit | None,
+    estimates: list[LoadEstimate],
+    prefill: PrefillEstimate,
+    layout: KVCacheLayout,
+    num_to_compute: int,
+) -> float:
+    """Expected seconds to the first token loading ``hit`` (None: recomputing everything)."""
+    if hit is None:
+        return num_to_compute * prefill.s_per_token
+    load = estimates[hit.child].seconds(load_bytes(layout, hit.tokens))
+    return load + (num_to_compute - hit.tokens) * prefill.s_per_token

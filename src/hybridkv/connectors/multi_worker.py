@@ -88,6 +88,7 @@ class MultiStats(ConnectorStats):
 
     selected: dict[str, int] = counter("selected.{}")
     selected_tokens: dict[str, int] = counter("selected_tokens.{}")
+    waited: dict[str, int] = counter("waited.{}")  # lookups asked again for this child
 
 
 def merge_child_stats(into: ConnectorStats, names: list[str], stats: list[ConnectorStats]) -> None:

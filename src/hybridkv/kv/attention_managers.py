@@ -121,6 +121,10 @@ class BaseAttentionManager:
             self.pool.cache_all(table[start:stop], hashes[start:stop], self.group_id)
             self.num_cached[req_id] = stop
 
+    def skip_caching(self, req_id: str, num_entries: int) -> None:
+        """Entries before ``num_entries`` are never registered (their bytes are not all held)."""
+        self.num_cached[req_id] = max(self.num_cached[req_id], num_entries)
+
     def uncache_from(self, req_id: str, num_tokens: int) -> None:
         """Forget that entries from ``num_tokens`` on were registered (failure rollback)."""
         self.num_cached[req_id] = min(self.num_cached[req_id], num_tokens // self.block_size)

@@ -175,6 +175,12 @@ class KVCacheCoordinator(CoordinatorQueries, CoordinatorSaves):
         if self.events is not None:
             self.events.tag(req)
 
+    def skip_caching(self, req: KVRequest, num_entries: tuple[int, ...]) -> None:
+        """Never hash entries before ``num_entries[i]`` of attention group i's table: a load
+        filled them only in part (``cache`` starts after them)."""
+        for m, n in zip(self.attn, num_entries, strict=True):
+            m.skip_caching(req.request_id, n)
+
     def take_state_copies(self) -> tuple[list[StateCopy], list[StateCopy]]:
         """Drain this step's (restores, saves)."""
         out = (self._restores, self._saves)

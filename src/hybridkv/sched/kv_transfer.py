@@ -121,6 +121,9 @@ class KVTransfer:
         self.connector.update_state_after_alloc(req, self.blocks_of(req), num_external)
         if num_external == 0:
             return
+        whole = self.connector.get_first_whole_blocks(req, num_external)
+        if whole is not None:  # entries before these get partial bytes: never hashed
+            self.kv.skip_caching(req, whole)
         self.stats.external_tokens += num_external
         self.load_start[req.request_id] = num_local
         if req.status is RequestStatus.WAITING:  # first admission: count by source once

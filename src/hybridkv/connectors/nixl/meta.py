@@ -51,6 +51,7 @@ class RemoteSource:
     staged_state: int | None  # the producer's staging entry holding the state at num_tokens
     num_tokens: int  # tokens whose KV the producer holds: [0, num_tokens)
     lease: Lease | None = None  # where the producer publishes whether it still holds them
+    block_size: int = 0  # the producer's tokens per block (0: not given)
 
     @classmethod
     def parse(
@@ -102,7 +103,8 @@ class RemoteSource:
             )
         src = cls(str(f.engine_id), str(f.host), int(f.port or 0), str(f.request_id),
                   f.block_ids, f.block_starts, f.state[0] if f.state else None,
-                  int(f.num_tokens or 0), Lease(*f.lease) if f.lease else None)  # fmt: skip
+                  int(f.num_tokens or 0), Lease(*f.lease) if f.lease else None,
+                  f.block_size or 0)  # fmt: skip
         if src.num_tokens > 0 and src.lease is None:
             raise ParamsRefused("nixl_params_malformed", "kv_transfer_params: remote_lease is "
                                 "required")  # fmt: skip

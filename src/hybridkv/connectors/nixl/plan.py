@@ -1,20 +1,10 @@
-"""Which tokens and bytes a transfer moves, and the descriptor pairs that move them (pure).
+"""Which bytes a transfer moves: the descriptor pairs of a consumer's load (pure).
 
-The producer hands over the KV of tokens ``[0, E)`` and, for layouts with state groups, the
-state at ``E``; the consumer computes ``[E, N)`` itself (at least the last prompt token, whose
-logits give the first output token)::
-
-    E = N - 1                         attention-only layouts
-    E = floor((N - 1) / B) * B        layouts with state groups (B: the producer's block size)
-
-Per group only what a step resuming at E reads is sent: full-attention groups every block
-before E, sliding-window groups the blocks of the window ending at E plus one (so a consumer
-with blocks up to twice as large still gets whole blocks), state groups one checkpoint.
-Addresses are computed token by token segment (a segment never crosses a block of either
-side), K and V separately, then merged where both sides are contiguous inside a layer: with
-equal block sizes a run of consecutive blocks becomes one descriptor per layer. A plan is rows
-(local address, remote address, bytes), what ``agent.read`` posts: a list when short, an
-(N, 3) int64 array when long.
+The tokens come from ``spans`` (re-exported here). Addresses are computed token by token
+segment (a segment never crosses a block of either side), K and V separately, then merged
+where both sides are contiguous inside a layer: with equal block sizes a run of consecutive
+blocks becomes one descriptor per layer. A plan is rows (local address, remote address,
+bytes), what ``agent.read`` posts: a list when short, an (N, 3) int64 array when long.
 """
 
 from __future__ import annotations
@@ -24,40 +14,34 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridkv.connectors.nixl.layout import GroupDesc, LayoutDescriptor
+from hybridkv.connectors.nixl.meta import RemoteSource
+from hybridkv.connectors.nixl.spans import (
+    consumer_range,
+    first_held,
+    first_whole_entries,
+    first_whole_entry,
+    needed_from,
+    producer_first_block,
+    producer_kept_tokens,
+    transfer_end,
+)
+from hybridkv.step_io import LoadSpec
 
 Desc = tuple[int, int, int]  # (local address, remote address, bytes)
 Rows = list[Desc] | np.ndarray  # a plan; a short one stays a list (numpy costs µs a call)
 SHORT_RUNS = 64  # block runs found in plain Python (more: numpy)
 SHORT_ROWS = 32  # rows expanded per layer in plain Python (more: numpy)
 
-
-def transfer_end(num_prompt_tokens: int, block_size: int, has_state: bool) -> int:
-    if has_state:
-        return (num_prompt_tokens - 1) // block_size * block_size
-    return num_prompt_tokens - 1
-
-
-def producer_first_block(group: GroupDesc, end: int, block_size: int) -> int:
-    """The first table entry a producer keeps and sends for ``group``."""
-    if not group.window:
-        return 0
-    return max(0, (max(0, end - group.window + 1) // block_size) - 1)
-
-
-def producer_kept_tokens(end: int, block_size: int) -> int:
-    """The position whose window ``remove_skipped`` keeps = what ``producer_first_block`` keeps."""
-    return max(0, end - block_size)
-
-
-def consumer_range(
-    group: GroupDesc, start: int, end: int, block_size: int, remote_first_token: int
-) -> tuple[int, int]:
-    """Tokens ``[lo, end)`` of ``group`` a consumer reads: after its local hit (``start``),
-    inside the window's whole blocks, and where the producer still has data."""
-    lo = max(start, remote_first_token)
-    if group.window:
-        lo = max(lo, max(0, end - group.window + 1) // block_size * block_size)
-    return min(lo, end), end
+__all__ = [  # the token arithmetic, from ``spans``
+    "consumer_range",
+    "first_held",
+    "first_whole_entries",
+    "first_whole_entry",
+    "needed_from",
+    "producer_first_block",
+    "producer_kept_tokens",
+    "transfer_end",
+]
 
 
 def _segment_starts(lo: int, hi: int, b1: int, b2: int) -> np.ndarray:
@@ -88,6 +72,48 @@ class _Pages:
     br: int
     pl: int
     pr: int
+
+
+def load_rows(
+    local: LayoutDescriptor, remote: LayoutDescriptor, spec: LoadSpec, src: RemoteSource
+) -> Rows:
+    """Rows (local address, remote address, bytes) of a consumer's load: every attention
+    group's read (``consumer_range``) and the staged state. Raises ValueError if the params
+    contradict the producer's layout (the load fails and is recomputed)."""
+    if src.block_size not in (0, remote.block_size):
+        raise ValueError(
+            f"remote_block_size {src.block_size} in kv_transfer_params, but the producer's "
+            f"handshake says {remote.block_size}"
+        )
+    parts: list[Rows] = []
+    attn = [i for i, g in enumerate(local.groups) if g.token_bytes]
+    for j, group_index in enumerate(attn):
+        group = local.groups[group_index]
+        first = src.first_blocks[j] * remote.block_size
+        lo, hi = consumer_range(group, spec.start, spec.end, local.block_size, first)
+        stop = -(-hi // remote.block_size) - src.first_blocks[j]  # remote entries read
+        if hi > lo and stop > len(src.block_ids[j]):
+            raise ValueError(
+                f"remote_block_ids of attention group {j} list {len(src.block_ids[j])} "
+                f"blocks; reading up to token {hi} needs {stop}"
+            )
+        table = _table(spec.block_indices[j], spec.block_ids[j])
+        read = GroupRead(group_index, lo, hi, table, list(src.block_ids[j]), src.first_blocks[j])
+        parts.append(attention_descs(local, remote, read))
+    if src.staged_state is not None:
+        for s, slot in enumerate(spec.state_slots):
+            parts.append(state_descs(local, remote, s, slot, src.staged_state))
+    return parts[0] if len(parts) == 1 else join(parts)
+
+
+def _table(indices: list[int], ids: list[int]) -> list[int]:
+    """The local block table (entry k: block id, 0 where nothing is loaded) of a load."""
+    if indices and indices == list(range(indices[0], indices[0] + len(indices))):  # one run
+        return [0] * indices[0] + list(ids)
+    table = [0] * (max(indices, default=-1) + 1)
+    for k, block in zip(indices, ids, strict=True):
+        table[k] = block
+    return table
 
 
 def attention_descs(local: LayoutDescriptor, remote: LayoutDescriptor, read: GroupRead) -> Rows:

@@ -42,15 +42,7 @@ from hybridkv.connectors.nixl.layout import LayoutDescriptor
 from hybridkv.connectors.nixl.leases import lease_pending, lease_valid
 from hybridkv.connectors.nixl.meta import NotifyOnly, ParamsRefused, RemoteSource
 from hybridkv.connectors.nixl.options import NixlOptions
-from hybridkv.connectors.nixl.plan import (
-    GroupRead,
-    Rows,
-    attention_descs,
-    consumer_range,
-    join,
-    state_descs,
-    total_bytes,
-)
+from hybridkv.connectors.nixl.plan import Rows, load_rows, total_bytes
 from hybridkv.connectors.nixl.stats import Flow, NixlStats
 from hybridkv.connectors.stats import StatsCounter, bump
 from hybridkv.step_io import LoadSpec
@@ -74,16 +66,6 @@ class _Load:
     @property
     def where(self) -> str:
         return f"{self.source.host}:{self.source.port}"
-
-
-def _table(indices: list[int], ids: list[int]) -> list[int]:
-    """The local block table (entry k: block id, 0 where nothing is loaded) of a load."""
-    if indices and indices == list(range(indices[0], indices[0] + len(indices))):  # one run
-        return [0] * indices[0] + list(ids)
-    table = [0] * (max(indices, default=-1) + 1)
-    for k, block in zip(indices, ids, strict=True):
-        table[k] = block
-    return table
 
 
 class Reader:
@@ -262,21 +244,12 @@ class Reader:
         return True
 
     def _plan(self, spec: LoadSpec, src: RemoteSource, remote: LayoutDescriptor) -> Rows:
-        """Rows (local address, remote address, bytes) of every group's read and the state."""
-        parts: list[Rows] = []
-        for j, group_index in enumerate(self._attn):
-            group = self.local.groups[group_index]
-            first = src.first_blocks[j] * remote.block_size
-            lo, hi = consumer_range(group, spec.start, spec.end, self.local.block_size, first)
-            table = _table(spec.block_indices[j], spec.block_ids[j])
-            read = GroupRead(
-                group_index, lo, hi, table, list(src.block_ids[j]), src.first_blocks[j]
-            )
-            parts.append(attention_descs(self.local, remote, read))
-        if src.staged_state is not None:
-            for s, slot in enumerate(spec.state_slots):
-                parts.append(state_descs(self.local, remote, s, slot, src.staged_state))
-        return parts[0] if len(parts) == 1 else join(parts)
+        """Rows (local address, remote address, bytes) of every group's read and the state.
+        Params that contradict the producer's layout fail this load alone (the peer stays)."""
+        try:
+            return load_rows(self.local, remote, spec, src)
+        except ValueError as exc:
+            raise HandshakeFailed("nixl_transfer_failed", f"kv_transfer_params: {exc}") from None
 
     def _end(self, load: _Load) -> None:
         if load.checking >= 0:

@@ -39,7 +39,13 @@ from hybridkv.connectors.nixl.meta import (
     StartLease,
 )
 from hybridkv.connectors.nixl.options import NixlOptions
-from hybridkv.connectors.nixl.plan import producer_first_block, producer_kept_tokens, transfer_end
+from hybridkv.connectors.nixl.plan import (
+    first_held,
+    first_whole_entries,
+    producer_first_block,
+    producer_kept_tokens,
+    transfer_end,
+)
 from hybridkv.connectors.nixl.stats import NixlStats
 from hybridkv.connectors.stats import StatsCounter, bump
 from hybridkv.request import RequestStatus
@@ -83,6 +89,7 @@ class NixlScheduler(BaseConnectorScheduler):
         self._leases: dict[str, Lease] = {}
         self._generation = 0
         self._consumed: set[str] = set()
+        self._whole: dict[str, tuple[int, ...]] = {}  # a load's first whole entries, once
         self._loads: list[LoadSpec] = []
         self._items: list[Any] = []
         interval = options.heartbeat_interval_seconds
@@ -150,8 +157,10 @@ class NixlScheduler(BaseConnectorScheduler):
                 self._items.append(NotifyOnly(src))
             return
         end = request.num_computed_tokens
-        self._loads.append(
-            self._load_spec(request.request_id, blocks, end - num_external_tokens, end, src)
+        start = end - num_external_tokens
+        self._loads.append(self._load_spec(request.request_id, blocks, start, end, src))
+        self._whole[request.request_id] = first_whole_entries(
+            self.attn, src.first_blocks, src.block_size, (start, end), self.block_size
         )
 
     def _load_spec(
@@ -171,6 +180,13 @@ class NixlScheduler(BaseConnectorScheduler):
         self, request: KVConnectorRequest, num_external_tokens: int
     ) -> dict[str, int]:
         return {"nixl": num_external_tokens} if num_external_tokens else {}
+
+    def get_first_whole_blocks(
+        self, request: KVConnectorRequest, num_external_tokens: int
+    ) -> tuple[int, ...] | None:
+        """Per attention group, where the load's whole entries start (``first_whole_entries``,
+        computed with the load)."""
+        return self._whole.pop(request.request_id, None)
 
     # -- producer ----------------------------------------------------------------------------
 
@@ -239,6 +255,7 @@ class NixlScheduler(BaseConnectorScheduler):
     def _consumer_done(self, request: KVConnectorRequest) -> None:
         """A request ends: if it never read its producer's KV, tell the producer (NotifyOnly)."""
         rid = request.request_id
+        self._whole.pop(rid, None)
         if self.waits is not None:
             self.waits.stop(rid)
         if rid in self._consumed:
@@ -269,8 +286,11 @@ class NixlScheduler(BaseConnectorScheduler):
     ) -> dict[str, Any]:
         """The signed params a consumer loads the KV of tokens [0, end) with (``auth``)."""
         rid = request.request_id
-        firsts = [producer_first_block(g, end, self.block_size) for g in self.attn]
         last = _cdiv(end, self.block_size)
+        firsts = [
+            min(last, first_held(t, producer_first_block(g, end, self.block_size)))
+            for g, t in zip(self.attn, blocks.block_ids, strict=True)
+        ]
         staged = self._staged.get(rid)
         lease = self._leases.get(rid)
         expires = self.policy.clock_ms() + int(self.options.abort_timeout_seconds * 1000)
