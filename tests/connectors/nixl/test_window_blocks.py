@@ -23,6 +23,7 @@ from hybridkv.connectors.nixl.plan import (
     first_whole_entry,
     transfer_end,
 )
+from tests.connectors.nixl.signing import signed
 from tests.connectors.nixl.window_sim import SimEngine, make_engine
 from tests.sched.page_runner import reference_generation
 
@@ -125,7 +126,6 @@ def test_the_partial_window_block_is_the_one_skipped() -> None:
     ("field", "forge", "message"),
     [
         ("remote_block_size", lambda v: 8, "handshake says 16"),
-        ("remote_block_size", lambda v: -16, "handshake says 16"),
         ("remote_block_starts", lambda v: [v[0] + 3, v[1]], "needs them from"),
         ("remote_block_starts", lambda v: [10**9, v[1]], "needs them from"),
         ("remote_block_ids", lambda v: [v[0][:2], v[1]], "remote_block_ids of attention"),
@@ -135,8 +135,9 @@ def test_the_partial_window_block_is_the_one_skipped() -> None:
 def test_params_the_producer_contradicts_fail_the_load_alone(
     field: str, forge: Any, message: str
 ) -> None:
-    """Forged or stale params (the block size, where the producer's tables start, how long they
-    are, the transfer end): the load fails with a reason naming the field and the request is
+    """Params that contradict the producer's layout although signed (the block size, where the
+    producer's tables start, how long they are, the transfer end; a negative block size never
+    gets here: the boundary parse refuses it): the load fails with a reason naming the field and the request is
     recomputed to the exact tokens; nothing is hashed without its bytes meanwhile."""
     rng = random.Random(3)
     prompt = [rng.randrange(997) for _ in range(300)]
@@ -145,6 +146,7 @@ def test_params_the_producer_contradicts_fail_the_load_alone(
     producer.run()
     params = dict(req.kv_transfer_params or {})
     params[field] = forge(params[field])
+    params = signed(params, prompt=prompt)  # a producer's own contradiction: the signature holds
     consumer = make_engine(64, 128, "kv_consumer", producer=producer)
     consumer.add("d", prompt, MAX_TOKENS, params)
     consumer.run()  # asserts the invariant after every step

@@ -1,5 +1,6 @@
 """A consumer with blocks 4x the producer's, given params that contradict the producer's
-layout (two NIXL agents in one process): the load fails alone with a reason naming the field,
+layout (two NIXL agents in one process; the params re-signed by the producer, so the reader's
+own checks, not the signature, must catch them): the load fails alone with a reason naming the field,
 the request is recomputed exactly, and the producer stays a known peer (no new handshake)."""
 
 from __future__ import annotations
@@ -10,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from tests.connectors.nixl.pair import consumer, disaggregated, drain, greedy, producer, run
+from tests.connectors.nixl.pair import (
+    consumer,
+    disaggregated,
+    drain,
+    greedy,
+    outliving,
+    producer,
+    run,
+)
 from tests.connectors.nixl.test_pair import counter, counters, shutdown
 from tests.engine.helpers import make_engine, random_ids
 
@@ -37,6 +46,7 @@ def test_contradicting_params_fail_the_load_and_keep_the_peer(
             pre = run(p, prompt, greedy(1, {"do_remote_decode": True}))
             params = dict(pre.kv_transfer_params or {})
             params[field] = forge(params[field])
+            params = outliving(p, params, prompt)  # signed: a producer's own contradiction
             out = run(d, prompt, greedy(params=params), p)
             assert out.token_ids == run(plain, prompt, greedy()).token_ids, field
             assert message in caplog.text, field

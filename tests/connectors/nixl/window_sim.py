@@ -35,6 +35,7 @@ from hybridkv.sampling_params import SamplingParams
 from hybridkv.sched.kv_transfer import KVTransfer
 from hybridkv.sched.scheduler import Scheduler
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
+from tests.connectors.nixl.signing import policy
 from tests.kv.builders import full, swa
 from tests.sched.page_runner import PageRunner
 
@@ -197,7 +198,7 @@ def make_engine(
     options = NixlOptions(heartbeat_interval_seconds=0)
     is_producer = role == "kv_producer"
     nixl = NixlScheduler(
-        options, role, group_descs(layout), block_size, is_producer, not is_producer
+        options, role, group_descs(layout), block_size, is_producer, not is_producer, policy()
     )
     transfer = KVTransfer(nixl, LoadFailurePolicy("recompute"), kv)
     config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget)
