@@ -181,6 +181,12 @@ class NamedAgent:
     def prepare(self, remote: str | None, regions: list[tuple[int, int]]) -> str:
         return "prepared"
 
+    def release_prepared(self, handle: object) -> None:  # Peers.close gives back each peer
+        pass
+
+    def remove_remote(self, name: str) -> None:
+        pass
+
 
 def descriptor(engine: str) -> LayoutDescriptor:
     return LayoutDescriptor(engine, "c", 16, 64, (1 << 20,), (GroupDesc("full_attention", 0, 1, 2),),
