@@ -81,7 +81,7 @@ def fault_configs(quick: bool) -> dict[str, dict[str, float]]:
 
 def ensure_checkpoint(cache_dir: Path, arch: str, size: str) -> Path:
     """The checkpoint ``cache_dir/arch-size``, built (atomically) by ``make_model`` if missing."""
-    from hybridkv.model.make_model import ensure_model
+    from hybridkv.model.loading.make_model import ensure_model
 
     ensure_model(arch, cache_dir / f"{arch}-{size}", size=size, seed=0)
     return cache_dir / f"{arch}-{size}"

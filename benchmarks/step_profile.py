@@ -77,9 +77,9 @@ class Timers:
 
 @contextmanager
 def instrumented(llm: Any, timers: Timers) -> Iterator[None]:
-    from hybridkv.model import runner as runner_module
     from hybridkv.model.layers.attention import PagedAttention
     from hybridkv.model.layers.linear import ProjectionGemm
+    from hybridkv.model.step import runner as runner_module
 
     engine = llm.engine
     undo = [

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hybridkv.model.threads import StepThreads
+from hybridkv.model.step.threads import StepThreads
 from throughput import FIRST_TOKEN_ID, add_case_args, b1_machine, make_llm, run_cases
 
 

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from bench_common import cpu_flags, machine_info
-from hybridkv.model.make_model import ARCHS as ALL_ARCHS
-from hybridkv.model.matmul import cpu_has_native_bf16
+from hybridkv.model.loading.make_model import ARCHS as ALL_ARCHS
+from hybridkv.model.loading.matmul import cpu_has_native_bf16
 from hybridkv.paths import cache_dir as hybridkv_cache_dir
 
 ARCHS = ("qwen3", "gemma3", "granitemoehybrid")  # the default set; --archs takes any family
@@ -126,7 +126,7 @@ def load_transformers(path: Path, dtype: str) -> Any:
 
 def ensure_checkpoint(cache_dir: Path, arch: str, size: str) -> Path:
     """The checkpoint ``cache_dir/arch-size``, built (atomically) by ``make_model`` if missing."""
-    from hybridkv.model.make_model import ensure_model
+    from hybridkv.model.loading.make_model import ensure_model
 
     ensure_model(arch, cache_dir / f"{arch}-{size}", size=size, seed=0)
     return cache_dir / f"{arch}-{size}"

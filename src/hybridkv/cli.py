@@ -18,7 +18,7 @@ from hybridkv.engine.frontend import (
     engine_dtype,
 )
 
-ARCH_CHOICES = (  # hybridkv.model.make_model.ARCHS (not imported: it pulls in torch)
+ARCH_CHOICES = (  # hybridkv.model.loading.make_model.ARCHS (not imported: it pulls in torch)
     "qwen3",
     "qwen3_full",
     "gemma3",
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _make_model(args: argparse.Namespace) -> int:
-    from hybridkv.model.make_model import make_model
+    from hybridkv.model.loading.make_model import make_model
 
     out = make_model(args.arch, args.out, size=args.size, seed=args.seed)
     print(f"wrote a {args.size} random-weight {args.arch} checkpoint to {out}")

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridkv.model.config import LayerKind, build_model_config
-from hybridkv.model.make_model import ARCHS, make_model, model_config_json
-from hybridkv.model.registry import get_model_class
-from hybridkv.model.tokenizer import Tokenizer
+from hybridkv.model.config.model_config import LayerKind, build_model_config
+from hybridkv.model.families.registry import get_model_class
+from hybridkv.model.loading.make_model import ARCHS, make_model, model_config_json
+from hybridkv.model.loading.tokenizer import Tokenizer
 from tests.model.conftest import make_runner
 from tests.support.checkpoints import hf_greedy, hf_logits
 from tests.support.driver import RunnerDriver

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from hybridkv.model import threads
-from hybridkv.model.threads import ENV, StepThreads
+from hybridkv.model.step import threads
+from hybridkv.model.step.threads import ENV, StepThreads
 
 
 @pytest.fixture(autouse=True)

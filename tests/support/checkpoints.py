@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from hybridkv.model.make_model import model_config_json
-from hybridkv.model.tiny_tokenizer import write_tokenizer
+from hybridkv.model.loading.make_model import model_config_json
+from hybridkv.model.loading.tiny_tokenizer import write_tokenizer
 
 HF_ARCHS = ("qwen3", "gemma3", "granitemoehybrid", "granitemoehybrid_moe")
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from hybridkv.model.make_model import model_config_json
-from hybridkv.model.tiny_tokenizer import write_tokenizer
+from hybridkv.model.loading.make_model import model_config_json
+from hybridkv.model.loading.tiny_tokenizer import write_tokenizer
 
 
 def _gemma3_mm() -> Any:

@@ -55,7 +55,7 @@ def attach(engine: EngineCore, options: FrontendOptions) -> Frontend:
     """Apply the options to a fresh engine (before its first request) and log its summary."""
     if options.tokenizer is not None:
         from hybridkv.model import Tokenizer
-        from hybridkv.model.hub import resolve_model_dir
+        from hybridkv.model.loading.hub import resolve_model_dir
 
         eos = engine.model_config.eos_token_ids
         tokenizer_dir = resolve_model_dir(options.tokenizer)

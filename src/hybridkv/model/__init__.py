@@ -1,11 +1,16 @@
 """Model side of hybridkv: config, loading, tokenizer, architectures, runner, sampler."""
 
-from hybridkv.model.config import LayerKind, MambaConfig, ModelConfig, load_model_config
-from hybridkv.model.errors import ModelLoadError
-from hybridkv.model.loader import load_model
-from hybridkv.model.registry import supported_architectures
-from hybridkv.model.runner import ModelRunner
-from hybridkv.model.tokenizer import Tokenizer
+from hybridkv.model.config.errors import ModelLoadError
+from hybridkv.model.config.model_config import (
+    LayerKind,
+    MambaConfig,
+    ModelConfig,
+    load_model_config,
+)
+from hybridkv.model.families.registry import supported_architectures
+from hybridkv.model.loading.loader import load_model
+from hybridkv.model.loading.tokenizer import Tokenizer
+from hybridkv.model.step.runner import ModelRunner
 
 __all__ = [
     "LayerKind",

@@ -1,1 +1,1 @@
-"""One module per architecture; ``hybridkv.model.registry`` maps HF names to them."""
+"""One module per architecture; ``hybridkv.model.families.registry`` maps HF names to them."""

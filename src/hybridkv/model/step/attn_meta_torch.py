@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hybridkv.model.step_context import AttnMeta, AttnSubBatch
+from hybridkv.model.layers.step_context import AttnMeta, AttnSubBatch
 
 if TYPE_CHECKING:
-    from hybridkv.model.step_builder import _Requests
+    from hybridkv.model.step.step_builder import _Requests
 
 
 @dataclass(frozen=True, slots=True)

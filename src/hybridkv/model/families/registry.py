@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from hybridkv.model.errors import ModelLoadError
+from hybridkv.model.config.errors import ModelLoadError
 
 if TYPE_CHECKING:
     from hybridkv.model.models.common import CausalLM

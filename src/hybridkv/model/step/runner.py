@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from hybridkv.kv.spec import KVCacheLayout
-from hybridkv.model.cache_tensors import CacheTensors
-from hybridkv.model.config import ModelConfig
+from hybridkv.model.config.model_config import ModelConfig
 from hybridkv.model.models.common import CausalLM
-from hybridkv.model.prompt_logprobs import prompt_logprobs
-from hybridkv.model.sampler import Sampler, SampleRequest
-from hybridkv.model.step_builder import build_step
-from hybridkv.model.threads import StepThreads
+from hybridkv.model.sampling.prompt_logprobs import prompt_logprobs
+from hybridkv.model.sampling.sampler import Sampler, SampleRequest
+from hybridkv.model.step.cache_tensors import CacheTensors
+from hybridkv.model.step.step_builder import build_step
+from hybridkv.model.step.threads import StepThreads
 from hybridkv.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput, StateCopy
 
 if TYPE_CHECKING:

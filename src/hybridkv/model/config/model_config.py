@@ -15,17 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from hybridkv.kv.spec import FullAttentionSpec, LayerSpec, SlidingWindowSpec, StateSpec
-from hybridkv.model.config_gdn import GdnConfig, parse_gdn
-from hybridkv.model.config_json import (
+from hybridkv.model.config.errors import ModelLoadError
+from hybridkv.model.config.gdn import GdnConfig, parse_gdn
+from hybridkv.model.config.json_fields import (
     json_int,
     parse_eos_ids,
     read_config_json,
     read_generation_eos,
 )
-from hybridkv.model.config_layers import LayerKind, num_cache_layers, parse_layer_kinds
-from hybridkv.model.config_mamba import MambaConfig, MambaOutNorm, parse_mamba
-from hybridkv.model.errors import ModelLoadError
-from hybridkv.model.rope import RopeConfig, parse_rope
+from hybridkv.model.config.layer_kinds import LayerKind, num_cache_layers, parse_layer_kinds
+from hybridkv.model.config.mamba import MambaConfig, MambaOutNorm, parse_mamba
+from hybridkv.model.config.rope import RopeConfig, parse_rope
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +86,7 @@ class ModelConfig:
 
 def load_model_config(model_dir: str | Path) -> ModelConfig:
     """Read and validate ``config.json`` (+ ``generation_config.json``) of a checkpoint dir."""
-    from hybridkv.model.registry import check_architecture
+    from hybridkv.model.families.registry import check_architecture
 
     model_dir = Path(model_dir)
     raw = read_config_json(model_dir)

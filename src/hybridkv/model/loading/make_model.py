@@ -17,10 +17,15 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from hybridkv.model.config import build_model_config
-from hybridkv.model.make_model_families import FAMILY_CONFIGS
-from hybridkv.model.registry import get_model_class
-from hybridkv.model.tiny_tokenizer import EOS_TOKEN, PAD_TOKEN, special_token_ids, write_tokenizer
+from hybridkv.model.config.model_config import build_model_config
+from hybridkv.model.families.parts import FAMILY_CONFIGS
+from hybridkv.model.families.registry import get_model_class
+from hybridkv.model.loading.tiny_tokenizer import (
+    EOS_TOKEN,
+    PAD_TOKEN,
+    special_token_ids,
+    write_tokenizer,
+)
 
 # qwen3_full: Qwen3 with full attention on every layer (vLLM's CPU backend refuses checkpoints
 # with sliding windows on some layers only; the vLLM baseline runs this one)

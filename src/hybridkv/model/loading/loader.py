@@ -17,11 +17,11 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from hybridkv.model.config import ModelConfig, load_model_config
-from hybridkv.model.errors import ModelLoadError
-from hybridkv.model.matmul import matmul_dtype, upcast_matmuls
+from hybridkv.model.config.errors import ModelLoadError
+from hybridkv.model.config.model_config import ModelConfig, load_model_config
+from hybridkv.model.families.registry import get_model_class
+from hybridkv.model.loading.matmul import matmul_dtype, upcast_matmuls
 from hybridkv.model.models.common import CausalLM
-from hybridkv.model.registry import get_model_class
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def load_model(
     model_dir: str | Path, dtype: str = "float32", bf16_matmul: str = "auto"
 ) -> tuple[CausalLM, ModelConfig]:
     """Build the architecture named in config.json and fill it from the safetensors files;
-    ``bf16_matmul`` says where a bfloat16 model multiplies (``hybridkv.model.matmul``)."""
+    ``bf16_matmul`` says where a bfloat16 model multiplies (``hybridkv.model.loading.matmul``)."""
     target = torch_dtype(dtype)
     compute = matmul_dtype(target, bf16_matmul)  # checks the option before the slow part
     model_dir = Path(model_dir)

@@ -22,15 +22,15 @@ import numpy as np
 import torch
 
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, StateSpec
-from hybridkv.model import attn_meta_torch
-from hybridkv.model.attn_meta_torch import SubBatchShape
-from hybridkv.model.step_context import (
+from hybridkv.model.layers.step_context import (
     AttnMeta,
     KernelAttnMeta,
     StateMeta,
     StateTaps,
     StepContext,
 )
+from hybridkv.model.step import attn_meta_torch
+from hybridkv.model.step.attn_meta_torch import SubBatchShape
 from hybridkv.native.attention import AttentionKernels, KernelTable, load_attention
 from hybridkv.step_io import ScheduledRequest, StateCopy
 
