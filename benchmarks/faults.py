@@ -175,7 +175,7 @@ class Bench:
 def bench_checkpoint(
     model: Path, work: Workload, configs: dict[str, dict[str, float]]
 ) -> dict[str, Any]:
-    from hybridkv.model import load_model_config
+    from hybridkv.model.loading.loader import load_model_config
 
     vocab = load_model_config(str(model)).vocab_size
     prompts = make_prompts(vocab, work)
@@ -222,7 +222,7 @@ def hostile_rows(model: Path, work: Workload) -> dict[str, Any]:
     """The disk tier on a clean and on a hostile directory (``faults_hostile``), as rows of
     ``configs`` ("time/0%" of the hostile row is against the clean disk row)."""
     from faults_hostile import bench_hostile
-    from hybridkv.model import load_model_config
+    from hybridkv.model.loading.loader import load_model_config
 
     prompts = make_prompts(load_model_config(str(model)).vocab_size, work)
     llm_kw = {

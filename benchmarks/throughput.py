@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from bench_common import cpu_flags, machine_info
-from hybridkv.model.loading.make_model import ARCHS as ALL_ARCHS
+from hybridkv.model.families.registry import get_make_model_archs
 from hybridkv.model.loading.matmul import cpu_has_native_bf16
 from hybridkv.paths import cache_dir as hybridkv_cache_dir
 
@@ -194,7 +194,7 @@ def bench_case(path: Path, dtype: str, work: Workload) -> dict[str, Any]:
 
 def add_case_args(p: argparse.ArgumentParser, dtypes: list[str]) -> None:
     """Which checkpoints and dtypes to run, how often, on how many threads (both B1 scripts)."""
-    p.add_argument("--archs", nargs="+", default=list(ARCHS), choices=ALL_ARCHS)
+    p.add_argument("--archs", nargs="+", default=list(ARCHS), choices=get_make_model_archs())
     p.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
     p.add_argument("--dtypes", nargs="+", default=dtypes)
     p.add_argument("--repeats", type=int, default=5)

@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from hybridkv.config import EngineConfig
-from hybridkv.model import load_model
 from hybridkv.model.layers.attention import PagedAttention
 from hybridkv.model.layers.linear import Linear, linear
 from hybridkv.model.layers.mlp import TopKMoE
 from hybridkv.model.loading import matmul
+from hybridkv.model.loading.loader import load_model
 
 
 @pytest.mark.parametrize(

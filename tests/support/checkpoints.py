@@ -20,6 +20,7 @@ from hybridkv.model.loading.make_model import model_config_json
 from hybridkv.model.loading.tiny_tokenizer import write_tokenizer
 
 HF_ARCHS = ("qwen3", "gemma3", "granitemoehybrid", "granitemoehybrid_moe")
+HF_FAMILIES = frozenset(arch.removesuffix("_moe") for arch in HF_ARCHS)  # registry names
 
 _MOE = {
     "num_local_experts": 4,
