@@ -2,9 +2,9 @@
 
 ``build_model_config`` builds the ``ModelConfig`` from a parsed ``config.json`` (the loader's
 ``load_model_config`` reads a checkpoint directory's; ``make_model`` and tests call it
-directly). The parts live beside it: file reading and typed fields in ``json_fields.py``, layer kinds
-(every spelling the Hub has used, sliding-window semantics) in ``layer_kinds.py``, Mamba2
-sizes in ``mamba.py``, Gated DeltaNet sizes in ``gdn.py``, RoPE in ``rope.py``.
+directly). The parts live beside it: file reading and typed fields in ``json_fields.py``,
+layer kinds (every spelling the Hub has used, sliding-window semantics) in ``layer_kinds.py``,
+Mamba2 sizes in ``mamba.py``, Gated DeltaNet sizes in ``gdn.py``, RoPE in ``rope.py``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Falcon-H1: every decoder layer runs a Mamba2 mixer and attention side by side on the same
 normed input and adds both to the residual, then a gated MLP; MuP multipliers throughout.
 
-Cache layers (``hybridkv.model.config.model_config``): decoder layer i is cache layer ``2i`` (its Mamba2
-state) and ``2i + 1`` (its K/V). ``key_multiplier`` scales K before RoPE; RoPE is linear, so it
-is folded into the attention scale (the cache holds unscaled K).
+Cache layers (``hybridkv.model.config.layer_kinds``): decoder layer i is cache layer ``2i``
+(its Mamba2 state) and ``2i + 1`` (its K/V). ``key_multiplier`` scales K before RoPE; RoPE is
+linear, so it is folded into the attention scale (the cache holds unscaled K).
 """
 
 from __future__ import annotations
