@@ -1,4 +1,4 @@
-"""How many compute threads a step should use: 1 vs 2 vs ``auto`` (``model/threads.py``: one
+"""How many compute threads a step should use: 1 vs 2 vs ``auto`` (``model/step/threads.py``: one
 thread for decode steps, every core for prefill steps), per phase.
 
 Builds hybridkv's ``EngineCore`` on a B1 checkpoint and, alternating the thread settings

@@ -1,4 +1,4 @@
-"""Compute threads per step (``model/threads.py``): the process's pool for every step, set
+"""Compute threads per step (``model/step/threads.py``): the process's pool for every step, set
 again when changed behind the engine's back, or a fixed count from the environment."""
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ class ModelRunner:
         self.keep_logits = keep_logits
         self.cache = CacheTensors(layout, num_blocks, num_state_slots)
         self.sampler = Sampler(seed, eos_token_ids=model_config.eos_token_ids, grammar=grammar)
-        self.threads = StepThreads.from_env()  # compute threads per step (model/threads.py)
+        self.threads = StepThreads.from_env()  # compute threads per step (model/step/threads.py)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
