@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.tokens, args.bucket = 400, 100
-    from hybridkv.model.make_model import ensure_model
+    from hybridkv.model.loading.make_model import ensure_model
     from hybridkv.paths import cache_dir
 
     model = (args.cache_dir or cache_dir() / "bench-checkpoints") / "granitemoehybrid-tiny"

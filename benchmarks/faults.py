@@ -81,7 +81,7 @@ def fault_configs(quick: bool) -> dict[str, dict[str, float]]:
 
 def ensure_checkpoint(cache_dir: Path, arch: str, size: str) -> Path:
     """The checkpoint ``cache_dir/arch-size``, built (atomically) by ``make_model`` if missing."""
-    from hybridkv.model.make_model import ensure_model
+    from hybridkv.model.loading.make_model import ensure_model
 
     ensure_model(arch, cache_dir / f"{arch}-{size}", size=size, seed=0)
     return cache_dir / f"{arch}-{size}"
@@ -175,7 +175,7 @@ class Bench:
 def bench_checkpoint(
     model: Path, work: Workload, configs: dict[str, dict[str, float]]
 ) -> dict[str, Any]:
-    from hybridkv.model import load_model_config
+    from hybridkv.model.loading.loader import load_model_config
 
     vocab = load_model_config(str(model)).vocab_size
     prompts = make_prompts(vocab, work)
@@ -222,7 +222,7 @@ def hostile_rows(model: Path, work: Workload) -> dict[str, Any]:
     """The disk tier on a clean and on a hostile directory (``faults_hostile``), as rows of
     ``configs`` ("time/0%" of the hostile row is against the clean disk row)."""
     from faults_hostile import bench_hostile
-    from hybridkv.model import load_model_config
+    from hybridkv.model.loading.loader import load_model_config
 
     prompts = make_prompts(load_model_config(str(model)).vocab_size, work)
     llm_kw = {

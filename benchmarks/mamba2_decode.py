@@ -24,9 +24,9 @@ from collections.abc import Callable
 
 import torch
 
-from hybridkv.model.config_mamba import MambaConfig
+from hybridkv.model.config.mamba import MambaConfig
 from hybridkv.model.layers.mamba2 import Mamba2Mixer
-from hybridkv.model.step_context import StateMeta
+from hybridkv.model.layers.step_context import StateMeta
 from throughput import b1_machine
 
 HEADS, P, N, K, HIDDEN = 24, 64, 64, 4, 768

@@ -37,7 +37,7 @@ from throughput import add_case_args, b1_machine, run_cases
 
 def projection_weights(path: Path, dtype: str) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Every projection weight ``[out, in]`` of the checkpoint (lm_head apart)."""
-    from hybridkv.model import load_model
+    from hybridkv.model.loading.loader import load_model
 
     model, _ = load_model(path, dtype, bf16_matmul="native")  # the GEMM transformers calls
     return weights_of(model)

@@ -49,7 +49,7 @@ from hybridkv.connectors.registry import (  # noqa: E402
 from hybridkv.engine.cache_access import DeviceCacheAccess  # noqa: E402
 from hybridkv.kv.hashing import BlockHasher, get_hash_fn  # noqa: E402
 from hybridkv.kv.spec import FullAttentionSpec, SlidingWindowSpec, create_layout  # noqa: E402
-from hybridkv.model.cache_tensors import CacheTensors  # noqa: E402
+from hybridkv.model.step.cache_tensors import CacheTensors  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 from tests.support.valkey_server import ValkeyProcess, running_valkey  # noqa: E402
@@ -323,7 +323,7 @@ def bench_ttft(
     size: str, prefixes: list[int], repeats: int, root: Path, remote_url: str | None = None
 ) -> dict[str, Any]:
     from hybridkv import LLM, SamplingParams
-    from hybridkv.model.make_model import make_model
+    from hybridkv.model.loading.make_model import make_model
 
     model = make_model("qwen3", root / f"qwen3-{size}", size)
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)

@@ -59,8 +59,8 @@ def log(msg: str) -> None:
 
 
 def layout_of(arch: str, size: str) -> KVCacheLayout:
-    from hybridkv.model.config import build_model_config
-    from hybridkv.model.make_model import model_config_json
+    from hybridkv.model.config.model_config import build_model_config
+    from hybridkv.model.loading.make_model import model_config_json
 
     raw = model_config_json(arch, size)
     config = build_model_config(raw["architectures"][0], raw, ())
@@ -119,7 +119,7 @@ def ttft(lengths: list[int], repeats: int) -> dict[str, Any]:
     from tests.connectors.nixl.pair import consumer, greedy, producer, run
     from tests.engine.helpers import make_engine, random_ids
 
-    from hybridkv.model.make_model import make_model
+    from hybridkv.model.loading.make_model import make_model
 
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:

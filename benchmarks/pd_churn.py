@@ -38,7 +38,7 @@ def descriptors_after_churn(num_requests: int) -> dict[str, Any]:
     from tests.server.harness import free_port
 
     from hybridkv.kv.spec import SpecKind
-    from hybridkv.model.make_model import make_model
+    from hybridkv.model.loading.make_model import make_model
 
     small = {"kv_cache_memory": 3 << 20, "max_model_len": 1024}
     with tempfile.TemporaryDirectory() as tmp:

@@ -40,7 +40,7 @@ from hybridkv.connectors.nixl.side_channel import SideChannelServer
 from hybridkv.connectors.nixl.stats import NixlStats
 from hybridkv.connectors.nixl.worker import POLL_SECONDS
 from hybridkv.connectors.stats import StatsCounter
-from hybridkv.model.host_memory import zeros_huge
+from hybridkv.model.step.host_memory import zeros_huge
 from hybridkv.step_io import LoadSpec
 
 LAYERS, TOKEN_BYTES, BLOCK = 4, 512, 16

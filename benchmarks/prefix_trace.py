@@ -149,7 +149,7 @@ def summarize(turns: list[Turn], hits: list[int], peak_bytes: int, memory: int) 
 def vllm_model(layout_name: str) -> tuple[dict[str, Any], list[str], list[str]]:
     """(HF config, layer kinds, dtype arguments) vLLM is given for a layout."""
     if layout_name == "granite_small":
-        from hybridkv.model.make_model import model_config_json
+        from hybridkv.model.loading.make_model import model_config_json
 
         cfg = model_config_json("granitemoehybrid", "small")
         cfg["vocab_size"] = 32000  # the trace's token ids; no weights are ever built

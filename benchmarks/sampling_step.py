@@ -47,7 +47,7 @@ def sampler_time(batch: int, params: Any, vocab: int = 32000, iters: int = 200) 
     minimum is what a loaded machine disturbs least)."""
     import torch
 
-    from hybridkv.model.sampler import Sampler, SampleRequest
+    from hybridkv.model.sampling.sampler import Sampler, SampleRequest
 
     sampler = Sampler(0)
     logits = torch.randn(batch, vocab)
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--plain-only", action="store_true")
     args = parser.parse_args()
     from hybridkv import SamplingParams
-    from hybridkv.model.make_model import ensure_model
+    from hybridkv.model.loading.make_model import ensure_model
     from hybridkv.paths import cache_dir
 
     model = cache_dir() / "bench-checkpoints" / "qwen3-tiny"

@@ -4,7 +4,7 @@ Builds hybridkv's ``EngineCore`` on a B1 checkpoint, adds ``--batch`` requests o
 ``--prompt-len`` random tokens, and times engine steps with timers wrapped around the parts:
 
 - ``schedule`` / ``update``: the scheduler before and after the forward pass;
-- ``build_step``: step metadata (``model/step_builder.py``);
+- ``build_step``: step metadata (``model/step/step_builder.py``);
 - ``gemm``: every ``F.linear`` and projection GEMM (``ProjectionGemm``: projections, experts,
   lm_head; the native skinny GEMM at decode rows) — the matmul floor's part;
 - ``attention``: ``PagedAttention.forward`` (page writes, gather/mask or the native kernel);
@@ -77,9 +77,9 @@ class Timers:
 
 @contextmanager
 def instrumented(llm: Any, timers: Timers) -> Iterator[None]:
-    from hybridkv.model import runner as runner_module
     from hybridkv.model.layers.attention import PagedAttention
     from hybridkv.model.layers.linear import ProjectionGemm
+    from hybridkv.model.step import runner as runner_module
 
     engine = llm.engine
     undo = [

@@ -1,4 +1,4 @@
-"""How many compute threads a step should use: 1 vs 2 vs ``auto`` (``model/threads.py``: one
+"""How many compute threads a step should use: 1 vs 2 vs ``auto`` (``model/step/threads.py``: one
 thread for decode steps, every core for prefill steps), per phase.
 
 Builds hybridkv's ``EngineCore`` on a B1 checkpoint and, alternating the thread settings
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hybridkv.model.threads import StepThreads
+from hybridkv.model.step.threads import StepThreads
 from throughput import FIRST_TOKEN_ID, add_case_args, b1_machine, make_llm, run_cases
 
 

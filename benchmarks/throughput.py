@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from bench_common import cpu_flags, machine_info
-from hybridkv.model.make_model import ARCHS as ALL_ARCHS
-from hybridkv.model.matmul import cpu_has_native_bf16
+from hybridkv.model.families.registry import get_make_model_archs
+from hybridkv.model.loading.matmul import cpu_has_native_bf16
 from hybridkv.paths import cache_dir as hybridkv_cache_dir
 
 ARCHS = ("qwen3", "gemma3", "granitemoehybrid")  # the default set; --archs takes any family
@@ -126,7 +126,7 @@ def load_transformers(path: Path, dtype: str) -> Any:
 
 def ensure_checkpoint(cache_dir: Path, arch: str, size: str) -> Path:
     """The checkpoint ``cache_dir/arch-size``, built (atomically) by ``make_model`` if missing."""
-    from hybridkv.model.make_model import ensure_model
+    from hybridkv.model.loading.make_model import ensure_model
 
     ensure_model(arch, cache_dir / f"{arch}-{size}", size=size, seed=0)
     return cache_dir / f"{arch}-{size}"
@@ -194,7 +194,7 @@ def bench_case(path: Path, dtype: str, work: Workload) -> dict[str, Any]:
 
 def add_case_args(p: argparse.ArgumentParser, dtypes: list[str]) -> None:
     """Which checkpoints and dtypes to run, how often, on how many threads (both B1 scripts)."""
-    p.add_argument("--archs", nargs="+", default=list(ARCHS), choices=ALL_ARCHS)
+    p.add_argument("--archs", nargs="+", default=list(ARCHS), choices=get_make_model_archs())
     p.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
     p.add_argument("--dtypes", nargs="+", default=dtypes)
     p.add_argument("--repeats", type=int, default=5)

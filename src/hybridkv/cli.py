@@ -17,19 +17,7 @@ from hybridkv.engine.frontend import (
     FrontendOptions,
     engine_dtype,
 )
-
-ARCH_CHOICES = (  # hybridkv.model.make_model.ARCHS (not imported: it pulls in torch)
-    "qwen3",
-    "qwen3_full",
-    "gemma3",
-    "granitemoehybrid",
-    "bamba",
-    "nemotron_h",
-    "falcon_h1",
-    "qwen3_next",
-    "qwen3_5",
-    "gpt_oss",
-)
+from hybridkv.model.families.registry import get_make_model_archs  # no torch
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -149,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     mk = subs.add_parser(
         "make-model", help="write a random-weight checkpoint in Hugging Face format"
     )
-    mk.add_argument("--arch", choices=ARCH_CHOICES, required=True)
+    mk.add_argument("--arch", choices=get_make_model_archs(), required=True)
     mk.add_argument("--out", type=Path, required=True, help="output directory")
     mk.add_argument("--size", choices=("tiny", "small"), default="tiny")
     mk.add_argument("--seed", type=int, default=0)
@@ -204,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _make_model(args: argparse.Namespace) -> int:
-    from hybridkv.model.make_model import make_model
+    from hybridkv.model.loading.make_model import make_model
 
     out = make_model(args.arch, args.out, size=args.size, seed=args.seed)
     print(f"wrote a {args.size} random-weight {args.arch} checkpoint to {out}")

@@ -15,7 +15,7 @@ from hybridkv.connectors.registry import parse_kv_transfer_config
 from hybridkv.kv_events.config import KVEventsConfig, parse_kv_events_config
 from hybridkv.paths import parse_bytes
 
-# where a bfloat16 model's products run (``hybridkv.model.matmul``)
+# where a bfloat16 model's products run (``hybridkv.model.loading.matmul``)
 BF16_MATMUL_CHOICES = ("auto", "native", "float32")
 
 

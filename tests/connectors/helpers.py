@@ -27,7 +27,7 @@ from hybridkv.kv.spec import (
     StateSpec,
     create_layout,
 )
-from hybridkv.model.cache_tensors import CacheTensors
+from hybridkv.model.step.cache_tensors import CacheTensors
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 from tests.support.lifetimes import track
 

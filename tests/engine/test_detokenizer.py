@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models
 
 from hybridkv.engine.detokenizer import IncrementalDetokenizer
-from hybridkv.model.tiny_tokenizer import train_tokenizer
+from hybridkv.model.loading.tiny_tokenizer import train_tokenizer
 
 
 class _Decoder:

@@ -12,9 +12,8 @@ import pytest
 from hybridkv.chat_boundaries import message_boundaries
 from tests.engine.helpers import assert_no_leaks, greedy, make_llm, random_ids
 from tests.engine.test_prefix_caching import Conversation
-from tests.support.families import FamilyCheckpoints
+from tests.support.families import STATE_FAMILIES, FamilyCheckpoints
 
-STATE_FAMILIES = ("bamba", "nemotron_h", "falcon_h1", "qwen3_next", "qwen3_5")
 ONE_STEP = {"block_size": 16, "max_num_batched_tokens": 512}  # the prompt in one step
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridkv.model.tokenizer import Tokenizer
+from hybridkv.model.loading.tokenizer import Tokenizer
 from tests.engine.helpers import assert_no_leaks, greedy, make_engine, make_llm, random_ids
 
 ARCH = "qwen3"

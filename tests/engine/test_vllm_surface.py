@@ -35,7 +35,7 @@ RESULT = chat[0].outputs[0].text
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from hybridkv.model.make_model import make_model
+    from hybridkv.model.loading.make_model import make_model
 
     return make_model("granitemoehybrid", tmp_path_factory.mktemp("model"), size="tiny", seed=0)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from hybridkv.kv.spec import create_layout
-from hybridkv.model.loader import load_model
-from hybridkv.model.runner import ModelRunner
+from hybridkv.model.loading.loader import load_model
+from hybridkv.model.step.runner import ModelRunner
 from tests.support.checkpoints import HF_ARCHS, make_hf_checkpoint
 
 

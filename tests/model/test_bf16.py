@@ -1,5 +1,5 @@
 """bfloat16 weights and KV: sane outputs close to float32 (no exact match expected), whether
-products run natively in bfloat16 or in float32 (``hybridkv.model.matmul``)."""
+products run natively in bfloat16 or in float32 (``hybridkv.model.loading.matmul``)."""
 
 from __future__ import annotations
 

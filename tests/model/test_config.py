@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from hybridkv.kv.spec import FullAttentionSpec, SlidingWindowSpec, StateSpec, create_layout
-from hybridkv.model.config import LayerKind, build_model_config
-from hybridkv.model.errors import ModelLoadError
+from hybridkv.model.config.errors import ModelLoadError
+from hybridkv.model.config.model_config import LayerKind, build_model_config
 
 F, S, M, N = LayerKind.FULL, LayerKind.SLIDING, LayerKind.MAMBA, LayerKind.MLP
 MAMBA_KEYS = {"mamba_n_heads": 4, "mamba_d_state": 16, "mamba_d_head": 32, "mamba_chunk_size": 16}

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from hybridkv.model import host_memory
-from hybridkv.model.host_memory import HUGE_PAGE, huge_range, zeros_huge
+from hybridkv.model.step import host_memory
+from hybridkv.model.step.host_memory import HUGE_PAGE, huge_range, zeros_huge
 
 
 def test_huge_range_is_the_aligned_interior() -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from hybridkv import LLM, SamplingParams
-from hybridkv.model.errors import ModelLoadError
-from hybridkv.model.hub import hub_cache_dir, resolve_model_dir
-from hybridkv.model.make_model import make_model
+from hybridkv.model.config.errors import ModelLoadError
+from hybridkv.model.loading.hub import hub_cache_dir, resolve_model_dir
+from hybridkv.model.loading.make_model import make_model
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

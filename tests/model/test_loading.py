@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hybridkv.model import ModelLoadError, load_model
+from hybridkv.model.config.errors import ModelLoadError
+from hybridkv.model.loading.loader import load_model
 from tests.model.conftest import make_runner
 from tests.support.driver import RunnerDriver
 

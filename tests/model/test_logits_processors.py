@@ -12,11 +12,11 @@ import pytest
 import torch
 from transformers.generation import logits_process as hf
 
-from hybridkv.model import logits_process as lp
-from hybridkv.model.logits_batch import ProcessRow, process_logits
-from hybridkv.model.logprobs_compute import position_logprobs
-from hybridkv.model.sampler import Sampler, SampleRequest
-from hybridkv.model.sampling_state import RequestSamplingState
+from hybridkv.model.sampling import logits_process as lp
+from hybridkv.model.sampling.logits_batch import ProcessRow, process_logits
+from hybridkv.model.sampling.logprobs_compute import position_logprobs
+from hybridkv.model.sampling.sampler import Sampler, SampleRequest
+from hybridkv.model.sampling.sampling_state import RequestSamplingState
 from hybridkv.sampling_params import SamplingParams
 
 V = 64

@@ -7,16 +7,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridkv.model.config import LayerKind, build_model_config
-from hybridkv.model.make_model import ARCHS, make_model, model_config_json
-from hybridkv.model.registry import get_model_class
-from hybridkv.model.tokenizer import Tokenizer
+from hybridkv.model.config.model_config import LayerKind, build_model_config
+from hybridkv.model.families.registry import get_make_model_archs
+from hybridkv.model.loading.loader import get_model_class
+from hybridkv.model.loading.make_model import make_model, model_config_json
+from hybridkv.model.loading.tokenizer import Tokenizer
 from tests.model.conftest import make_runner
 from tests.support.checkpoints import hf_greedy, hf_logits
 from tests.support.driver import RunnerDriver
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", get_make_model_archs())
 def test_make_model_matches_transformers(arch: str, tmp_path: Path) -> None:
     model_dir = make_model(arch, tmp_path / arch, seed=3)
     tok = Tokenizer(model_dir)
@@ -44,7 +45,7 @@ def test_make_model_is_deterministic(tmp_path: Path) -> None:
     assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", get_make_model_archs())
 def test_tiny_layer_patterns(arch: str) -> None:
     raw = model_config_json(arch, "tiny")
     kinds = build_model_config(raw["architectures"][0], raw, ()).layer_kinds
@@ -58,7 +59,7 @@ def test_tiny_layer_patterns(arch: str) -> None:
         assert kinds.count(LayerKind.MAMBA) == 3 * kinds.count(LayerKind.FULL)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", get_make_model_archs())
 def test_small_size_has_50_to_150m_params(arch: str) -> None:
     raw = model_config_json(arch, "small")
     cfg = build_model_config(raw["architectures"][0], raw, ())

@@ -1,4 +1,4 @@
-"""Where a bfloat16 model multiplies (``hybridkv.model.matmul``): the choice, the float32
+"""Where a bfloat16 model multiplies (``hybridkv.model.loading.matmul``): the choice, the float32
 path's numerics, and what an upcast model holds."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from hybridkv.config import EngineConfig
-from hybridkv.model import load_model, matmul
 from hybridkv.model.layers.attention import PagedAttention
 from hybridkv.model.layers.linear import Linear, linear
 from hybridkv.model.layers.mlp import TopKMoE
+from hybridkv.model.loading import matmul
+from hybridkv.model.loading.loader import load_model
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridkv.model.sampler import Sampler, SampleRequest
+from hybridkv.model.sampling.sampler import Sampler, SampleRequest
 from hybridkv.sampling_params import SamplingParams
 
 

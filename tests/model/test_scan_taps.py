@@ -13,7 +13,7 @@ from torch import nn
 from hybridkv.model.layers.delta_rule import chunk_gated_delta_rule
 from hybridkv.model.layers.short_conv import conv_chunk_
 from hybridkv.model.layers.ssd import ssd_chunk_scan
-from hybridkv.model.step_context import StateTaps
+from hybridkv.model.layers.step_context import StateTaps
 from hybridkv.step_io import StateCopy
 from tests.model.conftest import make_runner
 from tests.support.driver import RunnerDriver

@@ -1,4 +1,4 @@
-"""Compute threads per step (``model/threads.py``): the process's pool for every step, set
+"""Compute threads per step (``model/step/threads.py``): the process's pool for every step, set
 again when changed behind the engine's back, or a fixed count from the environment."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from hybridkv.model import threads
-from hybridkv.model.threads import ENV, StepThreads
+from hybridkv.model.step import threads
+from hybridkv.model.step.threads import ENV, StepThreads
 
 
 @pytest.fixture(autouse=True)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridkv.model.errors import ModelLoadError
-from hybridkv.model.tokenizer import Tokenizer
+from hybridkv.model.config.errors import ModelLoadError
+from hybridkv.model.loading.tokenizer import Tokenizer
 
 TEXTS = [
     "Hello world, the cache block is full.",

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from hybridkv.kv.spec import FullAttentionSpec, KVCacheLayout, SlidingWindowSpec, create_layout
-from hybridkv.model import step_builder
-from hybridkv.model.cache_tensors import CacheTensors
 from hybridkv.model.layers.attention import PagedAttention
-from hybridkv.model.step_builder import StepInputs, build_step
-from hybridkv.model.step_context import AttnMeta, KernelAttnMeta
+from hybridkv.model.layers.step_context import AttnMeta, KernelAttnMeta
+from hybridkv.model.step import step_builder
+from hybridkv.model.step.cache_tensors import CacheTensors
+from hybridkv.model.step.step_builder import StepInputs, build_step
 from hybridkv.native import attention as native_attention
 from hybridkv.native.attention import AttentionKernels, KernelTable
 from hybridkv.sampling_params import SamplingParams

@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hybridkv.model.config.rope import RopeConfig
 from hybridkv.model.layers import norm as norm_module
 from hybridkv.model.layers import rotary as rotary_module
 from hybridkv.model.layers.norm import OffsetRMSNorm, RMSNorm
 from hybridkv.model.layers.rotary import RotaryTable
-from hybridkv.model.rope import RopeConfig
 from hybridkv.native import rownorm
 from hybridkv.native.rownorm import RowKernels
 from tests.native.no_compiler import built_or_skip

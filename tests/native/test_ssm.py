@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridkv.model.config_mamba import MambaConfig
+from hybridkv.model.config.mamba import MambaConfig
 from hybridkv.model.layers.mamba2 import Mamba2Mixer
-from hybridkv.model.step_context import StateMeta
+from hybridkv.model.layers.step_context import StateMeta
 from hybridkv.native import ssm
 from hybridkv.native.ssm import MambaWeights, SsmKernels, StepNorm
 from tests.native.no_compiler import built_or_skip

@@ -16,7 +16,7 @@ from torch import nn
 
 from hybridkv.model.layers.short_conv import conv_chunk_
 from hybridkv.model.layers.ssd import ssd_chunk_scan
-from hybridkv.model.step_context import StateTaps
+from hybridkv.model.layers.step_context import StateTaps
 from hybridkv.native import ssm_prefill
 from hybridkv.native.ssm_prefill import PrefillRows, SsmPrefillKernels
 from tests.native.no_compiler import assert_unavailable_without_compiler, built_or_skip

@@ -9,6 +9,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from hybridkv.model.make_model import make_model
+    from hybridkv.model.loading.make_model import make_model
 
     return make_model("granitemoehybrid", tmp_path_factory.mktemp("model"), size="tiny", seed=0)

@@ -16,7 +16,7 @@ from hybridkv.engine.detokenizer import IncrementalDetokenizer
 from hybridkv.engine.output import CompletionOutput, RequestOutput
 from hybridkv.engine_stats import EngineStats, GroupCacheStats
 from hybridkv.logprobs import Logprob
-from hybridkv.model.chat_template import text_messages
+from hybridkv.model.loading.chat_template import text_messages
 from hybridkv.sampling_params import SamplingParams
 
 BLOCK = 4

@@ -33,7 +33,7 @@ PROMPTS = ["The key to a fast inference engine is", "Once upon a time", "1, 2, 3
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from safetensors.torch import load_file, save_file
 
-    from hybridkv.model.make_model import make_model
+    from hybridkv.model.loading.make_model import make_model
 
     path = make_model("granitemoehybrid", tmp_path_factory.mktemp("model"), size="tiny", seed=0)
     weights = path / "model.safetensors"

@@ -103,7 +103,7 @@ def _read_to_the_end(sock: socket.socket) -> None:
 def test_the_real_server_aborts_stalled_streams(tmp_path: Path) -> None:
     """``hybridkv serve`` over a tiny random checkpoint: two streams whose clients read
     nothing are aborted (their blocks freed) while another client is answered."""
-    from hybridkv.model.make_model import make_model
+    from hybridkv.model.loading.make_model import make_model
 
     model = make_model("granitemoehybrid", tmp_path / "model", size="tiny", seed=0)
     flags = ["--model", str(model), "--served-model-name", MODEL, "--max-model-len", "8192",

@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 
-from hybridkv.model.make_model import model_config_json
-from hybridkv.model.tiny_tokenizer import write_tokenizer
+from hybridkv.model.loading.make_model import model_config_json
+from hybridkv.model.loading.tiny_tokenizer import write_tokenizer
 
 HF_ARCHS = ("qwen3", "gemma3", "granitemoehybrid", "granitemoehybrid_moe")
+HF_FAMILIES = frozenset(arch.removesuffix("_moe") for arch in HF_ARCHS)  # registry names
 
 _MOE = {
     "num_local_experts": 4,

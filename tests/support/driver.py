@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridkv.kv.spec import SlidingWindowSpec
-from hybridkv.model.runner import ModelRunner
+from hybridkv.model.step.runner import ModelRunner
 from hybridkv.sampling_params import SamplingParams
 from hybridkv.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput, StateCopy
 

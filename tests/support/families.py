@@ -1,7 +1,9 @@
 """Tiny checkpoints of the families added for issue 14, built WITH transformers.
 
 ``FAMILIES`` names them; ``make_family_checkpoint(family, out_dir)`` writes one (float32,
-fixed seed) with our tiny tokenizer. Each config departs from the defaults on purpose (head
+fixed seed) with our tiny tokenizer. ``CORE_FAMILIES`` are the registry's families that
+``tests/support/checkpoints.py`` does not build: a newly registered family lands there, and
+its parity tests fail until ``_BUILDERS`` has its checkpoint. Each config departs from the defaults on purpose (head
 dims, windows, layer patterns, expert counts), with short Mamba chunks so the tests' prompts
 cross several of them.
 """
@@ -15,8 +17,11 @@ from typing import Any
 
 import torch
 
-from hybridkv.model.make_model import model_config_json
-from hybridkv.model.tiny_tokenizer import write_tokenizer
+from hybridkv.model.config.layer_kinds import LayerKind
+from hybridkv.model.families.registry import get_families
+from hybridkv.model.loading.make_model import model_config_json
+from hybridkv.model.loading.tiny_tokenizer import write_tokenizer
+from tests.support.checkpoints import HF_FAMILIES
 
 
 def _gemma3_mm() -> Any:
@@ -200,8 +205,13 @@ _MULTIMODAL = {
 FAMILIES = tuple(_BUILDERS)
 # one family per distinct model code path: these also run staggered and prefix-hit tests (the
 # multimodal wrappers and Qwen3.5-MoE reuse a covered path and run the batch test only)
-CORE_FAMILIES = ("bamba", "nemotron_h", "falcon_h1", "qwen3_next", "qwen3_5", "gpt_oss")
-STATE_FAMILIES = frozenset(FAMILIES) - {"gemma3_mm", "gpt_oss"}
+CORE_FAMILIES = tuple(f.name for f in get_families() if f.name not in HF_FAMILIES)
+# those with state layers (Mamba2, Gated DeltaNet)
+STATE_FAMILIES = tuple(
+    f.name
+    for f in get_families()
+    if f.name in CORE_FAMILIES and f.layer_kinds & {LayerKind.MAMBA, LayerKind.GDN}
+)
 
 
 def make_family_checkpoint(family: str, out_dir: Path, seed: int = 0) -> Path:

@@ -43,8 +43,10 @@ if TYPE_CHECKING:
 
 class EngineCore:
     def __init__(self, config: EngineConfig, *, keep_logits: bool = False) -> None:
-        from hybridkv.model import ModelRunner, Tokenizer, load_model, load_model_config
-        from hybridkv.model.hub import resolve_model_dir
+        from hybridkv.model.loading.hub import resolve_model_dir
+        from hybridkv.model.loading.loader import load_model, load_model_config
+        from hybridkv.model.loading.tokenizer import Tokenizer
+        from hybridkv.model.step.runner import ModelRunner
 
         self.config = config
         self.keep_logits = keep_logits
@@ -141,7 +143,7 @@ class EngineCore:
         import torch
 
         from hybridkv.engine.weights_id import weights_identity
-        from hybridkv.model.matmul import matmul_dtype
+        from hybridkv.model.loading.matmul import matmul_dtype
         from hybridkv.paths import cache_dir
 
         compute = matmul_dtype(getattr(torch, self.dtype), self.config.bf16_matmul)

@@ -13,7 +13,7 @@ DEFAULT_NAME = "default-granite-4.0-h-tiny-v1"
 
 def ensure_default_model() -> Path:
     """The default checkpoint's directory; built (once, atomically) if missing."""
-    from hybridkv.model.make_model import ensure_model
+    from hybridkv.model.loading.make_model import ensure_model
 
     target = cache_dir() / DEFAULT_NAME
     if ensure_model(DEFAULT_ARCH, target, size="tiny", seed=0):

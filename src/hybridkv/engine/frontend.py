@@ -54,8 +54,8 @@ def engine_dtype(dtype: str) -> str:
 def attach(engine: EngineCore, options: FrontendOptions) -> Frontend:
     """Apply the options to a fresh engine (before its first request) and log its summary."""
     if options.tokenizer is not None:
-        from hybridkv.model import Tokenizer
-        from hybridkv.model.hub import resolve_model_dir
+        from hybridkv.model.loading.hub import resolve_model_dir
+        from hybridkv.model.loading.tokenizer import Tokenizer
 
         eos = engine.model_config.eos_token_ids
         tokenizer_dir = resolve_model_dir(options.tokenizer)

@@ -16,7 +16,7 @@ from hybridkv.engine.progress import Progress
 from hybridkv.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from hybridkv.model.tokenizer import Tokenizer
+    from hybridkv.model.loading.tokenizer import Tokenizer
 
 PromptInput = str | list[int] | dict[str, Any]
 

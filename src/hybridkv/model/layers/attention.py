@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridkv.model.step_context import AttnSubBatch, KernelAttnMeta, StepContext
+from hybridkv.model.layers.step_context import AttnSubBatch, KernelAttnMeta, StepContext
 
 
 class PagedAttention(nn.Module):

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridkv.model.config_gdn import GdnConfig
+from hybridkv.model.config.gdn import GdnConfig
 from hybridkv.model.layers.delta_rule import (
     chunk_gated_delta_rule,
     gated_delta_step_,
@@ -24,7 +24,7 @@ from hybridkv.model.layers.delta_rule import (
 )
 from hybridkv.model.layers.linear import Linear
 from hybridkv.model.layers.short_conv import conv_chunk_, conv_step_
-from hybridkv.model.step_context import StateMeta, StepContext
+from hybridkv.model.layers.step_context import StateMeta, StepContext
 
 CHUNK = 64  # tokens per block of the chunked rule (transformers' reference uses 64)
 

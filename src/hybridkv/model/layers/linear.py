@@ -2,9 +2,9 @@
 
 Normally weight and input share a dtype and both casts are no-ops. They differ when a bfloat16
 model keeps float32 matmul weights on a CPU without native bfloat16 arithmetic
-(``hybridkv.model.matmul``): activations stay bfloat16 between layers, each product is taken in
-float32 and rounded back to bfloat16, as a native bfloat16 kernel would round its float32
-accumulator.
+(``hybridkv.model.loading.matmul``): activations stay bfloat16 between layers, each product is
+taken in float32 and rounded back to bfloat16, as a native bfloat16 kernel would round its
+float32 accumulator.
 
 float32 weights of ``Linear`` / ``FusedLinear`` (projections and the lm_head) are multiplied at
 up to ``SKINNY_MAX_ROWS`` rows (decode steps) by the native skinny GEMM

@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridkv.model.config import MambaConfig, MambaOutNorm
+from hybridkv.model.config.model_config import MambaConfig, MambaOutNorm
 from hybridkv.model.layers.linear import Linear, tensor_version
 from hybridkv.model.layers.norm import GatedRMSNorm
 from hybridkv.model.layers.short_conv import conv_chunk_, conv_step_
 from hybridkv.model.layers.ssd import ssd_chunk_scan, ssd_step_
-from hybridkv.model.step_context import StateMeta, StepContext
+from hybridkv.model.layers.step_context import StateMeta, StepContext
 from hybridkv.native.ssm import MambaWeights, SsmKernels, StepNorm, load_ssm
 from hybridkv.native.ssm_prefill import PrefillRows, load_ssm_prefill
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridkv.model.errors import ModelLoadError
+from hybridkv.model.config.errors import ModelLoadError
 from hybridkv.model.layers.fused import FusedLinear
 from hybridkv.model.layers.linear import Linear, linear
 from hybridkv.model.layers.moe import dispatch

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hybridkv.model.rope import RopeConfig
+from hybridkv.model.config.rope import RopeConfig
 from hybridkv.native.rownorm import RowKernels, load_rownorm
 
 

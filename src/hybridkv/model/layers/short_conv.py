@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridkv.model.step_context import StateTaps
+from hybridkv.model.layers.step_context import StateTaps
 
 
 def conv_step_(

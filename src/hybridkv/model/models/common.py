@@ -6,13 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridkv.model.config import ModelConfig
+from hybridkv.model.config.model_config import ModelConfig
 from hybridkv.model.layers.attention import PagedAttention
 from hybridkv.model.layers.fused import FusedLinear
 from hybridkv.model.layers.linear import Linear, tensor_version
 from hybridkv.model.layers.norm import OffsetRMSNorm, RMSNorm, row_kernels
 from hybridkv.model.layers.rotary import RotaryCosSin
-from hybridkv.model.step_context import StepContext
+from hybridkv.model.layers.step_context import StepContext
 
 
 class SelfAttention(nn.Module):

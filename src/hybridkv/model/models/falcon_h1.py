@@ -1,9 +1,9 @@
 """Falcon-H1: every decoder layer runs a Mamba2 mixer and attention side by side on the same
 normed input and adds both to the residual, then a gated MLP; MuP multipliers throughout.
 
-Cache layers (``hybridkv.model.config``): decoder layer i is cache layer ``2i`` (its Mamba2
-state) and ``2i + 1`` (its K/V). ``key_multiplier`` scales K before RoPE; RoPE is linear, so it
-is folded into the attention scale (the cache holds unscaled K).
+Cache layers (``hybridkv.model.config.layer_kinds``): decoder layer i is cache layer ``2i``
+(its Mamba2 state) and ``2i + 1`` (its K/V). ``key_multiplier`` scales K before RoPE; RoPE is
+linear, so it is folded into the attention scale (the cache holds unscaled K).
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hybridkv.model.config import MambaConfig, ModelConfig
+from hybridkv.model.config.model_config import MambaConfig, ModelConfig
 from hybridkv.model.layers.linear import Linear
 from hybridkv.model.layers.mamba2 import Mamba2Mixer
 from hybridkv.model.layers.mlp import activation
 from hybridkv.model.layers.norm import RMSNorm
 from hybridkv.model.layers.rotary import RotaryCosSin, RotaryTable
+from hybridkv.model.layers.step_context import StepContext
 from hybridkv.model.models.common import CausalLM, SelfAttention
-from hybridkv.model.step_context import StepContext
 
 
 class FalconH1MLP(nn.Module):

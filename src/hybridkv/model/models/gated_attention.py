@@ -7,14 +7,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hybridkv.model.config import ModelConfig
+from hybridkv.model.config.model_config import ModelConfig
 from hybridkv.model.layers.attention import PagedAttention
 from hybridkv.model.layers.fused import FusedLinear
 from hybridkv.model.layers.linear import Linear
 from hybridkv.model.layers.norm import OffsetRMSNorm
 from hybridkv.model.layers.rotary import RotaryCosSin
+from hybridkv.model.layers.step_context import StepContext
 from hybridkv.model.models.common import _JointQKNorm
-from hybridkv.model.step_context import StepContext
 
 
 class GatedSelfAttention(nn.Module):

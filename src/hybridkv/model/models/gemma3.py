@@ -12,13 +12,13 @@ from typing import cast
 import torch
 from torch import nn
 
-from hybridkv.model.config import LayerKind, ModelConfig
+from hybridkv.model.config.model_config import LayerKind, ModelConfig
 from hybridkv.model.layers.linear import Linear
 from hybridkv.model.layers.mlp import GatedMLP
 from hybridkv.model.layers.norm import OffsetRMSNorm
 from hybridkv.model.layers.rotary import RotaryCosSin, RotaryTable
+from hybridkv.model.layers.step_context import StepContext
 from hybridkv.model.models.common import CausalLM, SelfAttention
-from hybridkv.model.step_context import StepContext
 
 
 class Gemma3DecoderLayer(nn.Module):

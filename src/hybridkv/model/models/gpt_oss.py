@@ -8,13 +8,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hybridkv.model.config import LayerKind, ModelConfig
+from hybridkv.model.config.model_config import LayerKind, ModelConfig
 from hybridkv.model.layers.linear import Linear, linear
 from hybridkv.model.layers.moe import dispatch
 from hybridkv.model.layers.norm import RMSNorm
 from hybridkv.model.layers.rotary import RotaryCosSin, RotaryTable
+from hybridkv.model.layers.step_context import StepContext
 from hybridkv.model.models.common import CausalLM, SelfAttention
-from hybridkv.model.step_context import StepContext
 
 
 class _Experts(nn.Module):

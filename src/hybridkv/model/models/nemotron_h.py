@@ -16,14 +16,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from hybridkv.model.config import LayerKind, ModelConfig
+from hybridkv.model.config.model_config import LayerKind, ModelConfig
 from hybridkv.model.layers.linear import Linear, linear
 from hybridkv.model.layers.mamba2 import Mamba2Mixer
 from hybridkv.model.layers.mlp import activation
 from hybridkv.model.layers.moe import dispatch
 from hybridkv.model.layers.norm import RMSNorm
+from hybridkv.model.layers.step_context import StepContext
 from hybridkv.model.models.common import CausalLM, SelfAttention
-from hybridkv.model.step_context import StepContext
 
 
 class NemotronHMLP(nn.Module):

@@ -16,16 +16,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from hybridkv.model.config import LayerKind, ModelConfig
+from hybridkv.model.config.model_config import LayerKind, ModelConfig
 from hybridkv.model.layers.gated_deltanet import GatedDeltaNet
 from hybridkv.model.layers.linear import Linear, linear
 from hybridkv.model.layers.mlp import GatedMLP, activation
 from hybridkv.model.layers.moe import dispatch, softmax_top_k
 from hybridkv.model.layers.norm import OffsetRMSNorm
 from hybridkv.model.layers.rotary import RotaryCosSin, RotaryTable
+from hybridkv.model.layers.step_context import StepContext
 from hybridkv.model.models.common import CausalLM
 from hybridkv.model.models.gated_attention import GatedSelfAttention
-from hybridkv.model.step_context import StepContext
 
 
 class _Experts(nn.Module):

@@ -1,31 +1,25 @@
 """Our own frozen model config, read from a checkpoint's ``config.json`` (no transformers).
 
-``load_model_config`` reads and validates a checkpoint directory; ``build_model_config`` builds
-the ``ModelConfig`` from a parsed ``config.json`` (``make_model`` and tests call it directly).
-The parts live beside it: file reading and typed fields in ``config_json.py``, layer kinds
-(every spelling the Hub has used, sliding-window semantics) in ``config_layers.py``, Mamba2
-sizes in ``config_mamba.py``, Gated DeltaNet sizes in ``config_gdn.py``.
+``build_model_config`` builds the ``ModelConfig`` from a parsed ``config.json`` (the loader's
+``load_model_config`` reads a checkpoint directory's; ``make_model`` and tests call it
+directly). The parts live beside it: file reading and typed fields in ``json_fields.py``,
+layer kinds (every spelling the Hub has used, sliding-window semantics) in ``layer_kinds.py``,
+Mamba2 sizes in ``mamba.py``, Gated DeltaNet sizes in ``gdn.py``, RoPE in ``rope.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hybridkv.kv.spec import FullAttentionSpec, LayerSpec, SlidingWindowSpec, StateSpec
-from hybridkv.model.config_gdn import GdnConfig, parse_gdn
-from hybridkv.model.config_json import (
-    json_int,
-    parse_eos_ids,
-    read_config_json,
-    read_generation_eos,
-)
-from hybridkv.model.config_layers import LayerKind, num_cache_layers, parse_layer_kinds
-from hybridkv.model.config_mamba import MambaConfig, MambaOutNorm, parse_mamba
-from hybridkv.model.errors import ModelLoadError
-from hybridkv.model.rope import RopeConfig, parse_rope
+from hybridkv.model.config.errors import ModelLoadError
+from hybridkv.model.config.gdn import GdnConfig, parse_gdn
+from hybridkv.model.config.json_fields import json_int, parse_eos_ids
+from hybridkv.model.config.layer_kinds import LayerKind, num_cache_layers, parse_layer_kinds
+from hybridkv.model.config.mamba import MambaConfig, MambaOutNorm, parse_mamba
+from hybridkv.model.config.rope import RopeConfig, parse_rope
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,16 +78,6 @@ class ModelConfig:
         return None
 
 
-def load_model_config(model_dir: str | Path) -> ModelConfig:
-    """Read and validate ``config.json`` (+ ``generation_config.json``) of a checkpoint dir."""
-    from hybridkv.model.registry import check_architecture
-
-    model_dir = Path(model_dir)
-    raw = read_config_json(model_dir)
-    arch = check_architecture(raw.get("architectures"))
-    return build_model_config(arch, raw, read_generation_eos(model_dir))
-
-
 def build_model_config(arch: str, raw: Mapping[str, Any], gen_eos: tuple[int, ...]) -> ModelConfig:
     num_layers = num_cache_layers(raw)
     heads = json_int(raw, "num_attention_heads")
@@ -139,5 +123,4 @@ __all__ = [
     "MambaOutNorm",
     "ModelConfig",
     "build_model_config",
-    "load_model_config",
 ]

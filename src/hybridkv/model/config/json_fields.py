@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hybridkv.model.errors import ModelLoadError
+from hybridkv.model.config.errors import ModelLoadError
 
 _MEDIA_TOKEN_KEYS = ("image_token_index", "image_token_id", "video_token_id")
 

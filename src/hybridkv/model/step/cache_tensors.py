@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from hybridkv.kv.spec import FullAttentionSpec, KVCacheLayout, SlidingWindowSpec, StateSpec
-from hybridkv.model.host_memory import zeros_huge
-from hybridkv.model.loader import torch_dtype
+from hybridkv.model.loading.loader import torch_dtype
+from hybridkv.model.step.host_memory import zeros_huge
 
 
 class CacheTensors:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from hybridkv.model.logprobs_compute import position_logprobs
 from hybridkv.model.models.common import CausalLM
+from hybridkv.model.sampling.logprobs_compute import position_logprobs
 from hybridkv.step_io import PromptLogprobsChunk, ScheduledRequest
 
 

@@ -6,9 +6,10 @@ tensor (shape-checked, cast to the requested dtype), so nothing is initialised t
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -17,22 +18,16 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from hybridkv.model.config import ModelConfig, load_model_config
-from hybridkv.model.errors import ModelLoadError
-from hybridkv.model.matmul import matmul_dtype, upcast_matmuls
+from hybridkv.model.config.errors import ModelLoadError
+from hybridkv.model.config.json_fields import read_config_json, read_generation_eos
+from hybridkv.model.config.model_config import ModelConfig, build_model_config
+from hybridkv.model.families.registry import check_architecture, get_family_of
+from hybridkv.model.loading.matmul import matmul_dtype, upcast_matmuls
 from hybridkv.model.models.common import CausalLM
-from hybridkv.model.registry import get_model_class
 
 log = logging.getLogger(__name__)
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-# our parameter name suffix -> other spellings found in checkpoints (transformers 5.x names)
-_ALIASES: dict[str, tuple[str, ...]] = {
-    "block_sparse_moe.input_linear.weight": ("block_sparse_moe.experts.gate_up_proj",),
-    "block_sparse_moe.output_linear.weight": ("block_sparse_moe.experts.down_proj",),
-    "block_sparse_moe.router.layer.weight": ("block_sparse_moe.router.weight",),
-}
 
 
 def torch_dtype(dtype: str) -> torch.dtype:
@@ -44,24 +39,39 @@ def torch_dtype(dtype: str) -> torch.dtype:
         ) from None
 
 
+def load_model_config(model_dir: str | Path) -> ModelConfig:
+    """Read and validate ``config.json`` (+ ``generation_config.json``) of a checkpoint dir."""
+    model_dir = Path(model_dir)
+    raw = read_config_json(model_dir)
+    arch = check_architecture(raw.get("architectures"))
+    return build_model_config(arch, raw, read_generation_eos(model_dir))
+
+
+def get_model_class(architecture: str) -> type[CausalLM]:
+    """Our class for a supported config.json architecture (its model file imported now)."""
+    module, name = get_family_of(check_architecture([architecture])).get_class_path(architecture)
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+
 def load_model(
     model_dir: str | Path, dtype: str = "float32", bf16_matmul: str = "auto"
 ) -> tuple[CausalLM, ModelConfig]:
     """Build the architecture named in config.json and fill it from the safetensors files;
-    ``bf16_matmul`` says where a bfloat16 model multiplies (``hybridkv.model.matmul``)."""
+    ``bf16_matmul`` says where a bfloat16 model multiplies (``hybridkv.model.loading.matmul``)."""
     target = torch_dtype(dtype)
     compute = matmul_dtype(target, bf16_matmul)  # checks the option before the slow part
     model_dir = Path(model_dir)
     cfg = load_model_config(model_dir)
     with torch.device("meta"):
         model = get_model_class(cfg.architecture)(cfg)
+    renames = get_family_of(cfg.architecture).renames
     with ExitStack() as stack:
         index = _tensor_index(model_dir, stack)
         for name, module, attr in _parameters(model):
             if cfg.tie_word_embeddings and name == "lm_head.weight":
                 continue
             shape = tuple(getattr(module, attr).shape)
-            tensor = _read(index, _spellings(name, model.checkpoint_prefixes), shape)
+            tensor = _read(index, _spellings(name, renames, model.checkpoint_prefixes), shape)
             module._parameters[attr] = nn.Parameter(tensor.to(target), requires_grad=False)
         _log_ignored(index, model.ignored_prefixes, cfg.architecture)
     if cfg.tie_word_embeddings:
@@ -149,9 +159,12 @@ def _lookup(index: dict[str, Any], name: str) -> torch.Tensor | None:
     return torch.stack(parts) if parts else None
 
 
-def _spellings(name: str, prefixes: tuple[tuple[str, str], ...] = ()) -> list[str]:
+def _spellings(
+    name: str, renames: Mapping[str, tuple[str, ...]], prefixes: tuple[tuple[str, str], ...]
+) -> list[str]:
+    """``name``, the family's other spellings of its suffix, each under the class's prefixes."""
     names = [name]
-    for ours, others in _ALIASES.items():
+    for ours, others in renames.items():
         if name.endswith(ours):
             names += [name[: -len(ours)] + other for other in others]
     for ours_prefix, theirs in prefixes:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridkv.kv.spec import StateSpec
-from hybridkv.model.config_json import json_int
-from hybridkv.model.errors import ModelLoadError
+from hybridkv.model.config.errors import ModelLoadError
+from hybridkv.model.config.json_fields import json_int
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from hybridkv.model.errors import ModelLoadError
+from hybridkv.model.config.errors import ModelLoadError
 
 _REPO_ID = re.compile(r"^[\w.\-]+/[\w.\-]+(@[\w.\-/]+)?$")
 

@@ -13,13 +13,13 @@ from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from hybridkv.model.chat_template import (
+from hybridkv.model.config.errors import ModelLoadError
+from hybridkv.model.loading.chat_template import (
     checkpoint_template,
     compile_template,
     render,
     template_source,
 )
-from hybridkv.model.errors import ModelLoadError
 
 
 class Tokenizer:

@@ -22,15 +22,16 @@ import numpy as np
 import torch
 
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, StateSpec
-from hybridkv.model import attn_meta_torch
-from hybridkv.model.attn_meta_torch import SubBatchShape
-from hybridkv.model.step_context import (
+from hybridkv.model.layers.step_context import (
     AttnMeta,
     KernelAttnMeta,
     StateMeta,
     StateTaps,
     StepContext,
 )
+from hybridkv.model.step import attn_meta_torch
+from hybridkv.model.step.attn_meta_torch import SubBatchShape
+from hybridkv.model.step.request_tensors import RequestTensors, request_tensors
 from hybridkv.native.attention import AttentionKernels, KernelTable, load_attention
 from hybridkv.step_io import ScheduledRequest, StateCopy
 
@@ -39,23 +40,6 @@ from hybridkv.step_io import ScheduledRequest, StateCopy
 class StepInputs:
     input_ids: torch.Tensor  # [T]
     ctx: StepContext
-    sample_token_idx: torch.Tensor  # [S] last token of each request that samples
-
-
-@dataclass(frozen=True, slots=True)
-class _Requests:
-    """Request-level tensors shared by every group's metadata."""
-
-    starts: torch.Tensor  # [R]
-    lens: torch.Tensor  # [R]
-    cu_starts: torch.Tensor  # [R] flat index of each request's first token
-    tok_req: torch.Tensor  # [T]
-    tok_off: torch.Tensor  # [T]
-    positions: torch.Tensor  # [T]
-    decode_rows: torch.Tensor  # [Rd] requests with one token
-    prefill_rows: torch.Tensor  # [Rp] the others
-    positions_np: np.ndarray  # positions, as numpy (the same memory)
-    max_position: int
     sample_token_idx: torch.Tensor  # [S] last token of each request that samples
 
 
@@ -73,7 +57,7 @@ def build_step(
     where they could be built."""
     if kernels == "auto":
         kernels = load_attention()
-    reqs = _request_tensors(requests)
+    reqs = request_tensors(requests)
     attn_meta: dict[int, AttnMeta | KernelAttnMeta] = {}
     state_meta: dict[int, StateMeta] = {}
     mask_cache: dict[int | None, dict[str, SubBatchShape]] = {}
@@ -113,43 +97,6 @@ def build_step(
     return StepInputs(torch.from_numpy(input_ids), ctx, reqs.sample_token_idx)
 
 
-def _request_tensors(requests: list[ScheduledRequest]) -> _Requests:
-    """Built with numpy (a few microseconds per op, against torch's ~5) and shared as tensors.
-    A decode step (one token per request) skips the ragged-index work."""
-    count = len(requests)
-    lens = np.fromiter((len(r.token_ids) for r in requests), dtype=np.int64, count=count)
-    if count == 0 or int(lens.min()) == 0:
-        raise ValueError("a scheduled request has no tokens to compute")
-    starts = np.fromiter((r.start_pos for r in requests), dtype=np.int64, count=count)
-    sample = np.fromiter((r.sample for r in requests), dtype=bool, count=count)
-    num_tokens = int(lens.sum())
-    if num_tokens == count:  # every request computes one token
-        tok_req = np.arange(count, dtype=np.int64)
-        cu_starts, tok_off, positions = tok_req, np.zeros(count, dtype=np.int64), starts
-        decode_rows, prefill_rows = tok_req, np.zeros(0, dtype=np.int64)
-    else:
-        cu_starts = np.cumsum(lens) - lens
-        tok_req = np.repeat(np.arange(count, dtype=np.int64), lens)  # [T]
-        tok_off = np.arange(num_tokens, dtype=np.int64) - cu_starts[tok_req]  # [T]
-        positions = starts[tok_req] + tok_off
-        is_decode = lens == 1
-        decode_rows, prefill_rows = np.flatnonzero(is_decode), np.flatnonzero(~is_decode)
-    t = torch.from_numpy
-    return _Requests(
-        starts=t(starts),
-        lens=t(lens),
-        cu_starts=t(cu_starts),
-        tok_req=t(tok_req),
-        tok_off=t(tok_off),
-        positions=t(positions),
-        decode_rows=t(decode_rows),
-        prefill_rows=t(prefill_rows),
-        positions_np=positions,
-        max_position=int(positions.max()),
-        sample_token_idx=t((cu_starts + lens - 1)[sample]),
-    )
-
-
 def _block_table(tables: list[list[int]]) -> torch.Tensor:
     """Ragged block tables -> ``[R, max_len]`` padded with the null block 0."""
     lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
@@ -163,7 +110,7 @@ def _kernel_tables(
     requests: list[ScheduledRequest],
     layout: KVCacheLayout,
     kv_pages: dict[int, torch.Tensor],
-    reqs: _Requests,
+    reqs: RequestTensors,
 ) -> dict[int, KernelTable]:
     """Every attention group's ``KernelTable`` from one ``[G, R, nb]`` array, checked once
     (``KernelTable.checked``'s rules over all groups): every entry a block of the pages,
@@ -181,7 +128,7 @@ def _kernel_tables(
     if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= num_blocks):
         raise IndexError(f"block id out of range [0, {num_blocks})")
     positions = reqs.positions_np
-    # rows come from _request_tensors: [0, R) by construction
+    # rows come from request_tensors: [0, R) by construction
     if positions.size and (
         int(positions.min()) < 0 or int(positions.max()) >= width * layout.block_size
     ):
@@ -200,7 +147,7 @@ def _kernel_tables(
 
 def _taps(
     requests: list[ScheduledRequest],
-    reqs: _Requests,
+    reqs: RequestTensors,
     state_index: int,
     saves: list[StateCopy],
 ) -> StateTaps | None:
@@ -226,7 +173,9 @@ def _taps(
     return StateTaps(*(torch.tensor(v, dtype=torch.long) for v in (rows, lens, slots)))
 
 
-def _state_meta(reqs: _Requests, slots: torch.Tensor, taps: StateTaps | None = None) -> StateMeta:
+def _state_meta(
+    reqs: RequestTensors, slots: torch.Tensor, taps: StateTaps | None = None
+) -> StateMeta:
     rows = reqs.prefill_rows
     lens = reqs.lens[rows]
     width = int(lens.max()) if rows.numel() else 0

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hybridkv.model import logits_process as lp
-from hybridkv.model.sampling_state import RequestSamplingState
+from hybridkv.model.sampling import logits_process as lp
+from hybridkv.model.sampling.sampling_state import RequestSamplingState
 from hybridkv.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from hybridkv.model import logits_process as lp
-from hybridkv.model.logits_batch import ProcessRow, process_logits
-from hybridkv.model.logprobs_compute import position_logprobs
-from hybridkv.model.sampling_state import RequestSamplingState
+from hybridkv.model.sampling import logits_process as lp
+from hybridkv.model.sampling.logits_batch import ProcessRow, process_logits
+from hybridkv.model.sampling.logprobs_compute import position_logprobs
+from hybridkv.model.sampling.sampling_state import RequestSamplingState
 from hybridkv.sampling_params import SamplingParams
 from hybridkv.step_io import PositionLogprobs
 

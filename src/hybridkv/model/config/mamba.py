@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from hybridkv.model.config_json import json_float, json_int
+from hybridkv.model.config.json_fields import json_float, json_int
 
 
 class MambaOutNorm(str, Enum):

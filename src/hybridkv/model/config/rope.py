@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from hybridkv.model.errors import ModelLoadError
+from hybridkv.model.config.errors import ModelLoadError
 
 _DEFAULT_THETA = 10_000.0
 _GEMMA3_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}

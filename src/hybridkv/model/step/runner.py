@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from hybridkv.kv.spec import KVCacheLayout
-from hybridkv.model.cache_tensors import CacheTensors
-from hybridkv.model.config import ModelConfig
+from hybridkv.model.config.model_config import ModelConfig
 from hybridkv.model.models.common import CausalLM
-from hybridkv.model.prompt_logprobs import prompt_logprobs
-from hybridkv.model.sampler import Sampler, SampleRequest
-from hybridkv.model.step_builder import build_step
-from hybridkv.model.threads import StepThreads
+from hybridkv.model.sampling.prompt_logprobs import prompt_logprobs
+from hybridkv.model.sampling.sampler import Sampler, SampleRequest
+from hybridkv.model.step.cache_tensors import CacheTensors
+from hybridkv.model.step.step_builder import build_step
+from hybridkv.model.step.threads import StepThreads
 from hybridkv.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput, StateCopy
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class ModelRunner:
         self.keep_logits = keep_logits
         self.cache = CacheTensors(layout, num_blocks, num_state_slots)
         self.sampler = Sampler(seed, eos_token_ids=model_config.eos_token_ids, grammar=grammar)
-        self.threads = StepThreads.from_env()  # compute threads per step (model/threads.py)
+        self.threads = StepThreads.from_env()  # compute threads per step (model/step/threads.py)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> RunnerOutput:

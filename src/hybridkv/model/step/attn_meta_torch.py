@@ -6,14 +6,11 @@ Built by ``step_builder.build_step`` when the kernels are off; the kernels' test
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from hybridkv.model.step_context import AttnMeta, AttnSubBatch
-
-if TYPE_CHECKING:
-    from hybridkv.model.step_builder import _Requests
+from hybridkv.model.layers.step_context import AttnMeta, AttnSubBatch
+from hybridkv.model.step.request_tensors import RequestTensors
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +29,7 @@ class SubBatchShape:
 
 
 def attn_meta(
-    reqs: _Requests,
+    reqs: RequestTensors,
     table: torch.Tensor,
     block_size: int,
     window: int | None,
@@ -50,7 +47,7 @@ def attn_meta(
 
 
 def _sub_batch_shape(
-    reqs: _Requests, rows: torch.Tensor, block_size: int, window: int | None
+    reqs: RequestTensors, rows: torch.Tensor, block_size: int, window: int | None
 ) -> SubBatchShape:
     starts, lens = reqs.starts[rows], reqs.lens[rows]
     ctx_lens = starts + lens
@@ -106,7 +103,7 @@ def _mask(
 
 
 def _sub_batch(
-    reqs: _Requests, rows: torch.Tensor, table: torch.Tensor, shape: SubBatchShape
+    reqs: RequestTensors, rows: torch.Tensor, table: torch.Tensor, shape: SubBatchShape
 ) -> AttnSubBatch:
     cols = shape.first_block[:, None] + torch.arange(shape.num_blocks)  # [R, nb]
     cols = cols.clamp(max=table.shape[1] - 1)  # past the table: masked out anyway

@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
-from hybridkv.model.config_json import json_int
-from hybridkv.model.errors import ModelLoadError
+from hybridkv.model.config.errors import ModelLoadError
+from hybridkv.model.config.json_fields import json_int
 
 
 class LayerKind(str, Enum):
