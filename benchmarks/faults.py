@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_common import machine_info
+from bench_common import cpu_flags, machine_info
 
 FIRST_TOKEN_ID = 3  # 0..2 are the tiny tokenizer's special tokens
 RATES = (0.01, 0.10)
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {
         "benchmark": "faults",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine_info(),
+        "machine": machine_info(cpu_flags=cpu_flags()),
         "quick": args.quick,
         "arch": args.arch,
         "load_mode": "async",

@@ -102,13 +102,15 @@ class Attacker:
         self.kinds = ["forged", "retargeted", "huge_tokens", "huge_port", "untrusted", "stalled"]
         self.sent: dict[str, int] = {}
         self.server_errors = 0
+        self.num_attacks = 0  # the kinds take turns over the whole benchmark
 
     def _params(self, prompt: list[int]) -> dict[str, Any]:
         r = _post(self.prefill_url, _body(prompt, 1, kv_transfer_params={"do_remote_decode": True}))
         return dict(r.json()["kv_transfer_params"])
 
-    def attack(self, i: int, prompt: list[int], victim: list[int]) -> None:
-        kind = self.kinds[i % len(self.kinds)]
+    def attack(self, prompt: list[int], victim: list[int]) -> None:
+        kind = self.kinds[self.num_attacks % len(self.kinds)]
+        self.num_attacks += 1
         params = self._params(prompt)
         body: dict[str, Any] | str = _body(prompt, 4, kv_transfer_params=params)
         if kind == "forged":
@@ -171,7 +173,7 @@ def one_run(
             ttfts[i], texts[i] = streamed(proxy, honest[i], max_tokens)
             if attacker is not None and i % ATTACK_EVERY == ATTACK_EVERY - 1:
                 own = [t + 1 for t in honest[i]][:40]  # the attacker's own prompt
-                attacker.attack(i // ATTACK_EVERY, own, honest[0])
+                attacker.attack(own, honest[0])
 
     threads = [threading.Thread(target=worker) for _ in range(CONCURRENCY)]
     for t in threads:
