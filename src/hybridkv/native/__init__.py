@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from hybridkv.native.isa import IsaVariant, resolve_isa
+from hybridkv.native.isa import IsaVariant, cpu_flags, resolve_isa
 from hybridkv.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -146,13 +146,7 @@ class PageCopy:
 
 def _cpu_signature() -> str:
     """What ``-march=native`` depends on: the machine and its CPU flags."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        pass
-    return f"{platform.machine()}|{flags}"
+    return f"{platform.machine()}|{' '.join(sorted(cpu_flags()))}"
 
 
 def _flags(variant: IsaVariant) -> list[str]:
