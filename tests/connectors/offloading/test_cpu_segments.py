@@ -98,6 +98,7 @@ def test_a_flipped_byte_in_any_state_segment_is_invalid_state(
     engine.assert_clean()
 
 
+@pytest.mark.slow  # waits out a load's timeout (2.5 s)
 def test_a_timed_out_load_writes_nothing_after_its_timeout_is_reported(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -97,6 +97,7 @@ def test_a_huge_body_behind_a_valid_header_is_refused_before_reading(tmp_path: P
     assert not os.path.exists(head)  # a file of ours that is broken is removed
 
 
+@pytest.mark.slow  # waits out a stuck read or write (seconds)
 @pytest.mark.timeout(30)
 def test_a_stuck_read_quarantines_its_unit_and_the_tier_keeps_working(tmp_path: Path) -> None:
     """Finding 4: a read that never returns costs its load a timeout; write-through, other
@@ -323,6 +324,7 @@ def test_numeric_options_are_checked_at_start_up(extra: dict[str, object], key: 
         create_connector(parse_kv_transfer_config(config, 4), context)
 
 
+@pytest.mark.slow  # waits out a stuck read or write (seconds)
 @pytest.mark.timeout(60)
 def test_shutdown_is_quick_while_a_write_is_stuck(tmp_path: Path) -> None:
     """Finding 4 (SIGTERM took 35 s): the engine's shutdown (wait for saves, then stop) ends
