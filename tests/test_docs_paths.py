@@ -9,9 +9,13 @@ The rules (what the docs may write):
   written relative to a package (``connectors/offloading/tier_base.py``, ``layers/linear.py``)
   it is the tail of exactly such a path; a bare file name (``runner.py``) names some file of
   the repository;
+- ``hybridkv/kv`` (a folder of the package, no trailing ``/``) resolves under ``src/``;
+- ``tests/x.py::test_name`` is a path and a name defined in that file;
+- a command (``benchmarks/pd.py --repeats 3``, ``pd_floor.py --sweep``): its first word, if a path;
 - ``hybridkv.a.b`` / ``hybridkv.a.b:Attr`` / ``a.b.Attr`` where ``a`` is a top-level package
   or module of hybridkv: the longest prefix is a module, and the rest are names defined in it
-  (a class's rest in its body; a call's ``(...)`` is dropped);
+  (a class's rest in its body; a call's ``(...)`` is dropped); in fenced code blocks, the quoted
+  ``"hybridkv.a.b:Attr"`` strings (a registry entry's targets) are read the same way;
 - anything with ``<``, ``*``, ``{``, ``$``, ``~``, a space, or outside the repository
   (``/proc/...``, ``../shared/...``, ``vllm/...``, a URL) is a placeholder or not ours, and
   is skipped.
@@ -33,6 +37,7 @@ PATH_SUFFIXES = (".py", ".md", ".c", ".h", ".sh", ".toml", ".cfg")
 FILE_LIKE = PATH_SUFFIXES + (".json", ".txt", ".safetensors", ".gguf", ".yaml", ".so")
 SKIP_CHARS = set("<*{$~ |=,'\"")
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+QUOTED_TARGET = re.compile(r"[\"'](hybridkv(?:\.\w+)+:\w[\w.]*)[\"']")
 TICKED = re.compile(r"`([^`\n]+)`")
 DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:[A-Za-z_][\w.]*)?$")
 ROOTS = (REPO, REPO / "src", PACKAGE)
@@ -54,8 +59,10 @@ def _repo_files() -> tuple[frozenset[str], frozenset[str]]:
 
 
 def references(text: str) -> list[str]:
-    """The backticked spans of a markdown text, fenced code blocks left out."""
-    return TICKED.findall(FENCE.sub("", text))
+    """The backticked spans of a markdown text outside fenced code blocks, and the quoted
+    ``module:attr`` targets inside them."""
+    fenced = [t for block in FENCE.findall(text) for t in QUOTED_TARGET.findall(block)]
+    return TICKED.findall(FENCE.sub("", text)) + fenced
 
 
 def path_exists(ref: str) -> bool:
@@ -71,6 +78,8 @@ def path_exists(ref: str) -> bool:
 
 
 def is_path(ref: str) -> bool:
+    if ref.startswith("hybridkv/") and re.fullmatch(r"[\w/]+", ref):
+        return True
     if SKIP_CHARS & set(ref) or ":" in ref or ref.startswith(NOT_OURS):
         return False
     if ref.startswith("_") and not ref.startswith("__"):
@@ -156,12 +165,52 @@ def _strip_call(ref: str) -> str:
     return ref.split("(", 1)[0] if "(" in ref and ref.endswith(")") else ref
 
 
+def _normalized(ref: str) -> str:
+    """A command's first word; a call without its arguments."""
+    ref = ref.strip()
+    first = ref.split(" ", 1)[0]
+    if first != ref and first.endswith(PATH_SUFFIXES):
+        return first
+    return _strip_call(ref)
+
+
+def node_exists(ref: str) -> bool:
+    """``path::name[::name]``: the file exists and defines the names (a class's in its body)."""
+    path_part, *names = ref.split("::")
+    if not path_exists(path_part) or not path_part.endswith(".py"):
+        return False
+    path = next((root / path_part for root in ROOTS if (root / path_part).is_file()), None)
+    if path is None:  # written relative to a package: the one file it is the tail of
+        files, _ = _repo_files()
+        tails = [p for p in files if p.endswith("/" + path_part)]
+        path = REPO / tails[0]
+    body: list[ast.stmt] = _module_tree(path).body
+    for name in names:
+        node = _defined(body, name.split("[", 1)[0])  # a parametrized id: the function
+        if node is None:
+            return False
+        body = node.body if isinstance(node, ast.ClassDef) else []
+    return True
+
+
+def exists(ref: str) -> bool:
+    if "::" in ref:
+        return node_exists(ref)
+    return path_exists(ref) if is_path(ref) else dotted_exists(ref)
+
+
+def is_checked(ref: str) -> bool:
+    if "::" in ref:
+        return is_path(ref.split("::", 1)[0])
+    return is_path(ref) or is_dotted(ref)
+
+
 def _cases() -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     for doc in DOCS:
         for ref in references(doc.read_text()):
-            ref = _strip_call(ref.strip())
-            if is_path(ref) or is_dotted(ref):
+            ref = _normalized(ref)
+            if is_checked(ref):
                 found.append((doc.relative_to(REPO).as_posix(), ref))
     return found
 
@@ -172,11 +221,7 @@ def test_the_docs_name_references() -> None:
 
 
 def test_every_named_path_and_module_exists() -> None:
-    missing = [
-        f"{doc}: `{ref}`"
-        for doc, ref in _cases()
-        if not (path_exists(ref) if is_path(ref) else dotted_exists(ref))
-    ]
+    missing = [f"{doc}: `{ref}`" for doc, ref in _cases() if not exists(ref)]
     assert not missing, "stale references in the docs:\n" + "\n".join(missing)
 
 
@@ -193,8 +238,21 @@ def test_every_named_path_and_module_exists() -> None:
         ("hybridkv.kv.spec:NoSuchSpec", False),
         ("metrics.METRICS", True),
         ("hybridkv.no_such_module", False),
+        ("hybridkv/kv", True),
+        ("hybridkv/no_such_folder", False),
+        ("tests/test_docs_paths.py::test_the_docs_name_references", True),
+        ("tests/test_docs_paths.py::test_no_such_test", False),
+        ("benchmarks/pd.py --repeats 3", True),
+        ("benchmarks/no_such_bench.py --quick", False),
     ],
 )
 def test_the_rules_tell_stale_from_present(ref: str, ok: bool) -> None:
-    assert is_path(ref) or is_dotted(ref)
-    assert (path_exists(ref) if is_path(ref) else dotted_exists(ref)) is ok
+    ref = _normalized(ref)
+    assert is_checked(ref)
+    assert exists(ref) is ok
+
+
+def test_registry_targets_in_code_blocks_are_read() -> None:
+    text = 'x\n```python\nregister(options="hybridkv.kv.spec:NoSuchSpec")\n```\n'
+    assert references(text) == ["hybridkv.kv.spec:NoSuchSpec"]
+    assert not dotted_exists("hybridkv.kv.spec:NoSuchSpec")
