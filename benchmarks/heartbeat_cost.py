@@ -32,7 +32,7 @@ from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.scheduler import NixlScheduler
 from hybridkv.connectors.nixl.stats import NixlStats
 from hybridkv.connectors.stats import StatsCounter
-from hybridkv.transfer_params import parse_transfer_params
+from hybridkv.sampling.transfer_params import parse_transfer_params
 
 KEY = AuthKey(b"benchmark-deployment-key", "bench")
 

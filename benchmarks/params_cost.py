@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from hybridkv.connectors.nixl.auth import AuthKey, prompt_digest, sign_params, verify_params
 from hybridkv.connectors.nixl.meta import ParamsPolicy, RemoteSource
-from hybridkv.transfer_params import parse_transfer_params
+from hybridkv.sampling.transfer_params import parse_transfer_params
 
 KEY = AuthKey(b"benchmark-deployment-key", "bench")
 

@@ -236,7 +236,7 @@ def test_every_named_path_and_module_exists() -> None:
         ("docs/no_such_doc.md", False),
         ("hybridkv.kv.spec:FullAttentionSpec", True),
         ("hybridkv.kv.spec:NoSuchSpec", False),
-        ("metrics.METRICS", True),
+        ("metrics.prometheus.METRICS", True),
         ("hybridkv.no_such_module", False),
         ("hybridkv/kv", True),
         ("hybridkv/no_such_folder", False),

@@ -17,13 +17,15 @@ ROOT = Path(hybridkv.__file__).parent
 FORBIDDEN: dict[str, set[str]] = {
     "model": {"sched", "engine", "connectors", "server"},
     "native": {"engine", "model", "connectors", "sched", "server"},
+    "engine": {"server", "metrics"},  # the engine publishes EngineStats; the server exports them
 }
 # node -> the only nodes it may import (leaves of the graph)
 ALLOWED_ONLY: dict[str, set[str]] = {
     "kv": set(),
     "paths": set(),
     "choice": set(),
-    "step_io": {"kv", "sampling_params", "choice"},
+    "sampling": set(),  # a request's parameters, parsed at the boundary: torch-free, a leaf
+    "step_io": {"kv", "sampling", "choice"},
 }
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hybridkv.logprobs import Logprob
-from hybridkv.sampling_params import SamplingParams, StructuredOutputsParams
+from hybridkv.sampling.logprobs import Logprob
+from hybridkv.sampling.params import SamplingParams, StructuredOutputsParams
 
 if TYPE_CHECKING:
     from hybridkv.engine.llm import LLM

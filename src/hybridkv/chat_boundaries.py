@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from hybridkv.sampling_params import MAX_CACHE_BOUNDARIES, SamplingParams
+from hybridkv.sampling.params import MAX_CACHE_BOUNDARIES, SamplingParams
 
 MAX_MESSAGES = 64  # a longer conversation: boundaries at its last MAX_MESSAGES message ends
 

@@ -6,7 +6,7 @@ import time
 from enum import Enum
 
 from hybridkv.kv.hashing import BlockHash, BlockHasher
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.params import SamplingParams
 
 
 class RequestStatus(str, Enum):

@@ -25,7 +25,7 @@ from typing import Any
 
 from hybridkv.choice import Choice
 from hybridkv.kv.state_manager import StateCopy
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.params import SamplingParams
 
 __all__ = [
     "ConnectorMetadata",

@@ -97,7 +97,7 @@ def test_no_room_means_no_checkpoint_not_a_failure() -> None:
 
 @pytest.mark.parametrize("bad", [-1, 0.5, True, "8", None])
 def test_sampling_params_refuse_bad_boundaries(bad: object) -> None:
-    from hybridkv.sampling_params import SamplingParams
+    from hybridkv.sampling.params import SamplingParams
 
     with pytest.raises(ValueError, match="cache_boundaries"):
         SamplingParams(extra_args={"cache_boundaries": [bad]})

@@ -18,7 +18,7 @@ from hybridkv.kv_events.collector import KVEventCollector
 from hybridkv.kv_events.config import DEFAULT_ENDPOINT, KVEventsConfig, is_loopback
 from hybridkv.kv_events.publisher import ZmqEventPublisher
 from hybridkv.request import Request
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.params import SamplingParams
 from tests.kv.builders import B, FakeRequest
 from tests.kv_events.test_collector import Capture, TokenRequest, prefill, setup
 from tests.kv_events.vllm_schema import BlockStored

@@ -17,7 +17,7 @@ from hybridkv.model.sampling.logits_batch import ProcessRow, process_logits
 from hybridkv.model.sampling.logprobs_compute import position_logprobs
 from hybridkv.model.sampling.sampler import Sampler, SampleRequest
 from hybridkv.model.sampling.sampling_state import RequestSamplingState
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.params import SamplingParams
 
 V = 64
 EOS = (2,)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hybridkv.model.sampling.sampler import Sampler, SampleRequest
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.params import SamplingParams
 
 
 def _req(rid: str, n_out: int = 0, **params: object) -> SampleRequest:

@@ -19,7 +19,7 @@ from hybridkv.model.step.cache_tensors import CacheTensors
 from hybridkv.model.step.step_builder import StepInputs, build_step
 from hybridkv.native import attention as native_attention
 from hybridkv.native.attention import AttentionKernels, KernelTable
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.params import SamplingParams
 from hybridkv.step_io import ScheduledRequest
 from tests.native.no_compiler import assert_unavailable_without_compiler, built_or_skip
 

@@ -11,7 +11,7 @@ from hybridkv.engine.step import run_step
 from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHasher, get_hash_fn
 from hybridkv.request import Request
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.params import SamplingParams
 from hybridkv.sched.kv_transfer import KVTransfer
 from hybridkv.sched.scheduler import Scheduler
 from tests.kv.builders import make_layout

@@ -18,8 +18,8 @@ from hybridkv.connectors.nixl.leases import ENDED, lease_pending, lease_valid
 from hybridkv.connectors.nixl.meta import ParamsPolicy, ParamsRefused, RemoteSource
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.scheduler import NixlScheduler
-from hybridkv.sampling_params import SamplingParams
-from hybridkv.transfer_params import parse_transfer_params
+from hybridkv.sampling.params import SamplingParams
+from hybridkv.sampling.transfer_params import parse_transfer_params
 from tests.connectors.nixl.signing import TEST_KEY, policy, signed
 
 PROMPT = list(range(100, 200))

@@ -14,10 +14,10 @@ from typing import Any
 
 from hybridkv.engine.detokenizer import IncrementalDetokenizer
 from hybridkv.engine.output import CompletionOutput, RequestOutput
-from hybridkv.engine_stats import EngineStats, GroupCacheStats
-from hybridkv.logprobs import Logprob
+from hybridkv.engine.stats import EngineStats, GroupCacheStats
 from hybridkv.model.loading.chat_template import text_messages
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.logprobs import Logprob
+from hybridkv.sampling.params import SamplingParams
 
 BLOCK = 4
 NUM_BLOCKS = 64

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from hybridkv.metrics import ServerMetrics
+from hybridkv.metrics.prometheus import ServerMetrics
 from hybridkv.server.app import create_app
 from hybridkv.server.async_engine import AsyncEngine
 from hybridkv.server.state import ServerState

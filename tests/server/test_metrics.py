@@ -1,4 +1,4 @@
-"""metrics.py on its own: a published snapshot is what /metrics says; request observations."""
+"""metrics/prometheus.py on its own: a published snapshot is what /metrics says; request observations."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hybridkv.connectors.fault_injection import FaultStats
 from hybridkv.connectors.offloading.stats import OffloadingStats
 from hybridkv.connectors.stats import ConnectorStats, Direction
 from hybridkv.engine.output import CompletionOutput, RequestOutput
-from hybridkv.engine_stats import EngineStats, GroupCacheStats, StepStats, TransferStats
-from hybridkv.metrics import ServerMetrics
+from hybridkv.engine.stats import EngineStats, GroupCacheStats, StepStats, TransferStats
+from hybridkv.metrics.prometheus import ServerMetrics
 from hybridkv.step_io import FailureReason
 from tests.server.harness import parse_metrics
 
@@ -118,7 +118,7 @@ def test_registries_are_per_server() -> None:
 
 def test_every_metric_is_in_the_one_table() -> None:
     """/metrics renders exactly the families ``METRICS`` lists, with the types and help it says."""
-    from hybridkv.metrics import METRICS, PREFIX
+    from hybridkv.metrics.prometheus import METRICS, PREFIX
 
     families = {
         f.name.removeprefix(PREFIX): f
@@ -165,7 +165,7 @@ def test_request_phases_and_lengths() -> None:
 
 
 def test_the_periodic_log_line_reads_the_snapshot() -> None:
-    from hybridkv.engine_stats import stats_line
+    from hybridkv.engine.stats import stats_line
 
     prev = EngineStats(prefix_cache_queried_tokens=20, prefix_cache_hit_tokens=5)
     now = EngineStats(
@@ -193,7 +193,7 @@ def test_the_periodic_log_line_reads_the_snapshot() -> None:
 def test_docs_list_the_same_metrics() -> None:
     from pathlib import Path
 
-    from hybridkv.metrics import METRICS
+    from hybridkv.metrics.prometheus import METRICS
 
     doc = Path(__file__).parents[2] / "docs" / "metrics.md"
     names = [

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hybridkv.metrics import ServerMetrics
+from hybridkv.metrics.prometheus import ServerMetrics
 from hybridkv.server.app import create_app
 from hybridkv.server.async_engine import AsyncEngine
 from hybridkv.server.limits import ServerLimits

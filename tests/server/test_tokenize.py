@@ -13,7 +13,7 @@ import pytest
 
 from hybridkv.config import EngineConfig
 from hybridkv.engine.core import EngineCore
-from hybridkv.metrics import ServerMetrics
+from hybridkv.metrics.prometheus import ServerMetrics
 from hybridkv.server.app import create_app
 from hybridkv.server.async_engine import AsyncEngine
 from hybridkv.server.state import ServerState

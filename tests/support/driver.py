@@ -13,7 +13,7 @@ import torch
 
 from hybridkv.kv.spec import SlidingWindowSpec
 from hybridkv.model.step.runner import ModelRunner
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.params import SamplingParams
 from hybridkv.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput, StateCopy
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64)

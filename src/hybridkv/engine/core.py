@@ -26,14 +26,14 @@ from hybridkv.engine.outputs import OutputProcessor
 from hybridkv.engine.parallel import ParallelSampling, ParentRequest
 from hybridkv.engine.request_prep import prepare_params, truncate_prompt
 from hybridkv.engine.sizing import resolve_dtype, size_cache
+from hybridkv.engine.stats import EngineStats, GroupCacheStats, StepCounters, TransferStats
 from hybridkv.engine.step import run_step
-from hybridkv.engine_stats import EngineStats, GroupCacheStats, StepCounters, TransferStats
-from hybridkv.grammar import GrammarBackend
 from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHasher, get_hash_fn
 from hybridkv.kv.spec import create_layout
 from hybridkv.request import Request, RequestStatus
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.grammar import GrammarBackend
+from hybridkv.sampling.params import SamplingParams
 from hybridkv.sched.kv_transfer import KVTransfer
 from hybridkv.sched.scheduler import Scheduler
 

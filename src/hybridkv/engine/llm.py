@@ -13,7 +13,7 @@ from hybridkv.engine.frontend import FrontendOptions, attach, check_logprobs, en
 from hybridkv.engine.lifetime import EngineClosedError
 from hybridkv.engine.output import RequestOutput, error_output
 from hybridkv.engine.progress import Progress
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
     from hybridkv.model.loading.tokenizer import Tokenizer

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hybridkv.engine.detokenizer import IncrementalDetokenizer
-from hybridkv.logprobs import Logprob, PromptLogprobs, SampleLogprobs, TokenLogprobs
 from hybridkv.request import Request, RequestStatus
+from hybridkv.sampling.logprobs import Logprob, PromptLogprobs, SampleLogprobs, TokenLogprobs
 from hybridkv.step_io import PositionLogprobs, PromptLogprobsChunk
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from hybridkv.engine.output import CompletionOutput, RequestOutput
 from hybridkv.request import RequestStatus
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.params import SamplingParams
 
 AddChild = Callable[[str, SamplingParams], None]
 

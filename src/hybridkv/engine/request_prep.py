@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol
 
-from hybridkv.grammar import GrammarBackend
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.grammar import GrammarBackend
+from hybridkv.sampling.params import SamplingParams
 
 
 class Encoder(Protocol):

@@ -29,8 +29,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hybridkv.engine_stats import EngineStats, stats_line
-from hybridkv.metrics import ServerMetrics
+from hybridkv.engine.stats import EngineStats, stats_line
+from hybridkv.metrics.prometheus import ServerMetrics
 from hybridkv.server.params import PreparedRequest
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hybridkv.engine.frontend import FrontendOptions, attach
-from hybridkv.metrics import ServerMetrics
+from hybridkv.metrics.prometheus import ServerMetrics
 from hybridkv.server.async_engine import AsyncEngine
 from hybridkv.server.limits import ServerLimits
 from hybridkv.server.state import ServerState

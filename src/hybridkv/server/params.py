@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hybridkv.chat_boundaries import message_boundaries, with_cache_boundaries
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.params import SamplingParams
 from hybridkv.server.errors import bad_request
 from hybridkv.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from hybridkv.server.sampling import build_sampling_params, refuse

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.params import SamplingParams
 from hybridkv.server.async_engine import EngineDead, Overloaded, Rejected, RequestStream
 from hybridkv.server.errors import APIError, bad_request
 from hybridkv.server.params import Prepared, prepare_chat, prepare_completion

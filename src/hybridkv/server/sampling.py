@@ -12,7 +12,7 @@ import dataclasses
 import re
 from typing import TYPE_CHECKING, Any
 
-from hybridkv.sampling_params import SamplingParams, StructuredOutputsParams
+from hybridkv.sampling.params import SamplingParams, StructuredOutputsParams
 from hybridkv.server.errors import bad_request
 from hybridkv.server.protocol import _SamplingFields
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from hybridkv.metrics import ServerMetrics
+from hybridkv.metrics.prometheus import ServerMetrics
 from hybridkv.server.async_engine import AsyncEngine
 from hybridkv.server.errors import APIError
 from hybridkv.server.limits import ServerLimits

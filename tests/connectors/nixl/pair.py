@@ -11,7 +11,7 @@ from typing import Any
 from hybridkv.engine.core import EngineCore
 from hybridkv.engine.output import RequestOutput
 from hybridkv.kv.spec import FullAttentionSpec, KVCacheLayout, SlidingWindowSpec, dtype_bytes
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.params import SamplingParams
 from tests.engine.helpers import make_engine
 from tests.server.harness import free_port
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from hybridkv.connectors.nixl.auth import AuthKey, prompt_digest, sign_params
 from hybridkv.connectors.nixl.meta import ParamsPolicy
-from hybridkv.transfer_params import parse_transfer_params
+from hybridkv.sampling.transfer_params import parse_transfer_params
 
 TEST_KEY = AuthKey(b"test-deployment-key-0123456789", "tests")
 TRUSTED = frozenset({"127.0.0.1", "localhost", "::1"})

@@ -31,7 +31,7 @@ from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHash, BlockHasher, get_hash_fn
 from hybridkv.kv.spec import KVCacheLayout, create_layout
 from hybridkv.request import Request
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.params import SamplingParams
 from hybridkv.sched.kv_transfer import KVTransfer
 from hybridkv.sched.scheduler import Scheduler
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hybridkv.paths import cache_dir
-from hybridkv.transfer_params import TransferFields
+from hybridkv.sampling.transfer_params import TransferFields
 
 log = logging.getLogger(__name__)
 

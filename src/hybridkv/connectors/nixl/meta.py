@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridkv.connectors.nixl.auth import AuthKey, prompt_digest, verify_params
-from hybridkv.transfer_params import TransferFields, parse_transfer_params
+from hybridkv.sampling.transfer_params import TransferFields, parse_transfer_params
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 from hybridkv.connectors.config import ConnectorOptions, OptionsContext
 from hybridkv.connectors.nixl.agent import ERROR_MODES
-from hybridkv.transfer_params import HOST_PATTERN
+from hybridkv.sampling.transfer_params import HOST_PATTERN
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 MAX_SECONDS = 7 * 86400.0  # every duration option

@@ -49,8 +49,8 @@ from hybridkv.connectors.nixl.plan import (
 from hybridkv.connectors.nixl.stats import NixlStats
 from hybridkv.connectors.stats import StatsCounter, bump
 from hybridkv.request import RequestStatus
+from hybridkv.sampling.transfer_params import parse_transfer_params
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
-from hybridkv.transfer_params import parse_transfer_params
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ import torch
 
 from hybridkv.model.sampling import logits_process as lp
 from hybridkv.model.sampling.sampling_state import RequestSamplingState
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
-    from hybridkv.grammar import GrammarBackend
+    from hybridkv.sampling.grammar import GrammarBackend
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,11 +24,11 @@ from hybridkv.model.sampling import logits_process as lp
 from hybridkv.model.sampling.logits_batch import ProcessRow, process_logits
 from hybridkv.model.sampling.logprobs_compute import position_logprobs
 from hybridkv.model.sampling.sampling_state import RequestSamplingState
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.params import SamplingParams
 from hybridkv.step_io import PositionLogprobs
 
 if TYPE_CHECKING:
-    from hybridkv.grammar import GrammarBackend
+    from hybridkv.sampling.grammar import GrammarBackend
 
 _SEED_MIX = 0x9E3779B97F4A7C15
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from hybridkv.sampling_params import SamplingParams
+from hybridkv.sampling.params import SamplingParams
 
 
 class RequestSamplingState:

@@ -23,7 +23,7 @@ from hybridkv.model.step.threads import StepThreads
 from hybridkv.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput, StateCopy
 
 if TYPE_CHECKING:
-    from hybridkv.grammar import GrammarBackend
+    from hybridkv.sampling.grammar import GrammarBackend
 
 
 class ModelRunner:

@@ -3,7 +3,7 @@
 Two sources, each read in one place:
 
 - **Engine state** (running / waiting requests, KV usage, prefix cache, preemptions, connector
-  and offload counters) comes only from an ``EngineStats`` (``hybridkv.engine_stats``). The
+  and offload counters) comes only from an ``EngineStats`` (``hybridkv.engine.stats``). The
   engine thread takes one with ``EngineCore.stats()`` after every step and ``publish``-es it (a
   reference swap); at scrape time a collector turns the latest snapshot into metric families.
   Counts in a snapshot are totals since start, so they are exported as counters as they are.
@@ -33,9 +33,9 @@ from prometheus_client.registry import Collector
 from hybridkv.connectors.config import TierName
 from hybridkv.connectors.nixl.metrics import nixl_families
 from hybridkv.connectors.stats import Direction
-from hybridkv.engine_stats import EngineStats, GroupCacheStats, TransferStats
+from hybridkv.engine.stats import EngineStats, GroupCacheStats, TransferStats
 from hybridkv.kv_events.stats import PublisherStats
-from hybridkv.metrics_requests import ITERATION_BUCKETS, RequestMetrics, create_request_metrics
+from hybridkv.metrics.requests import ITERATION_BUCKETS, RequestMetrics, create_request_metrics
 
 if TYPE_CHECKING:
     pass
@@ -119,7 +119,7 @@ METRICS: dict[str, MetricSpec] = {
 }
 
 
-# per request, from RequestOutputs (metrics_requests.py)
+# per request, from RequestOutputs (requests.py)
 REQUEST_METRICS: dict[str, MetricSpec] = {
     "requests_finished": MetricSpec("counter", ("finish_reason",), "finished requests"),
     "prompt_tokens": MetricSpec("counter", (), "prompt tokens of finished requests"),

@@ -2,7 +2,7 @@
 
 Exactly one of ``json`` (a JSON schema, as a dict or its text), ``regex``, ``choice`` (the
 output is one of the strings), ``grammar`` (EBNF, or Lark as llguidance reads it) or
-``json_object`` (any JSON object) is set. The grammar engine (``hybridkv.structured``) compiles
+``json_object`` (any JSON object) is set. The grammar engine (``grammar.py``) compiles
 it once per distinct constraint and masks the tokens that cannot continue a valid output.
 """
 
@@ -12,7 +12,7 @@ import json as jsonlib
 from dataclasses import dataclass
 from typing import Any
 
-from hybridkv.sampling_checks import check
+from hybridkv.sampling.checks import check
 
 MAX_CONSTRAINT_CHARS = 1 << 20  # a schema or grammar is compiled: bound its text
 _KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")

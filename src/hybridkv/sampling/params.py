@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridkv.sampling_checks import check, check_range, check_token_ids, is_int, is_real
-from hybridkv.structured_params import StructuredOutputsParams
-from hybridkv.transfer_params import parse_transfer_params
+from hybridkv.sampling.checks import check, check_range, check_token_ids, is_int, is_real
+from hybridkv.sampling.structured import StructuredOutputsParams
+from hybridkv.sampling.transfer_params import parse_transfer_params
 
 __all__ = ["SamplingParams", "StructuredOutputsParams"]
 

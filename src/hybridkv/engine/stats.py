@@ -1,6 +1,6 @@
 """``EngineStats``: one typed snapshot of the engine's state and counters.
 
-``EngineCore.stats()`` takes it on the engine thread; ``/metrics`` (``metrics.py``), the
+``EngineCore.stats()`` takes it on the engine thread; ``/metrics`` (``metrics/prometheus.py``), the
 server's periodic log line (``stats_line``) and the tests read it, and nothing else reaches
 into the engine for numbers. Counts are totals since start.
 """

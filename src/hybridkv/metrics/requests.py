@@ -1,7 +1,7 @@
 """Per-request metrics of the server, observed from each ``RequestOutput`` on the engine thread:
 finish reasons, token counts and lengths, latencies (queue, prefill, decode, first token,
 between tokens, end to end), cached prompt tokens by source. Names and meanings are listed in
-``metrics.METRICS``."""
+``prometheus.METRICS``."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ HISTOGRAM_BUCKETS = {
 }
 
 
-class Spec(Protocol):  # metrics.MetricSpec
+class Spec(Protocol):  # prometheus.MetricSpec
     @property
     def kind(self) -> str: ...
     @property

@@ -18,7 +18,7 @@ import llguidance
 import llguidance.numpy as llnp
 import numpy as np
 
-from hybridkv.structured_params import StructuredOutputsParams
+from hybridkv.sampling.structured import StructuredOutputsParams
 
 MAX_CACHED_GRAMMARS = 256
 

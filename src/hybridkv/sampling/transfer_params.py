@@ -8,7 +8,7 @@ outside data. ``parse_transfer_params`` turns the known fields into typed, bound
 fields), but the whole object is bounded. Whether the values are *true* (signed by a producer
 this engine trusts) is the connector's question (``connectors/nixl/auth.py``).
 
-Imports nothing of hybridkv but the value checks, so ``sampling_params`` and the connectors
+Imports nothing of hybridkv but the value checks, so ``params.py`` and the connectors
 can both use it.
 """
 
@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from hybridkv.sampling_checks import is_int, short
+from hybridkv.sampling.checks import is_int, short
 
 MAX_KEYS = 64  # keys in one kv_transfer_params object
 MAX_GROUPS = 64  # attention or state groups
