@@ -12,7 +12,7 @@ from hybridkv.connectors.config import OptionsContext, TierName
 from hybridkv.connectors.offloading import cpu_tier, disk_tier, remote_tier
 from hybridkv.connectors.offloading.config import OffloadingConfig
 from hybridkv.connectors.offloading.tier_base import Tier
-from hybridkv.connectors.offloading.tier_registry import tier_entries
+from hybridkv.connectors.offloading.tier_registry import SHARED_KEYS, tier_entries
 from hybridkv.connectors.registry import parse_kv_transfer_config
 from hybridkv.connectors.tier_events import TierEvent
 from hybridkv.kv_events.collector import KVEventCollector
@@ -25,7 +25,6 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "disk": {"disk_path": "kv", "disk_bytes": "4MiB"},
     "remote": {"remote_url": "valkey://127.0.0.1:6379/0", "remote_ttl_seconds": 60},
 }
-SHARED = {"chunk_tokens", "eviction", "load_timeout_seconds", "offload_prompt_only"}
 CTX = OptionsContext(block_size=4)
 
 
@@ -39,7 +38,7 @@ def test_every_tier_has_an_entry_a_medium_and_options_that_parse() -> None:
     assert [e.name for e in entries] == ["cpu", "disk", "remote"]  # fastest first
     assert len({e.medium for e in entries}) == len(entries) and all(e.medium for e in entries)
     keys = [k for e in entries for k in e.options.KEYS]
-    assert len(keys) == len(set(keys)) and not set(keys) & SHARED
+    assert len(keys) == len(set(keys)) and not set(keys) & set(SHARED_KEYS)
     for entry in entries:
         example = EXAMPLES[entry.name]
         assert set(example) <= set(entry.options.KEYS)

@@ -135,6 +135,13 @@ def test_its_keys_parse_beside_the_builtins_and_its_medium_is_its_own(
     assert tier_medium(TOY) == "TOY"
     with pytest.raises(ValueError, match="clashes"):
         register_tier(TierEntry("toy2", "TOY", ToyOptions, ToyTier, order=6))
+
+    @dataclass(frozen=True, slots=True)
+    class Greedy(ToyOptions):
+        KEYS: ClassVar[tuple[str, ...]] = ("chunk_tokens",)
+
+    with pytest.raises(ValueError, match="keys of its own"):  # the connector's own key
+        register_tier(TierEntry("greedy", "GREEDY", Greedy, ToyTier, order=7))
     event = TierEvent(True, TOY, b"\x01" * 32, 8, None, 8)
     assert event.tier == TOY
 

@@ -33,7 +33,7 @@ from urllib.parse import parse_qs, urlsplit
 from hybridkv.choice import parse_choice
 from hybridkv.connectors.config import ConnectorOptions, LoadMode, OptionsContext
 from hybridkv.connectors.offloading.policies import Eviction
-from hybridkv.connectors.offloading.tier_registry import TierOptions, tier_entries
+from hybridkv.connectors.offloading.tier_registry import SHARED_KEYS, TierOptions, tier_entries
 from hybridkv.paths import parse_bytes
 
 MAX_TIMEOUT_SECONDS = 3600.0
@@ -43,15 +43,6 @@ _REMOTE_FILES = (
     "remote_tls_ca_file",
     "remote_tls_cert_file",
     "remote_tls_key_file",
-)
-# the connector's own keys; each tier's are its ``TierOptions.KEYS`` (``tier_registry``)
-_SHARED_KEYS = (
-    "chunk_tokens",
-    "eviction",
-    "load_timeout_seconds",
-    "offload_prompt_only",
-    "max_inflight_io_bytes",
-    "load_mode",
 )
 REMOTE_SCHEMES = ("valkey://", "redis://", "unix://", "valkeys://", "rediss://")
 TLS_SCHEMES = ("valkeys://", "rediss://")
@@ -86,7 +77,7 @@ class OffloadingConfig(ConnectorOptions):
     @classmethod
     def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> OffloadingConfig:
         entries = tier_entries()
-        known = set(_SHARED_KEYS).union(*(e.options.KEYS for e in entries))
+        known = set(SHARED_KEYS).union(*(e.options.KEYS for e in entries))
         for name in extra:
             if name not in known:
                 raise ValueError(err(name, f"unknown key; known: {sorted(known)}"))
@@ -98,10 +89,13 @@ class OffloadingConfig(ConnectorOptions):
             parsed = entry.options.parse(given, ctx)
             if parsed is not None:
                 tiers[entry.name] = parsed
-                values.update({f.name: getattr(parsed, f.name) for f in fields(parsed)})
+                # a field named as its own key and as a field here: a built-in's flat field
+                own = mine & set(entry.options.KEYS)
+                values.update(
+                    {f.name: getattr(parsed, f.name) for f in fields(parsed) if f.name in own}
+                )
         if not tiers:
             raise ValueError(err("cpu_bytes", "give cpu_bytes, disk_path, remote_url or several"))
-        values = {k: v for k, v in values.items() if k in mine}  # the built-ins' flat fields
         if "max_inflight_io_bytes" in extra:
             values["max_inflight_io_bytes"] = size_value(extra, "max_inflight_io_bytes")
         values["chunk_tokens"] = _chunk_tokens(extra.get("chunk_tokens", 256), ctx.block_size)

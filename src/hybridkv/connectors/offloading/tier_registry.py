@@ -32,6 +32,15 @@ if TYPE_CHECKING:
 
 # a string, imported on first use: the built-ins import this module
 _BUILTINS = "hybridkv.connectors.offloading.builtin_tiers"
+# the connector's own keys (``OffloadingConfig``), which no tier may take
+SHARED_KEYS = (
+    "chunk_tokens",
+    "eviction",
+    "load_timeout_seconds",
+    "offload_prompt_only",
+    "max_inflight_io_bytes",
+    "load_mode",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +98,9 @@ _loaded = False
 
 def register_tier(entry: TierEntry[Any]) -> None:
     """Add a tier. ValueError if its name, its medium or one of its keys is taken."""
+    taken = set(entry.options.KEYS) & set(SHARED_KEYS)
+    if taken or not entry.options.KEYS or not entry.name or not entry.medium:
+        raise ValueError(f"tier {entry.name!r}: needs a name, a medium and keys of its own")
     with _lock:
         entries = _registry()
         for other in entries.values():
