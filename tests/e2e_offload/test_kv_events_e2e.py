@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from hybridkv.kv_events.schema import MEDIUM_CPU, MEDIUM_DEVICE
+from hybridkv.connectors.offloading.tier_registry import tier_medium
+from hybridkv.kv_events.schema import MEDIUM_DEVICE
 from tests.kv_events.vllm_schema import CacheIndex, Entry
 
 from .helpers import LLM, assert_clean, generate, ids, make_llm, offload, reference, sched
@@ -102,13 +103,13 @@ def test_a_vllm_subscriber_rebuilds_the_engine_view(
 
     outs = generate(llm, PROMPTS[:5])
     check()
-    assert any(medium == MEDIUM_CPU for _, medium, _ in index.entries)
+    assert any(medium == tier_medium("cpu") for _, medium, _ in index.entries)
     assert index.num_removed.get(MEDIUM_DEVICE, 0) > 0, "the device pool should evict"
     assert llm.reset_prefix_cache()  # device only: the tiers are announced again
     check()
     outs += generate(llm, PROMPTS[5:])  # loads from the CPU tier, evicts again
     check()
-    assert index.num_removed.get(MEDIUM_CPU, 0) > 0, "the CPU tier should evict"
+    assert index.num_removed.get(tier_medium("cpu"), 0) > 0, "the CPU tier should evict"
     assert llm.reset_prefix_cache(tiers=True)
     check()
     assert not index.entries - {e for e in index.entries if e[1] != MEDIUM_DEVICE}

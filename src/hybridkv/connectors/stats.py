@@ -17,7 +17,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Generic, TypeVar
 
 from hybridkv.choice import Choice
-from hybridkv.connectors.config import TierName
 from hybridkv.step_io import FailureReason
 
 K = TypeVar("K")
@@ -48,8 +47,8 @@ def _add(into: dict[K, Any], other: Mapping[K, Any]) -> None:
 @dataclass(slots=True)
 class ConnectorStats:
     load_failures: dict[FailureReason, int] = field(default_factory=dict)
-    offload_bytes: dict[tuple[TierName, Direction], int] = field(default_factory=dict)
-    offload_seconds: dict[tuple[TierName, Direction], float] = field(default_factory=dict)
+    offload_bytes: dict[tuple[str, Direction], int] = field(default_factory=dict)
+    offload_seconds: dict[tuple[str, Direction], float] = field(default_factory=dict)
     children: dict[str, ConnectorStats] = field(default_factory=dict)
 
     def merge(self, other: ConnectorStats) -> None:
@@ -106,8 +105,8 @@ class ConnectorStats:
 @dataclass(slots=True)
 class FlatStats:
     load_failures: dict[FailureReason, int]
-    offload_bytes: dict[tuple[TierName, Direction], int]
-    offload_seconds: dict[tuple[TierName, Direction], float]
+    offload_bytes: dict[tuple[str, Direction], int]
+    offload_seconds: dict[tuple[str, Direction], float]
     events: dict[str, float]
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hybridkv.connectors.config import TierName
 from hybridkv.kv.hashing import BlockHash
 
 
@@ -21,7 +20,7 @@ class TierEvent:
     ``parent``) became READY in ``tier`` (``stored``) or left it."""
 
     stored: bool
-    tier: TierName
+    tier: str
     unit_hash: BlockHash
     end: int
     parent: BlockHash | None

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable
 
 from hybridkv.connectors.base import BaseConnectorScheduler
-from hybridkv.connectors.config import TierName
+from hybridkv.connectors.offloading.tier_registry import tier_medium
 from hybridkv.connectors.tier_events import TierEvent
 from hybridkv.kv.block_pool import EventKind
 from hybridkv.kv.events import CacheEvent, HasBlockHashes
@@ -35,10 +35,7 @@ from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, SpecKind
 from hybridkv.kv_events.config import KVEventsConfig
 from hybridkv.kv_events.publisher import EventPublisher, create_publisher
 from hybridkv.kv_events.schema import (
-    MEDIUM_CPU,
     MEDIUM_DEVICE,
-    MEDIUM_DISK,
-    MEDIUM_REMOTE,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -47,7 +44,6 @@ from hybridkv.kv_events.schema import (
 )
 from hybridkv.kv_events.stats import PublisherStats
 
-TIER_MEDIUM = {TierName.CPU: MEDIUM_CPU, TierName.DISK: MEDIUM_DISK, TierName.REMOTE: MEDIUM_REMOTE}
 # vLLM's spec kinds; its Mamba spec covers every recurrent state (Mamba2, Gated DeltaNet)
 SPEC_KIND = {SpecKind.FULL: "full_attention", SpecKind.SLIDING: "sliding_window",
              SpecKind.STATE: "mamba"}  # fmt: skip
@@ -210,7 +206,7 @@ class KVEventCollector:
     def _tier_wire_events(self, tier_events: list[TierEvent]) -> list[WireEvent]:
         out: list[WireEvent] = []
         for ev in tier_events:
-            medium = TIER_MEDIUM[ev.tier]
+            medium = tier_medium(ev.tier)  # the tier's registry entry
             if not ev.stored:
                 self._add_removed(out, ev.unit_hash, None, medium)
                 continue

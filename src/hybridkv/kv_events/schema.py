@@ -18,11 +18,9 @@ from typing import Any
 import msgspec
 
 # ``medium`` of an event: where the blocks are. The device pool is "GPU" as in vLLM (routers
-# weight it highest), whatever the device; the offloading connector's tiers are named here.
+# weight it highest), whatever the device; an offloading tier's is its ``TierEntry.medium``
+# (``connectors/offloading/tier_registry.py``: "CPU", "DISK", "REMOTE" for the built-ins).
 MEDIUM_DEVICE = "GPU"
-MEDIUM_CPU = "CPU"
-MEDIUM_DISK = "DISK"
-MEDIUM_REMOTE = "REMOTE"
 
 ExternalBlockHash = bytes | int  # vLLM's: hybridkv's hashes are bytes (32 or 16 long)
 

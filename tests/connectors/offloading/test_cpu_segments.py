@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from hybridkv.connectors.offloading import connector, cpu_tier, loads
+from hybridkv.connectors.offloading import builtin_tiers, cpu_tier, loads
 from hybridkv.connectors.offloading.loads import CpuSegment, InflightLoad, PartWriter
 from hybridkv.native import PageCopy
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, table
@@ -31,7 +31,7 @@ def kernel(
 ) -> PageCopy | None:
     monkeypatch.setattr(cpu_tier, "SEGMENT_BYTES", SEGMENT)
     chosen = native if request.param == "native" else None
-    monkeypatch.setattr(connector, "load_pagecopy", lambda: chosen)
+    monkeypatch.setattr(builtin_tiers, "load_pagecopy", lambda: chosen)
     return chosen
 
 

@@ -59,8 +59,8 @@ class OffloadingScheduler(StorePlanner, BaseConnectorScheduler):
         self.save_enabled = save
         self._loads: list[LoadSpec] = []
         # hits of slower tiers to copy into the fastest: of this step, and of the step before
-        self._promote: list[tuple[UnitRef, TierName]] = []
-        self._promote_next: list[tuple[UnitRef, TierName]] = []
+        self._promote: list[tuple[UnitRef, str]] = []
+        self._promote_next: list[tuple[UnitRef, str]] = []
         self._sources: dict[str, dict[str, int]] = {}  # request id -> loaded tokens by tier
         self._stats = OffloadingStats()
 
@@ -189,7 +189,7 @@ class OffloadingScheduler(StorePlanner, BaseConnectorScheduler):
             tokens = min(unit_end, end) - max(unit_end - chunk, start)
             self._count_hit(tier, tokens)
             if tier is not None:  # None: gone from every tier since the lookup (fails the load)
-                by_tier[tier.value] = by_tier.get(tier.value, 0) + tokens
+                by_tier[str(tier)] = by_tier.get(str(tier), 0) + tokens
         for source in reversed(sources):  # tail first: the head ends up most recent
             self.stack.touch(source.unit_hash, reuse=True)
         self._sources[request.request_id] = by_tier
@@ -245,7 +245,7 @@ class OffloadingScheduler(StorePlanner, BaseConnectorScheduler):
         self._sources.pop(request.request_id, None)
         return False, None
 
-    def _count_hit(self, tier: TierName | None, tokens: int) -> None:
+    def _count_hit(self, tier: str | None, tokens: int) -> None:
         if tier is None:
             self._stats.hits_gone += 1
             self._stats.hit_tokens_gone += tokens

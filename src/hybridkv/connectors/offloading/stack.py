@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from hybridkv.connectors.config import TierName
 from hybridkv.connectors.offloading.tier import TierEntry, UnitState
 from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, TierStats, UnitRef
 from hybridkv.connectors.tier_events import TierEvent, TierEventSink
@@ -37,7 +36,7 @@ class TierStack:
     def __iter__(self) -> Iterator[Tier]:
         return iter(self.tiers)
 
-    def get(self, name: TierName | None) -> Tier | None:
+    def get(self, name: str | None) -> Tier | None:
         return None if name is None else self._by_name.get(name)
 
     @property
@@ -64,7 +63,7 @@ class TierStack:
     def confirm(self, units: Sequence[UnitRef]) -> int | None:
         """How many of ``units`` (a lookup's READY run, in order) the fastest tier holding
         each still confirms, from the first; None while a tier is asking."""
-        by_tier: dict[TierName, list[int]] = {}
+        by_tier: dict[str, list[int]] = {}
         for i, unit in enumerate(units):
             holder = next(t for t in self.tiers if t.lookup(unit.unit_hash) is UnitState.READY)
             by_tier.setdefault(holder.name, []).append(i)
@@ -101,13 +100,13 @@ class TierStack:
             tier.evict(evicted)
         return len(evicted)
 
-    def promotion_target(self, source: TierName) -> Tier | None:
+    def promotion_target(self, source: str) -> Tier | None:
         """Where a hit served by tier ``source`` is copied: the fastest tier, if slower."""
         return None if source == self.fastest.name else self.fastest
 
     # -- worker threads ------------------------------------------------------------------
 
-    def unpin(self, name: TierName | None, unit_hash: BlockHash, serial: int | None) -> None:
+    def unpin(self, name: str | None, unit_hash: BlockHash, serial: int | None) -> None:
         tier = self.get(name)
         if tier is not None:
             tier.index.unpin(unit_hash, serial)
@@ -150,12 +149,12 @@ class TierStack:
 class _Relay:
     """A tier index's listener: its changes as ``TierEvent``s of one tier."""
 
-    def __init__(self, tier: TierName, sink: TierEventSink, unit_tokens: int) -> None:
+    def __init__(self, tier: str, sink: TierEventSink, unit_tokens: int) -> None:
         self.tier, self.sink, self.unit_tokens = tier, sink, unit_tokens
 
     def __call__(self, entry: TierEntry, stored: bool) -> None:
         self.sink(_event(self.tier, entry, stored, self.unit_tokens))
 
 
-def _event(tier: TierName, entry: TierEntry, stored: bool, unit_tokens: int) -> TierEvent:
+def _event(tier: str, entry: TierEntry, stored: bool, unit_tokens: int) -> TierEvent:
     return TierEvent(stored, tier, entry.unit_hash, entry.end, entry.parent, unit_tokens)

@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridkv.choice import Choice
-from hybridkv.connectors.config import TierName
 from hybridkv.connectors.stats import ConnectorStats, counter
 from hybridkv.step_io import FailureReason
 
@@ -23,24 +22,24 @@ class SkipReason(Choice):
 
 @dataclass(slots=True)
 class OffloadingStats(ConnectorStats):
-    hits: dict[TierName, int] = counter("hits.{}")  # units a load reads, by the tier serving them
-    hit_tokens: dict[TierName, int] = counter("hit_tokens.{}")
+    hits: dict[str, int] = counter("hits.{}")  # units a load reads, by the tier serving them
+    hit_tokens: dict[str, int] = counter("hit_tokens.{}")
     hits_gone: int = counter("hits.none")  # units no tier held any more when pinned
     hit_tokens_gone: int = counter("hit_tokens.none")
     misses: int = counter("misses")  # admitted requests with nothing to load
-    adopted: dict[TierName, int] = counter("adopted.{}")  # units another process stored
-    evictions: dict[TierName, int] = counter("evictions.{}")
-    stores: dict[TierName, int] = counter("stores.{}")
+    adopted: dict[str, int] = counter("adopted.{}")  # units another process stored
+    evictions: dict[str, int] = counter("evictions.{}")
+    stores: dict[str, int] = counter("stores.{}")
     stores_skipped: int = counter("stores_skipped")
     stores_skipped_by: dict[SkipReason, int] = counter("stores_skipped:{}")
-    store_failures: dict[TierName, int] = counter("store_failures.{}")
+    store_failures: dict[str, int] = counter("store_failures.{}")
     # units of a slower tier copied into the fastest, by the target tier
-    promotions: dict[TierName, int] = counter("promotions.{}")
-    promotion_bytes: dict[TierName, int] = counter("offload_bytes.{}.promote")
-    promotion_seconds: dict[TierName, float] = counter("offload_seconds.{}.promote")
+    promotions: dict[str, int] = counter("promotions.{}")
+    promotion_bytes: dict[str, int] = counter("offload_bytes.{}.promote")
+    promotion_seconds: dict[str, float] = counter("offload_seconds.{}.promote")
     promotion_failures: dict[FailureReason, int] = counter("promotion_failures:{}")
     promotions_skipped_no_room: int = counter("promotions_skipped:no_room")
-    removed: dict[TierName, int] = counter("removed.{}")  # bad units dropped on load
+    removed: dict[str, int] = counter("removed.{}")  # bad units dropped on load
     # stored objects a bad unit's discard deleted, by the tier's ``removed_counter`` name
     objects_removed: dict[str, int] = counter("{}")
     # what a tier's own I/O threads counted (stuck or quarantined I/O...), by the tier's names

@@ -12,7 +12,6 @@ promotion a pin in its source) that the worker half completes or releases.
 from __future__ import annotations
 
 from hybridkv.connectors.base import KVConnectorRequest, RequestBlocks
-from hybridkv.connectors.config import TierName
 from hybridkv.connectors.offloading.config import OffloadingConfig
 from hybridkv.connectors.offloading.stack import TierStack
 from hybridkv.connectors.offloading.stats import OffloadingStats, SkipReason
@@ -32,8 +31,8 @@ class StorePlanner:
     save_enabled: bool
     _stats: OffloadingStats
     # hits of slower tiers to copy into the fastest: of this step, and of the step before
-    _promote: list[tuple[UnitRef, TierName]]
-    _promote_next: list[tuple[UnitRef, TierName]]
+    _promote: list[tuple[UnitRef, str]]
+    _promote_next: list[tuple[UnitRef, str]]
 
     def _adopt_found(self) -> None:
         """Index the units lookups found stored by other processes. NOTE: adopting reserves

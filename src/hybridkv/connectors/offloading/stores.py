@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from hybridkv.connectors.base import KVCacheAccess
-from hybridkv.connectors.config import TierName
 from hybridkv.connectors.file_format import PartError
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier
@@ -83,13 +82,13 @@ class StorePipeline:
                     self._store_failed(save, save.tiers, exc)
                     self._store_done(nbytes)
 
-    def _tier(self, name: TierName) -> Tier:
+    def _tier(self, name: str) -> Tier:
         tier = self.stack.get(name)
         if tier is None:
             raise ValueError(f"OffloadingConnector has no {name!r} tier")
         return tier
 
-    def _store_failed(self, save: UnitSave, tiers: Sequence[TierName], exc: BaseException) -> None:
+    def _store_failed(self, save: UnitSave, tiers: Sequence[str], exc: BaseException) -> None:
         """Abort the save's reservations in ``tiers`` (counted, logged rate-limited)."""
         for name in tiers:
             self._tier(name).index.abort(save.unit_hash)

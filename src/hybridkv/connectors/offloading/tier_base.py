@@ -43,7 +43,6 @@ from typing import Any
 
 import torch
 
-from hybridkv.connectors.config import TierName
 from hybridkv.connectors.offloading.tier import TierEntry, TierIndex, UnitState
 from hybridkv.connectors.offloading.units import UnitGeometry
 from hybridkv.kv.hashing import BlockHash
@@ -87,7 +86,7 @@ class UnitRef:
 class TierStats:
     """A tier's residency now (a gauge, not a counter)."""
 
-    name: TierName
+    name: str  # its registry entry's (``tier_registry``): a TierName for a built-in
     units: int
     used_bytes: int
     capacity_bytes: int
@@ -99,7 +98,7 @@ class Tier(ABC):
     """One storage tier. Subclasses set ``name``, ``index`` and ``geometry`` (see the module docstring for
     which thread may call what)."""
 
-    name: TierName
+    name: str  # its registry entry's (``tier_registry``): a TierName for a built-in
     index: TierIndex
     geometry: UnitGeometry
     # parts are CPU tensors checksummed per segment (``cpu_tier.CpuPart``): loads copy them

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybridkv.connectors.config import TierName
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, SpecKind
 
@@ -92,7 +91,7 @@ class UnitSave:
     end: int
     block_ids: tuple[tuple[int, ...], ...]
     state_slots: tuple[int, ...]
-    tiers: tuple[TierName, ...]
+    tiers: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +102,8 @@ class UnitPromotion:
 
     unit_hash: BlockHash
     end: int
-    source: TierName
-    target: TierName
+    source: str
+    target: str
     source_pin: int | None = None  # the serial of the source entry pinned
 
 
@@ -114,7 +113,7 @@ class UnitSource:
 
     end: int
     unit_hash: BlockHash
-    tier: TierName | None  # None: no tier held the unit any more when it was pinned
+    tier: str | None  # None: no tier held the unit any more when it was pinned
     pin: int | None = None  # the serial of the entry pinned (``TierIndex.pin``)
 
 

@@ -24,7 +24,6 @@ from hybridkv.connectors.base import (
     LoadResult,
     output_from_results,
 )
-from hybridkv.connectors.config import TierName
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.loads import InflightLoad, LoadPart, PartWriter, plan_parts
 from hybridkv.connectors.offloading.stack import TierStack
@@ -143,7 +142,7 @@ class OffloadingWorker(BaseConnectorWorker):
             self.stack.unpin(source.tier, source.unit_hash, source.pin)
 
     def _count_load_time(self, parts: list[LoadPart], seconds: float) -> None:
-        nbytes: dict[TierName, int] = {}
+        nbytes: dict[str, int] = {}
         for part in parts:
             if part.source.tier is None:
                 continue  # no tier held the unit: nothing was read
