@@ -17,8 +17,8 @@ import asyncio
 import contextlib
 import json
 import math
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import httpx
@@ -43,6 +43,24 @@ def create_proxy_app(router: Router, options: ProxyOptions | None = None) -> Fas
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=connect))
     probes = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=connect))  # own pool
     monitor = HealthMonitor(router, probes, options.timeouts)
+    lifespan = _lifespan(monitor, client, probes)
+    app = FastAPI(title="hybridkv proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+    _add_generate_routes(app, client, router, options)
+    _add_info_routes(app, client, router, options, monitor)
+    limits = options.limits
+    app.add_middleware(
+        BodyLimit, max_bytes=limits.max_request_bytes, timeout=limits.body_timeout_seconds
+    )
+    if options.api_key:
+        app.add_middleware(BearerAuth, api_key=options.api_key)  # outermost
+    return app
+
+
+def _lifespan(
+    monitor: HealthMonitor, client: httpx.AsyncClient, probes: httpx.AsyncClient
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The health monitor runs while the app serves; both HTTP pools close with it."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -56,9 +74,12 @@ def create_proxy_app(router: Router, options: ProxyOptions | None = None) -> Fas
             await client.aclose()
             await probes.aclose()
 
-    app = FastAPI(title="hybridkv proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
-    install_error_handlers(app)
+    return lifespan
 
+
+def _add_generate_routes(
+    app: FastAPI, client: httpx.AsyncClient, router: Router, options: ProxyOptions
+) -> None:
     async def generate(path: str, request: Request) -> Response:
         body = await client_body(request)
         call = Call(client, router, options, path, options.engine_headers(_auth(request)))
@@ -72,6 +93,14 @@ def create_proxy_app(router: Router, options: ProxyOptions | None = None) -> Fas
     async def chat(request: Request) -> Response:
         return await generate("/v1/chat/completions", request)
 
+
+def _add_info_routes(
+    app: FastAPI,
+    client: httpx.AsyncClient,
+    router: Router,
+    options: ProxyOptions,
+    monitor: HealthMonitor,
+) -> None:
     @app.get("/health")
     async def health() -> Response:
         """200 while at least one prefill engine (if any is configured) and one decode engine
@@ -90,14 +119,6 @@ def create_proxy_app(router: Router, options: ProxyOptions | None = None) -> Fas
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(render_metrics(router), media_type="text/plain; version=0.0.4")
-
-    limits = options.limits
-    app.add_middleware(
-        BodyLimit, max_bytes=limits.max_request_bytes, timeout=limits.body_timeout_seconds
-    )
-    if options.api_key:
-        app.add_middleware(BearerAuth, api_key=options.api_key)  # outermost
-    return app
 
 
 async def route(call: Call, body: dict[str, Any]) -> Response:

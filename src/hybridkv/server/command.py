@@ -25,6 +25,16 @@ def add_serve_parser(
     p: argparse.ArgumentParser = subs.add_parser(
         "serve", help="serve an OpenAI-compatible API with Prometheus metrics"
     )
+    _add_serving_flags(p)
+    _add_log_flags(p)
+    _add_limit_flags(p)
+    add_frontend_flags(p)
+    add_engine_flags(p)  # includes --kv-transfer-config
+    return p
+
+
+def _add_serving_flags(p: argparse.ArgumentParser) -> None:
+    """What is served, where, and to whom."""
     p.add_argument(
         "model_tag",
         nargs="?",
@@ -51,6 +61,9 @@ def add_serve_parser(
         default=None,
         help="the model name clients send (default: --model, or the embedded model's name)",
     )
+
+
+def _add_log_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--uvicorn-log-level",
         choices=LOG_LEVELS,
@@ -68,10 +81,6 @@ def add_serve_parser(
         action="store_true",
         help="do not log each request as it arrives (logged by default)",
     )
-    _add_limit_flags(p)
-    add_frontend_flags(p)
-    add_engine_flags(p)  # includes --kv-transfer-config
-    return p
 
 
 def _add_limit_flags(p: argparse.ArgumentParser) -> None:
