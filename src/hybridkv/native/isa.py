@@ -17,6 +17,7 @@ with the CPU flags it lacks (running it would die on an illegal instruction).
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from dataclasses import dataclass
@@ -50,8 +51,10 @@ VARIANTS: dict[str, IsaVariant] = {
 }
 
 
+@functools.cache
 def cpu_flags() -> frozenset[str]:
-    """This CPU's flags (``/proc/cpuinfo``); empty where that file is not there."""
+    """This CPU's flags (``/proc/cpuinfo``, read once per process: every kernel's build key and
+    every variant check asks); empty where that file is not there."""
     try:
         with open("/proc/cpuinfo") as f:
             line = next((line for line in f if line.startswith("flags")), "")
