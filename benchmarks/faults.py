@@ -111,7 +111,7 @@ class Bench:
 
     def __init__(self, model: Path, store: Path, work: Workload) -> None:
         from hybridkv import LLM, SamplingParams
-        from hybridkv.connectors.fault_injection import FaultInjectionWorker
+        from hybridkv.connectors.fault.connector import FaultInjectionWorker
 
         inner = {
             "kv_connector": "FileConnector",

@@ -26,7 +26,14 @@ ALLOWED_ONLY: dict[str, set[str]] = {
     "choice": set(),
     "sampling": set(),  # a request's parameters, parsed at the boundary: torch-free, a leaf
     "step_io": {"kv", "sampling", "choice"},
+    # the scheduler plans over the KV core and the connectors' scheduler halves: no model,
+    # engine, native kernels or server
+    "sched": {"config", "connectors", "kv", "request", "step_io", "sampling", "choice"},
+    # connectors see the KV layout, requests and kernels; never the scheduler, engine or model
+    "connectors": {"choice", "kv", "native", "paths", "request", "sampling", "step_io"},
 }
+# connector folders (``connectors/<name>/``) that share only ``connectors``' top-level modules
+CONNECTOR_FOLDERS = {"nixl", "offloading", "file", "multi", "fault"}
 
 
 def _node(module: str) -> str:
@@ -147,3 +154,60 @@ def test_no_cycle_between_the_scheduler_modules() -> None:
     graph = module_graph("sched")
     assert graph["recovery"] == {"kv_transfer"}
     assert find_cycle(graph) is None, find_cycle(graph)
+
+
+def file_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Imports between the package's modules (``from pkg import mod`` is an import of ``mod``);
+    a package's own ``__init__`` seen from inside it is not an edge (Python runs it first)."""
+    paths = {_module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+        found = {m for m in found | _imports(path, module) if m in paths and m != module}
+        graph[module] = {m for m in found if not module.startswith(m + ".")}
+    return graph
+
+
+def test_no_file_circles() -> None:
+    """No module imports, even for typing, a module that imports it back: a type a helper
+    needs of its owner is a Protocol beside the helper, a shared type lives below both."""
+    graph = file_graph()
+    assert "hybridkv.kv.coordinator" in graph and graph["hybridkv.kv.coordinator"]
+    assert find_cycle(graph) is None, f"file circle: {' -> '.join(find_cycle(graph) or [])}"
+
+
+def test_connector_folders_share_only_the_top_level() -> None:
+    """One connector's folder never imports another's: what two share (``base``, ``config``,
+    ``registry``, ``part_error``...) is a module directly in ``connectors/``."""
+    bad = []
+    for module, targets in file_graph().items():
+        parts = module.split(".")
+        if len(parts) < 4 or parts[1] != "connectors" or parts[2] not in CONNECTOR_FOLDERS:
+            continue
+        for target in targets:
+            other = target.split(".")
+            if other[1] == "connectors" and len(other) > 3 and other[2] != parts[2]:
+                bad.append(f"{module} -> {target}")
+    assert bad == []
+
+
+def test_the_file_circle_check_catches_one(tmp_path: Path) -> None:
+    pkg = tmp_path / "hybridkv"
+    for name, text in {
+        "__init__.py": "",
+        "kv/__init__.py": "",
+        "kv/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hybridkv.kv import b\n",
+        "kv/b.py": "def f():\n    from hybridkv.kv.a import x\n",
+        "kv/c.py": "from hybridkv.kv import a\n",
+    }.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    graph = file_graph(pkg)
+    assert graph["hybridkv.kv.c"] == {"hybridkv.kv.a"}
+    assert find_cycle(graph) in (
+        ["hybridkv.kv.a", "hybridkv.kv.b", "hybridkv.kv.a"],
+        ["hybridkv.kv.b", "hybridkv.kv.a", "hybridkv.kv.b"],
+    )

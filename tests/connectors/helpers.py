@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from hybridkv.connectors.base import KVConnectorPair, RequestBlocks
-from hybridkv.connectors.file_worker import FileConnectorWorker
+from hybridkv.connectors.file.worker import FileConnectorWorker
 from hybridkv.connectors.registry import (
     ConnectorContext,
     create_connector,

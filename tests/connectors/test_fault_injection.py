@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hybridkv.connectors.config import OptionsContext
-from hybridkv.connectors.fault_injection import FaultInjectionWorker
-from hybridkv.connectors.fault_plan import FaultConfig, plan_faults
+from hybridkv.connectors.fault.connector import FaultInjectionWorker
+from hybridkv.connectors.fault.plan import FaultConfig, plan_faults
 from hybridkv.connectors.registry import parse_kv_transfer_config
 from hybridkv.step_io import KVConnectorOutput, LoadSpec
 from tests.support.stats import flat_counters
@@ -200,7 +200,7 @@ def test_the_wrapper_forwards_every_hook_of_the_contract() -> None:
     """A hook the wrapper forgets silently changes the inner connector's behaviour (e.g. its
     step interval, so restore units lose their state checkpoints)."""
     from hybridkv.connectors.base import BaseConnectorScheduler, BaseConnectorWorker
-    from hybridkv.connectors.fault_injection import FaultInjectionScheduler, FaultInjectionWorker
+    from hybridkv.connectors.fault.connector import FaultInjectionScheduler, FaultInjectionWorker
 
     for base, wrapper in (
         (BaseConnectorScheduler, FaultInjectionScheduler),

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridkv.connectors.file_format import write_part
-from hybridkv.connectors.file_store import FileLoadKeys, FileStore, block_key, state_key
+from hybridkv.connectors.file.format import write_part
+from hybridkv.connectors.file.store import FileLoadKeys, FileStore, block_key, state_key
 from tests.support.stats import flat_counters
 
 from .helpers import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridkv.connectors.file_format import (
+from hybridkv.connectors.file.format import (
     PartError,
     encode_header,
     parse_part,

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import torch
 
-from hybridkv.connectors import file_worker
-from hybridkv.connectors.file_format import write_part
-from hybridkv.connectors.file_store import block_key
+from hybridkv.connectors.file import worker as file_worker
+from hybridkv.connectors.file.format import write_part
+from hybridkv.connectors.file.store import block_key
 from tests.support.stats import flat_counters
 
 from .helpers import Engine, file_config, make_layout, make_request, table

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hybridkv.connectors.base import BaseConnectorScheduler, KeptKV, RequestBlocks
-from hybridkv.connectors.multi_connector import MultiConnectorScheduler
-from hybridkv.connectors.multi_select import (
+from hybridkv.connectors.multi.connector import MultiConnectorScheduler
+from hybridkv.connectors.multi.select import (
     Hit,
     LoadEstimate,
     PrefillEstimate,

@@ -22,8 +22,8 @@ from hybridkv.connectors.config import (
     LoadMode,
     OptionsContext,
 )
-from hybridkv.connectors.fault_plan import FaultConfig
-from hybridkv.connectors.file_connector import FileConnectorConfig
+from hybridkv.connectors.fault.plan import FaultConfig
+from hybridkv.connectors.file.connector import FileConnectorConfig
 from hybridkv.connectors.offloading.config import OffloadingConfig
 from hybridkv.connectors.offloading.policies import Eviction
 from hybridkv.connectors.registry import parse_kv_transfer_config

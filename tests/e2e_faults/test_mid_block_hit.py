@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from hybridkv import LLM
-from hybridkv.connectors.fault_plan import FaultConfig, plan_faults
+from hybridkv.connectors.fault.plan import FaultConfig, plan_faults
 from hybridkv.connectors.registry import parse_kv_transfer_config
 from hybridkv.step_io import LoadSpec, SchedulerOutput
 from tests.support.stats import flat_counters

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from hybridkv import LLM, SamplingParams
-from hybridkv.connectors.fault_injection import FaultInjectionWorker
-from hybridkv.connectors.fault_plan import TIMEOUT, plan_faults
+from hybridkv.connectors.fault.connector import FaultInjectionWorker
+from hybridkv.connectors.fault.plan import TIMEOUT, plan_faults
 from hybridkv.engine.output import RequestOutput
 from hybridkv.step_io import ConnectorMetadata, LoadSpec
 from tests.support.lifetimes import track

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hybridkv.connectors.offloading import cpu_tier
+from hybridkv.connectors.offloading.tiers.cpu import tier as cpu_tier
 from hybridkv.kv.hashing import BlockHasher, get_hash_fn
 
 from .helpers import (

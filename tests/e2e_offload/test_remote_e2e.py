@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridkv.connectors.offloading import remote_tier
+from hybridkv.connectors.offloading.tiers.remote import tier as remote_tier
 from tests.support.valkey_server import ValkeyProcess, running_valkey
 
 from .helpers import (

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from hybridkv.connectors.offloading.disk_tier import DiskTier
+from hybridkv.connectors.offloading.tiers.disk.tier import DiskTier
 
 from .helpers import (
     PROMPTS,

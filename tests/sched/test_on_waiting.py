@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import cast
 
 from hybridkv.connectors.base import KVConnectorRequest
-from hybridkv.connectors.fault_injection import FaultInjectionScheduler
-from hybridkv.connectors.multi_connector import MultiConnectorScheduler
+from hybridkv.connectors.fault.connector import FaultInjectionScheduler
+from hybridkv.connectors.multi.connector import MultiConnectorScheduler
 from hybridkv.request import RequestStatus
 from tests.sched.builders import make_harness, random_prompt
 from tests.sched.scripted_connector import Script, ScriptedScheduler

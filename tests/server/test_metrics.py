@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from hybridkv.connectors.config import TierName
-from hybridkv.connectors.fault_injection import FaultStats
+from hybridkv.connectors.fault.connector import FaultStats
 from hybridkv.connectors.offloading.stats import OffloadingStats
 from hybridkv.connectors.stats import ConnectorStats, Direction
 from hybridkv.engine.output import CompletionOutput, RequestOutput

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hybridkv.connectors.offloading.disk_format import tmp_owner
+from hybridkv.connectors.offloading.tiers.disk.format import tmp_owner
 
 KINDS = ("fifo", "symlink", "forged", "foreign", "truncated", "huge", "half_written")
 KEY_ID = slice(12, 20)  # disk_format v3: which directory key signed the part

@@ -42,20 +42,20 @@ class ConnectorEntry:
 
 _REGISTRY: dict[str, ConnectorEntry] = {
     "FileConnector": ConnectorEntry(
-        "hybridkv.connectors.file_connector:FileConnectorConfig",
-        "hybridkv.connectors.file_connector:create_file_connector",
+        "hybridkv.connectors.file.connector:FileConnectorConfig",
+        "hybridkv.connectors.file.connector:create_file_connector",
     ),
     "FaultInjection": ConnectorEntry(
-        "hybridkv.connectors.fault_plan:FaultConfig",
-        "hybridkv.connectors.fault_injection:create_fault_injection",
+        "hybridkv.connectors.fault.plan:FaultConfig",
+        "hybridkv.connectors.fault.connector:create_fault_injection",
     ),
     "OffloadingConnector": ConnectorEntry(
         "hybridkv.connectors.offloading.config:OffloadingConfig",
         "hybridkv.connectors.offloading.connector:create_offloading_connector",
     ),
     "MultiConnector": ConnectorEntry(
-        "hybridkv.connectors.multi_config:MultiConfig",
-        "hybridkv.connectors.multi_connector:create_multi_connector",
+        "hybridkv.connectors.multi.config:MultiConfig",
+        "hybridkv.connectors.multi.connector:create_multi_connector",
     ),
     "NixlConnector": ConnectorEntry(
         "hybridkv.connectors.nixl.options:NixlOptions",

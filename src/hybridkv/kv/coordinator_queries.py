@@ -130,7 +130,7 @@ class CoordinatorQueries:
     def check_integrity(self) -> None:
         from hybridkv.kv.integrity import check_coordinator
 
-        check_coordinator(self)
+        check_coordinator(self.pool, self.attn, self.state, self._extra_due, self.stateless)
 
     def is_idle(self) -> bool:
         """No request holds anything: every block and slot is free."""

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Sequence
 
-from hybridkv.kv.block_pool import NULL_BLOCK
+from hybridkv.kv.attention_managers import BaseAttentionManager
+from hybridkv.kv.block_pool import NULL_BLOCK, BlockPool
+from hybridkv.kv.state_manager import StateManager
 
-if TYPE_CHECKING:
-    from hybridkv.kv.coordinator_queries import CoordinatorQueries
 
-
-def check_coordinator(coord: CoordinatorQueries) -> None:
+def check_coordinator(
+    pool: BlockPool,
+    attn: Sequence[BaseAttentionManager],
+    state: Sequence[StateManager],
+    admitted: Collection[str],
+    stateless: Collection[str],
+) -> None:
     """Raise AssertionError naming the first broken invariant.
 
     - every pool: ref 0 <=> in the free queue; map and keys agree; keys match owner groups;
@@ -18,13 +23,12 @@ def check_coordinator(coord: CoordinatorQueries) -> None:
     - a block in group g's table is owned by g (one owner group per block id);
     - every slot's ref count equals the references the state managers hold;
     - every state group's checkpoints (pending saves included) fit its budget;
-    - requests known to the coordinator have a table in every group and a live slot (unless
+    - requests known to the coordinator (``admitted``) have a table in every group and a live slot (unless
       finished and kept for a transfer without state).
     """
-    pool = coord.pool
     pool.check_integrity()
     refs = [0] * pool.num_items
-    for m in coord.attn:
+    for m in attn:
         for req_id, table in m.tables.items():
             for b in table:
                 if b == NULL_BLOCK:
@@ -37,7 +41,7 @@ def check_coordinator(coord: CoordinatorQueries) -> None:
         assert refs[b] == pool.ref_cnt[b], (
             f"block {b}: ref count {pool.ref_cnt[b]}, tables hold {refs[b]}"
         )
-    for sm in coord.state:
+    for sm in state:
         sm.pool.check_integrity()
         held = sm.held_refs()
         for s in range(sm.pool.num_items):
@@ -45,8 +49,8 @@ def check_coordinator(coord: CoordinatorQueries) -> None:
                 f"state group {sm.group_id} slot {s}: ref count {sm.pool.ref_cnt[s]}, held {held.get(s, 0)}"
             )
         sm.check_budget()
-    for req_id in coord._extra_due:
-        assert all(req_id in m.tables for m in coord.attn), f"{req_id} lacks a table"
-        assert req_id in coord.stateless or all(req_id in sm.live for sm in coord.state), (
+    for req_id in admitted:
+        assert all(req_id in m.tables for m in attn), f"{req_id} lacks a table"
+        assert req_id in stateless or all(req_id in sm.live for sm in state), (
             f"{req_id} lacks a live slot"
         )

@@ -87,6 +87,16 @@ def _nothing() -> None:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class PromptLimits:
+    """How long a prompt may be: ``max_model_len`` tokens, so at most ``max_prompt_chars``
+    characters (``max_model_len`` times the longest token's text; None: no early check)."""
+
+    max_model_len: int
+    max_prompt_chars: int | None = None
+    max_logprobs: int = 20  # --max-logprobs: the largest logprobs / prompt_logprobs k
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol, closing a connection whose request headers do not arrive within
     ``header_timeout`` seconds of it opening (or of its previous response), and aborting one

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from hybridkv.chat_boundaries import message_boundaries, with_cache_boundaries
 from hybridkv.sampling.params import SamplingParams
 from hybridkv.server.errors import bad_request
+from hybridkv.server.limits import PromptLimits
 from hybridkv.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from hybridkv.server.sampling import build_sampling_params, refuse
 
@@ -31,16 +32,6 @@ class PromptTokenizer(Protocol):
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
     ) -> Any: ...
-
-
-@dataclass(frozen=True, slots=True)
-class PromptLimits:
-    """How long a prompt may be: ``max_model_len`` tokens, so at most ``max_prompt_chars``
-    characters (``max_model_len`` times the longest token's text; None: no early check)."""
-
-    max_model_len: int
-    max_prompt_chars: int | None = None
-    max_logprobs: int = 20  # --max-logprobs: the largest logprobs / prompt_logprobs k
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from hybridkv.server.errors import bad_request
 from hybridkv.server.protocol import _SamplingFields
 
 if TYPE_CHECKING:
-    from hybridkv.server.params import PromptLimits
+    from hybridkv.server.limits import PromptLimits
 
 # body field -> SamplingParams field, passed as given when the request sets it
 PASS_THROUGH = (

@@ -11,8 +11,7 @@ from starlette.requests import Request
 from hybridkv.metrics.prometheus import ServerMetrics
 from hybridkv.server.async_engine import AsyncEngine
 from hybridkv.server.errors import APIError
-from hybridkv.server.limits import ServerLimits
-from hybridkv.server.params import PromptLimits
+from hybridkv.server.limits import PromptLimits, ServerLimits
 
 
 @dataclass(slots=True)

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from hybridkv.connectors.base import RequestBlocks
-from hybridkv.connectors.offloading.cpu_tier import CpuTier
-from hybridkv.connectors.offloading.disk_tier import DiskTier
 from hybridkv.connectors.offloading.scheduler import OffloadingScheduler
+from hybridkv.connectors.offloading.tiers.cpu.tier import CpuTier
+from hybridkv.connectors.offloading.tiers.disk.tier import DiskTier
 from hybridkv.connectors.offloading.worker import OffloadingWorker
 from hybridkv.kv.spec import KVCacheLayout
 from tests.connectors.helpers import Engine, FakeRequest

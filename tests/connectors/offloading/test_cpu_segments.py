@@ -10,8 +10,10 @@ import time
 import pytest
 import torch
 
-from hybridkv.connectors.offloading import builtin_tiers, cpu_tier, loads
+from hybridkv.connectors.offloading import loads
 from hybridkv.connectors.offloading.loads import CpuSegment, InflightLoad, PartWriter
+from hybridkv.connectors.offloading.tiers.cpu import entry as cpu_entry
+from hybridkv.connectors.offloading.tiers.cpu import tier as cpu_tier
 from hybridkv.native import PageCopy
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, table
 
@@ -31,7 +33,7 @@ def kernel(
 ) -> PageCopy | None:
     monkeypatch.setattr(cpu_tier, "SEGMENT_BYTES", SEGMENT)
     chosen = native if request.param == "native" else None
-    monkeypatch.setattr(builtin_tiers, "load_pagecopy", lambda: chosen)
+    monkeypatch.setattr(cpu_entry, "load_pagecopy", lambda: chosen)
     return chosen
 
 

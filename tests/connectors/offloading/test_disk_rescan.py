@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridkv.connectors.offloading.disk_probe import PROBE_RETRY_SECONDS
+from hybridkv.connectors.offloading.tiers.disk.probe import PROBE_RETRY_SECONDS
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, stored_files, table
 
 from .helpers import DST, SRC, OffloadEngine, offload_config

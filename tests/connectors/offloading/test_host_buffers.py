@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridkv.connectors.offloading import builtin_tiers
 from hybridkv.connectors.offloading.tier import UnitState
+from hybridkv.connectors.offloading.tiers.cpu import entry as cpu_entry
 from hybridkv.native import PageCopy
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, table
 
@@ -23,7 +23,7 @@ UNIT = 2048  # "full" layout: one group of 2 layers, 1024-byte blocks, 2 blocks 
 
 @pytest.fixture(autouse=True)
 def with_native(native: PageCopy, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(builtin_tiers, "load_pagecopy", lambda: native)  # reuse needs the kernels
+    monkeypatch.setattr(cpu_entry, "load_pagecopy", lambda: native)  # reuse needs the kernels
 
 
 def full_engine(**kw: object) -> OffloadEngine:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hybridkv.connectors.offloading import disk_format
-from hybridkv.connectors.offloading.cpu_tier import CpuTier
-from hybridkv.connectors.offloading.disk_format import PartError
-from hybridkv.connectors.offloading.disk_key import KEY_FILE, DirectoryKey
+from hybridkv.connectors.offloading.tiers.cpu.tier import CpuTier
+from hybridkv.connectors.offloading.tiers.disk import format as disk_format
+from hybridkv.connectors.offloading.tiers.disk.format import PartError
+from hybridkv.connectors.offloading.tiers.disk.key import KEY_FILE, DirectoryKey
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, stored_files, table
 
 from .helpers import OffloadEngine, offload_config
@@ -197,7 +197,7 @@ def test_forged_foreign_and_old_units_are_counted_misses(tmp_path: Path, how: st
     key = f"{a.block_hashes[1].hex()}.g0"
     span, zeros = (0, 8), memoryview(bytes(UNIT))
     if how == "old_format":  # FileConnector's format version 2, plain checksum
-        from hybridkv.connectors.file_format import write_part
+        from hybridkv.connectors.file.format import write_part
 
         write_part(head, "fp-a", key, span, zeros, checksum="xxh3")
     else:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from hybridkv.connectors.offloading import remote_key
-from hybridkv.connectors.offloading.remote_connect import ENV_PASSWORD
-from hybridkv.connectors.offloading.remote_key import ENV_KEY, GENERATED_FILE, load_remote_key
+from hybridkv.connectors.offloading.tiers.remote import key as remote_key
+from hybridkv.connectors.offloading.tiers.remote.connect import ENV_PASSWORD
+from hybridkv.connectors.offloading.tiers.remote.key import ENV_KEY, GENERATED_FILE, load_remote_key
 from hybridkv.connectors.registry import parse_kv_transfer_config
 from tests.connectors.helpers import make_layout
 from tests.support.tls_proxy import make_certificate, tls_front
@@ -169,7 +169,7 @@ def test_tls_files_reach_the_client_and_must_exist(key_env: None, tmp_path: Path
     import valkey
 
     from hybridkv.connectors.offloading.config import OffloadingConfig
-    from hybridkv.connectors.offloading.remote_connect import create_pool
+    from hybridkv.connectors.offloading.tiers.remote.connect import create_pool
 
     ca = secret_file(tmp_path / "ca.pem", "-----BEGIN CERTIFICATE-----\n", 0o644)
     options = parse_kv_transfer_config(

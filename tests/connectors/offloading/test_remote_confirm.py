@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridkv.connectors.offloading import remote_checks
+from hybridkv.connectors.offloading.tiers.remote import checks as remote_checks
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, table
 from tests.support.valkey_server import ValkeyProcess, running_valkey
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridkv.connectors.offloading import remote_tier
-from hybridkv.connectors.offloading.remote_key import ENV_KEY
-from hybridkv.connectors.offloading.remote_tier import RemoteTier
+from hybridkv.connectors.offloading.tiers.remote import tier as remote_tier
+from hybridkv.connectors.offloading.tiers.remote.key import ENV_KEY
+from hybridkv.connectors.offloading.tiers.remote.tier import RemoteTier
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, table
 from tests.support.valkey_server import ValkeyProcess, running_valkey
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridkv.connectors import file_format
-from hybridkv.connectors.offloading import remote_format
-from hybridkv.connectors.offloading.disk_key import DirectoryKey
-from hybridkv.connectors.offloading.remote_key import ENV_KEY
-from hybridkv.connectors.offloading.remote_tier import RemoteTier
+from hybridkv.connectors.file import format as file_format
+from hybridkv.connectors.offloading.tiers.disk.key import DirectoryKey
+from hybridkv.connectors.offloading.tiers.remote import format as remote_format
+from hybridkv.connectors.offloading.tiers.remote.key import ENV_KEY
+from hybridkv.connectors.offloading.tiers.remote.tier import RemoteTier
 from hybridkv.connectors.offloading.units import part_key
 from hybridkv.kv.hashing import BlockHash
 from tests.connectors.helpers import make_layout, make_request, table

@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 
 from hybridkv.connectors.config import OptionsContext, TierName
-from hybridkv.connectors.offloading import cpu_tier, disk_tier, remote_tier
 from hybridkv.connectors.offloading.config import OffloadingConfig
 from hybridkv.connectors.offloading.tier_base import Tier
 from hybridkv.connectors.offloading.tier_registry import SHARED_KEYS, tier_entries
+from hybridkv.connectors.offloading.tiers.cpu import tier as cpu_tier
+from hybridkv.connectors.offloading.tiers.disk import tier as disk_tier
+from hybridkv.connectors.offloading.tiers.remote import tier as remote_tier
 from hybridkv.connectors.registry import parse_kv_transfer_config
 from hybridkv.connectors.tier_events import TierEvent
 from hybridkv.kv_events.collector import KVEventCollector

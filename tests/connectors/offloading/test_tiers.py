@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridkv.connectors.offloading.disk_tier import DiskTier
 from hybridkv.connectors.offloading.policies import ARCPolicy, LRUPolicy
+from hybridkv.connectors.offloading.tiers.disk.tier import DiskTier
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, stored_files, table
 from tests.support.lifetimes import track
 

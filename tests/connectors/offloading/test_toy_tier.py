@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from hybridkv.connectors.config import OptionsContext
-from hybridkv.connectors.file_format import MISSING, PartError
 from hybridkv.connectors.offloading.config import OffloadingConfig
 from hybridkv.connectors.offloading.policies import create_policy
 from hybridkv.connectors.offloading.tier import TierIndex
@@ -27,6 +26,7 @@ from hybridkv.connectors.offloading.tier_registry import (
     tier_medium,
     unregister_tier,
 )
+from hybridkv.connectors.part_error import MISSING, PartError
 from hybridkv.connectors.registry import parse_kv_transfer_config
 from hybridkv.connectors.tier_events import TierEvent
 from hybridkv.kv.hashing import BlockHash

@@ -13,12 +13,12 @@
 
 Any tier may be left out (not all three: ``cpu_bytes``, ``disk_path``, ``remote_url``). Sizes take plain bytes or KiB/MiB/GiB suffixes.
 Each tier's keys are parsed by its ``TierOptions`` (``tier_registry``; the built-ins'
-in ``builtin_tiers``) into ``tiers``; the built-ins' values are also this class's flat fields
+in each ``tiers/<name>/entry.py``) into ``tiers``; the built-ins' values are also this class's flat fields
 (``cpu_bytes``, ``disk_path``, ``remote_url``...), the names the rest of the package reads.
 ``cpu_prealloc``: map and touch the CPU tier's memory at start-up (as vLLM's CPU offloading
 does), so stores run at copy speed from the first one, at the cost of committing ``cpu_bytes``
 and of ~1 s per 1-2 GiB of start-up.
-The remote tier's key, credentials and TLS options: ``remote_key`` and ``remote_connect``.
+The remote tier's key, credentials and TLS options: ``tiers.remote.key`` and ``tiers.remote.connect``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The load path: which payload rows fill which blocks, and moving verified bytes to the device.
 
-A CPU part is copied segment by segment (``cpu_tier.load_segments``), each segment
+A CPU part is copied segment by segment (``tiers.cpu.tier.load_segments``), each segment
 checksummed in the same pass as its copy (native kernels) or right after it while its bytes
 are still in cache (without them, the load's thread and the copy helpers each take the next
 segment left; with them, OpenMP threads share each call's segments).
@@ -24,10 +24,15 @@ from queue import Empty, SimpleQueue
 import torch
 
 from hybridkv.connectors.base import KVCacheAccess
-from hybridkv.connectors.file_format import CORRUPT, MISSING, PartError
-from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier, load_segments, write_rows
 from hybridkv.connectors.offloading.stack import TierStack
+from hybridkv.connectors.offloading.tiers.cpu.tier import (
+    CpuPart,
+    CpuTier,
+    load_segments,
+    write_rows,
+)
 from hybridkv.connectors.offloading.units import OffloadLoadKeys, UnitGeometry, UnitSource
+from hybridkv.connectors.part_error import CORRUPT, MISSING, PartError
 from hybridkv.kv.spec import SpecKind
 from hybridkv.step_io import FailureReason, LoadSpec
 

@@ -31,12 +31,12 @@ from hybridkv.connectors.base import (
 )
 from hybridkv.connectors.config import LoadMode, TierName
 from hybridkv.connectors.offloading.context import OffloadContext
-from hybridkv.connectors.offloading.cpu_tier import CpuTier
-from hybridkv.connectors.offloading.disk_tier import DiskTier
 from hybridkv.connectors.offloading.stats import OffloadingStats
 from hybridkv.connectors.offloading.store_planning import StorePlanner
 from hybridkv.connectors.offloading.tier import UnitState
 from hybridkv.connectors.offloading.tier_base import ProbeAnswer, UnitRef
+from hybridkv.connectors.offloading.tiers.cpu.tier import CpuTier
+from hybridkv.connectors.offloading.tiers.disk.tier import DiskTier
 from hybridkv.connectors.offloading.units import (
     OffloadLoadKeys,
     UnitSource,

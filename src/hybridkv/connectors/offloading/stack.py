@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from hybridkv.connectors.offloading.tier import TierEntry, UnitState
+from hybridkv.connectors.offloading.tier import ResidentUnit, UnitState
 from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, TierStats, UnitRef
 from hybridkv.connectors.tier_events import TierEvent, TierEventSink
 from hybridkv.kv.hashing import BlockHash
@@ -152,9 +152,9 @@ class _Relay:
     def __init__(self, tier: str, sink: TierEventSink, unit_tokens: int) -> None:
         self.tier, self.sink, self.unit_tokens = tier, sink, unit_tokens
 
-    def __call__(self, entry: TierEntry, stored: bool) -> None:
+    def __call__(self, entry: ResidentUnit, stored: bool) -> None:
         self.sink(_event(self.tier, entry, stored, self.unit_tokens))
 
 
-def _event(tier: str, entry: TierEntry, stored: bool, unit_tokens: int) -> TierEvent:
+def _event(tier: str, entry: ResidentUnit, stored: bool, unit_tokens: int) -> TierEvent:
     return TierEvent(stored, tier, entry.unit_hash, entry.end, entry.parent, unit_tokens)

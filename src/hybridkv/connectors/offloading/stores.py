@@ -24,14 +24,14 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from hybridkv.connectors.base import KVCacheAccess
-from hybridkv.connectors.file_format import PartError
 from hybridkv.connectors.offloading.context import OffloadContext
-from hybridkv.connectors.offloading.cpu_tier import CpuPart, CpuTier
 from hybridkv.connectors.offloading.rate_log import RateLimitedLog
 from hybridkv.connectors.offloading.stats import OffloadingStats, SkipReason
 from hybridkv.connectors.offloading.store_jobs import STALL_SECONDS, Countdown, Once, on_tier
 from hybridkv.connectors.offloading.tier_base import Tier
+from hybridkv.connectors.offloading.tiers.cpu.tier import CpuPart, CpuTier
 from hybridkv.connectors.offloading.units import UnitPromotion, UnitSave
+from hybridkv.connectors.part_error import PartError
 from hybridkv.connectors.stats import Direction, StatsCounter, bump
 from hybridkv.step_io import ConnectorMetadata, FailureReason
 

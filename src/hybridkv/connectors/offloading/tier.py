@@ -35,7 +35,7 @@ class UnitState(str, Enum):
 
 
 @dataclass(slots=True)
-class TierEntry:
+class ResidentUnit:
     unit_hash: BlockHash
     end: int
     nbytes: int
@@ -53,14 +53,14 @@ class TierIndex:
         self.capacity = capacity
         self.policy = policy
         self.lock = threading.RLock()
-        self.entries: dict[BlockHash, TierEntry] = {}
+        self.entries: dict[BlockHash, ResidentUnit] = {}
         self.used = 0  # bytes of every entry, pending ones included
         self.children: dict[BlockHash, set[BlockHash]] = {}  # parent -> resident children
         # resident units whose parent unit is not resident, in the order they became so
         self.orphans: dict[BlockHash, None] = {}
         # told (under the lock: must not block) when a unit becomes READY (True) and when a
         # READY unit leaves (False): the KV events of this tier
-        self.listener: Callable[[TierEntry, bool], None] | None = None
+        self.listener: Callable[[ResidentUnit, bool], None] | None = None
 
     # -- queries -------------------------------------------------------------------------
 
@@ -69,7 +69,7 @@ class TierIndex:
             entry = self.entries.get(unit_hash)
             return None if entry is None else entry.state
 
-    def get(self, unit_hash: BlockHash) -> TierEntry | None:
+    def get(self, unit_hash: BlockHash) -> ResidentUnit | None:
         with self.lock:
             return self.entries.get(unit_hash)
 
@@ -92,7 +92,7 @@ class TierIndex:
 
     def reserve(
         self, unit_hash: BlockHash, end: int, nbytes: int, parent: BlockHash | None = None
-    ) -> list[TierEntry] | None:
+    ) -> list[ResidentUnit] | None:
         """Make room and add a PENDING entry; returns the evicted entries, or None (nothing
         changed) if the unit is known already or pinned/pending units leave too little room."""
         with self.lock:
@@ -103,7 +103,7 @@ class TierIndex:
                 return None
             for entry in victims:
                 self._drop(entry.unit_hash, evicted=True)
-            self.entries[unit_hash] = TierEntry(unit_hash, end, nbytes, parent)
+            self.entries[unit_hash] = ResidentUnit(unit_hash, end, nbytes, parent)
             self.used += nbytes
             if parent is not None:
                 self.children.setdefault(parent, set()).add(unit_hash)
@@ -114,7 +114,7 @@ class TierIndex:
             self.policy.insert(unit_hash)
             return victims
 
-    def _pick_victims(self, need: int) -> list[TierEntry] | None:
+    def _pick_victims(self, need: int) -> list[ResidentUnit] | None:
         """Evictable units freeing ``need`` bytes: only leaves (no resident child unit), so a
         prefix loses its tail before its head; orphans (parent gone) first, then policy
         order. A parent passed over for its children is taken as soon as they are picked.
@@ -125,7 +125,7 @@ class TierIndex:
         80k units)."""
         if need <= 0:
             return []
-        picked: dict[BlockHash, TierEntry] = {}
+        picked: dict[BlockHash, ResidentUnit] = {}
         passed: set[BlockHash] = set()  # READY, unpinned, skipped for a resident child
         for key in itertools.chain(self.orphans, self.policy.iter_candidates()):
             entry = self.entries.get(key)  # type: ignore[call-overload]
@@ -147,7 +147,7 @@ class TierIndex:
                 return list(picked.values())
         return None
 
-    def _evictable(self, entry: TierEntry, picked: dict[BlockHash, TierEntry]) -> bool:
+    def _evictable(self, entry: ResidentUnit, picked: dict[BlockHash, ResidentUnit]) -> bool:
         if entry.pins or entry.state is not UnitState.READY:
             return False
         return all(c in picked for c in self.children.get(entry.unit_hash, ()))
@@ -195,14 +195,14 @@ class TierIndex:
             if entry is not None and entry.state is UnitState.PENDING:
                 self._drop(unit_hash, evicted=False)
 
-    def remove(self, unit_hash: BlockHash) -> TierEntry | None:
+    def remove(self, unit_hash: BlockHash) -> ResidentUnit | None:
         """Forget a unit whose bytes are bad or gone (pins do not protect it: its loads fail)."""
         with self.lock:
             if unit_hash not in self.entries:
                 return None
             return self._drop(unit_hash, evicted=False)
 
-    def clear(self) -> list[TierEntry]:
+    def clear(self) -> list[ResidentUnit]:
         """Forget every unit that is neither pinned nor pending (a reset)."""
         with self.lock:
             gone = [e for e in self.entries.values() if not e.pins and e.state is UnitState.READY]
@@ -210,12 +210,12 @@ class TierIndex:
                 self._drop(entry.unit_hash, evicted=False)
             return gone
 
-    def ready_entries(self) -> list[TierEntry]:
+    def ready_entries(self) -> list[ResidentUnit]:
         """The READY units now (a snapshot, for KV events)."""
         with self.lock:
             return [e for e in self.entries.values() if e.state is UnitState.READY]
 
-    def _drop(self, unit_hash: BlockHash, evicted: bool) -> TierEntry:
+    def _drop(self, unit_hash: BlockHash, evicted: bool) -> ResidentUnit:
         entry = self.entries.pop(unit_hash)
         if self.listener is not None and entry.state is UnitState.READY:
             self.listener(entry, False)

@@ -20,7 +20,7 @@ The rules a tier must keep (the rest of the package relies on them):
   while planning saves, after the step's loads pinned what their lookups reported.
 - **Every byte is verified.** ``read`` returns a part's payload only after checking it
   against the checksum taken when it was stored; otherwise ``PartError`` with a reason
-  (``file_format``'s constants). A tier may still lose a READY unit underneath (another process
+  (``file.format``'s constants). A tier may still lose a READY unit underneath (another process
   deletes a file, a remote store evicts a value): that is a ``missing`` read, which the worker
   counts and recovers from by recompute.
 - **A failed write completes the unit as failed.** ``write`` either commits the reserved unit
@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from hybridkv.connectors.offloading.tier import TierEntry, TierIndex, UnitState
+from hybridkv.connectors.offloading.tier import ResidentUnit, TierIndex, UnitState
 from hybridkv.connectors.offloading.units import UnitGeometry
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import SpecKind
@@ -101,7 +101,7 @@ class Tier(ABC):
     name: str  # its registry entry's (``tier_registry``): a TierName for a built-in
     index: TierIndex
     geometry: UnitGeometry
-    # parts are CPU tensors checksummed per segment (``cpu_tier.CpuPart``): loads copy them
+    # parts are CPU tensors checksummed per segment (``tiers.cpu.tier.CpuPart``): loads copy them
     # segment by segment, with no I/O (a synchronous load runs on the caller's thread)
     in_memory: bool = False
     # counter of stored objects (files, values) a bad unit's ``discard_bad`` deleted
@@ -147,12 +147,12 @@ class Tier(ABC):
 
     def reserve(
         self, unit_hash: BlockHash, end: int, nbytes: int, parent: BlockHash | None
-    ) -> list[TierEntry] | None:
+    ) -> list[ResidentUnit] | None:
         """Add a PENDING entry, evicting per the policy; the evicted entries (hand them to
         ``evict``), or None if the unit is known already or there is no room."""
         return self.index.reserve(unit_hash, end, nbytes, parent)
 
-    def evict(self, entries: list[TierEntry]) -> None:
+    def evict(self, entries: list[ResidentUnit]) -> None:
         """Drop the bytes of units ``reserve`` evicted (may queue I/O on the tier's workers,
         ordered before any later write of the same unit)."""
         return None

@@ -17,9 +17,9 @@ from typing import Any
 
 from hybridkv.connectors.base import KVCacheAccess
 from hybridkv.connectors.config import TierName
-from hybridkv.connectors.file_connector import FileStats
-from hybridkv.connectors.file_format import write_part
-from hybridkv.connectors.file_store import FileSave, FileStore
+from hybridkv.connectors.file.format import write_part
+from hybridkv.connectors.file.stats import FileStats
+from hybridkv.connectors.file.store import FileSave, FileStore
 from hybridkv.connectors.stats import Direction, StatsCounter, bump
 from hybridkv.kv.spec import KVCacheLayout
 from hybridkv.step_io import ConnectorMetadata

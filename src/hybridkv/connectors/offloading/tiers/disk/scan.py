@@ -28,17 +28,17 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from hybridkv.connectors.offloading.disk_format import (
+from hybridkv.connectors.offloading.tier import TierIndex
+from hybridkv.connectors.offloading.tier_base import TierCounts
+from hybridkv.connectors.offloading.tiers.disk.format import (
     MISMATCH,
     PartError,
     tmp_owner_dead,
 )
+from hybridkv.connectors.offloading.units import UnitGeometry
 from hybridkv.kv.hashing import BlockHash
-
-if TYPE_CHECKING:
-    from hybridkv.connectors.offloading.disk_tier import DiskTier
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,22 @@ def parse_key(key: str) -> tuple[BlockHash | None, int]:
         return BlockHash(bytes.fromhex(hash_hex)), int(group)
     except ValueError:
         return None, -1
+
+
+class DiskTier(Protocol):
+    """What the scan needs of the disk tier it rebuilds (``tier.DiskTier``)."""
+
+    directory: str
+    geometry: UnitGeometry
+    index: TierIndex
+    counters: TierCounts
+    num_removed_at_startup: int
+
+    def remove_files(self, unit_hash: BlockHash) -> int: ...
+
+    def part_paths(self, unit_hash: BlockHash) -> dict[int, str]: ...
+
+    def check_part(self, path: str, key: str | None) -> tuple[BlockHash, int, int] | None: ...
 
 
 @dataclass

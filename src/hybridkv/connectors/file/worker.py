@@ -11,7 +11,7 @@ its reads finally return it writes nothing (its blocks may belong to another req
         flight still open?  yes: write blocks/states, report     no (timed out): drop it
 
 Saves: ``save`` snapshots the bytes from the cache before it returns; a background thread then
-writes one file per part, atomically, and marks it present in the index (``file_saves``).
+writes one file per part, atomically, and marks it present in the index (``file.saves``).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from hybridkv.connectors.base import (
     output_from_results,
 )
 from hybridkv.connectors.config import TierName
-from hybridkv.connectors.file_connector import FileStats
-from hybridkv.connectors.file_format import IO_ERROR, MISSING, PartError, read_part
-from hybridkv.connectors.file_saves import FileSaver
-from hybridkv.connectors.file_store import FileLoadKeys, FileStore
+from hybridkv.connectors.file.format import IO_ERROR, MISSING, PartError, read_part
+from hybridkv.connectors.file.saves import FileSaver
+from hybridkv.connectors.file.stats import FileStats
+from hybridkv.connectors.file.store import FileLoadKeys, FileStore
 from hybridkv.connectors.stats import Direction, StatsCounter, bump
 from hybridkv.connectors.threads import SHUTDOWN_GRACE_SECONDS, stop_pool
 from hybridkv.kv.spec import KVCacheLayout
@@ -59,7 +59,7 @@ class _ReadLoad:
 
 
 class FileConnectorWorker(FileSaver, BaseConnectorWorker):
-    """Loads here; saves in ``FileSaver`` (``file_saves.py``)."""
+    """Loads here; saves in ``FileSaver`` (``file/saves.py``)."""
 
     def __init__(
         self,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridkv.connectors.config import ConnectorOptions, KVTransferConfig, OptionsContext
-from hybridkv.connectors.multi_select import Selection
+from hybridkv.connectors.multi.select import Selection
 from hybridkv.connectors.registry import parse_kv_transfer_config
 
 _KEYS = ("connectors", "selection")

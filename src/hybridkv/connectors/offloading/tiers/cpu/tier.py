@@ -24,12 +24,12 @@ import xxhash
 
 from hybridkv.connectors.base import KVCacheAccess
 from hybridkv.connectors.config import TierName
-from hybridkv.connectors.file_format import CORRUPT, MISSING, PartError
-from hybridkv.connectors.offloading.host_buffers import HostBuffers
 from hybridkv.connectors.offloading.policies import Eviction, create_policy
-from hybridkv.connectors.offloading.tier import TierEntry, TierIndex, UnitState
+from hybridkv.connectors.offloading.tier import ResidentUnit, TierIndex, UnitState
 from hybridkv.connectors.offloading.tier_base import Tier
+from hybridkv.connectors.offloading.tiers.cpu.host_buffers import HostBuffers
 from hybridkv.connectors.offloading.units import UnitGeometry
+from hybridkv.connectors.part_error import CORRUPT, MISSING, PartError
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.native import PageCopy
 
@@ -137,7 +137,7 @@ class CpuIndex(TierIndex):
 
     def reserve(
         self, unit_hash: BlockHash, end: int, nbytes: int, parent: BlockHash | None = None
-    ) -> list[TierEntry] | None:
+    ) -> list[ResidentUnit] | None:
         with self.lock:
             victims = super().reserve(unit_hash, end, nbytes, parent)
             if victims is not None:
@@ -152,7 +152,7 @@ class CpuIndex(TierIndex):
                 self.buffers.trim(self.room())  # what the new unit did not take must fit
             return committed
 
-    def _drop(self, unit_hash: BlockHash, evicted: bool) -> TierEntry:
+    def _drop(self, unit_hash: BlockHash, evicted: bool) -> ResidentUnit:
         entry = super()._drop(unit_hash, evicted)
         if entry.state is UnitState.PENDING:
             self.num_pending_bytes -= entry.nbytes

@@ -17,7 +17,7 @@ import socket
 import numpy as np
 import valkey
 
-from hybridkv.connectors.file_format import CORRUPT, PartError
+from hybridkv.connectors.part_error import CORRUPT, PartError
 
 _BUFFER = 1 << 16
 _MAX_LINE = 1 << 10

@@ -6,7 +6,7 @@ Config (``kv_connector_extra_config``)::
      "load_timeout_seconds": 30.0}
 
 The scheduler half (here) decides from the store's index; the worker half
-(``file_worker.py``) reads and writes the files (``file_format.py``). A hit at T is reported only
+(``file/worker.py``) reads and writes the files (``file/format.py``). A hit at T is reported only
 when every group has what a resume at T needs (architecture principle 5)::
 
     tokens   0 ........ L ................. T ........ N
@@ -37,7 +37,8 @@ from hybridkv.connectors.config import (
     OptionsContext,
     parse_number,
 )
-from hybridkv.connectors.file_store import (
+from hybridkv.connectors.file.stats import FileStats
+from hybridkv.connectors.file.store import (
     FileLoadKeys,
     FileSave,
     FileStore,
@@ -45,7 +46,6 @@ from hybridkv.connectors.file_store import (
     state_key,
 )
 from hybridkv.connectors.registry import ConnectorContext
-from hybridkv.connectors.stats import ConnectorStats, counter
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, SpecKind
 from hybridkv.step_io import ConnectorMetadata, LoadSpec
 
@@ -85,21 +85,6 @@ class FileConnectorConfig(ConnectorOptions):
             low_open=True,
         )
         return cls(str(os.fspath(path)), load_mode, save, timeout)
-
-
-@dataclass(slots=True)
-class FileStats(ConnectorStats):
-    """``FileConnector``'s own counters (both halves)."""
-
-    load_requests: int = counter("load_requests")
-    load_tokens: int = counter("load_tokens")
-    load_blocks: int = counter("load_blocks")
-    load_states: int = counter("load_states")
-    files_removed: int = counter("files_removed")  # bad files deleted on load
-    store_blocks: int = counter("store_blocks")
-    store_states: int = counter("store_states")
-    store_failures: int = counter("store_failures")
-    late_loads_dropped: int = counter("late_loads_dropped")  # read after their timeout
 
 
 class FileConnectorScheduler(BaseConnectorScheduler):
@@ -251,7 +236,7 @@ class FileConnectorScheduler(BaseConnectorScheduler):
 
 
 def create_file_connector(config: KVTransferConfig, context: ConnectorContext) -> KVConnectorPair:
-    from hybridkv.connectors.file_worker import FileConnectorWorker
+    from hybridkv.connectors.file.worker import FileConnectorWorker
 
     options = config.options_as(FileConnectorConfig)
     try:

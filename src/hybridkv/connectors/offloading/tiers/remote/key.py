@@ -22,7 +22,7 @@ import os
 import stat
 import threading
 
-from hybridkv.connectors.offloading.disk_key import DirectoryKey
+from hybridkv.connectors.offloading.tiers.disk.key import DirectoryKey
 from hybridkv.paths import cache_dir
 
 log = logging.getLogger("hybridkv.connectors.offloading")

@@ -38,28 +38,18 @@ from typing import Any
 
 import xxhash
 
-from hybridkv.step_io import FailureReason
+from hybridkv.connectors.part_error import CORRUPT as CORRUPT
+from hybridkv.connectors.part_error import IO_ERROR as IO_ERROR
+from hybridkv.connectors.part_error import MISMATCH as MISMATCH
+from hybridkv.connectors.part_error import MISSING as MISSING
+from hybridkv.connectors.part_error import TRUNCATED as TRUNCATED
+from hybridkv.connectors.part_error import PartError as PartError
 
 MAGIC = b"HKVF"
 FORMAT_VERSION = 1  # SHA-256 checksum
 FORMAT_VERSION_XXH3 = 2  # xxh3-128 checksum
 CHECKSUM_VERSIONS = {"sha256": FORMAT_VERSION, "xxh3": FORMAT_VERSION_XXH3}
 _HEAD = struct.Struct("<4sHHHQQQ32s")
-
-# Load failure reasons (``FailureReason`` members; stats count them by reason).
-MISSING = FailureReason.MISSING  # no such file
-TRUNCATED = FailureReason.TRUNCATED
-CORRUPT = FailureReason.CORRUPT
-MISMATCH = FailureReason.MISMATCH
-IO_ERROR = FailureReason.IO_ERROR
-
-
-class PartError(Exception):
-    """A stored part that cannot be used; ``reason`` is one of the constants above."""
-
-    def __init__(self, reason: FailureReason, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
 
 
 def _digest(version: int, payload: memoryview) -> bytes:

@@ -31,8 +31,8 @@ import hmac
 import struct
 from collections.abc import Sequence
 
-from hybridkv.connectors.file_format import CORRUPT, MISMATCH, TRUNCATED, PartError
-from hybridkv.connectors.offloading.disk_key import MAC_BYTES, DirectoryKey
+from hybridkv.connectors.offloading.tiers.disk.key import MAC_BYTES, DirectoryKey
+from hybridkv.connectors.part_error import CORRUPT, MISMATCH, TRUNCATED, PartError
 from hybridkv.step_io import FailureReason
 
 MAGIC = b"HKVR"

@@ -17,15 +17,15 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 
-from hybridkv.connectors.offloading import disk_scan
-from hybridkv.connectors.offloading.disk_format import (
+from hybridkv.connectors.offloading.tier_base import ProbeAnswer, UnitRef
+from hybridkv.connectors.offloading.tiers.disk import scan as disk_scan
+from hybridkv.connectors.offloading.tiers.disk.format import (
     PartError,
     open_regular,
     parse_header,
 )
-from hybridkv.connectors.offloading.disk_io import IOPool
-from hybridkv.connectors.offloading.disk_key import DirectoryKey
-from hybridkv.connectors.offloading.tier_base import ProbeAnswer, UnitRef
+from hybridkv.connectors.offloading.tiers.disk.io import IOPool
+from hybridkv.connectors.offloading.tiers.disk.key import DirectoryKey
 from hybridkv.connectors.offloading.units import UnitGeometry, part_key
 from hybridkv.kv.hashing import BlockHash
 

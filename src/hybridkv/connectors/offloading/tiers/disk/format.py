@@ -20,9 +20,9 @@
 The MAC binds the header (fingerprint, part key, span, length) and the payload digest to the
 directory's secret key, so a file another directory (or someone without the key) made is
 refused (``FOREIGN`` / ``FORGED``) before its payload is read. Versions 1-2 (FileConnector's
-``file_format``) are ``MISMATCH`` here.
+``file.format``) are ``MISMATCH`` here.
 
-The directory's secret (``DirectoryKey``) lives in ``disk_key``.
+The directory's secret (``DirectoryKey``) lives in ``tiers.disk.key``.
 
 Every open is ``O_NOFOLLOW | O_NONBLOCK`` and must be a regular file (``fstat``), so a symlink,
 FIFO, socket or device at a part's path is refused (``UNSAFE``) without blocking, and the file's
@@ -41,18 +41,18 @@ import stat
 import struct
 from dataclasses import dataclass
 
-from hybridkv.connectors.file_format import CORRUPT as CORRUPT
-from hybridkv.connectors.file_format import IO_ERROR as IO_ERROR
-from hybridkv.connectors.file_format import MISMATCH as MISMATCH
-from hybridkv.connectors.file_format import MISSING as MISSING
-from hybridkv.connectors.file_format import TRUNCATED as TRUNCATED
-from hybridkv.connectors.file_format import PartError as PartError
-from hybridkv.connectors.offloading.disk_key import (
+from hybridkv.connectors.offloading.tiers.disk.key import (
     MAC_BYTES,
     OPEN_FLAGS,
     DirectoryKey,
     unlink_quietly,
 )
+from hybridkv.connectors.part_error import CORRUPT as CORRUPT
+from hybridkv.connectors.part_error import IO_ERROR as IO_ERROR
+from hybridkv.connectors.part_error import MISMATCH as MISMATCH
+from hybridkv.connectors.part_error import MISSING as MISSING
+from hybridkv.connectors.part_error import TRUNCATED as TRUNCATED
+from hybridkv.connectors.part_error import PartError as PartError
 from hybridkv.step_io import FailureReason
 
 MAGIC = b"HKVF"

@@ -35,7 +35,7 @@ from hybridkv.connectors.base import (
     merge_output,
 )
 from hybridkv.connectors.config import KVTransferConfig
-from hybridkv.connectors.fault_plan import TIMEOUT, FaultConfig, fault_draw, plan_faults
+from hybridkv.connectors.fault.plan import TIMEOUT, FaultConfig, fault_draw, plan_faults
 from hybridkv.connectors.registry import ConnectorContext, create_connector
 from hybridkv.connectors.stats import ConnectorStats, bump, counter
 from hybridkv.connectors.tier_events import TierEvent, TierEventSink

@@ -25,7 +25,7 @@ from typing import Any
 import valkey
 
 from hybridkv.connectors.offloading.config import OffloadingConfig
-from hybridkv.connectors.offloading.remote_key import read_secret_file
+from hybridkv.connectors.offloading.tiers.remote.key import read_secret_file
 
 log = logging.getLogger("hybridkv.connectors.offloading")
 

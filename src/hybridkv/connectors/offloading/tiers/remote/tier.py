@@ -4,13 +4,13 @@
 
     <remote_key_prefix><keyed name of fingerprint, chunk_tokens, unit hash, group>:<i>
 
-A part is stored in ``remote_format``: an authenticated header as value 0 (a MAC with the
-deployment key, ``remote_key``, over the span, the length, the payload's keyed digest, the
+A part is stored in ``tiers.remote.format``: an authenticated header as value 0 (a MAC with the
+deployment key, ``tiers.remote.key``, over the span, the length, the payload's keyed digest, the
 fingerprint and the part key), the payload in values of at most ``VALUE_BYTES``. Names are
 keyed hashes, so engines of another model, layout or key never see a value, and no one without
 the key can tell what the server holds. A value that does not authenticate (forged, garbled,
 cut, of the wrong size) is a counted load failure and recomputed, its sizes checked before
-anything is allocated (``remote_reply``). Credentials and TLS: ``remote_connect``. A unit is written with one
+anything is allocated (``tiers.remote.reply``). Credentials and TLS: ``tiers.remote.connect``. A unit is written with one
 pipelined batch of ``SET``s (with ``EX`` if ``remote_ttl_seconds``) and read per part with one
 ``MGET``; every read is verified.
 
@@ -40,24 +40,24 @@ from valkey._parsers.encoders import Encoder
 from valkey.connection import PythonRespSerializer
 
 from hybridkv.connectors.config import TierName
-from hybridkv.connectors.file_format import IO_ERROR, MISSING, PartError
 from hybridkv.connectors.offloading.config import OffloadingConfig
-from hybridkv.connectors.offloading.disk_key import DirectoryKey
 from hybridkv.connectors.offloading.policies import Eviction, create_policy
 from hybridkv.connectors.offloading.rate_log import RateLimitedLog
-from hybridkv.connectors.offloading.remote_checks import RemoteChecks
-from hybridkv.connectors.offloading.remote_connect import check_server, create_pool
-from hybridkv.connectors.offloading.remote_format import (
+from hybridkv.connectors.offloading.tier import TierIndex
+from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, UnitRef
+from hybridkv.connectors.offloading.tiers.disk.key import DirectoryKey
+from hybridkv.connectors.offloading.tiers.remote.checks import RemoteChecks
+from hybridkv.connectors.offloading.tiers.remote.connect import check_server, create_pool
+from hybridkv.connectors.offloading.tiers.remote.format import (
     HEADER_BYTES,
     encode_header,
     parse_part,
     value_name,
 )
-from hybridkv.connectors.offloading.remote_key import load_remote_key
-from hybridkv.connectors.offloading.remote_reply import ReplyReader, read_part_reply
-from hybridkv.connectors.offloading.tier import TierIndex
-from hybridkv.connectors.offloading.tier_base import ProbeAnswer, Tier, UnitRef
+from hybridkv.connectors.offloading.tiers.remote.key import load_remote_key
+from hybridkv.connectors.offloading.tiers.remote.reply import ReplyReader, read_part_reply
 from hybridkv.connectors.offloading.units import UnitGeometry, part_key
+from hybridkv.connectors.part_error import IO_ERROR, MISSING, PartError
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.step_io import FailureReason
 
@@ -83,7 +83,7 @@ class RemoteTier(Tier):
         geometry: UnitGeometry,
         dkey: DirectoryKey | None = None,
     ) -> None:
-        """Connects as ``options`` say (``remote_connect``); ``ValueError`` naming the option
+        """Connects as ``options`` say (``tiers.remote.connect``); ``ValueError`` naming the option
         if the key or the credentials cannot be used. ``dkey``: the deployment key (default:
         ``load_remote_key``)."""
         self.fingerprint = fingerprint
@@ -193,7 +193,7 @@ class RemoteTier(Tier):
     def _mget(
         self, keys: list[str], payload_nbytes: int, deadline: float | None
     ) -> tuple[bytes, list[memoryview]] | None:
-        """One part's ``MGET`` (``remote_reply``: header value, payload pieces; None if a
+        """One part's ``MGET`` (``tiers.remote.reply``: header value, payload pieces; None if a
         value is missing) whose socket waits end by the load's ``deadline`` too; a wait cut
         short by it is ``PartError(TIMEOUT)`` (the server is not marked down for that). A
         value of the wrong size is ``PartError(CORRUPT)``; the connection is dropped then."""
@@ -235,7 +235,7 @@ class RemoteTier(Tier):
     def submit(self, fn: Callable[[], Any], key: Hashable | None = None) -> Future[Any]:
         return self.io.submit(fn)
 
-    # -- what lookups ask (scheduler thread; checks on the probe worker, ``remote_checks``) --
+    # -- what lookups ask (scheduler thread; checks on the probe worker, ``tiers.remote.checks``) --
 
     def probe(self, units: Sequence[UnitRef]) -> ProbeAnswer:
         return self.checks.probe(units)

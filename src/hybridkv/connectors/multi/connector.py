@@ -1,15 +1,15 @@
 """``MultiConnector``: several connectors as one; each request loads from one chosen child,
 saves go to every child.
 
-Config (``kv_connector_extra_config``, parsed in ``multi_config``): a list of child
+Config (``kv_connector_extra_config``, parsed in ``multi.config``): a list of child
 ``kv_transfer_config`` objects and a ``selection``. Children are created in order with the
 parent's role; ``load_weight`` (default 1.0) and ``name`` (default
 ``<index>.<kv_connector>``, the ``connector`` label of their counters) are read there.
-``selection`` is ``first``, ``weighted`` or ``cost`` (``multi_select``).
+``selection`` is ``first``, ``weighted`` or ``cost`` (``multi.select``).
 
 The scheduler half asks every child, picks one among those that answered
-(``multi_select.choose``) and asks again later (``None``) only if a child still looking could
-beat that pick (``multi_select.worth_waiting``: never after a full hit); it gives the chosen
+(``multi.select.choose``) and asks again later (``None``) only if a child still looking could
+beat that pick (``multi.select.worth_waiting``: never after a full hit); it gives the chosen
 child the real external count in ``update_state_after_alloc`` and every other child 0. Metadata is one ``ConnectorMetadata`` per child (``MultiMetadata``);
 each child plans its own saves, with its own backpressure. Step intervals: their gcd. The
 time from a load's metadata to its ``finished_recving`` feeds the chosen child's estimate;
@@ -37,8 +37,8 @@ from hybridkv.connectors.base import (
     RequestBlocks,
 )
 from hybridkv.connectors.config import KVTransferConfig
-from hybridkv.connectors.multi_config import MultiConfig
-from hybridkv.connectors.multi_select import (
+from hybridkv.connectors.multi.config import MultiConfig
+from hybridkv.connectors.multi.select import (
     Hit,
     LoadEstimate,
     PrefillEstimate,
@@ -46,7 +46,7 @@ from hybridkv.connectors.multi_select import (
     load_bytes,
     worth_waiting,
 )
-from hybridkv.connectors.multi_worker import (
+from hybridkv.connectors.multi.worker import (
     MultiConnectorWorker,
     MultiMetadata,
     MultiStats,

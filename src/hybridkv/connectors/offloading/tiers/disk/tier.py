@@ -1,4 +1,4 @@
-"""The disk tier: one authenticated file per unit part (``disk_format``, version 3).
+"""The disk tier: one authenticated file per unit part (``tiers.disk.format``, version 3).
 
 ::
 
@@ -7,7 +7,7 @@
         <name[:2]>/<name>                           name = keyed hash of "<unit hash>.g<group>"
 
 Nothing here touches a file on the scheduler thread: lookups read the index; ``probe`` hands
-the file checks to the I/O pool (``disk_io.IOPool``: bounded, ordered per unit, watched) and
+the file checks to the I/O pool (``tiers.disk.io.IOPool``: bounded, ordered per unit, watched) and
 waits at most ``PROBE_WAIT_SECONDS`` for the answer, else answers ``ASKING``. Reads from load
 threads run on the pool too, so a stuck disk costs a load its timeout, never a thread; a call
 the watchdog gives up on quarantines its unit (out of the index, never adopted again by this
@@ -16,7 +16,7 @@ process). Writes and deletions of one unit run in order on the pool.
 Other processes may share the directory (same key file): a unit another process stored is
 found by ``probe`` and adopted by the scheduler half in ``build_connector_meta``
 (``take_found``), where reservations may evict. A unit found absent is not probed again for
-``PROBE_RETRY_SECONDS``. Start-up indexing is ``disk_scan``'s.
+``PROBE_RETRY_SECONDS``. Start-up indexing is ``tiers.disk.scan``'s.
 """
 
 from __future__ import annotations
@@ -33,8 +33,11 @@ from typing import Any
 import torch
 
 from hybridkv.connectors.config import TierName
-from hybridkv.connectors.offloading import disk_scan
-from hybridkv.connectors.offloading.disk_format import (
+from hybridkv.connectors.offloading.policies import Eviction, create_policy
+from hybridkv.connectors.offloading.tier import ResidentUnit, TierIndex
+from hybridkv.connectors.offloading.tier_base import Tier, TierCounts, UnitRef
+from hybridkv.connectors.offloading.tiers.disk import scan as disk_scan
+from hybridkv.connectors.offloading.tiers.disk.format import (
     IO_ERROR,
     MISSING,
     UNSAFE,
@@ -42,12 +45,9 @@ from hybridkv.connectors.offloading.disk_format import (
     read_verified,
     write_verified,
 )
-from hybridkv.connectors.offloading.disk_io import IOPool, StuckIO
-from hybridkv.connectors.offloading.disk_key import DirectoryKey
-from hybridkv.connectors.offloading.disk_probe import PROBE_WAIT_SECONDS, DiskProbing
-from hybridkv.connectors.offloading.policies import Eviction, create_policy
-from hybridkv.connectors.offloading.tier import TierEntry, TierIndex
-from hybridkv.connectors.offloading.tier_base import Tier, TierCounts, UnitRef
+from hybridkv.connectors.offloading.tiers.disk.io import IOPool, StuckIO
+from hybridkv.connectors.offloading.tiers.disk.key import DirectoryKey
+from hybridkv.connectors.offloading.tiers.disk.probe import PROBE_WAIT_SECONDS, DiskProbing
 from hybridkv.connectors.offloading.units import UnitGeometry, part_key
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.step_io import FailureReason
@@ -59,7 +59,7 @@ NUM_IO_WORKERS = 4
 
 class DiskTier(DiskProbing, Tier):
     """Bytes, deletions and quarantine here; probes and adoption in ``DiskProbing``
-    (``disk_probe.py``)."""
+    (``tiers.disk.probe.py``)."""
 
     name = TierName.DISK
     removed_counter = "files_removed"
@@ -197,10 +197,10 @@ class DiskTier(DiskProbing, Tier):
         self._hook("delete", self.path(unit_hash, 0))
         self.counters.add("files_removed", self.remove_files(unit_hash))
 
-    def evict(self, entries: list[TierEntry]) -> None:
+    def evict(self, entries: list[ResidentUnit]) -> None:
         self.discard(entries)
 
-    def discard(self, entries: list[TierEntry]) -> None:
+    def discard(self, entries: list[ResidentUnit]) -> None:
         """Delete evicted units' files on the pool (after any earlier write of the unit)."""
         for entry in entries:
             with self._lock:
