@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -14,11 +15,13 @@ from hybridkv.engine.lifetime import EngineClosedError
 from hybridkv.engine.output import RequestOutput, error_output
 from hybridkv.engine.progress import Progress
 from hybridkv.sampling.params import SamplingParams
+from hybridkv.vllm_options import check_foreign, split_vllm_options
 
 if TYPE_CHECKING:
     from hybridkv.model.loading.tokenizer import Tokenizer
 
 PromptInput = str | list[int] | dict[str, Any]
+logger = logging.getLogger(__name__)
 
 
 class LLM:
@@ -28,7 +31,10 @@ class LLM:
     ``max_num_batched_tokens``, ``block_size``, ``enable_prefix_caching``, ``kv_cache_memory``
     (bytes or "4GiB"), ``seed``, ``tokenizer`` (another tokenizer directory),
     ``generation_config`` (``auto``: the model's sampling defaults; ``vllm``: none; or a
-    directory), ``max_logprobs``...
+    directory), ``max_logprobs``... vLLM's options with no job on a CPU engine
+    (``gpu_memory_utilization``, ``enforce_eager``, ``tensor_parallel_size=1``...) are
+    accepted with one warning, or refused when a value would change what runs
+    (``hybridkv.vllm_options``); unknown options are errors.
 
     Lifetime: ``close()`` (or ``with LLM(...) as llm:``) stops and joins the connector's
     threads, frees its buffers and registrations and the KV events' sockets, and lets the
@@ -47,6 +53,10 @@ class LLM:
         max_logprobs: int = 20,
         **options: Any,
     ) -> None:
+        options, foreign = split_vllm_options(options)  # vLLM's kwargs with no job here
+        warning = check_foreign(foreign, as_flags=False)  # a refused value raises
+        if warning:
+            logger.warning(warning)
         if "dtype" in options:
             options["dtype"] = engine_dtype(options["dtype"])
         frontend = FrontendOptions(tokenizer, None, generation_config, max_logprobs)

@@ -1,0 +1,238 @@
+"""vLLM's options that have no job on a CPU engine: one table, read by the ``hybridkv`` command
+line (each entry becomes a flag of ``generate`` and ``serve``) and by ``LLM(**kwargs)``, so a
+vLLM launch script or notebook runs unchanged.
+
+A vLLM option meets one of four fates (docs/vllm-migration.md lists them all):
+
+- **mapped**: hybridkv has it under vLLM's name (``--max-model-len``, ``--block-size``...) and
+  it does what it does in vLLM; not in this table;
+- **renamed**: vLLM's name for one of ours (``RENAMED``);
+- **ignored**: accepted; one warning names every ignored option given and why it does nothing
+  here (``ForeignOption.why``);
+- **refused**: a value that would change what runs (``--tensor-parallel-size 2``,
+  ``--kv-cache-dtype fp8``): an error naming the option, the value and why
+  (``ForeignOption.refusal``); the harmless values (``1``, ``auto``) are only ignored.
+
+Any option in none of these is still an error (argparse's, or ``EngineConfig.create``'s).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class Takes(Enum):
+    VALUE = "value"  # --name VALUE
+    SWITCH = "switch"  # --name / --no-name
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignOption:
+    name: str  # vLLM's (EngineArgs / LLM keyword; the flag is --name-with-dashes)
+    why: str  # why it does nothing here
+    takes: Takes = Takes.VALUE
+    harmless: tuple[str, ...] | None = None  # values that do nothing (None: any); others refused
+    refusal: str = ""  # why the other values are refused
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+_ONE_PROCESS = "hybridkv runs one model copy in one process (scale out with several servers "
+_ONE_PROCESS += "behind `hybridkv proxy` or any HTTP router)"
+_NO_CUDA_GRAPHS = "CUDA graph capture; the CPU engine has no graphs to capture"
+_NO_IMAGES = "image inputs are not supported (the text model of multimodal checkpoints runs)"
+
+
+def _switch(name: str, why: str, refused_when_on: str = "") -> ForeignOption:
+    if refused_when_on:
+        return ForeignOption(name, why, Takes.SWITCH, ("False",), refused_when_on)
+    return ForeignOption(name, why, Takes.SWITCH)
+
+
+def _sized(name: str, what: str) -> ForeignOption:
+    why = "1 is the only size: one model copy runs in one process"
+    return ForeignOption(name, why, Takes.VALUE, ("1",), f"{what} is not supported: {_ONE_PROCESS}")
+
+
+FOREIGN_OPTIONS: tuple[ForeignOption, ...] = (
+    # GPU memory and kernels
+    ForeignOption("gpu_memory_utilization", "the KV cache is sized in bytes by --kv-cache-memory"),
+    _switch("enforce_eager", "the CPU engine always runs eagerly, without CUDA graphs"),
+    ForeignOption("max_seq_len_to_capture", _NO_CUDA_GRAPHS),
+    ForeignOption("cuda_graph_sizes", _NO_CUDA_GRAPHS),
+    ForeignOption(
+        "compilation_config",
+        "torch.compile / CUDA graph settings; hybridkv runs its own CPU kernels (hybridkv/native)",
+    ),  # fmt: skip
+    ForeignOption(
+        "swap_space",
+        "CPU memory for swapping out GPU blocks; everything is in CPU "
+        "memory already, and preempted requests are recomputed",
+    ),  # fmt: skip
+    ForeignOption("cpu_offload_gb", "moves weights from the GPU to CPU memory, where they are"),
+    _switch("enable_sleep_mode", "frees GPU memory while idle; there is no GPU memory"),
+    _switch("calculate_kv_scales", "scales for an fp8 KV cache; the KV cache is never fp8"),
+    ForeignOption(
+        "device",
+        "hybridkv runs on the CPU",
+        Takes.VALUE,
+        ("auto", "cpu"),
+        "hybridkv runs on the CPU only",
+    ),  # fmt: skip
+    ForeignOption(
+        "kv_cache_dtype",
+        "the KV cache takes the model's dtype (--dtype)",
+        Takes.VALUE,
+        ("auto",),
+        "a KV cache dtype other than the model's (fp8...) is not supported",
+    ),  # fmt: skip
+    # parallelism and process layout
+    _sized("tensor_parallel_size", "tensor parallelism"),
+    _sized("pipeline_parallel_size", "pipeline parallelism"),
+    _sized("data_parallel_size", "data parallelism in one server"),
+    _switch("enable_expert_parallel", "experts run together in the one process"),
+    ForeignOption("distributed_executor_backend", _ONE_PROCESS),
+    _switch("disable_custom_all_reduce", "an all-reduce between GPUs; one process here"),
+    _switch("disable_frontend_multiprocessing", "the server and the engine share one process"),
+    ForeignOption("max_parallel_loading_workers", "weights load once, from safetensors"),
+    # scheduling
+    _switch("enable_chunked_prefill", "prefill is always chunked by --max-num-batched-tokens"),
+    ForeignOption("long_prefill_token_threshold", "prefill chunks follow --max-num-batched-tokens"),
+    _switch("async_scheduling", "steps run one after another (no overlap to enable)"),
+    _switch("disable_async_output_proc", "outputs are processed in the step that makes them"),
+    ForeignOption(
+        "scheduling_policy",
+        "requests are served first come, first served",
+        Takes.VALUE,
+        ("fcfs",),
+        "only first-come-first-served scheduling (fcfs) exists",
+    ),  # fmt: skip
+    # the model and its files
+    _switch(
+        "trust_remote_code",
+        "only built-in architectures run; no code from a checkpoint is ever executed",
+    ),  # fmt: skip
+    ForeignOption(
+        "load_format",
+        "checkpoints load from safetensors",
+        Takes.VALUE,
+        ("auto", "safetensors"),
+        "only safetensors checkpoints load",
+    ),  # fmt: skip
+    ForeignOption(
+        "tokenizer_mode",
+        "tokenizer.json is read with the tokenizers library",
+        Takes.VALUE,
+        ("auto", "hf", "slow"),
+        "only Hugging Face tokenizers load",
+    ),  # fmt: skip
+    ForeignOption(
+        "task",
+        "hybridkv generates text",
+        Takes.VALUE,
+        ("auto", "generate"),
+        "only text generation is supported (no pooling, embedding or scoring)",
+    ),  # fmt: skip
+    ForeignOption(
+        "runner",
+        "hybridkv generates text",
+        Takes.VALUE,
+        ("auto", "generate"),
+        "only text generation is supported (no pooling, embedding or scoring)",
+    ),  # fmt: skip
+    ForeignOption(
+        "quantization",
+        "",
+        Takes.VALUE,
+        (),
+        "quantized checkpoints are not supported: use a bfloat16 or float32 one",
+    ),  # fmt: skip
+    ForeignOption(
+        "speculative_config", "", Takes.VALUE, (), "speculative decoding is not supported"
+    ),  # fmt: skip
+    _switch("enable_lora", "LoRA stays off, as asked", "LoRA adapters are not supported"),
+    ForeignOption("limit_mm_per_prompt", _NO_IMAGES),
+    ForeignOption("mm_processor_kwargs", _NO_IMAGES),
+    ForeignOption("allowed_local_media_path", _NO_IMAGES),
+    ForeignOption("guided_decoding_backend", "structured outputs always use llguidance"),
+    # logging and the HTTP front end
+    _switch(
+        "disable_log_stats",
+        "the stats line is logged every 10 s at info (hide it with --log-level warning)",
+    ),  # fmt: skip
+    _switch("enable_log_requests", "requests are logged by default (--disable-log-requests)"),
+    ForeignOption("max_log_len", "request log lines show lengths and parameters, not prompts"),
+    _switch("disable_uvicorn_access_log", "set --uvicorn-log-level warning to hide access lines"),
+    _switch(
+        "enable_prompt_tokens_details",
+        "usage.prompt_tokens_details.cached_tokens is always returned",
+    ),  # fmt: skip
+)
+FOREIGN_BY_NAME = {o.name: o for o in FOREIGN_OPTIONS}
+# vLLM's name -> ours (the same option, another name)
+RENAMED = {"kv_cache_memory_bytes": "kv_cache_memory"}
+
+
+def add_foreign_flags(parser: argparse.ArgumentParser) -> None:
+    """vLLM's flags of ``FOREIGN_OPTIONS`` and ``RENAMED`` (each help says what becomes of
+    it)."""
+    g = parser.add_argument_group("vLLM options with no job here (accepted, with a warning)")
+    for o in FOREIGN_OPTIONS:
+        if o.harmless is None:
+            fate = f"ignored: {o.why}"
+        elif o.why:
+            fate = f"{'/'.join(o.harmless)} ignored ({o.why}); others refused: {o.refusal}"
+        else:
+            fate = f"refused: {o.refusal}"
+        if o.takes is Takes.SWITCH:
+            g.add_argument(o.flag, action=argparse.BooleanOptionalAction, default=None, help=fate)
+        else:
+            g.add_argument(o.flag, default=None, metavar="VALUE", help=fate)
+    for vllm_name, ours in RENAMED.items():
+        g.add_argument("--" + vllm_name.replace("_", "-"), dest=ours, default=None,
+                       help=f"vLLM's name of --{ours.replace('_', '-')}")  # fmt: skip
+
+
+def foreign_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``FOREIGN_OPTIONS`` given on a command line."""
+    return {o.name: getattr(args, o.name) for o in FOREIGN_OPTIONS
+            if getattr(args, o.name, None) is not None}  # fmt: skip
+
+
+def split_vllm_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``LLM(**kwargs)``: (ours, with vLLM's renamed names mapped; the foreign ones given)."""
+    ours: dict[str, Any] = {}
+    foreign: dict[str, Any] = {}
+    for name, value in options.items():
+        if name in FOREIGN_BY_NAME:
+            if value is not None:
+                foreign[name] = value
+        elif name in RENAMED:
+            if RENAMED[name] in options:
+                raise ValueError(f"give {name} or {RENAMED[name]}, not both")
+            ours[RENAMED[name]] = value
+        else:
+            ours[name] = value
+    return ours, foreign
+
+
+def check_foreign(given: Mapping[str, Any], as_flags: bool) -> str | None:
+    """A ``ValueError`` for the first refused value; else the one warning naming every ignored
+    option given and why (``None`` if none was given). ``as_flags``: name them ``--x-y``."""
+    ignored = []
+    for name, value in given.items():
+        o = FOREIGN_BY_NAME[name]
+        shown = o.flag if as_flags else name
+        text = str(value)
+        if o.harmless is not None and text not in o.harmless:
+            raise ValueError(f"{shown}={text}: {o.refusal}")
+        ignored.append(f"{shown}{'' if value is True and as_flags else '=' + text}: {o.why}")
+    if not ignored:
+        return None
+    return "ignoring vLLM options that do nothing here (" + "; ".join(ignored) + ")"
