@@ -60,36 +60,31 @@ def _sized(name: str, what: str) -> ForeignOption:
     return ForeignOption(name, why, Takes.VALUE, ("1",), f"{what} is not supported: {_ONE_PROCESS}")
 
 
+_GENERATE = "only text generation is supported (no pooling, embedding or scoring)"
+_O = ForeignOption  # an option whose every value does nothing here
+
+
+def _only(name: str, harmless: tuple[str, ...], why: str, refusal: str) -> ForeignOption:
+    """An option whose ``harmless`` values do nothing here and whose others are refused."""
+    return ForeignOption(name, why, Takes.VALUE, harmless, refusal)
+
+
 FOREIGN_OPTIONS: tuple[ForeignOption, ...] = (
     # GPU memory and kernels
-    ForeignOption("gpu_memory_utilization", "the KV cache is sized in bytes by --kv-cache-memory"),
+    _O("gpu_memory_utilization", "the KV cache is sized in bytes by --kv-cache-memory"),
     _switch("enforce_eager", "the CPU engine always runs eagerly, without CUDA graphs"),
-    ForeignOption("max_seq_len_to_capture", _NO_CUDA_GRAPHS),
-    ForeignOption("cuda_graph_sizes", _NO_CUDA_GRAPHS),
-    ForeignOption(
-        "compilation_config",
-        "torch.compile / CUDA graph settings; hybridkv runs its own CPU kernels (hybridkv/native)",
-    ),  # fmt: skip
-    ForeignOption(
-        "swap_space",
-        "CPU memory for swapping out GPU blocks; everything is in CPU "
-        "memory already, and preempted requests are recomputed",
-    ),  # fmt: skip
-    ForeignOption("cpu_offload_gb", "moves weights from the GPU to CPU memory, where they are"),
+    _O("max_seq_len_to_capture", _NO_CUDA_GRAPHS),
+    _O("cuda_graph_sizes", _NO_CUDA_GRAPHS),
+    _O("compilation_config", "torch.compile and CUDA graph settings; the CPU kernels are ours"),
+    _O("swap_space", "swaps GPU blocks to CPU memory; preempted requests are recomputed here"),
+    _O("cpu_offload_gb", "moves weights from the GPU to CPU memory, where they are"),
     _switch("enable_sleep_mode", "frees GPU memory while idle; there is no GPU memory"),
     _switch("calculate_kv_scales", "scales for an fp8 KV cache; the KV cache is never fp8"),
-    ForeignOption(
-        "device",
-        "hybridkv runs on the CPU",
-        Takes.VALUE,
-        ("auto", "cpu"),
-        "hybridkv runs on the CPU only",
-    ),  # fmt: skip
-    ForeignOption(
+    _only("device", ("auto", "cpu"), "hybridkv runs on the CPU", "hybridkv runs on the CPU only"),
+    _only(
         "kv_cache_dtype",
-        "the KV cache takes the model's dtype (--dtype)",
-        Takes.VALUE,
         ("auto",),
+        "the KV cache takes the model's dtype (--dtype)",
         "a KV cache dtype other than the model's (fp8...) is not supported",
     ),  # fmt: skip
     # parallelism and process layout
@@ -97,82 +92,50 @@ FOREIGN_OPTIONS: tuple[ForeignOption, ...] = (
     _sized("pipeline_parallel_size", "pipeline parallelism"),
     _sized("data_parallel_size", "data parallelism in one server"),
     _switch("enable_expert_parallel", "experts run together in the one process"),
-    ForeignOption("distributed_executor_backend", _ONE_PROCESS),
+    _O("distributed_executor_backend", _ONE_PROCESS),
     _switch("disable_custom_all_reduce", "an all-reduce between GPUs; one process here"),
     _switch("disable_frontend_multiprocessing", "the server and the engine share one process"),
-    ForeignOption("max_parallel_loading_workers", "weights load once, from safetensors"),
+    _O("max_parallel_loading_workers", "weights load once, from safetensors"),
     # scheduling
     _switch("enable_chunked_prefill", "prefill is always chunked by --max-num-batched-tokens"),
-    ForeignOption("long_prefill_token_threshold", "prefill chunks follow --max-num-batched-tokens"),
+    _O("long_prefill_token_threshold", "prefill chunks follow --max-num-batched-tokens"),
     _switch("async_scheduling", "steps run one after another (no overlap to enable)"),
     _switch("disable_async_output_proc", "outputs are processed in the step that makes them"),
-    ForeignOption(
+    _only(
         "scheduling_policy",
-        "requests are served first come, first served",
-        Takes.VALUE,
         ("fcfs",),
+        "requests are served first come, first served",
         "only first-come-first-served scheduling (fcfs) exists",
     ),  # fmt: skip
     # the model and its files
-    _switch(
-        "trust_remote_code",
-        "only built-in architectures run; no code from a checkpoint is ever executed",
-    ),  # fmt: skip
-    ForeignOption(
+    _switch("trust_remote_code", "only built-in architectures run: no checkpoint code runs"),
+    _only(
         "load_format",
-        "checkpoints load from safetensors",
-        Takes.VALUE,
         ("auto", "safetensors"),
+        "checkpoints load from safetensors",
         "only safetensors checkpoints load",
     ),  # fmt: skip
-    ForeignOption(
+    _only(
         "tokenizer_mode",
-        "tokenizer.json is read with the tokenizers library",
-        Takes.VALUE,
         ("auto", "hf", "slow"),
+        "tokenizer.json is read with tokenizers",
         "only Hugging Face tokenizers load",
     ),  # fmt: skip
-    ForeignOption(
-        "task",
-        "hybridkv generates text",
-        Takes.VALUE,
-        ("auto", "generate"),
-        "only text generation is supported (no pooling, embedding or scoring)",
-    ),  # fmt: skip
-    ForeignOption(
-        "runner",
-        "hybridkv generates text",
-        Takes.VALUE,
-        ("auto", "generate"),
-        "only text generation is supported (no pooling, embedding or scoring)",
-    ),  # fmt: skip
-    ForeignOption(
-        "quantization",
-        "",
-        Takes.VALUE,
-        (),
-        "quantized checkpoints are not supported: use a bfloat16 or float32 one",
-    ),  # fmt: skip
-    ForeignOption(
-        "speculative_config", "", Takes.VALUE, (), "speculative decoding is not supported"
-    ),  # fmt: skip
+    _only("task", ("auto", "generate"), "hybridkv generates text", _GENERATE),
+    _only("runner", ("auto", "generate"), "hybridkv generates text", _GENERATE),
+    _only("quantization", (), "", "quantized checkpoints are not supported: use bf16 or fp32"),
+    _only("speculative_config", (), "", "speculative decoding is not supported"),
     _switch("enable_lora", "LoRA stays off, as asked", "LoRA adapters are not supported"),
-    ForeignOption("limit_mm_per_prompt", _NO_IMAGES),
-    ForeignOption("mm_processor_kwargs", _NO_IMAGES),
-    ForeignOption("allowed_local_media_path", _NO_IMAGES),
-    ForeignOption("guided_decoding_backend", "structured outputs always use llguidance"),
+    _O("limit_mm_per_prompt", _NO_IMAGES),
+    _O("mm_processor_kwargs", _NO_IMAGES),
+    _O("allowed_local_media_path", _NO_IMAGES),
+    _O("guided_decoding_backend", "structured outputs always use llguidance"),
     # logging and the HTTP front end
-    _switch(
-        "disable_log_stats",
-        "the stats line is logged every 10 s at info (hide it with --log-level warning)",
-    ),  # fmt: skip
+    _switch("disable_log_stats", "the stats line is logged every 10 s (--log-level warning)"),
     _switch("enable_log_requests", "requests are logged by default (--disable-log-requests)"),
-    ForeignOption("max_log_len", "request log lines show lengths and parameters, not prompts"),
+    _O("max_log_len", "request log lines show lengths and parameters, not prompts"),
     _switch("disable_uvicorn_access_log", "set --uvicorn-log-level warning to hide access lines"),
-    _switch(
-        "enable_prompt_tokens_details",
-        "usage.prompt_tokens_details.cached_tokens is always returned",
-    ),  # fmt: skip
+    _switch("enable_prompt_tokens_details", "prompt_tokens_details are always in the usage"),
 )
 FOREIGN_BY_NAME = {o.name: o for o in FOREIGN_OPTIONS}
 # vLLM's name -> ours (the same option, another name)
