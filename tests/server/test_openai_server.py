@@ -20,6 +20,9 @@ from tests.support.lifetimes import track
 pytestmark = pytest.mark.slow
 
 ENGINE_FLAGS = ["--kv-cache-memory", "64MiB", "--max-num-seqs", "48", "--seed", "0"]
+# vLLM's flags with no job here, as a vLLM launch script passes them (accepted, one warning)
+VLLM_GPU_FLAGS = "--gpu-memory-utilization 0.9 --enforce-eager --tensor-parallel-size 1 "
+VLLM_GPU_FLAGS += "--trust-remote-code --swap-space 4 --enable-chunked-prefill"
 ENGINE_OPTIONS: dict[str, Any] = {"kv_cache_memory": "64MiB", "max_num_seqs": 48, "seed": 0}
 NAME = "tiny-hybrid"
 PROMPTS = [
@@ -34,6 +37,7 @@ PROMPTS = [
 def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SubprocessServer]:
     log = tmp_path_factory.mktemp("server") / "server.log"
     args = ["--model", str(model_dir), "--served-model-name", NAME, *ENGINE_FLAGS]
+    args += VLLM_GPU_FLAGS.split()
     with SubprocessServer(args, log) as srv:
         yield srv
 
@@ -143,6 +147,16 @@ def test_repeated_prompt_hits_the_prefix_cache(
     assert any(
         k.startswith("hybridkv:group_prefix_cache_hits_total{") and v > 0 for k, v in m.items()
     )
+
+
+def test_vllm_gpu_flags_are_accepted_with_one_warning(server: SubprocessServer) -> None:
+    warnings = [line for line in server.log().splitlines() if "ignoring vLLM options" in line]
+    assert len(warnings) == 1
+    for flag in VLLM_GPU_FLAGS.split():
+        if flag.startswith("--"):
+            assert flag in warnings[0]
+    assert httpx.get(server.url + "/version").json()["version"]
+    assert httpx.get(server.url + "/ping").status_code == 200
 
 
 def test_vllm_dashboard_resolves(client: openai.OpenAI, server: SubprocessServer) -> None:

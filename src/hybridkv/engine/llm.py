@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from hybridkv.chat_boundaries import message_boundaries, with_cache_boundaries
 from hybridkv.config import EngineConfig
@@ -18,6 +18,7 @@ from hybridkv.sampling.params import SamplingParams
 from hybridkv.vllm_options import check_foreign, split_vllm_options
 
 if TYPE_CHECKING:
+    from hybridkv.engine.beam_search import BeamSearchOutput, BeamSearchParams
     from hybridkv.model.loading.tokenizer import Tokenizer
 
 PromptInput = str | list[int] | dict[str, Any]
@@ -175,6 +176,32 @@ class LLM:
         ]
         return self.generate(prompts, params, use_tqdm=use_tqdm)
 
+    def beam_search(
+        self, prompts: PromptInput | Sequence[PromptInput], params: BeamSearchParams, **_: Any
+    ) -> list[BeamSearchOutput]:
+        """vLLM's beam search: the ``params.beam_width`` best continuations of each prompt,
+        best first (``engine/beam_search.py``; vLLM's ``use_tqdm`` and the like are
+        accepted and ignored)."""
+        from hybridkv.engine.beam_search import beam_search
+
+        self.engine  # noqa: B018 - EngineClosedError after close()
+        return beam_search(self, [self._tokenize(p)[1] for p in _as_list(prompts)], params)
+
+    def embed(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(_only_generation("embed"))
+
+    def encode(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(_only_generation("encode"))
+
+    def score(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(_only_generation("score"))
+
+    def classify(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(_only_generation("classify"))
+
+    def reward(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(_only_generation("reward"))
+
     def _tokenize(self, item: PromptInput) -> tuple[str | None, list[int]]:
         if isinstance(item, str):
             return item, self.tokenizer.encode(item)
@@ -213,6 +240,14 @@ class LLM:
         finally:
             self.engine.outputs.final_only = False
             progress.close()
+
+
+def _only_generation(method: str) -> str:
+    return (
+        f"LLM.{method} is not supported: hybridkv runs generative models (no pooling, "
+        "embedding, scoring or classification); it offers LLM.generate, LLM.chat and "
+        "LLM.beam_search"
+    )
 
 
 def _cache_salt(item: PromptInput) -> str | None:
