@@ -141,3 +141,15 @@ def test_llm_refuses_before_loading_anything() -> None:
         LLM("/nonexistent/model", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="unknown engine option 'gpu_memory_utilisation'"):
         LLM("/nonexistent/model", gpu_memory_utilisation=0.9)
+
+
+def test_the_migration_page_names_every_option() -> None:
+    """docs/vllm-migration.md says what becomes of each option of the table."""
+    from pathlib import Path
+
+    page = (Path(__file__).parents[2] / "docs" / "vllm-migration.md").read_text()
+    missing = [o.flag for o in FOREIGN_OPTIONS if f"`{o.flag}" not in page]
+    missing += [
+        f"--{n.replace('_', '-')}" for n in RENAMED if f"`--{n.replace('_', '-')}" not in page
+    ]
+    assert missing == []
