@@ -237,9 +237,12 @@ class Reader:
         self._fail(
             load,
             "nixl_lease_expired",
-            f"the producer at {load.where} released request {load.source.request_id}'s KV "
-            f"before this read completed (its abort_timeout_seconds lease expired); raise "
-            f"abort_timeout_seconds on the prefill engine",
+            f"the producer at {load.where} no longer held request {load.source.request_id}'s "
+            f"KV when this read completed: its lease had ended, because another request "
+            f"already read the same kv_transfer_params (each serves one read: send them to "
+            f"one decode request), or because the read started later than the producer's "
+            f"abort_timeout_seconds after its prefill (raise it on the prefill engine if "
+            f"requests wait here that long)",
         )
         return True
 
