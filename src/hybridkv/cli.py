@@ -18,7 +18,12 @@ from hybridkv.engine.frontend import (
     engine_dtype,
 )
 from hybridkv.model.families.registry import get_make_model_archs  # no torch
-from hybridkv.vllm_options import add_foreign_flags, check_foreign, foreign_values
+from hybridkv.vllm_options import (
+    add_foreign_flags,
+    check_foreign,
+    foreign_values,
+    kv_cache_memory_from_env,
+)
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -120,6 +125,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         f.name for sub in (CacheConfig, SchedulerConfig) for f in fields(sub)
     ]
     options = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    options = kv_cache_memory_from_env(options)  # vLLM CPU's $VLLM_CPU_KVCACHE_SPACE
     if "dtype" in options:
         options["dtype"] = engine_dtype(options["dtype"])
     model = getattr(args, "model_tag", None) or getattr(args, "model", None)

@@ -19,6 +19,8 @@ Any option in none of these is still an error (argparse's, or ``EngineConfig.cre
 from __future__ import annotations
 
 import argparse
+import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -140,6 +142,24 @@ FOREIGN_OPTIONS: tuple[ForeignOption, ...] = (
 FOREIGN_BY_NAME = {o.name: o for o in FOREIGN_OPTIONS}
 # vLLM's name -> ours (the same option, another name)
 RENAMED = {"kv_cache_memory_bytes": "kv_cache_memory"}
+# vLLM CPU's KV cache size in GiB; read when kv_cache_memory is not given
+KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+def kv_cache_memory_from_env(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with ``kv_cache_memory`` from ``$VLLM_CPU_KVCACHE_SPACE`` (GiB, vLLM CPU's
+    way to size the KV cache) when it is set and the options do not size the cache; a value
+    that is not a positive number of GiB is a ``ValueError`` naming the variable."""
+    raw = os.environ.get(KVCACHE_SPACE_ENV, "").strip()
+    if not raw or options.get("kv_cache_memory") is not None:
+        return dict(options)
+    try:
+        gib = float(raw)
+    except ValueError:
+        gib = math.nan
+    if not (math.isfinite(gib) and 0 < gib <= 1 << 20):
+        raise ValueError(f"${KVCACHE_SPACE_ENV}={raw!r}: must be a positive number of GiB")
+    return {**options, "kv_cache_memory": int(gib * (1 << 30))}
 
 
 def add_foreign_flags(parser: argparse.ArgumentParser) -> None:

@@ -153,3 +153,16 @@ def test_the_migration_page_names_every_option() -> None:
         f"--{n.replace('_', '-')}" for n in RENAMED if f"`--{n.replace('_', '-')}" not in page
     ]
     assert missing == []
+
+
+def test_vllm_cpu_kvcache_space_sizes_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM CPU's ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes the KV cache unless a flag does."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    options = engine_options(build_parser().parse_args(["serve", "m"]))
+    assert options["kv_cache_memory"] == 2 << 30
+    given = build_parser().parse_args(["serve", "m", "--kv-cache-memory", "64MiB"])
+    assert engine_options(given)["kv_cache_memory"] == "64MiB"
+    for bad in ("-1", "nan", "lots", "inf", "0"):
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", bad)
+        with pytest.raises(ValueError, match=r"^\$VLLM_CPU_KVCACHE_SPACE="):
+            engine_options(build_parser().parse_args(["serve", "m"]))

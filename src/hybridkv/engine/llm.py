@@ -15,7 +15,7 @@ from hybridkv.engine.lifetime import EngineClosedError
 from hybridkv.engine.output import RequestOutput, error_output
 from hybridkv.engine.progress import Progress
 from hybridkv.sampling.params import SamplingParams
-from hybridkv.vllm_options import check_foreign, split_vllm_options
+from hybridkv.vllm_options import check_foreign, kv_cache_memory_from_env, split_vllm_options
 
 if TYPE_CHECKING:
     from hybridkv.engine.beam_search import BeamSearchOutput, BeamSearchParams
@@ -55,6 +55,7 @@ class LLM:
         **options: Any,
     ) -> None:
         options, foreign = split_vllm_options(options)  # vLLM's kwargs with no job here
+        options = kv_cache_memory_from_env(options)  # vLLM CPU's $VLLM_CPU_KVCACHE_SPACE
         warning = check_foreign(foreign, as_flags=False)  # a refused value raises
         if warning:
             logger.warning(warning)
