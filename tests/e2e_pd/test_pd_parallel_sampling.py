@@ -43,8 +43,8 @@ def test_n_copies_share_one_transfer(
             body = complete(d.proxy.url, prompt, MAX_TOKENS, n=N)
             assert [c["text"] for c in body["choices"]] == [want] * N, len(prompt)
             cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
-            whole_blocks = len(prompt) // 16 * 16
-            assert cached >= N * (whole_blocks - 16), (len(prompt), cached)
+            whole_blocks = len(prompt) // 16 * 16  # every copy: at least the whole blocks
+            assert cached >= N * whole_blocks, (len(prompt), cached)
         decode, prefill = scrape(d.decode[0].url), scrape(d.prefill[0].url)
         assert failures(decode) == 0 and failures(prefill) == 0
         assert decode["vllm:request_success_total{finished_reason=length}"] == len(prompts)
