@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hybridkv.secret_file import read_secret_file
+
 if TYPE_CHECKING:
     from hybridkv.engine.frontend import FrontendOptions
 
@@ -122,13 +124,11 @@ def resolve_secret(value: str | None, path: Path | None, env: str, flag: str) ->
     if value is not None and path is not None:
         raise ValueError(f"give {flag} or {flag}-file, not both")
     if path is not None:
+        key = read_secret_file(path, f"{flag}-file")
         try:
-            key = path.read_text().strip()
-        except OSError as exc:
-            raise ValueError(f"cannot read {flag}-file {path}: {exc}") from None
-        if not key:
-            raise ValueError(f"{flag}-file {path} is empty")
-        return key
+            return key.decode()
+        except UnicodeDecodeError:
+            raise ValueError(f"{flag}-file: {path} is not UTF-8 text") from None
     given = value if value is not None else os.environ.get(env)
     if given is not None and not given:
         raise ValueError(f"the key of {flag} (or ${env}) is empty")
