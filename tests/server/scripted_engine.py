@@ -18,6 +18,7 @@ from hybridkv.server.state import ServerState
 from tests.server.fake_engine import FakeEngine, _Req
 
 MODEL = "fake-model"
+VOCAB_SIZE = 256  # CharTokenizer's ids
 
 
 class ScriptedEngine(FakeEngine):
@@ -27,6 +28,10 @@ class ScriptedEngine(FakeEngine):
         self.params: list[SamplingParams] = []
 
     def add_request(self, prompt_token_ids, params, request_id=None, prompt=None, cache_salt=None):  # noqa: ANN001
+        if not prompt_token_ids:  # as the engine's Request
+            raise ValueError(f"request {request_id}: the prompt is empty")
+        if not all(0 <= t < VOCAB_SIZE for t in prompt_token_ids):  # as the engine's checks
+            raise ValueError(f"request {request_id}: a prompt token id is out of the vocabulary")
         self.params.append(params)
         super().add_request(prompt_token_ids, params, request_id, prompt, cache_salt)
 

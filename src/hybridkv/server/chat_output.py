@@ -24,10 +24,11 @@ from hybridkv.server.errors import bad_request
 from hybridkv.server.protocol import ChatCompletionRequest
 from hybridkv.server.reasoning.base import BaseReasoningParser
 from hybridkv.server.reasoning.registry import get_reasoning_parser
-from hybridkv.server.sampling import refuse
+from hybridkv.server.sampling import check_min_tokens, refuse
 from hybridkv.server.tools.base import BaseToolParser, ToolSpec
 from hybridkv.server.tools.choice import (
     AUTO_NEEDS_FLAGS,
+    CALL_WHITESPACE,
     NamedChoiceParser,
     RequiredChoiceParser,
     ToolChoice,
@@ -187,14 +188,18 @@ def constrained_params(
             f"tool_choice={body.tool_choice!r} constrains the output to the tools' JSON schema: "
             "it cannot be combined with response_format or structured_outputs",
         )
-        schema = choice_schema(plan.choice, list(plan.tools))
-        changes["structured_outputs"] = StructuredOutputsParams(json=schema)
+        schema = choice_schema(plan.choice, list(plan.tools), plan.parallel)
+        changes["structured_outputs"] = StructuredOutputsParams(
+            json=schema, whitespace_pattern=CALL_WHITESPACE
+        )
     parser = plan.tool_parser()
     if parser is not None and parser.keeps_special_tokens and body.skip_special_tokens is None:
         changes["skip_special_tokens"] = False
     if not changes:
         return params
     try:
-        return dataclasses.replace(params, **changes)
+        params = dataclasses.replace(params, **changes)
     except ValueError as exc:
         raise bad_request(str(exc), "tools") from None
+    check_min_tokens(params)
+    return params

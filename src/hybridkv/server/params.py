@@ -104,7 +104,7 @@ def prepare_completion(
             body, defaults, max_tokens, logprobs=ranked, n=best_of, limits=limits, echo=body.echo
         )
         if body.echo and text is None:
-            text = tokenizer.decode(ids, skip_special_tokens=False)
+            text = decode_prompt(tokenizer, ids, param)
         requests.append(PreparedRequest(text, ids, params, _cache_salt(body)))
     answer = Answer(*_stream_flags(body), n=n, echo=body.echo, top_logprobs=logprobs,
                     echo_only=echo_only, **_shown(body))  # fmt: skip
@@ -225,6 +225,17 @@ def encode_prompt(
             param,
         )
     return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+def decode_prompt(tokenizer: PromptTokenizer, ids: list[int], param: str) -> str:
+    """The text of a token-id prompt (echo); an id no tokenizer has (negative, beyond 32
+    bits) is a 400 here, before the engine's own vocabulary check."""
+    try:
+        return tokenizer.decode(ids, skip_special_tokens=False)
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise bad_request(
+            f"{param} has a token id the tokenizer cannot read: {exc}", param
+        ) from None
 
 
 def check_unicode(text: str, param: str) -> None:

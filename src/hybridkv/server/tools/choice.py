@@ -30,6 +30,9 @@ from hybridkv.server.tools.json_scan import skip_ws, try_load
 AUTO_NEEDS_FLAGS = (
     '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 )
+# between JSON tokens of a constrained call: one space at most (a small model held to any
+# whitespace can emit it forever; the parsers read any spacing)
+CALL_WHITESPACE = "[ ]?"
 NAMED_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
 
 
@@ -86,9 +89,12 @@ def read_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> ToolCho
     return ToolChoice("named", name)
 
 
-def choice_schema(choice: ToolChoice, tools: list[dict[str, Any]]) -> dict[str, Any]:
+def choice_schema(
+    choice: ToolChoice, tools: list[dict[str, Any]], parallel: bool = True
+) -> dict[str, Any]:
     """The JSON schema the output must follow: the named function's parameters, or a
-    non-empty list of ``{"name": one of the tools, "parameters": its parameters}``."""
+    non-empty list of ``{"name": one of the tools, "parameters": its parameters}`` (of one
+    call only with ``parallel_tool_calls=false``)."""
     functions = {t["function"]["name"]: t["function"] for t in tools}
     if choice.mode == "named":
         assert choice.name is not None
@@ -102,8 +108,11 @@ def choice_schema(choice: ToolChoice, tools: list[dict[str, Any]]) -> dict[str, 
             "type": "object",
             "properties": {"name": {"type": "string", "enum": [name]}, "parameters": params},
             "required": ["name", "parameters"],
+            "additionalProperties": False,
         })  # fmt: skip
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": options}}
+    if not parallel:
+        schema["maxItems"] = 1
     if defs:
         schema["$defs"] = defs
     return schema
