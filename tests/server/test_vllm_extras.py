@@ -116,3 +116,23 @@ def test_messages_are_normalised_as_vllm() -> None:
     for bad in ([{"function": {"name": "f", "arguments": "{x"}}], [{"function": {}}], "f"):
         with pytest.raises(ChatTemplateError, match=r"messages\[0\]\.tool_calls"):
             text_messages([{"role": "assistant", "tool_calls": bad}])
+
+
+def test_hostile_tool_call_arguments_are_refused_not_crashed() -> None:
+    deep = "[" * 100_000 + "]" * 100_000  # json.loads would recurse past Python's limit
+    with pytest.raises(ChatTemplateError, match="not JSON"):
+        text_messages([{"role": "assistant",
+                        "tool_calls": [{"function": {"name": "f", "arguments": deep}}]}])  # fmt: skip
+
+
+def test_parsers_survive_hostile_model_output() -> None:
+    from hybridkv.server.chat_output import ChatOutputPlan, ChatParsers
+    from hybridkv.server.tools.choice import ToolChoice
+
+    tools = ({"type": "function", "function": {"name": "f"}},)
+    deep = '{"name": "f", "arguments": ' + '{"a": ' * 50_000 + "1" + "}" * 50_001
+    for parser in ("hermes", "granite", "llama3_json", "qwen3_xml"):
+        plan = ChatOutputPlan(ToolChoice("auto"), ChatParsers(parser, True), tools, "")
+        for text in (f"<tool_call>{deep}</tool_call>", "<tool_call>" * 1000, "\\" * 1000):
+            message, called = plan.message(text)
+            assert not called and message["content"] == text

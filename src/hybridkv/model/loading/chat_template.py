@@ -117,7 +117,7 @@ def _tool_calls(calls: Any, index: int) -> list[dict[str, Any]]:
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
                 raise ChatTemplateError(
                     f"{where}[{j}].function.arguments is not JSON: {exc}"
                 ) from None

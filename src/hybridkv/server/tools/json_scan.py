@@ -16,6 +16,7 @@ from typing import Any
 
 _SCALAR = re.compile(r"-?[0-9][0-9eE.+-]*|true|false|null")
 _WS = " \t\r\n"
+_STRUCTURE = re.compile(r'\\.|["{}\[\]]', re.DOTALL)  # an escape pair, a quote, a bracket
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,16 +43,14 @@ def value_end(text: str, start: int) -> int | None:
         if match is None:
             return start  # not a value: an empty span, the caller refuses it
         return match.end() if match.end() < len(text) else None
-    depth, in_string, i = 0, False, start
-    while i < len(text):
-        c = text[i]
+    depth, in_string = 0, False
+    for match in _STRUCTURE.finditer(text, start):  # jumps over ordinary characters in C
+        c = match.group()
         if in_string:
-            if c == "\\":
-                i += 1
-            elif c == '"':
+            if c == '"':
                 in_string = False
                 if depth == 0:
-                    return i + 1
+                    return match.end()
         elif c == '"':
             in_string = True
         elif c in "{[":
@@ -59,8 +58,7 @@ def value_end(text: str, start: int) -> int | None:
         elif c in "}]":
             depth -= 1
             if depth == 0:
-                return i + 1
-        i += 1
+                return match.end()
     return None
 
 
@@ -106,8 +104,8 @@ def object_fields(text: str, start: int) -> tuple[dict[str, Span], int | None] |
 
 
 def try_load(text: str) -> Any:
-    """The decoded value, or None for text that is not JSON."""
+    """The decoded value, or None for text that is not JSON (or nested too deep to read)."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
