@@ -66,6 +66,15 @@ TRANSCRIPTS: list[tuple[str, str, str | None, list[tuple[str, dict[str, Any]]]]]
     ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}; '
                     '{"name": "get_weather", "parameters": {"city": "Rome"}}', None, [PARIS, ROME]),
     ("llama3_json", "It is {sunny} today.", "It is {sunny} today.", []),
+    ("openai", "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
+               "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+               '{"city": "Paris", "days": 3}<|call|>', None, [PARIS]),
+    ("openai", "<|channel|>commentary<|message|>Checking both.<|end|><|start|>assistant to="
+               'functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris", '
+               '"days": 3}<|call|><|start|>assistant<|channel|>commentary to=functions.'
+               'get_weather<|message|>{"city": "Rome"}', "Checking both.", [PARIS, ROME]),
+    ("openai", "<|channel|>analysis<|message|>easy<|end|><|start|>assistant<|channel|>final"
+               "<|message|>It is 4.", "It is 4.", []),
 ]  # fmt: skip
 
 
@@ -106,7 +115,7 @@ def test_transcript_whole_and_streamed(
     p = plan(parser)
     message, called = p.message(text)
     assert calls_of(message) == calls and called == bool(calls)
-    assert message["content"] == (content if calls else text)
+    assert message["content"] == (content if calls or parser == "openai" else text)
     assert p.finish_reason("stop", called) == ("tool_calls" if calls else "stop")
     ids = [c["id"] for c in message.get("tool_calls", [])]
     assert len(set(ids)) == len(ids) and all(i.startswith("chatcmpl-tool-") for i in ids)
@@ -118,7 +127,7 @@ def test_transcript_whole_and_streamed(
             assert [c["function"]["arguments"] for c in got["tool_calls"]] == whole
             assert got["content"] == (content or "")
         elif not streamed_called:
-            assert got["content"] == text
+            assert got["content"] == message["content"]
         else:  # cut inside a call: what was streamed stays, nothing is sent twice
             assert text.startswith(got["content"]) and len(got["tool_calls"]) == 1
 
@@ -177,6 +186,8 @@ REASONING = [
     ("granite", "", "Here is my thought process: add. Here is my response: 4", " add. ", " 4"),
     ("granite", "", "Here's my thought process:x Here's my response:y", "x ", "y"),
     ("granite", "", "Hello there", None, "Hello there"),
+    ("openai_gptoss", "<|start|>assistant", "<|channel|>analysis<|message|>2+2<|end|><|start|>"
+     "assistant<|channel|>final<|message|>It is 4.", "2+2", "It is 4."),
 ]  # fmt: skip
 
 
@@ -191,6 +202,18 @@ def test_reasoning_whole_and_streamed(
     for size in (1, 3, len(text)):
         got, _ = streamed(p, text, size)
         assert (got["reasoning"], got["content"]) == (reasoning or "", content or "")
+
+
+def test_harmony_reasoning_then_tool_call() -> None:
+    text = TRANSCRIPTS[-3][1]  # analysis, then a call
+    p = plan("openai", "openai_gptoss")
+    message, called = p.message(text)
+    assert message["reasoning"] == "Need the weather." and calls_of(message) == [PARIS]
+    assert called and message["content"] is None
+    for size in (1, 7):
+        got, _ = streamed(p, text, size)
+        assert got["reasoning"] == "Need the weather." and calls_of(got) == [PARIS]
+        assert got["content"] == ""
 
 
 def test_reasoning_then_tool_call() -> None:

@@ -102,7 +102,8 @@ class ChatOutputPlan:
         if parser is None or not text:
             return message, False
         parsed = parser.parse(text, final=True)
-        if not parsed.calls:
+        if not parsed.calls:  # the text again (harmony: its final channel's bodies)
+            message["content"] = parsed.content or None
             return message, False
         message["tool_calls"] = call_entries(parsed, self.parallel)
         message["content"] = parsed.content or (None if self.choice.mode == "auto" else "")
@@ -192,8 +193,9 @@ def constrained_params(
         changes["structured_outputs"] = StructuredOutputsParams(
             json=schema, whitespace_pattern=CALL_WHITESPACE
         )
-    parser = plan.tool_parser()
-    if parser is not None and parser.keeps_special_tokens and body.skip_special_tokens is None:
+    parsers = (plan.tool_parser(), plan.reasoning())
+    keeps = any(p is not None and p.keeps_special_tokens for p in parsers)
+    if keeps and body.skip_special_tokens is None:
         changes["skip_special_tokens"] = False
     if not changes:
         return params

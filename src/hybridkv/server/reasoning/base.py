@@ -36,6 +36,7 @@ class BaseReasoningParser:
     starts: ClassVar[Sequence[str]]
     ends: ClassVar[Sequence[str]]
     always_inside: ClassVar[bool] = False
+    keeps_special_tokens: ClassVar[bool] = False  # markers are special tokens (harmony)
 
     def __init__(self, prompt: str | None = None) -> None:
         self.prompt_inside = self.always_inside or (prompt is not None and self.opens(prompt))

@@ -9,6 +9,7 @@ _REASONING_PARSERS = {
     "qwen3": "hybridkv.server.reasoning.think:Qwen3ReasoningParser",
     "deepseek_r1": "hybridkv.server.reasoning.think:DeepSeekR1ReasoningParser",
     "granite": "hybridkv.server.reasoning.granite:GraniteReasoningParser",
+    "openai_gptoss": "hybridkv.server.reasoning.harmony:HarmonyReasoningParser",
 }
 
 

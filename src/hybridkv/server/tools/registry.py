@@ -15,6 +15,7 @@ _TOOL_PARSERS = {
     "qwen3_coder": "hybridkv.server.tools.qwen3_xml:Qwen3CoderToolParser",
     "granite": "hybridkv.server.tools.granite:GraniteToolParser",
     "llama3_json": "hybridkv.server.tools.llama3_json:Llama3JsonToolParser",
+    "openai": "hybridkv.server.tools.harmony:HarmonyToolParser",
 }
 
 
