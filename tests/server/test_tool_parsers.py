@@ -43,6 +43,8 @@ TRANSCRIPTS: list[tuple[str, str, str | None, list[tuple[str, dict[str, Any]]]]]
     ("hermes", '<tool_call>\n{"name": "get_time"}\n</tool_call>', None, [("get_time", {})]),
     ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"city": "a}b\\"c"}}',
      None, [("get_weather", {"city": 'a}b"c'})]),  # no closing tag at the very end
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Rome\\"}"}\n'
+               "</tool_call>", None, [ROME]),  # arguments encoded twice (seen from Granite)
     ("hermes", "The answer is 4.", "The answer is 4.", []),
     ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": ', None, []),
     ("qwen3_xml", "Let me look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"

@@ -28,12 +28,24 @@ def read_call(text: str, start: int) -> tuple[ToolCallDraft, int | None] | None:
     args = next((fields[k] for k in ARGUMENT_KEYS if k in fields), None)
     if args is None:
         arguments = "{}" if end is not None else ""
+    elif text[args.start] == '"':  # an object written as a JSON string: sent once whole
+        decoded = "" if args.end is None else _string_object(text[args.start : args.end])
+        if decoded is None:
+            return None
+        arguments = decoded
     else:
         arguments = text[args.start : len(text) if args.end is None else args.end]
         if args.end is not None and not isinstance(try_load(arguments), dict):
             return None
     complete = end is not None and name is not None
     return ToolCallDraft(name, arguments, complete), end
+
+
+def _string_object(value: str) -> str | None:
+    """``"{\\"x\\": 1}"`` (arguments some models encode twice) as ``{"x": 1}``; None if
+    the string does not hold a JSON object."""
+    inner = try_load(value)
+    return inner if isinstance(inner, str) and isinstance(try_load(inner), dict) else None
 
 
 def read_call_list(text: str, start: int) -> tuple[list[ToolCallDraft], int | None] | None:
