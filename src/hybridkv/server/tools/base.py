@@ -16,7 +16,6 @@ malformed call is the model talking, not calling).
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -117,12 +116,3 @@ def finished(parsed: ParsedTools, text: str) -> ParsedTools:
     if parsed.calls and all(c.complete and c.name for c in parsed.calls):
         return parsed
     return no_calls(text)
-
-
-def canonical_arguments(arguments: Any) -> str | None:
-    """Arguments written as a JSON object (or absent: ``{}``) as JSON text; None if not."""
-    if arguments is None:
-        return "{}"
-    if isinstance(arguments, dict):
-        return json.dumps(arguments, ensure_ascii=False)
-    return None

@@ -6,7 +6,7 @@ own JSON text), so what a stream sent is always a prefix of the final text."""
 from __future__ import annotations
 
 from hybridkv.server.tools.base import ToolCallDraft
-from hybridkv.server.tools.json_scan import object_fields, skip_ws, try_load, value_end
+from hybridkv.server.tools.json_scan import object_fields, skip_ws, try_load
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 
@@ -72,8 +72,3 @@ def read_call_list(text: str, start: int) -> tuple[list[ToolCallDraft], int | No
             return None
         i = skip_ws(text, i + 1)
     return calls, None
-
-
-def list_end_is_complete(text: str, start: int) -> bool:
-    end = value_end(text, start)
-    return end is not None and not text[end:].strip()
