@@ -52,9 +52,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     async with _releasing(request, body):
         state = _checked(request, body)
         prepared = await asyncio.to_thread(
-            prepare_chat, body, state.tokenizer, state.prompt_limits, state.sampling_defaults
-        )
-    return await _serve(request, state, prepared, ChatFormat(), body.model)
+            prepare_chat, body, state.tokenizer, state.prompt_limits, state.sampling_defaults,
+            state.chat_parsers,
+        )  # fmt: skip
+    return await _serve(request, state, prepared, ChatFormat(prepared.answer.chat), body.model)
 
 
 @router.get("/models")
