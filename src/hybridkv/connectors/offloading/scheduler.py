@@ -78,9 +78,8 @@ class OffloadingScheduler(StorePlanner, BaseConnectorScheduler):
 
     # -- tiers: KV events and resets -------------------------------------------------------
 
-    def set_tier_event_sink(self, sink: TierEventSink) -> bool:
+    def set_tier_event_sink(self, sink: TierEventSink) -> None:
         self.stack.set_event_sink(sink, self.geometry.chunk_tokens)
-        return True
 
     def resident_units(self) -> list[TierEvent]:
         return self.stack.resident_units(self.geometry.chunk_tokens)
