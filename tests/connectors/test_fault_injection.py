@@ -30,7 +30,7 @@ def config(**faults: Any) -> FaultConfig:
 
 def big_spec(rid: str = "r", num_blocks: int = 2000) -> LoadSpec:
     ids = list(range(1, num_blocks + 1))
-    return LoadSpec(rid, 0, num_blocks * 4, (ids,), (list(range(num_blocks)),), (), True)
+    return LoadSpec(rid, 0, num_blocks * 4, (ids,), (list(range(num_blocks)),), (), True, None)
 
 
 def test_decisions_are_reproducible_and_depend_on_the_seed() -> None:

@@ -96,12 +96,13 @@ def test_params_load_only_with_the_prompt_they_were_computed_for() -> None:
     that prompt's hashes: refused."""
     params = honest()
     assert parse(params).num_tokens == 48
+    fields = parse_transfer_params(params)
     for prompt in ([7] + PROMPT[1:], PROMPT[:47], PROMPT[:48] + [1] * 52):
         if prompt[:48] == PROMPT[:48]:
-            assert RemoteSource.parse(params, prompt, (1, False), policy()).num_tokens == 48
+            assert RemoteSource.parse(fields, prompt, (1, False), policy()).num_tokens == 48
             continue  # only tokens [0, num_tokens) are bound: the rest is the consumer's
         with pytest.raises(ParamsRefused) as refused:
-            RemoteSource.parse(params, prompt, (1, False), policy())
+            RemoteSource.parse(fields, prompt, (1, False), policy())
         assert refused.value.reason == "nixl_params_forged"
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from hybridkv.connectors.stats import ConnectorStats
 from hybridkv.connectors.tier_events import NoTiersError, TierEvent, TierEventSink
@@ -38,6 +38,9 @@ from hybridkv.sampling.transfer_params import TransferFields
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 
 if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
     from hybridkv.native import PageTable
 
 
@@ -84,10 +87,10 @@ class KVCacheAccess(Protocol):
     tensor. State data is one flat uint8 tensor per slot (every layer's state of the group).
     ``read_*`` return copies that later cache writes do not change."""
 
-    def read_blocks(self, block_ids: list[int]) -> Any: ...
-    def write_blocks(self, block_ids: list[int], data: Any) -> None: ...
-    def read_state(self, group_id: int, slot: int) -> Any: ...
-    def write_state(self, group_id: int, slot: int, data: Any) -> None: ...
+    def read_blocks(self, block_ids: list[int]) -> torch.Tensor: ...
+    def write_blocks(self, block_ids: list[int], data: torch.Tensor | np.ndarray) -> None: ...
+    def read_state(self, group_id: int, slot: int) -> torch.Tensor: ...
+    def write_state(self, group_id: int, slot: int, data: torch.Tensor) -> None: ...
     def page_table(self) -> PageTable | None:
         """The backing pages as host addresses for ``hybridkv.native`` copy kernels, or None
         when they are not host memory (kernels then fall back to ``read_blocks`` etc.)."""

@@ -46,6 +46,7 @@ from hybridkv.connectors.file.store import (
     state_key,
 )
 from hybridkv.connectors.registry import ConnectorContext
+from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, SpecKind
 from hybridkv.step_io import ConnectorMetadata, LoadSpec
 
@@ -97,7 +98,7 @@ class FileConnectorScheduler(BaseConnectorScheduler):
         self.save_enabled = save
         self.load_enabled = load
         self.block_size = layout.block_size
-        self._loads: list[LoadSpec] = []
+        self._loads: list[LoadSpec[FileLoadKeys]] = []
         self._stats = FileStats()
 
     # -- lookup ------------------------------------------------------------------------------
@@ -127,7 +128,7 @@ class FileConnectorScheduler(BaseConnectorScheduler):
                 return candidate
         return 0
 
-    def _is_restorable(self, hashes: list[Any], local: int, end: int) -> bool:
+    def _is_restorable(self, hashes: list[BlockHash], local: int, end: int) -> bool:
         """Sliding windows and states at ``end`` (full attention was checked by the caller)."""
         size = self.block_size
         for group in self.layout.groups:
@@ -185,9 +186,9 @@ class FileConnectorScheduler(BaseConnectorScheduler):
 
     def build_connector_meta(
         self, scheduled: list[tuple[KVConnectorRequest, int, int, RequestBlocks]]
-    ) -> ConnectorMetadata:
+    ) -> ConnectorMetadata[FileLoadKeys, FileSave]:
         loads, self._loads = self._loads, []
-        saves: list[Any] = []
+        saves: list[FileSave] = []
         if self.save_enabled:
             for request, start, end, blocks in scheduled:
                 save = self._plan_save(request, start, end, blocks)
@@ -222,7 +223,7 @@ class FileConnectorScheduler(BaseConnectorScheduler):
 
     def request_finished(
         self, request: KVConnectorRequest, blocks: RequestBlocks
-    ) -> tuple[bool, dict[str, Any] | None]:
+    ) -> tuple[bool, dict[str, object] | None]:
         return False, None
 
     def get_hit_sources(

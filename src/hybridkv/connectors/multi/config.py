@@ -60,7 +60,7 @@ class MultiConfig(ConnectorOptions):
         return cls(children, Selection(selection))
 
 
-def _child(index: int, item: Any, ctx: OptionsContext) -> ChildConfig:
+def _child(index: int, item: object, ctx: OptionsContext) -> ChildConfig:
     where = f"MultiConnector: connectors[{index}]"
     if not isinstance(item, dict):
         raise ValueError(f"{where} must be a kv_transfer_config object")

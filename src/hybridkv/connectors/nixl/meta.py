@@ -143,3 +143,7 @@ class Heartbeat:
 
     source: RemoteSource
     request_ids: tuple[str, ...]
+
+
+# what the scheduler half writes in ``ConnectorMetadata.saves`` for its worker half
+NixlItem = StageState | StartLease | NotifyOnly | Heartbeat

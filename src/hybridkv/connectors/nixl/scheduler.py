@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
@@ -24,6 +23,7 @@ from hybridkv.connectors.base import (
 from hybridkv.connectors.nixl.heartbeats import WaitList
 from hybridkv.connectors.nixl.layout import GroupDesc
 from hybridkv.connectors.nixl.meta import (
+    NixlItem,
     NotifyOnly,
     ParamsPolicy,
     ParamsRefused,
@@ -69,8 +69,8 @@ class NixlScheduler(BaseConnectorScheduler):
             self.producer = Producer(options, engine_id, groups, block_size, policy)
         self._consumed: set[str] = set()
         self._whole: dict[str, tuple[int, ...]] = {}  # a load's first whole entries, once
-        self._loads: list[LoadSpec] = []
-        self._items: list[Any] = []
+        self._loads: list[LoadSpec[RemoteSource]] = []
+        self._items: list[NixlItem] = []
         interval = options.heartbeat_interval_seconds
         self.waits = None
         if consumer and interval > 0:
@@ -141,7 +141,7 @@ class NixlScheduler(BaseConnectorScheduler):
 
     def _load_spec(
         self, request_id: str, blocks: RequestBlocks, start: int, end: int, src: RemoteSource
-    ) -> LoadSpec:
+    ) -> LoadSpec[RemoteSource]:
         ids, indices = [], []
         first, last = start // self.block_size, cdiv(end, self.block_size)
         for table in blocks.block_ids:
@@ -173,7 +173,7 @@ class NixlScheduler(BaseConnectorScheduler):
 
     def build_connector_meta(
         self, scheduled: list[tuple[KVConnectorRequest, int, int, RequestBlocks]]
-    ) -> ConnectorMetadata:
+    ) -> ConnectorMetadata[RemoteSource, NixlItem]:
         items = self._items
         if self.waits is not None:
             items.extend(self.waits.due())
