@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from hybridkv.connectors.stats import ConnectorStats
 from hybridkv.connectors.tier_events import NoTiersError, TierEvent, TierEventSink
 from hybridkv.kv.coordinator import KVRequest
+from hybridkv.request import RequestStatus
 from hybridkv.sampling.transfer_params import TransferFields
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 
@@ -55,6 +56,9 @@ class KVConnectorRequest(KVRequest, Protocol):
 
     @property
     def transfer_fields(self) -> TransferFields | None: ...
+
+    @property
+    def status(self) -> RequestStatus: ...
 
 
 @dataclass(frozen=True, slots=True)

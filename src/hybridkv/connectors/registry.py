@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from hybridkv.choice import json_object, parse_choice
 from hybridkv.connectors.base import KVConnectorPair
@@ -88,11 +88,10 @@ def connector_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def parse_kv_transfer_config(
-    value: KVTransferConfig | Mapping[str, Any] | str, block_size: int
-) -> KVTransferConfig:
+def parse_kv_transfer_config(value: object, block_size: int) -> KVTransferConfig:
     """From a dict, a JSON string (the CLI's ``--kv-transfer-config``) or itself; the
-    connector's extra config is parsed by its entry. Errors name the bad key."""
+    connector's extra config is parsed by its entry. Errors name the bad key (anything else
+    is a ValueError too)."""
     if isinstance(value, KVTransferConfig):
         return value
     value = json_object(value, "kv_transfer_config", sorted(KEYS))

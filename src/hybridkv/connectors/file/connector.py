@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from hybridkv.choice import parse_choice
 from hybridkv.connectors.base import (
@@ -61,7 +60,7 @@ class FileConnectorConfig(ConnectorOptions):
     load_timeout_seconds: float = 30.0  # a load still reading then fails (reason "timeout")
 
     @classmethod
-    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> FileConnectorConfig:
+    def parse(cls, extra: Mapping[str, object], ctx: OptionsContext) -> FileConnectorConfig:
         known = {"path", "load_mode", "save", "load_timeout_seconds"}
         for name in extra:
             if name not in known:

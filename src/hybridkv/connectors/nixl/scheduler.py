@@ -203,7 +203,7 @@ class NixlScheduler(BaseConnectorScheduler):
         end = producer.end_of(request) if producer is not None else None
         if producer is None or end is None:
             return False, None
-        if getattr(request, "status", None) not in _NORMAL_FINISH:
+        if request.status not in _NORMAL_FINISH:
             producer.release_staging(rid)
             return False, None
         if self.has_state and not producer.is_staged(rid):
