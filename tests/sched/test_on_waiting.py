@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
-from hybridkv.connectors.base import KVConnectorRequest
+import pytest
+
+from hybridkv.connectors.base import Capabilities, KVConnectorRequest
 from hybridkv.connectors.config import KVTransferConfig
 from hybridkv.connectors.fault.connector import FaultInjectionScheduler
 from hybridkv.connectors.multi.config import ChildConfig, MultiConfig
@@ -122,3 +124,21 @@ def test_the_wrappers_pass_drops_and_pending_through() -> None:
     multi.request_dropped(req)
     assert dropped == ["a", "a"] and multi.has_pending()
     assert not multi_over(Recorder()).has_pending()
+
+
+def test_the_hook_groups_are_asked_once_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``capabilities()`` is resolved when ``KVTransfer`` is built, never per step."""
+    asked: list[str] = []
+    original = ScriptedScheduler.capabilities
+
+    def counting(self: ScriptedScheduler) -> Capabilities:
+        asked.append("capabilities")
+        return original(self)
+
+    monkeypatch.setattr(ScriptedScheduler, "capabilities", counting)
+    h = make_harness("full", scripts={"a": Script(external=0)})
+    h.add("a", random_prompt(1, 20), max_tokens=4, kv_transfer_params={"x": 1})
+    h.add("b", random_prompt(2, 20), max_tokens=4)
+    h.run()
+    assert asked == ["capabilities"] and h.outputs.keys() == {"a", "b"}
+    h.assert_no_leaks()

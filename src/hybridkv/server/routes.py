@@ -161,6 +161,6 @@ def _changed(params: SamplingParams) -> str:
     parts = [
         f"{f.name}={getattr(params, f.name)!r}"
         for f in dataclasses.fields(params)
-        if getattr(params, f.name) != getattr(default, f.name)
+        if f.init and getattr(params, f.name) != getattr(default, f.name)  # not derived ones
     ]
     return "SamplingParams(" + ", ".join(parts) + ")"
