@@ -33,7 +33,7 @@ from hybridkv.kv.hashing import BlockHasher, get_hash_fn
 from hybridkv.kv.spec import create_layout
 from hybridkv.request import Request, RequestStatus
 from hybridkv.sampling.grammar import GrammarBackend
-from hybridkv.sampling.params import SamplingParams
+from hybridkv.sampling.params import SamplingParams, TransferFields
 from hybridkv.sched.kv_transfer import KVTransfer
 from hybridkv.sched.scheduler import Scheduler
 
@@ -241,10 +241,10 @@ class EngineCore:
         try:
             return self._add_request(prompt_token_ids, params, request_id, prompt, cache_salt)
         except ValueError:
-            self.release_transfer(params.kv_transfer_params)
+            self.release_transfer(params.transfer_fields)
             raise
 
-    def release_transfer(self, params: dict[str, object] | None) -> None:
+    def release_transfer(self, params: TransferFields | None) -> None:
         """A request carrying ``params`` was refused before the scheduler held it: the
         connector lets a producer free what it keeps for it now (``request_dropped``)."""
         if params and self.scheduler.transfer is not None:
