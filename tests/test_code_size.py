@@ -14,7 +14,6 @@ MAX_FILE_LINES = 320
 # over budget today: name -> its length now (a ceiling)
 OVER_FUNCTIONS = {
     "engine/core.py:EngineCore.__init__": 66,
-    "model/step/step_builder.py:build_step": 52,
 }
 OVER_FILES = {"engine/core.py": 330, "connectors/nixl/scheduler.py": 329}
 
