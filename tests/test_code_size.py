@@ -12,10 +12,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "hybridkv"
 MAX_FUNCTION_LINES = 50
 MAX_FILE_LINES = 320
 # over budget today: name -> its length now (a ceiling)
-OVER_FUNCTIONS = {
-    "engine/core.py:EngineCore.__init__": 66,
-}
-OVER_FILES = {"engine/core.py": 330, "connectors/nixl/scheduler.py": 329}
+OVER_FUNCTIONS: dict[str, int] = {}
+OVER_FILES = {"connectors/nixl/scheduler.py": 329}
 
 
 def function_lengths(path: Path, root: Path = SRC) -> dict[str, int]:
