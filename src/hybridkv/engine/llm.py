@@ -18,6 +18,7 @@ from hybridkv.sampling.params import SamplingParams
 if TYPE_CHECKING:
     from hybridkv.model.loading.tokenizer import Tokenizer
 
+# a dict is the caller's (vLLM's shape: prompt / prompt_token_ids / cache_salt), checked per key
 PromptInput = str | list[int] | dict[str, Any]
 
 
@@ -45,7 +46,7 @@ class LLM:
         tokenizer: str | None = None,
         generation_config: str = "auto",
         max_logprobs: int = 20,
-        **options: Any,
+        **options: Any,  # EngineConfig's fields by vLLM's names, checked by EngineConfig.create
     ) -> None:
         if "dtype" in options:
             options["dtype"] = engine_dtype(options["dtype"])
