@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from hybridkv.engine.beam_search import BeamSearchOutput, BeamSearchParams
     from hybridkv.model.loading.tokenizer import Tokenizer
 
+# a dict is the caller's (vLLM's shape: prompt / prompt_token_ids / cache_salt), checked per key
 PromptInput = str | list[int] | dict[str, Any]
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class LLM:
         tokenizer: str | None = None,
         generation_config: str = "auto",
         max_logprobs: int = 20,
-        **options: Any,
+        **options: Any,  # EngineConfig's fields by vLLM's names, checked by EngineConfig.create
     ) -> None:
         options, foreign = split_vllm_options(options)  # vLLM's kwargs with no job here
         options = kv_cache_memory_from_env(options)  # vLLM CPU's $VLLM_CPU_KVCACHE_SPACE

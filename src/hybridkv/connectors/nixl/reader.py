@@ -35,7 +35,6 @@ from typing import Any
 
 import torch
 
-from hybridkv.connectors.base import LoadResult
 from hybridkv.connectors.nixl.agent import NixlAgent, XferState
 from hybridkv.connectors.nixl.handshake import HandshakeFailed, Peer, Peers, check_indices
 from hybridkv.connectors.nixl.layout import LayoutDescriptor
@@ -44,6 +43,7 @@ from hybridkv.connectors.nixl.meta import NotifyOnly, ParamsRefused, RemoteSourc
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.plan import Rows, load_rows, total_bytes
 from hybridkv.connectors.nixl.stats import Flow, NixlStats
+from hybridkv.connectors.outputs import LoadResult
 from hybridkv.connectors.stats import StatsCounter, bump
 from hybridkv.step_io import LoadSpec
 
