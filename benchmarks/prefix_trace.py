@@ -72,10 +72,12 @@ class TraceRequest:
         return len(self.token_ids)
 
 
-def make_coordinator(layout: KVCacheLayout, mode: str, memory: int) -> KVCacheCoordinator:
+def make_coordinator(
+    layout: KVCacheLayout, mode: str, memory: int, budget: float = BUDGET
+) -> KVCacheCoordinator:
     from hybridkv.engine.sizing import checkpoint_capacity
 
-    cap = checkpoint_capacity(BUDGET, memory, layout)
+    cap = checkpoint_capacity(budget, memory, layout)
     slots = 3 + (cap or 0) if layout.state_group_ids else 0
     config = KVCacheConfig(
         num_blocks=layout.num_blocks_for(memory, slots),
@@ -109,9 +111,11 @@ def serve(coord: KVCacheCoordinator, req: TraceRequest, reply: list[int]) -> tup
     return (hit.num_tokens, *(hit.group_hit_tokens or [0] * len(coord.layout.groups)))
 
 
-def run(layout_name: str, mode: str, turns: list[Turn], memory: int) -> dict[str, Any]:
+def run(
+    layout_name: str, mode: str, turns: list[Turn], memory: int, budget: float = BUDGET
+) -> dict[str, Any]:
     layout = granite_small_layout() if layout_name == "granite_small" else build_layout(layout_name)
-    coord = make_coordinator(layout, mode, memory)
+    coord = make_coordinator(layout, mode, memory, budget)
     hits: list[int] = []
     group_hits = [0] * len(layout.groups)
     peak = 0
@@ -130,6 +134,7 @@ def run(layout_name: str, mode: str, turns: list[Turn], memory: int) -> dict[str
             for gid, (g, n) in enumerate(zip(layout.groups, group_hits, strict=True))
         },
         "checkpoint_peak": peak,
+        "checkpoint_capacity": coord.state[0].book.capacity if coord.state else None,
     }
 
 

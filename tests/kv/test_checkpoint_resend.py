@@ -51,7 +51,6 @@ def default_harness() -> Harness:
     return Harness(Scheduler(sched, max_model_len, kv), kv, PageRunner(layout))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: the book hits 0 on the resend")
 def test_resent_batch_hits_a_budget_of_prompts() -> None:
     h = default_harness()
     prompts, outs = resend_batch()
@@ -114,7 +113,6 @@ def _generate_twice(model: Path, caching: bool) -> tuple[list[list[int]], list[i
 
 @pytest.mark.model
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 29: the book hits 0 on the resend")
 def test_resent_batch_through_llm_generate_matches_no_cache(granite_tiny: Path) -> None:
     cached, outs, hit = _generate_twice(granite_tiny, caching=True)
     plain, _, _ = _generate_twice(granite_tiny, caching=False)
