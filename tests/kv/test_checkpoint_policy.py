@@ -4,6 +4,10 @@ what their continuation misses, a shared head kept, held checkpoints never evict
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from hybridkv.kv.checkpoint_counters import EvictReason
 from hybridkv.kv.checkpoint_value import PRIOR_REUSE, recompute_cost
 from hybridkv.kv.checkpoints import CheckpointKind
@@ -127,3 +131,36 @@ def test_priors_rank_shared_heads_over_one_shot_tails() -> None:
     assert PRIOR_REUSE[kinds.CALLER] > PRIOR_REUSE[kinds.PROMPT] > PRIOR_REUSE[kinds.PERIODIC]
     assert PRIOR_REUSE[kinds.JUNCTION] > PRIOR_REUSE[kinds.PROMPT]
     assert PRIOR_REUSE[kinds.TURN_END] > PRIOR_REUSE[kinds.FINISHED]
+
+
+def test_stats_count_by_kind_and_bytes_against_the_budget() -> None:
+    coord = _scan(max_checkpoints=1)
+    # A's caller boundary 4 is kept, its prompt end 8 (worth less) refused; A2 resumes at 4,
+    # holding the whole budget while it runs: its prompt end 8 is refused again
+    _serve(coord, FakeRequest("A", _prompt(1), cache_boundaries=(4,)))
+    _serve(coord, FakeRequest("A2", _prompt(1)))
+    s = coord.checkpoint_stats()
+    slot_bytes = coord.layout.state_slot_bytes(coord.state[0].group_id)
+    assert s.admitted == {"caller": 1} and s.refused == {"prompt": 2}
+    assert s.hits == {"caller": 1} and s.evicted == {}
+    assert (s.held_bytes, s.budget_bytes) == (slot_bytes, slot_bytes)
+
+
+def test_a_budget_below_the_running_batch_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    coord = _scan(max_checkpoints=1)
+    reqs = [FakeRequest(f"R{i}", _prompt(i)) for i in range(3)]
+    with caplog.at_level(logging.WARNING, logger="hybridkv.kv.state_manager"):
+        for r in reqs:
+            assert coord.allocate(r, r.num_tokens, coord.find_cache_hit(r))
+        coord.take_state_copies()
+    assert [r.getMessage() for r in caplog.records if "fewer than" in r.getMessage()] == [
+        "state group 1: the checkpoint budget holds 1 checkpoints, fewer than the 2 running "
+        "requests: some prefixes will be recomputed (raise state_checkpoint_budget or "
+        "kv_cache_memory)"
+    ]
+    for r in reqs:  # every request ran: none refused for checkpoint room
+        r.num_computed_tokens = r.num_tokens
+        coord.cache(r, r.num_tokens)
+        coord.free(r)
+    coord.check_integrity()
+    assert coord.checkpoint_stats().refused == {"prompt": 2}

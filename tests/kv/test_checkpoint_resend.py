@@ -102,12 +102,15 @@ def _generate_twice(model: Path, caching: bool) -> tuple[list[list[int]], list[i
                 list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)
             ]
             hits.append(llm.engine.kv.stats.hit_tokens - before)
+        checkpoints = llm.engine.stats().checkpoints
     finally:
         llm.close()
     if caching:
         assert cap is not None and MAX_NUM_SEQS <= cap < len(prompts)
         ends = sorted(((len(p) - 1) // 16 * 16 for p in prompts), reverse=True)
         assert hits[1] >= 0.9 * sum(ends[:cap])
+        assert sum(checkpoints.hits.values()) >= cap * 9 // 10  # restored, counted by kind
+        assert 0 < checkpoints.held_bytes <= (checkpoints.budget_bytes or 0)
     return results, outs, hits[1]
 
 

@@ -181,6 +181,7 @@ class EngineCore:
             transfer=self._transfer_stats(),
             kv_events=self.kv_events.stats() if self.kv_events is not None else None,
             steps=self._counters.snapshot(),
+            checkpoints=self.kv.checkpoint_stats(),
         )
 
     def _transfer_stats(self) -> TransferStats:

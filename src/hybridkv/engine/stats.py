@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hybridkv.connectors.stats import ConnectorStats
+from hybridkv.kv.checkpoint_counters import CheckpointStats
 from hybridkv.kv_events.stats import PublisherStats
 from hybridkv.step_io import FailureReason, SchedulerOutput
 
@@ -59,6 +60,7 @@ class EngineStats:
     transfer: TransferStats = field(default_factory=TransferStats)
     kv_events: PublisherStats | None = None  # KV event batches published / dropped (if on)
     steps: StepStats = field(default_factory=StepStats)
+    checkpoints: CheckpointStats = field(default_factory=CheckpointStats)  # state checkpoints
 
 
 def stats_line(s: EngineStats, prev: EngineStats | None = None, seconds: float = 0.0) -> str:

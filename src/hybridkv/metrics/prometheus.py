@@ -35,6 +35,7 @@ from hybridkv.connectors.nixl.metrics import nixl_families
 from hybridkv.connectors.stats import Direction
 from hybridkv.engine.stats import EngineStats, GroupCacheStats, TransferStats
 from hybridkv.kv_events.stats import PublisherStats
+from hybridkv.metrics.checkpoints import checkpoint_families
 from hybridkv.metrics.requests import ITERATION_BUCKETS, RequestMetrics, create_request_metrics
 
 if TYPE_CHECKING:
@@ -79,6 +80,18 @@ METRICS: dict[str, MetricSpec] = {
     ),
     "prefix_cache_hits": MetricSpec(
         "counter", ("group", "kind"), "each group's own prefix hits in tokens"
+    ),
+    "state_checkpoints_admitted": MetricSpec(
+        "counter", ("kind",), "state checkpoints kept, by kind"
+    ),
+    "state_checkpoints_refused": MetricSpec(
+        "counter", ("kind",), "due state checkpoints not kept (worth less than the budget's)"
+    ),
+    "state_checkpoints_evicted": MetricSpec("counter", ("reason",), "state checkpoints evicted"),
+    "state_checkpoint_hits": MetricSpec("counter", ("kind",), "state checkpoints restored"),
+    "state_checkpoint_bytes": MetricSpec("gauge", (), "bytes the state checkpoints hold"),
+    "state_checkpoint_budget_bytes": MetricSpec(
+        "gauge", (), "bytes state_checkpoint_budget allows (0: no state layers)"
     ),
     "kv_load_failures": MetricSpec("counter", ("reason",), "KV connector load failures, by reason"),
     "recomputed_tokens": MetricSpec("counter", (), "tokens recomputed after failed KV loads"),
@@ -231,6 +244,7 @@ class _SnapshotCollector(Collector):
         yield _family("prefix_cache_lookups", s.prefix_cache_queries)
         yield _family("prefix_cache_hit_tokens", s.prefix_cache_hit_tokens)
         yield from _group_families(s.groups)
+        yield from checkpoint_families(s.checkpoints, _family)
         yield from _transfer_families(s.transfer)
         events = s.transfer.connector.flatten().events if s.transfer.connector else {}
         yield from nixl_families(events, PREFIX)
