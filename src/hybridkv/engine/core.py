@@ -26,7 +26,7 @@ from hybridkv.engine.outputs import OutputProcessor
 from hybridkv.engine.parallel import ParallelSampling, ParentRequest
 from hybridkv.engine.request_prep import prepare_params, truncate_prompt
 from hybridkv.engine.sizing import resolve_dtype, size_cache
-from hybridkv.engine.stats import EngineStats, GroupCacheStats, StepCounters, TransferStats
+from hybridkv.engine.stats import EngineStats, StepCounters, TransferStats, group_cache_stats
 from hybridkv.engine.step import run_step
 from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHasher, get_hash_fn
@@ -164,10 +164,7 @@ class EngineCore:
         """One snapshot of the engine's state and counters (call on the engine thread)."""
         sched = self.scheduler.stats()
         cache = self.kv.stats
-        groups = tuple(
-            GroupCacheStats(g.group_id, g.kind.value, cache.queried_tokens, hits)
-            for g, hits in zip(self.layout.groups, cache.group_hit_tokens, strict=False)
-        )
+        groups = group_cache_stats(self.layout, cache.queried_tokens, cache.group_hit_tokens)
         return EngineStats(
             num_running=sched.num_running,
             num_waiting=sched.num_waiting,
