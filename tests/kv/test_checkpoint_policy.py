@@ -164,3 +164,18 @@ def test_a_budget_below_the_running_batch_warns_once(caplog: pytest.LogCaptureFi
         coord.free(r)
     coord.check_integrity()
     assert coord.checkpoint_stats().refused == {"prompt": 2}
+
+
+def test_a_request_naming_every_block_keeps_few_of_them() -> None:
+    """A client may name a boundary at every block (cache_boundaries is bounded in count, not
+    in density): once one of them is kept, the next is worth only the tokens since it, so the
+    request cannot fill the budget with its own fine-grained checkpoints."""
+    coord = _scan(max_checkpoints=4)
+    book = coord.state[0].book
+    for i in range(2):
+        _serve(coord, FakeRequest(f"S{i}", _prompt(i, 18), cache_boundaries=(12,)))
+    flood = FakeRequest("F", _prompt(9, 41), cache_boundaries=tuple(range(4, 41, 4)))
+    _serve(coord, flood)
+    mine = [e for e in book.entries.values() if e.key[0] in flood.block_hashes]
+    assert len(mine) <= 3 and book.count() <= 4  # of its 10 boundaries
+    assert book.counters.refused[CheckpointKind.CALLER] >= 7

@@ -20,9 +20,10 @@ Eviction takes the unreferenced checkpoint of least value (oldest first among eq
 Admission compares: a new checkpoint enters only if it is worth strictly more than that
 victim, so a scan of one-shot prompt tails (their kind's reuse learned low) never flushes
 checkpoints that get reused, and equals never churn (what keeps a budget's worth of a
-re-sent batch). A ghost made again comes back with the hits it had (second-hit admission);
-caller boundaries and junctions (heads other requests share) start with a high prior and
-enter at once. Checkpoints referenced by a running request (the one it resumed from, held
+re-sent batch); a turn end or caller boundary must beat it by ``ADMIT_MARGIN``, so the turn
+ends of interleaved conversations do not displace each other. A ghost made again comes back
+with the hits it had (second-hit admission); caller boundaries and junctions (heads other
+requests share) start with high priors, so a first sharer finds them. Checkpoints referenced by a running request (the one it resumed from, held
 until it finishes; a restore in flight) are never evicted; when nothing can be evicted a due
 save is skipped and counted (``CheckpointCounters.refused``), the request runs on.
 
@@ -42,6 +43,12 @@ from hybridkv.kv.checkpoints import CheckpointKind
 from hybridkv.kv.hashing import BlockHash
 
 MIN_LINK_SHARE = 0.1  # of a link's expected reuse (a head shared two ways is not a link)
+# A new turn end or caller boundary must be worth half again its victim: their values drift
+# as the ancestors below them come and go, and turn ends of different conversations, each to
+# be resumed once, must not displace each other round after round (a cycle of conversations
+# longer than the budget; B3's chat at 1/4x and qwen35's at 1x). Prompt ends compare as they
+# are (a re-sent batch keeps its most valuable).
+ADMIT_MARGIN = 1.5
 GHOSTS_PER_CHECKPOINT = 8  # ghosts remembered per checkpoint of the budget (at least 256)
 
 
@@ -208,9 +215,11 @@ class CheckpointBook:
         prefix: tuple[BlockHash, ...],
         boundary: int,
         key_hash: BlockHash,
+        pending_below: int = 0,
     ) -> tuple[CheckpointKind, int] | None:
         """Make room for a new checkpoint at ``boundary`` (``prefix``: the hashes of the blocks
-        before it; ``key_hash``: its own), evicting only checkpoints worth strictly less.
+        before it; ``key_hash``: its own; ``pending_below``: the deepest save of the same
+        request below it, not keyed yet), evicting only checkpoints worth strictly less.
         Returns the kind and hits it starts with (a ghost's: what it was made as first), or
         None when it is refused (counted)."""
         ghost = self.ghosts.take(key_hash)
@@ -221,8 +230,10 @@ class CheckpointBook:
             kind, hits = ghost.kind, ghost.hits
         if self.capacity is None or self.count() + num_pending < self.capacity:
             return kind, hits
-        gain = recompute_cost(self._ancestor(prefix), boundary)
+        gain = recompute_cost(max(self._ancestor(prefix), pending_below), boundary)
         worth = self.rates.expected(kind, hits) * gain
+        if kind in (CheckpointKind.TURN_END, CheckpointKind.CALLER):
+            worth /= ADMIT_MARGIN
         while self.count() + num_pending >= self.capacity:
             slot = self.victim()
             if slot is None or self.value(self.entries[slot]) >= worth:

@@ -189,7 +189,9 @@ class StateManager:
         self._drop_trailing(req_id)  # superseded by a newer checkpoint
         prefix = tuple(hashes[: boundary // self.block_size - 1])
         key = self._key(hashes, boundary)
-        admitted = self.book.admit(self.num_pending(), kind, prefix, boundary, key[0])
+        saves = self.pending.get(req_id, [])
+        below = max((p.boundary for p in saves if p.boundary < boundary), default=0)
+        admitted = self.book.admit(self.num_pending(), kind, prefix, boundary, key[0], below)
         if admitted is None:
             return None
         if self.pool.num_free == 0:
