@@ -18,6 +18,11 @@ Mamba "align" mode), once with vLLM's default hash granularity and once with
 ``prefix_match_unit=16`` (its finest hits). TTFT through the real engine:
 ``prefix_trace_ttft.py``.
 
+The checkpoint policy against the offline optimum (``checkpoint_oracle.py``, issue 29):
+three traces (the chat trace; a re-sent batch, 32 prompts twice then 64 twice; an agentic
+trace on a shared 2,000-token preamble), each at 1/4, 1 and 4 times the default budget;
+hybridkv's saved prompt tokens over the oracle's (``policy_vs_oracle`` in the JSON).
+
     .venv/bin/python benchmarks/prefix_trace.py --vllm /work/vllm-venv/bin/python
     .venv/bin/python benchmarks/prefix_trace.py --quick    # seconds, no vLLM
 """
@@ -39,7 +44,14 @@ from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHash, BlockHasher, get_hash_fn
 from hybridkv.kv.spec import FullAttentionSpec, KVCacheLayout, LayerSpec, StateSpec, create_layout
 from kv_core import build_layout
-from prefix_trace_workload import Turn, first_sharer_reuse, ideal_hits, make_trace
+from prefix_trace_workload import (
+    Turn,
+    first_sharer_reuse,
+    ideal_hits,
+    make_agentic_trace,
+    make_resend_trace,
+    make_trace,
+)
 
 BLOCK = 16
 BUDGET = 0.1
@@ -72,10 +84,12 @@ class TraceRequest:
         return len(self.token_ids)
 
 
-def make_coordinator(layout: KVCacheLayout, mode: str, memory: int) -> KVCacheCoordinator:
+def make_coordinator(
+    layout: KVCacheLayout, mode: str, memory: int, budget: float = BUDGET
+) -> KVCacheCoordinator:
     from hybridkv.engine.sizing import checkpoint_capacity
 
-    cap = checkpoint_capacity(BUDGET, memory, layout)
+    cap = checkpoint_capacity(budget, memory, layout)
     slots = 3 + (cap or 0) if layout.state_group_ids else 0
     config = KVCacheConfig(
         num_blocks=layout.num_blocks_for(memory, slots),
@@ -109,9 +123,11 @@ def serve(coord: KVCacheCoordinator, req: TraceRequest, reply: list[int]) -> tup
     return (hit.num_tokens, *(hit.group_hit_tokens or [0] * len(coord.layout.groups)))
 
 
-def run(layout_name: str, mode: str, turns: list[Turn], memory: int) -> dict[str, Any]:
+def run(
+    layout_name: str, mode: str, turns: list[Turn], memory: int, budget: float = BUDGET
+) -> dict[str, Any]:
     layout = granite_small_layout() if layout_name == "granite_small" else build_layout(layout_name)
-    coord = make_coordinator(layout, mode, memory)
+    coord = make_coordinator(layout, mode, memory, budget)
     hits: list[int] = []
     group_hits = [0] * len(layout.groups)
     peak = 0
@@ -130,6 +146,7 @@ def run(layout_name: str, mode: str, turns: list[Turn], memory: int) -> dict[str
             for gid, (g, n) in enumerate(zip(layout.groups, group_hits, strict=True))
         },
         "checkpoint_peak": peak,
+        "checkpoint_capacity": coord.state[0].book.capacity if coord.state else None,
     }
 
 
@@ -202,6 +219,42 @@ def print_table(results: dict[str, dict[str, dict[str, Any]]]) -> None:
             )
 
 
+def policy_traces(quick: bool) -> dict[str, list[Turn]]:
+    """The traces the policy is measured on against the oracle (``checkpoint_oracle.py``)."""
+    if quick:
+        return {"chat": make_trace(8, 2), "resend": make_resend_trace(), "agentic": make_agentic_trace(4, 4)}  # fmt: skip
+    return {"chat": make_trace(24, 4), "resend": make_resend_trace(), "agentic": make_agentic_trace()}  # fmt: skip
+
+
+def policy_vs_oracle(name: str, memory: int, quick: bool) -> list[dict[str, Any]]:
+    """hybridkv's saved prompt tokens (``messages`` mode) against the offline optimum's, per
+    trace, at 1/4, 1 and 4 times the default budget."""
+    import checkpoint_oracle as oracle
+
+    rows = []
+    for trace, turns in policy_traces(quick).items():
+        computed = [(t.prompt + t.reply[:-1], len(t.prompt)) for t in turns]
+        chains = oracle.chains_of(computed, BLOCK)
+        for factor in (1.0,) if quick else (0.25, 1.0, 4.0):
+            r = run(name, "messages", turns, memory, BUDGET * factor)
+            best = oracle.saved_tokens(chains, r["checkpoint_capacity"] or 0, BLOCK)
+            saved = r["prompt_tokens"] - r["computed_tokens"]
+            rows.append({
+                "layout": name, "trace": trace, "budget_factor": factor,
+                "checkpoints": r["checkpoint_capacity"], "prompt_tokens": r["prompt_tokens"],
+                "computed_tokens": r["computed_tokens"], "saved_tokens": saved,
+                "oracle_saved_tokens": best.saved, "oracle_feasible_tokens": best.feasible,
+                "ratio": saved / best.saved if best.saved else 1.0,
+            })  # fmt: skip
+            print(
+                f"{name:14} {trace:8} x{factor:<4} {r['checkpoint_capacity']:4d} checkpoints: "
+                f"saved {saved:7d}, oracle {best.saved:7d} (feasible {best.feasible:7d}): "
+                f"{rows[-1]['ratio']:.3f}",
+                file=sys.stderr,
+            )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--conversations", type=int, default=24)
@@ -242,6 +295,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "workload": {"memory": dict(zip(args.layouts, memories, strict=True)), "budget": BUDGET},
         "floor_computed_tokens": floor,
         "results": results,
+        "policy_vs_oracle": [
+            row
+            for name, memory in zip(args.layouts, memories, strict=True)
+            for row in policy_vs_oracle(name, memory, args.quick)
+        ],
     }
     print(json.dumps(out, indent=2))
     return out

@@ -63,6 +63,48 @@ def make_trace(num_conversations: int, num_turns: int, seed: int = 0) -> list[Tu
     return turns
 
 
+def make_resend_trace(seed: int = 0) -> list[Turn]:
+    """The re-sent batch: 32 prompts of 16-384 tokens sent twice, then 64 new ones twice
+    (B1's workload with caching on, then a larger working set); replies of 8-128 tokens."""
+    rng = random.Random(seed)
+    turns = []
+    for n in (32, 64):
+        batch = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(16, 384))] for _ in range(n)]
+        replies = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(8, 128))] for _ in batch]
+        for _ in range(2):
+            turns += [
+                Turn(i, 0, p, r, ()) for i, (p, r) in enumerate(zip(batch, replies, strict=True))
+            ]
+    return turns
+
+
+def make_agentic_trace(num_tasks: int = 16, num_steps: int = 8, seed: int = 0) -> list[Turn]:
+    """Agents on a shared 2,000-token tool preamble: each task (a 50-200-token message) runs
+    ``num_steps`` steps, interleaved round robin; a step continues its task's newest branch
+    (or, one time in four, an older one: a retry), and its reply (20-80 tokens) plus a tool
+    result (30-150) is the next prompt; one step in four is abandoned (never continued)."""
+    rng = random.Random(seed)
+
+    def text(n: int) -> list[int]:
+        return [rng.randrange(3, VOCAB) for _ in range(n)]
+
+    preamble = text(2000)
+    tips: list[list[tuple[list[int], tuple[int, ...]]]] = []
+    for _ in range(num_tasks):
+        head = preamble + text(rng.randrange(50, 200))
+        tips.append([(head, (len(preamble), len(head)))])
+    turns = []
+    for _ in range(num_steps):
+        for t, branches in enumerate(tips):
+            prompt, ends = branches[-1] if rng.random() < 0.75 else rng.choice(branches)
+            reply = text(rng.randrange(20, 80))
+            turns.append(Turn(t, 0, prompt, reply, ends))
+            if rng.random() < 0.75:
+                nxt = prompt + reply + text(rng.randrange(30, 150))
+                branches.append((nxt, (*ends, len(prompt) + len(reply), len(nxt))))
+    return turns
+
+
 def first_sharer_reuse(turns: list[Turn], hits: list[int], block: int) -> dict[int, float]:
     """For each system prompt, the share of its full blocks (of ``block`` tokens) that the
     first turn of its second conversation (its first sharer) did not compute."""

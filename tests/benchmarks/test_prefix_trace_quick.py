@@ -22,6 +22,13 @@ def test_prefix_trace_quick() -> None:
         assert min(before["first_sharer_system_reuse"].values()) < 0.9  # the 64-token one
         for r in (before, messages):
             assert r["checkpoint_peak_bytes"] <= r["checkpoint_budget_bytes"]
+    rows = out["policy_vs_oracle"]
+    assert {(r["layout"], r["trace"]) for r in rows} == {
+        (layout, trace) for layout in out["results"] for trace in ("chat", "resend", "agentic")
+    }
+    for r in rows:  # the online policy within 10 % of the offline optimum (an upper bound)
+        assert r["oracle_feasible_tokens"] <= r["oracle_saved_tokens"]
+        assert 0.9 * r["oracle_saved_tokens"] <= r["saved_tokens"] <= r["prompt_tokens"]
 
 
 VLLM_PYTHON = Path("/work/vllm-venv/bin/python")

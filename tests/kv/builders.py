@@ -143,3 +143,16 @@ def decode(coord: KVCacheCoordinator, req: FakeRequest, token: int) -> bool:
 def queue(pool: BlockPool) -> list[int]:
     """The free queue, front (allocated next) to back (evicted last)."""
     return list(pool.free_queue)
+
+
+def granite_small_layout(block_size: int = 16) -> KVCacheLayout:
+    """The small Granite 4.0-H checkpoint's cache layers (make_model --size small): 9 Mamba2
+    layers (conv 1664 x 3, SSM 24 x 64 x 64, float32) and 3 full attention (4 x 64)."""
+    mamba = StateSpec("mamba2", ((1664, 3), (24, 64, 64)), ("float32", "float32"))
+    specs: list[LayerSpec | None] = [
+        mamba,
+        mamba,
+        mamba,
+        FullAttentionSpec(block_size, 4, 64, "float32"),
+    ] * 3
+    return create_layout(specs, block_size=block_size)

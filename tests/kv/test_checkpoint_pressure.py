@@ -1,19 +1,20 @@
 """The KV state machine (``test_properties``) on state layouts under checkpoint pressure: a
 tiny checkpoint budget, checkpoints taken from the scan or by split steps, caller boundaries.
 Every invariant of the base machine holds (no leaks, every checkpoint holds the state its key
-names, ``check_integrity`` — which asserts the budget), and every eviction takes the least
-valuable free checkpoint: not shared (two hits, or continued two ways) before shared, then
-periodic before prompt before caller, then links (continued by another checkpoint, fewer
-continuations first) before frontiers (judged from the requests' tokens, not the book's
-bookkeeping)."""
+names, ``check_integrity`` — which asserts the budget, pending saves included), and every
+eviction the book makes, under any request sequence: takes an unreferenced checkpoint (never
+one a running request holds: the one it resumed from, a restore in flight), never a slot
+another structure uses (live, trailing, pending, held), and the least valuable free one."""
 
 from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize
+from hypothesis.stateful import initialize, invariant
 
 from hybridkv.kv.checkpoint_book import CheckpointBook
+from hybridkv.kv.checkpoint_counters import EvictReason
+from hybridkv.kv.state_manager import StateManager
 from tests.kv.builders import FakeRequest, make_coordinator
 from tests.kv.test_properties import KVMachine
 
@@ -58,62 +59,43 @@ class PressureMachine(KVMachine):
         self.counter = 0
         self.history = []
         self.evictions = 0
-        self.known: list[FakeRequest] = []  # every request made: whose tokens a hash names
         for sm in self.coord.state:
-            self._watch(sm.book)
+            self._watch(sm.book, sm)
 
     def _request(self, tokens: list[int], salt: str | None = None) -> FakeRequest:
         """Token 0 ends a "message": the same prefix always names the same boundaries."""
         ends = tuple(i + 1 for i, t in enumerate(tokens) if t == 0)
-        req = FakeRequest(self._new_id(), tokens, self.B, cache_salt=salt, cache_boundaries=ends)
-        self.known.append(req)
-        return req
+        return FakeRequest(self._new_id(), tokens, self.B, cache_salt=salt, cache_boundaries=ends)
 
-    def _prefix_of(self, block_hash: object) -> tuple[str | None, tuple[int, ...]] | None:
-        for req in self.known:
-            for k, h in enumerate(req.block_hashes):
-                if h == block_hash:
-                    return req.cache_salt, tuple(req.token_ids[: (k + 1) * self.B])
-        return None
+    def _watch(self, book: CheckpointBook, sm: StateManager) -> None:
+        forget = book._forget
 
-    def _watch(self, book: CheckpointBook) -> None:
-        evict_one = book.evict_one
-
-        def checked(newcomer: frozenset[object] = frozenset()) -> bool:
-            slot = book.victim(newcomer)  # type: ignore[arg-type]
-            if slot is not None:
-                self._check_victim(book, slot, newcomer)
+        def checked(slot: int, reason: EvictReason) -> None:
+            if reason is not EvictReason.LOST:
+                self._check_victim(book, sm, slot)
                 self.evictions += 1
-            return evict_one(newcomer)  # type: ignore[arg-type]
+            forget(slot, reason)
 
-        book.evict_one = checked  # type: ignore[method-assign]
+        book._forget = checked  # type: ignore[method-assign]
 
-    def _check_victim(self, book: CheckpointBook, slot: int, newcomer: frozenset[object]) -> None:
-        """Judged from the requests' tokens: which checkpoints continue which (and in how
-        many ways), not from the book's own prefix bookkeeping."""
-        prefixes = {s: self._prefix_of(e.key[0]) for s, e in book.entries.items()}
-
-        def continuing(s: int) -> list[tuple[int, ...]]:
-            mine = prefixes[s]
-            if mine is None:
-                return []
-            n = len(mine[1])
-            return [
-                o[1][n : n + self.B]
-                for t, o in prefixes.items()
-                if t != s and o is not None and o[0] == mine[0] and len(o[1]) > n
-                if o[1][:n] == mine[1]
-            ]
-
-        def rank(s: int) -> tuple[bool, int, bool, int]:
-            e, after = book.entries[s], continuing(s)
-            n = len(after) + (e.key[0] in newcomer)
-            return (e.hits >= 2 or len(set(after)) >= 2, int(e.kind), n == 0, -n)
-
+    def _check_victim(self, book: CheckpointBook, sm: StateManager, slot: int) -> None:
+        assert book.pool.ref_cnt[slot] == 0, f"evicted slot {slot}, referenced"
+        assert slot not in sm.held_refs(), f"evicted slot {slot}, which a request uses"
+        assert slot not in sm.held.values()
         free = [s for s in book.entries if book.pool.ref_cnt[s] == 0]
-        assert all(rank(slot) <= rank(s) for s in free), (
-            f"evicted {slot} {rank(slot)}, a free one ranks lower: {min(rank(s) for s in free)}"
+        worth = book.value(book.entries[slot])
+        assert all(worth <= book.value(book.entries[s]) for s in free), (
+            f"evicted {slot} worth {worth}, a free one is worth less"
         )
+
+    @invariant()
+    def within_budget(self) -> None:
+        """Checkpoints plus pending saves never exceed the budget, whatever ran."""
+        if not hasattr(self, "coord"):
+            return
+        for sm in self.coord.state:
+            cap = sm.book.capacity
+            assert cap is None or sm.book.count() + sm.num_pending() <= cap
 
 
 PressureMachine.TestCase.settings = settings(

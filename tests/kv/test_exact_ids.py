@@ -184,7 +184,7 @@ def test_full_attention_plus_state_granite() -> None:
     assert coord.next_step_end(b, 8, 14, hit) == 12  # floor(13/4)*4 = 12 is due
     assert step(coord, b, 12, hit) == ([StateCopy(1, 1, 0)], [StateCopy(1, 0, 3)])
     assert coord.get_block_ids("B") == ([1, 2, 4],) and coord.get_state_slots("B") == (0,)
-    assert queue(slots) == [4, 5, 2, 3, 1]  # checkpoint 3 published, pinned 1 released
+    assert queue(slots) == [4, 5, 2, 3]  # checkpoint 3 published, 1 held until B is freed
     assert step(coord, b, 14) == ([], [])
     assert coord.get_block_ids("B") == ([1, 2, 4, 5],)
     coord.free(b)
@@ -218,13 +218,13 @@ def test_state_3_to_1_qwen35_with_interval_and_junction() -> None:
     assert step(coord, b, 12, hit) == ([StateCopy(1, 1, 0)], [StateCopy(1, 0, 3)])
     assert coord.get_block_ids("B") == ([1, 2, 5],)
     assert pool.cached[(b.block_hashes[2], 0)].keys() == {3, 5}  # duplicates are allowed
-    assert queue(slots) == [4, 5, 2, 3, 1]
+    assert queue(slots) == [4, 5, 2, 3]  # 1 held until B is freed
     assert coord.next_step_end(b, 12, 20) == 16
     assert step(coord, b, 16) == ([], [StateCopy(1, 0, 4)])
     assert coord.next_step_end(b, 16, 20) == 20
     assert step(coord, b, 20) == ([], [StateCopy(1, 0, 5)])
     assert coord.get_block_ids("B") == ([1, 2, 5, 6, 7],)
-    assert queue(slots) == [2, 3, 1, 4, 5]
+    assert queue(slots) == [2, 3, 4, 5]
 
     c = FakeRequest("C", list(range(12)) + [800, 801, 802, 803])
     hit = coord.find_cache_hit(c)

@@ -24,7 +24,7 @@ from hybridkv.engine.outputs import OutputProcessor
 from hybridkv.engine.parallel import ParallelSampling, ParentRequest
 from hybridkv.engine.request_prep import check_prompt_ids, prepare_params, truncate_prompt
 from hybridkv.engine.sizing import resolve_dtype, size_cache
-from hybridkv.engine.stats import EngineStats, GroupCacheStats, StepCounters, TransferCounters
+from hybridkv.engine.stats import EngineStats, StepCounters, TransferCounters, group_cache_stats
 from hybridkv.engine.step import run_step
 from hybridkv.engine.weights_id import model_identity
 from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
@@ -163,10 +163,7 @@ class EngineCore:
         """One snapshot of the engine's state and counters (call on the engine thread)."""
         sched, transfer = self.scheduler.stats(), self.scheduler.transfer
         cache = self.kv.stats
-        groups = tuple(
-            GroupCacheStats(g.group_id, g.kind.value, cache.queried_tokens, hits)
-            for g, hits in zip(self.layout.groups, cache.group_hit_tokens, strict=False)
-        )
+        groups = group_cache_stats(self.layout, cache.queried_tokens, cache.group_hit_tokens)
         return EngineStats(
             num_running=sched.num_running,
             num_waiting=sched.num_waiting,
@@ -180,6 +177,7 @@ class EngineCore:
             transfer=self._transfer_counters.snapshot(transfer.stats if transfer else None),
             kv_events=self.kv_events.stats() if self.kv_events is not None else None,
             steps=self._counters.snapshot(),
+            checkpoints=self.kv.checkpoint_stats(),
         )
 
     @property

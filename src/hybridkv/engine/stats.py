@@ -7,11 +7,13 @@ into the engine for numbers. Counts are totals since start.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from hybridkv.connectors.stats import ConnectorStats
+from hybridkv.kv.checkpoint_counters import CheckpointStats
+from hybridkv.kv.spec import KVCacheLayout
 from hybridkv.kv_events.stats import PublisherStats
 from hybridkv.step_io import FailureReason, SchedulerOutput
 
@@ -62,6 +64,17 @@ class EngineStats:
     transfer: TransferStats = field(default_factory=TransferStats)
     kv_events: PublisherStats | None = None  # KV event batches published / dropped (if on)
     steps: StepStats = field(default_factory=StepStats)
+    checkpoints: CheckpointStats = field(default_factory=CheckpointStats)  # state checkpoints
+
+
+def group_cache_stats(
+    layout: KVCacheLayout, queried_tokens: int, hit_tokens: Sequence[int]
+) -> tuple[GroupCacheStats, ...]:
+    """Each layout group's lookups and own hits (every group is queried for every token)."""
+    return tuple(
+        GroupCacheStats(g.group_id, g.kind.value, queried_tokens, hits)
+        for g, hits in zip(layout.groups, hit_tokens, strict=False)
+    )
 
 
 def stats_line(s: EngineStats, prev: EngineStats | None = None, seconds: float = 0.0) -> str:

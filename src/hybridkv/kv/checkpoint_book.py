@@ -1,41 +1,31 @@
-"""The checkpoints of one state group: what each one is worth, a budget, eviction by value.
+"""The checkpoints of one state group: a budget, and which ones to keep by expected saved work.
 
 A checkpoint is a keyed state slot (the state exactly at a block boundary). The group may
 hold at most ``capacity`` of them (pending saves included): ``state_checkpoint_budget`` of the
-KV memory, converted to slots by the engine. When a new checkpoint would exceed it, or a slot
-is needed and only checkpoints are free, the least valuable unreferenced checkpoint goes
-first. A checkpoint is worth the hits it can still serve, and the book reads that from the
-shape of what is cached:
+KV memory, converted to slots by the engine. Every checkpoint of a group holds the same bytes,
+so its value per byte is its expected saved work (``checkpoint_value``)::
 
-- *shared*: it served hits to two or more requests (a system prompt, a few-shot block, a
-  prompt resent): more sharers are likely, keep it longest;
-- *frontier*: no other cached checkpoint continues its prefix (a conversation's latest turn
-  end, where its next turn resumes);
-- *link*: another cached checkpoint continues its prefix, so a request that shares all of it
-  resumes further on; it only serves a request that leaves the prefix between the two (a
-  branch). Of two links, the one more checkpoints continue is nearer the head of a prefix
-  (fewer tokens into it) and more likely a branch point; the one fewer do goes first.
+    value = expected reuses (its kind, the hits it served) x recompute_cost(ancestor, boundary)
 
-Eviction order, smallest first (``eviction_rank``):
+where the ancestor is the deepest other cached checkpoint on its prefix (a request that would
+resume here resumes there without it). The expected reuses are learned online from the
+overlap depths requests actually bring (``arrive``): each request's longest prefix found in
+the attention cache ends at some depth, and the deepest checkpoint within it, kept or a
+*ghost* (evicted or refused, remembered by key), is where it resumes or would have. So the
+book learns, from the trace itself, that a re-sent prompt resumes at its end, a conversation
+at its last turn's end, a first sharer at the shared head, and that a checkpoint that served
+its one hit (a turn end, a resent prompt) is rarely used again.
 
-1. not shared before shared;
-2. periodic boundaries before prompt ends and junctions, and those before the boundaries a
-   caller named (``cache_boundaries``, chat message ends, a finished request's last state);
-3. links before frontiers; among links, fewer continuing checkpoints first (a prefix's tail
-   before its head);
-4. least recently used (registered or hit) first.
-
-This reads the issue's "a prefix's tail before its head; a checkpoint that has served hits
-before one that never has; message boundaries before periodic ones" as a ranking of what to
-keep. A checkpoint that served one hit is not shared: on a multi-turn chat every turn end
-serves exactly one (the next turn) and is then continued by a newer one; protecting such
-checkpoints filled the pool with stale turn ends and, under budget pressure, made message
-boundaries cost prompt tokens (``benchmarks/prefix_trace.py``, docs/benchmarks.md B3).
-
-Admission uses the same order without recency: a new checkpoint (a frontier that never served
-a hit, of its kind) only replaces a victim that ranks strictly below it (a link, or a lower
-kind); otherwise it is not saved, so equals do not churn the pool. Slots needed for live and
-trailing states evict in rank order with recency (``free_unkeyed``).
+Eviction takes the unreferenced checkpoint of least value (oldest first among equals).
+Admission compares: a new checkpoint enters only if it is worth strictly more than that
+victim, so a scan of one-shot prompt tails (their kind's reuse learned low) never flushes
+checkpoints that get reused, and equals never churn (what keeps a budget's worth of a
+re-sent batch); a turn end or caller boundary must beat it by ``ADMIT_MARGIN``, so the turn
+ends of interleaved conversations do not displace each other. A ghost made again comes back
+with the hits it had (second-hit admission); caller boundaries and junctions (heads other
+requests share) start with high priors, so a first sharer finds them. Checkpoints referenced by a running request (the one it resumed from, held
+until it finishes; a restore in flight) are never evicted; when nothing can be evicted a due
+save is skipped and counted (``CheckpointCounters.refused``), the request runs on.
 
 The book never touches tensors nor ref counts; it mirrors the pool's keys and drops an entry
 whose slot lost its key by other means (reset, the pool's own eviction, a failed load).
@@ -43,18 +33,23 @@ whose slot lost its key by other means (reset, the pool's own eviction, a failed
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hybridkv.kv.block_pool import BlockPool, CacheKey
+from hybridkv.kv.checkpoint_counters import CheckpointCounters, EvictReason
+from hybridkv.kv.checkpoint_value import Ghosts, ReuseRates, recompute_cost
 from hybridkv.kv.checkpoints import CheckpointKind
 from hybridkv.kv.hashing import BlockHash
 
-SHARED_HITS = 2  # hits that make a checkpoint shared (one hit: a turn end resumed once)
-
-
-def _edges(prefix: tuple[BlockHash, ...], last: BlockHash) -> zip[tuple[BlockHash, BlockHash]]:
-    """(each block hash of ``prefix``, the block hash after it); ``last`` ends the chain."""
-    return zip(prefix, (*prefix[1:], last))  # noqa: B905 - one shorter when prefix is empty
+MIN_LINK_SHARE = 0.1  # of a link's expected reuse (a head shared two ways is not a link)
+# A new turn end or caller boundary must be worth half again its victim: their values drift
+# as the ancestors below them come and go, and turn ends of different conversations, each to
+# be resumed once, must not displace each other round after round (a cycle of conversations
+# longer than the budget; B3's chat at 1/4x and qwen35's at 1x). Prompt ends compare as they
+# are (a re-sent batch keeps its most valuable).
+ADMIT_MARGIN = 1.5
+GHOSTS_PER_CHECKPOINT = 8  # ghosts remembered per checkpoint of the budget (at least 256)
 
 
 @dataclass(slots=True)
@@ -63,8 +58,9 @@ class CheckpointEntry:
     boundary: int
     kind: CheckpointKind
     prefix: tuple[BlockHash, ...]  # the block hashes before the boundary's own
-    hits: int = 0
-    stamp: int = 0  # last registration or hit (a clock, not time)
+    hits: int = 0  # requests that resumed here (or would have: the deepest within overlap)
+    stamp: int = 0  # last registration or hit (a clock of arrivals, not time)
+    ancestor: int = 0  # boundary of the deepest other cached checkpoint on the prefix
 
 
 class CheckpointBook:
@@ -74,15 +70,61 @@ class CheckpointBook:
         self.pool = pool
         self.capacity = capacity  # None: bounded by the slots only
         self.entries: dict[int, CheckpointEntry] = {}
-        # block hash -> {the block hash after it: cached entries whose prefix goes that way}
-        self.children: dict[BlockHash, dict[BlockHash, int]] = {}
+        self.by_hash: dict[BlockHash, int] = {}  # the key's block hash -> slot
+        self.through: dict[BlockHash, set[int]] = {}  # block hash -> slots whose prefix has it
+        self.rates = ReuseRates()
+        self.ghosts = Ghosts(max(256, GHOSTS_PER_CHECKPOINT * (capacity or 0)))
+        self.counters = CheckpointCounters()
         self.evictions: list[CheckpointEntry] = []  # tests read the order; cleared by them
         self.record_evictions = False
         self._clock = 0
 
-    def _tick(self) -> int:
+    # -- learning ------------------------------------------------------------------------
+
+    def arrive(self, hashes: Sequence[BlockHash], overlap_blocks: int, slot: int | None) -> None:
+        """A request arrives whose first ``overlap_blocks`` blocks are cached KV; it restores
+        the checkpoint at ``slot`` (None: none). The deepest checkpoint within the overlap,
+        kept or a ghost, is where it resumes (or would have): that one's kind learns a reuse."""
         self._clock += 1
-        return self._clock
+        for k in range(min(overlap_blocks, len(hashes)), 0, -1):
+            h = hashes[k - 1]
+            found = self.by_hash.get(h)
+            entry = self.live_entry(found) if found is not None else None
+            ghost = self.ghosts.items.get(h) if entry is None else None
+            if entry is not None or ghost is not None:
+                seen = entry or ghost
+                assert seen is not None
+                self.rates.reuse(seen.kind, seen.hits)
+                seen.hits += 1
+                break
+        restored = self.live_entry(slot) if slot is not None else None
+        if restored is not None:
+            self.counters.count_hit(restored.kind)
+            restored.stamp = self._clock
+
+    def value(self, entry: CheckpointEntry) -> float:
+        """Expected prefill work it saves (in tokens at position 0). A *link* (cached
+        checkpoints continue its prefix, one way only, and it never served a hit) serves a
+        request only if it does not go on to the checkpoints below: its expected reuse is
+        scaled by the chance they miss (at least ``MIN_LINK_SHARE``)."""
+        gain = recompute_cost(entry.ancestor, entry.boundary)
+        expected = self._expected(entry)
+        if entry.hits == 0 and self.num_ways(entry) == 1:
+            onward = max(self._expected(self.entries[s]) for s in self.through[entry.key[0]])
+            expected *= max(1.0 - min(onward, 1.0), MIN_LINK_SHARE)
+        return expected * gain
+
+    def num_ways(self, entry: CheckpointEntry) -> int:
+        """In how many ways cached checkpoints continue its prefix (0: none, a frontier;
+        1: a link; 2 or more: a branch point, a head requests share)."""
+        below = self.through.get(entry.key[0], ())
+        depth = len(entry.prefix) + 1  # the block after this boundary, in a descendant
+        return len({self.entries[s].prefix[depth : depth + 1] for s in below})
+
+    def _expected(self, entry: CheckpointEntry) -> float:
+        return self.rates.expected(entry.kind, entry.hits)
+
+    # -- entries -------------------------------------------------------------------------
 
     def add(
         self,
@@ -91,53 +133,55 @@ class CheckpointBook:
         boundary: int,
         kind: CheckpointKind,
         prefix: tuple[BlockHash, ...],
+        hits: int = 0,
     ) -> None:
         """Record a slot the pool just keyed (``prefix``: the hashes of the blocks before)."""
-        self.entries[slot] = CheckpointEntry(key, boundary, kind, prefix, stamp=self._tick())
-        children = self.children
-        for h, after in _edges(prefix, key[0]):
-            ways = children.setdefault(h, {})
-            ways[after] = ways.get(after, 0) + 1
+        entry = CheckpointEntry(key, boundary, kind, prefix, hits, self._clock)
+        entry.ancestor = self._ancestor(prefix)
+        self.entries[slot] = entry
+        self.by_hash[key[0]] = slot
+        for s in self.through.get(key[0], ()):
+            below = self.entries[s]
+            below.ancestor = max(below.ancestor, boundary)
+        for h in prefix:
+            self.through.setdefault(h, set()).add(slot)
+        self.counters.count_admitted(kind)
 
-    def num_continuing(self, entry: CheckpointEntry) -> int:
-        """How many other cached checkpoints continue this one's prefix (0: a frontier)."""
-        return sum(self.children.get(entry.key[0], {}).values())
-
-    def is_shared(self, entry: CheckpointEntry) -> bool:
-        """Two or more requests used it: it served two hits, or cached checkpoints continue
-        its prefix in two or more ways (a branch point: a system prompt's end, a junction)."""
-        return entry.hits >= SHARED_HITS or len(self.children.get(entry.key[0], ())) >= 2
-
-    def hit(self, slot: int) -> None:
-        entry = self.live_entry(slot)
-        if entry is not None:
-            entry.hits += 1
-            entry.stamp = self._tick()
+    def _ancestor(self, prefix: tuple[BlockHash, ...]) -> int:
+        for h in reversed(prefix):
+            slot = self.by_hash.get(h)
+            if slot is not None:
+                return self.entries[slot].boundary
+        return 0
 
     def live_entry(self, slot: int) -> CheckpointEntry | None:
         entry = self.entries.get(slot)
         if entry is not None and self.pool.key[slot] != entry.key:
-            self._forget(slot)
+            self._forget(slot, EvictReason.LOST)
             return None
         return entry
 
     def prune(self) -> None:
         """Forget entries whose slot lost its key behind the book's back."""
         for slot in [s for s, e in self.entries.items() if self.pool.key[s] != e.key]:
-            self._forget(slot)
+            self._forget(slot, EvictReason.LOST)
 
-    def _forget(self, slot: int) -> None:
+    def _forget(self, slot: int, reason: EvictReason) -> None:
         entry = self.entries.pop(slot)
-        children = self.children
-        for h, after in _edges(entry.prefix, entry.key[0]):
-            ways = children[h]
-            left = ways[after] - 1
-            if left:
-                ways[after] = left
-            elif len(ways) > 1:
-                del ways[after]
-            else:
-                del children[h]
+        del self.by_hash[entry.key[0]]
+        for h in entry.prefix:
+            slots = self.through[h]
+            slots.discard(slot)
+            if not slots:
+                del self.through[h]
+        for s in self.through.get(entry.key[0], ()):
+            below = self.entries[s]
+            if below.ancestor == entry.boundary:
+                below.ancestor = self._ancestor(below.prefix)
+        self.ghosts.remember(entry.key[0], entry.kind, entry.hits)
+        self.counters.count_evicted(reason)
+        if self.record_evictions:
+            self.evictions.append(entry)
 
     def count(self) -> int:
         self.prune()
@@ -146,61 +190,62 @@ class CheckpointBook:
     def num_free_keyed(self) -> int:
         return sum(1 for s in self.entries if self.pool.ref_cnt[s] == 0)
 
-    def victim(self, newcomer: frozenset[BlockHash] = frozenset()) -> int | None:
-        """The least valuable unreferenced checkpoint, or None. ``newcomer``: the prefix of
-        a checkpoint about to be added, which makes the ones it continues links."""
+    # -- eviction and admission ----------------------------------------------------------
+
+    def victim(self) -> int | None:
+        """The least valuable unreferenced checkpoint (oldest among equals), or None."""
         self.prune()
-        free = [(s, e) for s, e in self.entries.items() if self.pool.ref_cnt[s] == 0]
-        if not free:
-            return None
-        slot, _ = min(free, key=lambda se: self.eviction_rank(se[1], newcomer))
-        return slot
+        ref_cnt = self.pool.ref_cnt
+        free = [(self.value(e), e.stamp, s) for s, e in self.entries.items() if ref_cnt[s] == 0]
+        return min(free)[2] if free else None
 
-    def eviction_rank(
-        self, entry: CheckpointEntry, newcomer: frozenset[BlockHash] = frozenset()
-    ) -> tuple[bool, int, bool, int, int]:
-        """Smallest goes first: not shared, periodic, links (tails of a prefix first), least
-        recently used."""
-        continuing = self.num_continuing(entry) + (entry.key[0] in newcomer)
-        return (
-            self.is_shared(entry),
-            int(entry.kind),
-            continuing == 0,
-            -continuing,
-            entry.stamp,
-        )
-
-    def evict_one(self, newcomer: frozenset[BlockHash] = frozenset()) -> bool:
+    def evict_one(self, reason: EvictReason = EvictReason.LOST) -> bool:
         """Evict the least valuable unreferenced checkpoint; False if none is free."""
-        slot = self.victim(newcomer)
+        slot = self.victim()
         if slot is None:
             return False
-        if self.record_evictions:
-            self.evictions.append(self.entries[slot])
-        self._forget(slot)
+        self._forget(slot, reason)
         self.pool.evict(slot)
         return True
 
-    def make_room(
-        self, num_pending: int, kind: CheckpointKind, prefix: tuple[BlockHash, ...] = ()
-    ) -> bool:
-        """Evict until one more checkpoint of ``kind`` after ``prefix`` (the hashes of the
-        blocks before its boundary) fits the capacity, never a checkpoint worth more than the
-        new one; False if it cannot. The checkpoints the new one continues count as links:
-        a conversation's new turn end displaces its previous one."""
+    def admit(
+        self,
+        num_pending: int,
+        kind: CheckpointKind,
+        prefix: tuple[BlockHash, ...],
+        boundary: int,
+        key_hash: BlockHash,
+        pending_below: int = 0,
+    ) -> tuple[CheckpointKind, int] | None:
+        """Make room for a new checkpoint at ``boundary`` (``prefix``: the hashes of the blocks
+        before it; ``key_hash``: its own; ``pending_below``: the deepest save of the same
+        request below it, not keyed yet), evicting only checkpoints worth strictly less.
+        Returns the kind and hits it starts with (a ghost's: what it was made as first), or
+        None when it is refused (counted)."""
+        ghost = self.ghosts.take(key_hash)
+        hits = 0
+        if ghost is None:
+            self.rates.offer(kind, 0)
+        else:
+            kind, hits = ghost.kind, ghost.hits
         if self.capacity is None or self.count() + num_pending < self.capacity:
-            return True
-        rank = (False, int(kind), True, 0)
-        newcomer = frozenset(prefix)
+            return kind, hits
+        gain = recompute_cost(max(self._ancestor(prefix), pending_below), boundary)
+        worth = self.rates.expected(kind, hits) * gain
+        if kind in (CheckpointKind.TURN_END, CheckpointKind.CALLER):
+            worth /= ADMIT_MARGIN
         while self.count() + num_pending >= self.capacity:
-            slot = self.victim(newcomer)
-            if slot is None or self.eviction_rank(self.entries[slot], newcomer)[:4] >= rank:
-                return False
-            self.evict_one(newcomer)
-        return True
+            slot = self.victim()
+            if slot is None or self.value(self.entries[slot]) >= worth:
+                self.counters.count_refused(kind)
+                self.ghosts.remember(key_hash, kind, hits)
+                return None
+            self._forget(slot, EvictReason.VALUE)
+            self.pool.evict(slot)
+        return kind, hits
 
     def free_unkeyed(self, n: int) -> None:
         """Make ``n`` free slots carry no key, evicting by value (not the pool's LRU)."""
         self.prune()
-        while self.pool.num_free - self.num_free_keyed() < n and self.evict_one():
+        while self.pool.num_free - self.num_free_keyed() < n and self.evict_one(EvictReason.SLOT):
             pass

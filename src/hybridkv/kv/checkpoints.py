@@ -4,9 +4,10 @@ A boundary T (a multiple of the block size) is *due* when it is a multiple of th
 interval (``PERIODIC``), the prompt's last block boundary (both ``floor((P-1)/B)*B`` — where
 the same prompt resent resumes — and ``floor(P/B)*B`` — where a longer follow-up resumes), a
 *junction*: the end of a full-attention prefix hit longer than the hit the state groups allowed
-(saving there lets the next request with that prefix hit all of it) (both ``PROMPT``), or a
-boundary the caller named (``cache_boundaries``, the end of each chat message: ``CALLER``),
-rounded down to the block; positions past the prompt are ignored.
+(saving there lets the next request with that prefix hit all of it: a head shared with an
+earlier request, ``JUNCTION``), or a boundary the caller named (``cache_boundaries``, the end
+of each chat message: ``CALLER``), rounded down to the block; positions past the prompt are
+ignored.
 
 Two ways to take the state at a due boundary T inside a prefill:
 
@@ -26,11 +27,15 @@ from enum import IntEnum
 
 
 class CheckpointKind(IntEnum):
-    """Why a checkpoint exists; a higher value is kept longer (see ``checkpoint_book``)."""
+    """Why a checkpoint exists (the book learns how often each kind is reused)."""
 
-    PERIODIC = 0
-    PROMPT = 1  # prompt ends and junctions
-    CALLER = 2  # cache_boundaries and chat message ends; a finished request's trailing state
+    PERIODIC = 0  # every state_checkpoint_interval tokens
+    PROMPT = 1  # a prompt's end
+    JUNCTION = 2  # the end of a full-attention hit longer than the state hit: a shared head
+    CALLER = 3  # cache_boundaries and chat message ends
+    FINISHED = 4  # a finished request's last state
+    TURN_END = 5  # the last state of a finished request that named boundaries (a chat turn:
+    # where its conversation's next turn resumes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +44,7 @@ class RequestBoundaries:
 
     due: tuple[int, ...] = ()
     caller: frozenset[int] = frozenset()
+    junction: int = 0  # 0: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +67,7 @@ class CheckpointPolicy:
         found = {(num_prompt_tokens - 1) // b * b, num_prompt_tokens // b * b, junction // b * b}
         named = frozenset(t // b * b for t in caller if 0 < t // b * b <= num_prompt_tokens)
         due = tuple(sorted(t for t in found | named if t > 0))
-        return RequestBoundaries(due, named)
+        return RequestBoundaries(due, named, junction // b * b)
 
     def is_due(self, boundary: int, extra: RequestBoundaries) -> bool:
         periodic = self.interval > 0 and boundary % self.interval == 0
@@ -70,6 +76,8 @@ class CheckpointPolicy:
     def kind(self, boundary: int, extra: RequestBoundaries) -> CheckpointKind:
         if boundary in extra.caller:
             return CheckpointKind.CALLER
+        if boundary == extra.junction:
+            return CheckpointKind.JUNCTION
         if boundary in extra.due:
             return CheckpointKind.PROMPT
         return CheckpointKind.PERIODIC

@@ -151,8 +151,9 @@ class KVCacheCoordinator(CoordinatorQueries, CoordinatorSaves):
         req_id = req.request_id
         for i, m in enumerate(self.attn):
             m.add_hits(req_id, hit.block_ids[i], total_computed)
+        overlap = max(hit.num_tokens, hit.num_common_prefix_tokens) // self.block_size
         for j, sm in enumerate(self.state):
-            restore = sm.add_request(req_id, hit.state_slots[j])
+            restore = sm.add_request(req_id, hit.state_slots[j], req.block_hashes, overlap)
             if restore is not None:
                 self._restores.append(restore)
         self._extra_due[req_id] = self._boundaries(req, hit)
@@ -198,8 +199,8 @@ class KVCacheCoordinator(CoordinatorQueries, CoordinatorSaves):
         return self.events.take() if self.events is not None else []
 
     def end_step(self) -> None:
-        for sm in self.state:
-            sm.end_step()
+        """The step's hook; nothing to release today (a restored checkpoint stays held until
+        its request is freed: ``StateManager.held``)."""
 
     def free(self, req: KVRequest) -> None:
         req_id = req.request_id
@@ -207,8 +208,9 @@ class KVCacheCoordinator(CoordinatorQueries, CoordinatorSaves):
             return
         for m in self.attn:
             m.free(req_id)
+        turn = bool(self._extra_due[req_id].caller)  # a chat turn: its next turn resumes here
         for sm in self.state:
-            sm.free(req_id, req.block_hashes)
+            sm.free(req_id, req.block_hashes, turn)
         if self.events is not None:
             self.events.tag(req)  # a final trailing state became a checkpoint
         del self._extra_due[req_id]

@@ -14,6 +14,7 @@ from hybridkv.kv.attention_managers import (
     SlidingWindowManager,
 )
 from hybridkv.kv.block_pool import NULL_BLOCK, BlockPool
+from hybridkv.kv.checkpoint_counters import CheckpointStats, sum_counters
 from hybridkv.kv.checkpoints import RequestBoundaries
 from hybridkv.kv.coordinator_types import CacheHit, KVRequest
 from hybridkv.kv.spec import KVCacheLayout
@@ -126,6 +127,16 @@ class CoordinatorQueries:
 
     def usage(self) -> float:
         return self.pool.usage() if self.attn else 0.0
+
+    def checkpoint_stats(self) -> CheckpointStats:
+        """The checkpoint books' counters over every state group, bytes held vs budget."""
+        parts = []
+        for sm in self.state:
+            slot_bytes = self.layout.state_slot_bytes(sm.group_id)
+            cap = sm.book.capacity
+            budget = None if cap is None else cap * slot_bytes
+            parts.append((sm.book.counters, sm.book.count() * slot_bytes, budget))
+        return sum_counters(parts)
 
     def check_integrity(self) -> None:
         from hybridkv.kv.integrity import check_coordinator

@@ -4,12 +4,13 @@ Slot life cycles (all slots come from the group's own pool)::
 
     live        one per running request, allocated at admission, freed at finish/preemption
     checkpoint  state exactly at a boundary T, keyed by (block hash at T, group); unreferenced
-                and evictable LRU once its save step completed
+                and evictable by value once its save step completed
     pending     a save made this step: keyed (becomes a checkpoint) when the step's KV is final
     trailing    one per request: the state at the last boundary it passed that was not due a
                 checkpoint; keyed when the request is freed (the next turn of a conversation
                 resumes there), overwritten when it passes the next boundary
-    pinned      a checkpoint being restored this step; released at the end of the step
+    held        the checkpoint a request restored at admission: referenced until the request
+                is freed (never evicted while it runs; a preempted request resumes there)
 
 Checkpoints (pending ones included) are bounded by the group's ``CheckpointBook``, which also
 picks which one to evict (by value, not the pool's LRU). The manager never touches tensors: it
@@ -19,6 +20,7 @@ step's chunked scan (the state after ``at`` tokens), not from the live slot afte
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from hybridkv.kv.block_pool import BlockPool, CacheKey
@@ -26,6 +28,8 @@ from hybridkv.kv.checkpoint_book import CheckpointBook
 from hybridkv.kv.checkpoints import CheckpointKind
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import StateSpec
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +51,7 @@ class _Pending:
     slot: int
     boundary: int
     kind: CheckpointKind
+    hits: int  # a ghost's hits, carried over when it is made again
 
 
 @dataclass(slots=True)
@@ -73,7 +78,8 @@ class StateManager:
         self.live: dict[str, int] = {}
         self.pending: dict[str, list[_Pending]] = {}
         self.trailing: dict[str, _Trailing] = {}
-        self.pinned: list[int] = []
+        self.held: dict[str, int] = {}
+        self._warned_budget = False
 
     def _key(self, hashes: list[BlockHash], boundary: int) -> CacheKey:
         return (hashes[boundary // self.block_size - 1], self.group_id)
@@ -101,16 +107,38 @@ class StateManager:
         pin_cost = 1 if hit_slot is not None and self.pool.is_free_cached(hit_slot) else 0
         return 1 + pin_cost
 
-    def add_request(self, req_id: str, hit_slot: int | None) -> StateCopy | None:
-        """Pin the checkpoint (if any), give the request a live slot, return the restore."""
+    def add_request(
+        self,
+        req_id: str,
+        hit_slot: int | None,
+        hashes: list[BlockHash] | None = None,
+        num_overlap_blocks: int = 0,
+    ) -> StateCopy | None:
+        """Hold the checkpoint (if any) until the request is freed, give the request a live
+        slot, return the restore. ``hashes`` and ``num_overlap_blocks`` (its prefix found in
+        the attention cache) teach the book where requests resume."""
+        self.book.arrive(hashes or [], num_overlap_blocks, hit_slot)
         if hit_slot is not None:
-            self.book.hit(hit_slot)
             self.pool.touch([hit_slot])
-            self.pinned.append(hit_slot)
+            self.held[req_id] = hit_slot
         self.live[req_id] = self._allocate()
+        self._maybe_warn_budget()
         if hit_slot is None:
             return None
         return StateCopy(self.group_id, hit_slot, self.live[req_id])
+
+    def _maybe_warn_budget(self) -> None:
+        cap = self.book.capacity
+        if cap is not None and len(self.live) > cap and not self._warned_budget:
+            self._warned_budget = True
+            logger.warning(
+                "state group %d: the checkpoint budget holds %d checkpoints, fewer than the "
+                "%d running requests: some prefixes will be recomputed (raise "
+                "state_checkpoint_budget or kv_cache_memory)",
+                self.group_id,
+                cap,
+                len(self.live),
+            )
 
     # -- saves ---------------------------------------------------------------------------
 
@@ -160,18 +188,26 @@ class StateManager:
             return None
         self._drop_trailing(req_id)  # superseded by a newer checkpoint
         prefix = tuple(hashes[: boundary // self.block_size - 1])
-        if not self.book.make_room(self.num_pending(), kind, prefix) or self.pool.num_free == 0:
+        key = self._key(hashes, boundary)
+        saves = self.pending.get(req_id, [])
+        below = max((p.boundary for p in saves if p.boundary < boundary), default=0)
+        admitted = self.book.admit(self.num_pending(), kind, prefix, boundary, key[0], below)
+        if admitted is None:
+            return None
+        if self.pool.num_free == 0:
+            self.book.counters.count_refused(kind)
             return None
         slot = self._allocate()
-        self.pending.setdefault(req_id, []).append(_Pending(slot, boundary, kind))
+        self.pending.setdefault(req_id, []).append(_Pending(slot, boundary, *admitted))
         return StateCopy(self.group_id, self.live[req_id], slot, at)
 
     def _register(
-        self, slot: int, hashes: list[BlockHash], boundary: int, kind: CheckpointKind
+        self, slot: int, hashes: list[BlockHash], boundary: int, kind: CheckpointKind, hits: int
     ) -> None:
         key = self._key(hashes, boundary)
         self.pool.cache(slot, key)
-        self.book.add(slot, key, boundary, kind, tuple(hashes[: boundary // self.block_size - 1]))
+        prefix = tuple(hashes[: boundary // self.block_size - 1])
+        self.book.add(slot, key, boundary, kind, prefix, hits)
 
     def confirm(self, req_id: str, hashes: list[BlockHash], num_tokens: int) -> None:
         """The request's state is final up to ``num_tokens``: publish the saves it covers."""
@@ -180,7 +216,7 @@ class StateManager:
             if p.boundary > num_tokens:
                 keep.append(p)
                 continue
-            self._register(p.slot, hashes, p.boundary, p.kind)
+            self._register(p.slot, hashes, p.boundary, p.kind, p.hits)
             self.pool.free([p.slot])
         if keep:
             self.pending[req_id] = keep
@@ -188,32 +224,33 @@ class StateManager:
         if trailing is not None and trailing.boundary <= num_tokens:
             trailing.final = True
 
-    def end_step(self) -> None:
-        """Release the checkpoints pinned for this step's restores."""
-        self.pool.free(self.pinned)
-        self.pinned.clear()
-
     # -- freeing -------------------------------------------------------------------------
 
-    def free(self, req_id: str, hashes: list[BlockHash]) -> None:
-        """Free every slot of the request; a final trailing state becomes a checkpoint."""
+    def free(self, req_id: str, hashes: list[BlockHash], turn: bool = False) -> None:
+        """Free every slot of the request; a final trailing state becomes a checkpoint
+        (``turn``: of a request that named boundaries, a chat turn's end)."""
         self.pool.free([p.slot for p in self.pending.pop(req_id, [])])
         trailing = self.trailing.pop(req_id, None)
         if trailing is not None:
-            key = self._key(hashes, trailing.boundary)
-            if (
-                trailing.final
-                and self.pool.get_cached(key) is None
-                and self.book.make_room(
-                    self.num_pending(),
-                    CheckpointKind.CALLER,
-                    tuple(hashes[: trailing.boundary // self.block_size - 1]),
-                )
-            ):
-                self._register(trailing.slot, hashes, trailing.boundary, CheckpointKind.CALLER)
+            kind = CheckpointKind.TURN_END if turn else CheckpointKind.FINISHED
+            self._keep_trailing(trailing, hashes, kind)
             self.pool.free([trailing.slot])
         if req_id in self.live:
             self.pool.free([self.live.pop(req_id)])
+        if req_id in self.held:
+            self.pool.free([self.held.pop(req_id)])
+
+    def _keep_trailing(
+        self, trailing: _Trailing, hashes: list[BlockHash], kind: CheckpointKind
+    ) -> None:
+        """A finished request's last state becomes a checkpoint if the book admits it."""
+        key = self._key(hashes, trailing.boundary)
+        if not trailing.final or self.pool.get_cached(key) is not None:
+            return
+        prefix = tuple(hashes[: trailing.boundary // self.block_size - 1])
+        admitted = self.book.admit(self.num_pending(), kind, prefix, trailing.boundary, key[0])
+        if admitted is not None:
+            self._register(trailing.slot, hashes, trailing.boundary, *admitted)
 
     def _drop_trailing(self, req_id: str) -> None:
         trailing = self.trailing.pop(req_id, None)
@@ -240,7 +277,8 @@ class StateManager:
     def held_refs(self) -> dict[int, int]:
         """References this manager holds on each slot (for integrity checks)."""
         refs: dict[int, int] = {}
-        slots = list(self.live.values()) + [t.slot for t in self.trailing.values()] + self.pinned
+        slots = [*self.live.values(), *self.held.values()]
+        slots += [t.slot for t in self.trailing.values()]
         slots += [p.slot for saves in self.pending.values() for p in saves]
         for s in slots:
             refs[s] = refs.get(s, 0) + 1

@@ -32,6 +32,7 @@ from hybridkv.connectors.nixl.metrics import nixl_families
 from hybridkv.connectors.stats import Direction
 from hybridkv.engine.stats import EngineStats, GroupCacheStats, TransferStats
 from hybridkv.kv_events.stats import PublisherStats
+from hybridkv.metrics.checkpoints import checkpoint_families
 from hybridkv.metrics.requests import ITERATION_BUCKETS, RequestMetrics, create_request_metrics
 from hybridkv.metrics.table import (
     CACHE_INFO_LABELS,
@@ -131,6 +132,7 @@ class _SnapshotCollector(Collector):
         yield _family("vllm:prefix_cache_hits", s.prefix_cache_hit_tokens)
         yield _family("hybridkv:prefix_cache_lookups", s.prefix_cache_queries)
         yield from _group_families(s.groups)
+        yield from checkpoint_families(s.checkpoints, _family)
         yield from _transfer_families(s.transfer)
         events = s.transfer.connector.flatten().events if s.transfer.connector else {}
         yield from nixl_families(events, PREFIX)

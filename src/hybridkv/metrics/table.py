@@ -78,6 +78,16 @@ ENGINE_METRICS: dict[str, MetricSpec] = {
     "hybridkv:group_prefix_cache_hits": _c(
         "each group's own prefix hits in tokens", "group", "kind"
     ),
+    "hybridkv:state_checkpoints_admitted": _c("state checkpoints kept, by kind", "kind"),
+    "hybridkv:state_checkpoints_refused": _c(
+        "due state checkpoints not kept (worth less than the budget's)", "kind"
+    ),
+    "hybridkv:state_checkpoints_evicted": _c("state checkpoints evicted", "reason"),
+    "hybridkv:state_checkpoint_hits": _c("state checkpoints restored", "kind"),
+    "hybridkv:state_checkpoint_bytes": _g("bytes the state checkpoints hold"),
+    "hybridkv:state_checkpoint_budget_bytes": _g(
+        "bytes state_checkpoint_budget allows (0: no state layers)"
+    ),
     "hybridkv:kv_load_failures": _c("KV connector load failures, by reason", "reason"),
     "hybridkv:recomputed_tokens": _c("tokens recomputed after failed KV loads"),
     "hybridkv:offload_bytes": _c("bytes moved to or from offload tiers", "tier", "direction"),
