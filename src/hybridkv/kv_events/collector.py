@@ -153,12 +153,27 @@ class KVEventCollector:
         if isinstance(last, BlockStored) and run is not None and run == self._run:
             last.block_hashes.append(block_hash)
             last.token_ids.extend(tokens)
+            if last.extra_keys is not None:
+                last.extra_keys.append(None)  # a salt keys block 0 only
+            if last.state_checkpoint_ends is not None and index is not None:
+                last.state_checkpoint_ends.append((index + 1) * self.block_size)
         else:
             parent = req.block_hashes[index - 1] if req is not None and index else None
-            out.append(self._stored(block_hash, parent, tokens, group))
+            event = self._stored(block_hash, parent, tokens, group)
+            self._annotate(event, req, index)
+            out.append(event)
         self._run = (
             (group, req.request_id, index) if req is not None and index is not None else None
         )
+
+    def _annotate(self, event: BlockStored, req: HasBlockHashes | None, index: int | None) -> None:
+        """vLLM 0.32's ``extra_keys`` (the salt on block 0; not with ``omit_token_ids``) and,
+        for a state group, the checkpoint's length (hybridkv's extension)."""
+        salt = getattr(req, "cache_salt", None)
+        if index == 0 and isinstance(salt, str) and not self.omit_token_ids:
+            event.extra_keys = [(salt,)]
+        if index is not None and self._kinds[event.group_idx or 0] == SPEC_KIND[SpecKind.STATE]:
+            event.state_checkpoint_ends = [(index + 1) * self.block_size]
 
     def _find(self, req: HasBlockHashes | None, block_hash: BlockHash, group: int) -> int | None:
         """The block's index in ``req``: the one after the last stored block of the same run,
