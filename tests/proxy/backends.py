@@ -54,7 +54,7 @@ class RawBackend:
                 method = head.split(" ", 1)[0]
                 body = await reader.readexactly(_content_length(head))
                 if method == "GET":
-                    self.num_health_probes += 1
+                    self.num_health_probes += head.split(" ", 2)[1] == "/health"
                     if self.hung_health:
                         await asyncio.sleep(3600)
                     writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")

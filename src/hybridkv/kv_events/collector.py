@@ -31,11 +31,13 @@ from hybridkv.connectors.tier_events import TierEvent
 from hybridkv.kv.block_pool import EventKind
 from hybridkv.kv.events import CacheEvent, HasBlockHashes
 from hybridkv.kv.hashing import BlockHash
-from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, SpecKind
+from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec
 from hybridkv.kv_events.config import KVEventsConfig
 from hybridkv.kv_events.publisher import EventPublisher, create_publisher
 from hybridkv.kv_events.schema import (
+    KIND_STATE,
     MEDIUM_DEVICE,
+    SPEC_KIND,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -43,10 +45,6 @@ from hybridkv.kv_events.schema import (
     WireEvent,
 )
 from hybridkv.kv_events.stats import PublisherStats
-
-# vLLM's spec kinds; its Mamba spec covers every recurrent state (Mamba2, Gated DeltaNet)
-SPEC_KIND = {SpecKind.FULL: "full_attention", SpecKind.SLIDING: "sliding_window",
-             SpecKind.STATE: "mamba"}  # fmt: skip
 
 
 class KVEventCollector:
@@ -172,7 +170,7 @@ class KVEventCollector:
         salt = getattr(req, "cache_salt", None)
         if index == 0 and isinstance(salt, str) and not self.omit_token_ids:
             event.extra_keys = [(salt,)]
-        if index is not None and self._kinds[event.group_idx or 0] == SPEC_KIND[SpecKind.STATE]:
+        if index is not None and self._kinds[event.group_idx or 0] == KIND_STATE:
             event.state_checkpoint_ends = [(index + 1) * self.block_size]
 
     def _find(self, req: HasBlockHashes | None, block_hash: BlockHash, group: int) -> int | None:

@@ -23,10 +23,17 @@ from typing import Any
 
 import msgspec
 
+from hybridkv.kv.spec import SpecKind
+
 # ``medium`` of an event: where the blocks are. The device pool is "GPU" as in vLLM (routers
 # weight it highest), whatever the device; an offloading tier's is its ``TierEntry.medium``
 # (``connectors/offloading/tier_registry.py``: "CPU", "DISK", "REMOTE" for the built-ins).
 MEDIUM_DEVICE = "GPU"
+
+# vLLM's spec kinds; its Mamba spec covers every recurrent state (Mamba2, Gated DeltaNet)
+SPEC_KIND = {SpecKind.FULL: "full_attention", SpecKind.SLIDING: "sliding_window",
+             SpecKind.STATE: "mamba"}  # fmt: skip
+KIND_STATE = SPEC_KIND[SpecKind.STATE]
 
 ExternalBlockHash = bytes | int  # vLLM's: hybridkv's hashes are bytes (32 or 16 long)
 

@@ -31,6 +31,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from hybridkv.proxy.options import MAX_ANSWER_BYTES, EngineTimeouts, ProxyOptions
 from hybridkv.proxy.router import Outcome, Router
+from hybridkv.proxy.routing.decision import Decision
 from hybridkv.server.errors import APIError
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class Call:
     options: ProxyOptions
     path: str  # /v1/completions or /v1/chat/completions
     headers: dict[str, str]  # Authorization for the engines
+    decision: Decision | None = None  # the KV-aware order of decode engines (routing/)
 
     @property
     def post_headers(self) -> dict[str, str]:
@@ -111,7 +113,8 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
 async def decode(call: Call, body: dict[str, Any], outcome: Outcome) -> Response:
     """The decode engine's answer: a stream relayed event by event, or a whole body."""
     payload = _encode(body)
-    for url in call.router.decode_order():
+    decision = call.decision
+    for url in call.router.decode_order() if decision is None else decision.order:
         request = call.client.build_request(
             "POST", url + call.path, content=payload, headers=call.post_headers
         )
@@ -125,9 +128,11 @@ async def decode(call: Call, body: dict[str, Any], outcome: Outcome) -> Response
         except (httpx.HTTPError, TimeoutError) as exc:
             return _failed(call, url, exc)
         call.router.count(outcome)
+        if decision is not None:
+            decision.dispatched(url)
         if upstream.status_code == 200 and _type_of(upstream).startswith("text/event-stream"):
             on_failure = _failure_counter(call.router, url)
-            events = relay_events(upstream, call.timeouts, on_failure)
+            events = relay_events(upstream, call.timeouts, on_failure, decision)
             return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
         return await _whole_answer(call, url, upstream)
     call.router.count(Outcome.FAILED)
@@ -160,7 +165,10 @@ async def first_byte(call: Call, url: str, answer: Awaitable[T]) -> T:
 
 
 async def relay_events(
-    upstream: httpx.Response, timeouts: EngineTimeouts, on_failure: Callable[[str], None]
+    upstream: httpx.Response,
+    timeouts: EngineTimeouts,
+    on_failure: Callable[[str], None],
+    decision: Decision | None = None,
 ) -> AsyncIterator[bytes]:
     """The engine's events, each sent whole. A stream that fails (the engine died, a chunk
     came too late, or it ended without ``[DONE]``) ends with an error event and ``[DONE]``,
@@ -180,6 +188,8 @@ async def relay_events(
                 events = bytes(buf[: cut + 2])
                 del buf[: cut + 2]
                 done = events.endswith(DONE_EVENT)
+                if decision is not None:
+                    decision.saw(events)
                 yield events
             if len(buf) > MAX_ANSWER_BYTES:
                 failure = f"an event larger than {MAX_ANSWER_BYTES} bytes"
@@ -188,6 +198,8 @@ async def relay_events(
         failure = _describe(exc)
     finally:
         await upstream.aclose()
+        if decision is not None:
+            decision.release()
     if not done:
         on_failure(failure)
         error = gateway_error(502, f"the decode engine failed mid-stream: {failure}")
@@ -207,6 +219,9 @@ async def _whole_answer(call: Call, url: str, upstream: httpx.Response) -> Respo
         return _failed(call, url, exc)
     finally:
         await upstream.aclose()
+        if call.decision is not None:
+            call.decision.saw(bytes(body[-(1 << 20) :]))
+            call.decision.release()
     return Response(bytes(body), upstream.status_code, media_type=_type_of(upstream))
 
 

@@ -1,0 +1,60 @@
+"""``EngineState``: what the proxy knows of one decode engine -- its info, its index, the
+work the proxy sent it, its measured prefill cost -- and the prediction counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hybridkv.kv.hashing import BlockHash, BlockHasher
+from hybridkv.proxy.routing.engine_info import EngineInfo
+from hybridkv.proxy.routing.index import EngineIndex
+from hybridkv.proxy.routing.scoring import predict_hit_tokens
+from hybridkv.proxy.routing.subscriber import EventSubscriber
+
+DEFAULT_TOKEN_SECONDS = 1e-3  # a prefill token's cost until the engine's /metrics say
+
+
+@dataclass(slots=True)
+class PredictionStats:
+    num_observed: int = 0  # answers whose usage said how many prompt tokens were cached
+    num_exact: int = 0  # predicted == actual
+    num_over: int = 0  # predicted more than the engine hit (the costly mistake)
+    predicted_tokens: int = 0
+    actual_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+@dataclass(slots=True)
+class EngineState:
+    url: str
+    index: EngineIndex
+    events_url: str | None = None  # --events, or found by the info route
+    info: EngineInfo | None = None
+    subscriber: EventSubscriber | None = None
+    num_inflight: int = 0
+    queued_tokens: int = 0  # uncached prompt tokens of requests sent and not finished
+    token_seconds: float = DEFAULT_TOKEN_SECONDS  # measured prefill seconds per token
+    metric_totals: dict[str, float] | None = None  # the last /metrics read (costs.py)
+    predictions: PredictionStats = field(default_factory=PredictionStats)
+
+    @property
+    def indexed(self) -> bool:
+        """Whether predictions mean anything: info known, events flowing, caching on."""
+        return self.info is not None and self.info.caching and self.subscriber is not None
+
+    def predict(self, token_ids: tuple[int, ...], hashes: list[BlockHash]) -> int:
+        if not self.indexed or self.info is None:
+            return 0
+        info = self.info
+        return predict_hit_tokens(self.index, info.groups, hashes, len(token_ids), info.block_size)
+
+    def expected_seconds(self, uncached: int) -> float:
+        """Expected time to first token: queued work plus this prompt's uncached tokens."""
+        return (self.queued_tokens + uncached) * self.token_seconds
+
+
+def block_hashes(info: EngineInfo, token_ids: tuple[int, ...], salt: str | None) -> list[BlockHash]:
+    """The prompt's chained block hashes exactly as this engine computes them."""
+    hashes: list[BlockHash] = []
+    BlockHasher(info.block_size, info.hash_fn, salt).extend(hashes, token_ids)
+    return hashes
