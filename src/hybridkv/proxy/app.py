@@ -36,6 +36,7 @@ from hybridkv.server.errors import APIError, bad_request, install_error_handlers
 from hybridkv.server.limits import BodyLimit
 
 LARGE_BODY_BYTES = 1 << 20  # parsed on a worker thread from this size
+PREDICT_PATH = "/v1/routing/predict"  # under /v1: behind the proxy's API key
 
 
 def create_proxy_app(router: Router, options: ProxyOptions | None = None) -> FastAPI:
@@ -129,6 +130,16 @@ def _add_info_routes(
     async def models(request: Request) -> Response:
         headers = options.engine_headers(_auth(request))
         return JSONResponse(await _models(client, router, options, headers))
+
+    @app.post(PREDICT_PATH)
+    async def predict(request: Request) -> Response:
+        """What the router would do with this body, without sending it (docs/routing.md)."""
+        body = await client_body(request)
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        headers = options.engine_headers(_auth(request))
+        turn = router.decode_order()
+        decision = await kv.decide(client, path, body, headers, turn, router.healthy, False)
+        return JSONResponse(decision.describe())
 
     @app.get("/metrics")
     async def metrics() -> Response:

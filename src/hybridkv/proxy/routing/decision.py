@@ -51,6 +51,14 @@ class Decision:
     def chosen(self) -> str:
         return self.order[0]
 
+    def describe(self) -> dict[str, object]:
+        return {
+            "order": self.order,
+            "reason": self.reason.value,
+            "num_prompt_tokens": self.num_prompt_tokens,
+            "predicted_cached_tokens": self.predicted,
+        }
+
     def uncached(self, url: str) -> int:
         return max(0, self.num_prompt_tokens - self.predicted.get(url, 0))
 

@@ -115,8 +115,10 @@ class KVRouting:
         headers: dict[str, str],
         turn: list[str],
         healthy: dict[str, bool],
+        record: bool = True,
     ) -> Decision:
-        """The decode engines in the order to try them, with their predicted hits."""
+        """The decode engines in the order to try them, with their predicted hits (counted
+        in ``decisions`` when ``record``)."""
         policy = self.options.policy
         prompt = None
         if any(e.indexed for e in self._all()):
@@ -130,7 +132,8 @@ class KVRouting:
             predicted = self._predict(prompt.token_ids, prompt.cache_salt)
         order = order_engines(policy, turn, healthy, self.engines, predicted, num_tokens)
         reason = self._reason(policy, prompt is not None, predicted.get(order[0], 0))
-        self.decisions[reason] += 1
+        if record:
+            self.decisions[reason] += 1
         return Decision(order, reason, num_tokens, predicted, self.engines)
 
     def can_skip_prefill(self, decision: Decision) -> bool:
