@@ -7,7 +7,9 @@ hybrid: a full-attention group and a Mamba state group) publishing KV events, on
 - an engine whose attention blocks are cached but whose state checkpoint was evicted is
   predicted a miss (an attention-only index would over-predict);
 - an engine killed and restarted: its index is dropped, re-synced from its new events, and
-  routing resumes on it.
+  routing resumes on it;
+- P/D (the engines are ``kv_both``; a second proxy makes engine 0 the prefill engine): a
+  prompt the decode engine already holds skips the prefill engine, with the same output.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e_pd.harness import ProxyProcess
-from tests.server.harness import SubprocessServer, scrape
+from tests.e2e_pd.harness import ProxyProcess, nixl_config
+from tests.server.harness import SubprocessServer, free_port, scrape
 
 B = 16  # the engines' block size
 PREDICT = "/v1/routing/predict"
@@ -46,7 +48,8 @@ def engine_args(tmp: Path, i: int) -> list[str]:
         "topic": "kv",
     }
     return ["--served-model-name", "m", "--kv-cache-memory", "32MiB", "--max-num-seqs", "2",
-            "--num-state-slots", "5", "--kv-events-config", json.dumps(events)]  # fmt: skip
+            "--num-state-slots", "5", "--kv-events-config", json.dumps(events),
+            "--kv-transfer-config", nixl_config("kv_both", free_port())]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +69,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         yield fleet
 
 
-def predict(fleet: Fleet, prompt: list[int], **body: Any) -> dict[str, Any]:
-    r = httpx.post(fleet.proxy.url + PREDICT, json={"model": "m", "prompt": prompt, **body})
+def predict(
+    fleet: Fleet, prompt: list[int], proxy: str | None = None, **body: Any
+) -> dict[str, Any]:
+    url = proxy or fleet.proxy.url
+    r = httpx.post(url + PREDICT, json={"model": "m", "prompt": prompt, **body})
     assert r.status_code == 200, r.text
     out: dict[str, Any] = r.json()
     # which engines are indexed: those with a prediction at all
@@ -86,10 +92,10 @@ def cached(answer: dict[str, Any]) -> int:
     return int(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
-def wait_until(ok: Any, timeout: float = 30.0) -> None:
+def wait_until(ok: Any, timeout: float = 30.0, why: Any = lambda: "") -> None:
     deadline = time.monotonic() + timeout
     while not ok():
-        assert time.monotonic() < deadline, "timed out"
+        assert time.monotonic() < deadline, f"timed out {why()}"
         time.sleep(0.1)
 
 
@@ -180,3 +186,34 @@ def test_a_restarted_engine_is_resynced_and_routed_to_again(fleet: Fleet) -> Non
     assert predict(fleet, [*prompt, 5])["order"][0] == url
     answer = complete(fleet.proxy.url, [*prompt, 5])
     assert cached(answer) >= 3 * B
+
+
+def test_pd_skips_the_prefill_engine_when_the_decode_engine_holds_the_prompt(
+    fleet: Fleet,
+) -> None:
+    prefill, decode = fleet.engines[0], fleet.engines[1:]
+    pd = ProxyProcess([prefill.url], [e.url for e in decode], fleet.tmp / "pd-proxy.log")
+    pd.cmd += ["--routing", "cost", "--prefill-skip-tokens", str(B)]
+    with pd:
+        wait_until(lambda: all(predict(fleet, [1] * 40, pd.url)["order_indexed"]))
+        prompt = prompt_of(31, 5 * B + 1)
+        first = complete(pd.url, prompt, max_tokens=6)
+        outcomes = scrape(pd.url)
+        assert outcomes["hybridkv_proxy_requests_total{outcome=disaggregated}"] == 1
+        # NOTE: a decode engine that loaded the prompt holds no state checkpoint at a block
+        # end (the state came at the prompt's end), so the router rightly predicts it a miss;
+        # one that computed the prompt itself holds both
+        complete(decode[0].url, prompt, max_tokens=6)
+        found: list[int] = []
+
+        def held() -> bool:
+            found[:] = list(predict(fleet, prompt, pd.url)["predicted_cached_tokens"].values())
+            return max(found) >= len(prompt) - 1
+
+        wait_until(held, 10.0, lambda: f"predicted {found}")
+        again = complete(pd.url, prompt, max_tokens=6)
+        outcomes = scrape(pd.url)
+        assert outcomes["hybridkv_proxy_requests_total{outcome=prefill_skipped}"] == 1
+        assert outcomes["hybridkv_proxy_requests_total{outcome=disaggregated}"] == 1
+        assert again["choices"][0]["text"] == first["choices"][0]["text"]
+        assert cached(again) == max(found)
