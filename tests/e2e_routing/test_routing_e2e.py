@@ -217,3 +217,38 @@ def test_pd_skips_the_prefill_engine_when_the_decode_engine_holds_the_prompt(
         assert outcomes["hybridkv_proxy_requests_total{outcome=disaggregated}"] == 1
         assert again["choices"][0]["text"] == first["choices"][0]["text"]
         assert cached(again) == max(found)
+
+
+def chat(url: str, messages: list[dict[str, str]]) -> dict[str, Any]:
+    body = {"model": "m", "messages": messages, "max_tokens": 3, "temperature": 0}
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def predict_chat(fleet: Fleet, messages: list[dict[str, str]]) -> dict[str, Any]:
+    r = httpx.post(fleet.proxy.url + PREDICT, json={"model": "m", "messages": messages})
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def test_a_chat_routes_on_its_rendered_prompt(fleet: Fleet) -> None:
+    system = {"role": "system", "content": "You answer briefly and well. " * 12}
+    turn1 = [system, {"role": "user", "content": "What is a recurrent state?"}]
+    answer = chat(fleet.proxy.url, turn1)["choices"][0]["message"]["content"]
+    turn2 = [*turn1, {"role": "assistant", "content": answer},
+             {"role": "user", "content": "And a checkpoint of it?"}]  # fmt: skip
+    found: list[str] = []
+
+    def held() -> bool:
+        predicted = predict_chat(fleet, turn2)["predicted_cached_tokens"]
+        found[:] = [u for u, n in predicted.items() if n >= 2 * B]
+        return bool(found)
+
+    wait_until(held)
+    decision = predict_chat(fleet, turn2)
+    assert decision["order"][0] == found[0] and decision["reason"] == "cache_hit"
+    before = prediction_counts(fleet)
+    second = chat(fleet.proxy.url, turn2)
+    assert cached(second) == decision["predicted_cached_tokens"][found[0]]
+    assert prediction_counts(fleet)["exact"] == before["exact"] + 1
