@@ -92,3 +92,14 @@ def test_a_late_start_and_a_gap_are_replayed_in_order(tmp_path: Path) -> None:
     assert sub.stats.last_seq == 5
     held = {h for h in (b"a", b"b", b"c", b"d", b"e") if sub.index.holds("GPU", 0, h)}
     assert held == {b"c", b"d", b"e"}  # a and b were cleared by batch 2, in order
+
+
+def test_a_stream_of_heartbeats_that_stops_is_silent(monkeypatch: pytest.MonkeyPatch) -> None:
+    sub = subscriber()
+    asyncio.run(sub.receive(frame(0, batch(b"a"))))
+    assert not sub.is_silent  # no heartbeat seen yet: a publisher that sends none
+    asyncio.run(sub.receive(frame(1, KVEventBatch(time.time(), [], 0))))
+    assert sub.stats.num_heartbeats == 1 and not sub.is_silent
+    monkeypatch.setattr("hybridkv.proxy.routing.subscriber.SILENT_SECONDS", 0.0)
+    time.sleep(0.01)
+    assert sub.is_silent and sub.index.holds("GPU", 0, b"a")  # kept, but scored cold

@@ -40,7 +40,9 @@ class EngineState:
     @property
     def indexed(self) -> bool:
         """Whether predictions mean anything: info known, events flowing, caching on."""
-        return self.info is not None and self.info.caching and self.subscriber is not None
+        sub = self.subscriber
+        info_ok = self.info is not None and self.info.caching
+        return info_ok and sub is not None and not sub.is_silent
 
     def predict(self, token_ids: tuple[int, ...], hashes: list[BlockHash]) -> int:
         if not self.indexed or self.info is None:

@@ -8,6 +8,8 @@
     seq == last + 1                                  apply
     seq >  last + 1 (a gap: dropped by ZMQ's hwm)    counted; replay [last + 1, seq), then apply
     seq <= last (the publisher restarted at 0)       counted; the index is cleared, then as first
+    an empty batch (a heartbeat)                     counted; nothing for SILENT_SECONDS after
+                                                     one: the engine is scored cold
 
 A replay asks the engine's ROUTER socket (``[b"", start]``, answers until ``END_SEQ``) when
 the engine has one; without, the gap is only counted (the index may then be stale until the
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 << 20
 REPLAY_TIMEOUT_SECONDS = 2.0
 MAX_REPLAY_BATCHES = 100_000
+SILENT_SECONDS = 5.0  # no batch, heartbeat included, for this long: the stream stopped
 
 
 @dataclass(slots=True)
@@ -46,6 +49,7 @@ class SubscriberStats:
     num_replays: int = 0  # replay requests answered
     num_replay_failures: int = 0  # asked and not answered in time (or no replay socket)
     num_restarts: int = 0  # the sequence went back: the engine restarted
+    num_heartbeats: int = 0  # empty batches (an idle publisher's, every heartbeat_seconds)
     last_seq: int | None = None
     lag_seconds: float = 0.0  # receive time minus the last batch's ts
     last_batch_at: float | None = None  # monotonic
@@ -117,7 +121,21 @@ class EventSubscriber:
             return None
         return int.from_bytes(seq_bytes, "big"), batch
 
+    @property
+    def is_silent(self) -> bool:
+        """A publisher that sends heartbeats and sent nothing for ``SILENT_SECONDS``: its
+        engine is scored cold (its index may be stale). One without heartbeats (vLLM's,
+        hybridkv's with ``heartbeat_seconds: 0``) is never silent."""
+        last = self.stats.last_batch_at
+        return (
+            self.stats.num_heartbeats > 0
+            and last is not None
+            and time.monotonic() - last > SILENT_SECONDS
+        )
+
     def _apply(self, seq: int, batch: KVEventBatch) -> None:
+        if not batch.events:
+            self.stats.num_heartbeats += 1
         self.index.apply(batch)
         self.stats.last_seq = seq
         now = time.time()
