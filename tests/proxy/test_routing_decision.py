@@ -75,6 +75,22 @@ def test_a_decision_books_work_and_scores_its_prediction() -> None:
     )
 
 
+def test_a_prompt_in_flight_is_expected_where_it_went_until_answered() -> None:
+    engines = states()
+    engine = engines["http://a"]
+    engine.info = parse_engine_info(
+        describe_engine(None, make_layout("full"), "sha256", True), "http://a"
+    )
+    hashes = [bytes([i]) * 32 for i in range(3)]
+    first = Decision(URLS, Reason.LOAD, 60, {}, engines, hashes={"http://a": hashes})
+    first.dispatched("http://a")
+    b = engine.info.block_size
+    assert engine.pending_hit_tokens(hashes, 60) == min(3, 59 // b) * b
+    assert engine.pending_hit_tokens([b"x" * 32, *hashes[1:]], 60) == 0  # another block 0
+    first.release()
+    assert engine.pending == {} and engine.pending_hit_tokens(hashes, 60) == 0
+
+
 @pytest.mark.parametrize("data", [b'{"usage": {"prompt_tokens_details": {"cached_tokens": -1}}}',
                                   b'{"usage": "x"}', b'data: {"usage": [1]', b'"usage"'])  # fmt: skip
 def test_a_bad_usage_is_no_observation(data: bytes) -> None:

@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 from enum import Enum
 
+from hybridkv.kv.hashing import BlockHash
 from hybridkv.proxy.routing.engines import EngineState
 
 MAX_USAGE_SCAN_BYTES = 1 << 20  # an answer's tail searched for its usage
@@ -44,6 +45,10 @@ class Decision:
     num_prompt_tokens: int = 0
     predicted: dict[str, int] = field(default_factory=dict)  # url -> predicted hit tokens
     engines: dict[str, EngineState] = field(default_factory=dict)
+    # url -> what routing expects: the prediction, or more where requests in flight there
+    # compute this prompt's prefix (their blocks are not announced yet)
+    expected: dict[str, int] = field(default_factory=dict)
+    hashes: dict[str, list[BlockHash]] = field(default_factory=dict)  # url -> prompt blocks
     _sent_to: str | None = None
     _actual: int | None = None
 
@@ -57,10 +62,12 @@ class Decision:
             "reason": self.reason.value,
             "num_prompt_tokens": self.num_prompt_tokens,
             "predicted_cached_tokens": self.predicted,
+            "expected_cached_tokens": self.expected,
         }
 
     def uncached(self, url: str) -> int:
-        return max(0, self.num_prompt_tokens - self.predicted.get(url, 0))
+        hit = max(self.predicted.get(url, 0), self.expected.get(url, 0))
+        return max(0, self.num_prompt_tokens - hit)
 
     def dispatched(self, url: str) -> None:
         """The decode engine ``url`` accepted the request (its first byte came)."""
@@ -69,6 +76,7 @@ class Decision:
         if engine is not None:
             engine.num_inflight += 1
             engine.queued_tokens += self.uncached(url)
+            engine.hold_pending(self.hashes.get(url, []))
         self._sent_to = url
 
     def saw(self, data: bytes) -> None:
@@ -88,7 +96,8 @@ class Decision:
         if engine is None:
             return
         engine.num_inflight -= 1
-        engine.queued_tokens -= self.uncached(url or "")
+        engine.queued_tokens -= self.uncached(engine.url)
+        engine.drop_pending(self.hashes.get(engine.url, []))
         if self._actual is not None and engine.indexed:
             stats, predicted = engine.predictions, self.predicted.get(engine.url, 0)
             stats.num_observed += 1

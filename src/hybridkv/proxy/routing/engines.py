@@ -36,6 +36,9 @@ class EngineState:
     token_seconds: float = DEFAULT_TOKEN_SECONDS  # measured prefill seconds per token
     metric_totals: dict[str, float] | None = None  # the last /metrics read (costs.py)
     predictions: PredictionStats = field(default_factory=PredictionStats)
+    # the block hashes of prompts sent here and not answered yet, with their counts: what
+    # the engine is computing now (routing only: never in the reported prediction)
+    pending: dict[BlockHash, int] = field(default_factory=dict)
 
     @property
     def indexed(self) -> bool:
@@ -49,6 +52,26 @@ class EngineState:
             return 0
         info = self.info
         return predict_hit_tokens(self.index, info.groups, hashes, len(token_ids), info.block_size)
+
+    def pending_hit_tokens(self, hashes: list[BlockHash], num_tokens: int) -> int:
+        """The prefix that requests in flight here are computing (their block chains)."""
+        if self.info is None:
+            return 0
+        max_blocks = min((num_tokens - 1) // self.info.block_size, len(hashes))
+        k = 0
+        while k < max_blocks and hashes[k] in self.pending:
+            k += 1
+        return k * self.info.block_size
+
+    def hold_pending(self, hashes: list[BlockHash]) -> None:
+        for h in hashes:
+            self.pending[h] = self.pending.get(h, 0) + 1
+
+    def drop_pending(self, hashes: list[BlockHash]) -> None:
+        for h in hashes:
+            n = self.pending.pop(h, 0) - 1
+            if n > 0:
+                self.pending[h] = n
 
     def expected_seconds(self, uncached: int) -> float:
         """Expected time to first token: queued work plus this prompt's uncached tokens."""

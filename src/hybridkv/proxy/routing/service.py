@@ -125,16 +125,17 @@ class KVRouting:
             tokenizer = next((u for u in turn if healthy.get(u, True)), turn[0])
             timeout = self.options.tokenize_timeout_seconds
             prompt = await read_prompt(client, tokenizer, path, body, headers, timeout)
-        predicted: dict[str, int] = {}
-        num_tokens = 0
+        decision = Decision(turn, Reason.NO_PROMPT, 0, {}, self.engines)
         if prompt is not None:
-            num_tokens = len(prompt.token_ids)
-            predicted = self._predict(prompt.token_ids, prompt.cache_salt)
-        order = order_engines(policy, turn, healthy, self.engines, predicted, num_tokens)
-        reason = self._reason(policy, prompt is not None, predicted.get(order[0], 0))
+            decision.num_prompt_tokens = len(prompt.token_ids)
+            self._predict(decision, prompt.token_ids, prompt.cache_salt)
+        n, expected = decision.num_prompt_tokens, decision.expected
+        decision.order = order_engines(policy, turn, healthy, self.engines, expected, n)
+        best = expected.get(decision.order[0], 0)
+        decision.reason = self._reason(policy, prompt is not None, best)
         if record:
-            self.decisions[reason] += 1
-        return Decision(order, reason, num_tokens, predicted, self.engines)
+            self.decisions[decision.reason] += 1
+        return decision
 
     def can_skip_prefill(self, decision: Decision) -> bool:
         """P/D: the chosen decode engine holds (almost) the whole prompt."""
@@ -144,18 +145,24 @@ class KVRouting:
             self.decisions[Reason.PREFILL_SKIPPED] += 1
         return skip
 
-    def _predict(self, token_ids: tuple[int, ...], salt: str | None) -> dict[str, int]:
-        hashes: dict[tuple[int, str], list[BlockHash]] = {}
-        out: dict[str, int] = {}
+    def _predict(self, decision: Decision, token_ids: tuple[int, ...], salt: str | None) -> None:
+        """Each indexed engine's hashes, predicted hit and expected hit, into ``decision``."""
+        by_kind: dict[tuple[int, str], list[BlockHash]] = {}
+        n = len(token_ids)
         for engine in self._all():
             info = engine.info
             if info is None or not engine.indexed:
                 continue
             key = (info.block_size, info.hash_algo.value)
-            if key not in hashes:
-                hashes[key] = block_hashes(info, token_ids, salt)
-            out[engine.url] = engine.predict(token_ids, hashes[key])
-        return out
+            if key not in by_kind:
+                by_kind[key] = block_hashes(info, token_ids, salt)
+            hashes = by_kind[key]
+            url = engine.url
+            decision.hashes[url] = hashes[: max(0, (n - 1) // info.block_size)]
+            decision.predicted[url] = engine.predict(token_ids, hashes)
+            decision.expected[url] = max(
+                decision.predicted[url], engine.pending_hit_tokens(hashes, n)
+            )
 
     @staticmethod
     def _reason(policy: Policy, have_prompt: bool, best_hit: int) -> Reason:
