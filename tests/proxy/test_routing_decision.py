@@ -129,3 +129,26 @@ def test_an_info_answer_is_parsed_and_a_wildcard_is_the_engines_host() -> None:
 def test_a_bad_info_answer_is_refused(change: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="kv_events info|hash_algo"):
         parse_engine_info({**good_info(), **change}, "http://e:1")
+
+
+def test_the_routing_flags_are_checked() -> None:
+    from hybridkv.cli import build_parser
+    from hybridkv.proxy.command import routing_options
+    from hybridkv.proxy.routing.options import RoutingOptions
+    from hybridkv.proxy.routing.service import KVRouting
+
+    parser = build_parser()
+    args = parser.parse_args(["proxy", "--decode", "http://h1:1", "http://h2:2",
+                              "--events", "tcp://*:5557", "auto", "--routing", "cache"])  # fmt: skip
+    options = routing_options(args)
+    assert options.policy is Policy.CACHE and options.events == ("tcp://*:5557", "auto")
+    kv = KVRouting(["http://h1:1", "http://h2:2"], options)
+    assert kv.engines["http://h1:1"].events_url == "tcp://h1:5557"  # the engine's host
+    assert kv.engines["http://h2:2"].events_url is None  # found by its /kv_events
+    one = parser.parse_args(["proxy", "--decode", "http://h1:1", "http://h2:2", "--events", "auto"])
+    with pytest.raises(ValueError, match="one per engine"):
+        routing_options(one)
+    for bad in ({"events": ("http://x",)}, {"index_max_blocks": 0}, {"prefill_skip_tokens": -1},
+                {"tokenize_timeout_seconds": float("nan")}):  # fmt: skip
+        with pytest.raises(ValueError):
+            RoutingOptions(**bad)  # type: ignore[arg-type]

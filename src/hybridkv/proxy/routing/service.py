@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -45,8 +46,9 @@ class KVRouting:
             u: EngineState(u, EngineIndex(options.index_max_blocks)) for u in decode_urls
         }
         for url, events in zip(decode_urls, options.events, strict=False):
-            if events not in ("", "auto"):
-                self.engines[url].events_url = reachable_endpoint(events, "127.0.0.1")
+            if events not in ("", "auto"):  # a wildcard host: the engine URL's host
+                host = urlsplit(url).hostname or "127.0.0.1"
+                self.engines[url].events_url = reachable_endpoint(events, host)
         self.decisions: dict[Reason, int] = dict.fromkeys(Reason, 0)
 
     # -- background ---------------------------------------------------------------------
