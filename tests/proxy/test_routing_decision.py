@@ -62,6 +62,8 @@ def test_a_decision_books_work_and_scores_its_prediction() -> None:
     decision = Decision(URLS, Reason.CACHE_HIT, 100, {"http://a": 64}, engines)
     decision.dispatched("http://a")
     assert engine.num_inflight == 1 and engine.queued_tokens == 36
+    decision.saw(b'data: {"choices": [{"text": "x"}]}\n\n')  # the first token: prefill done
+    assert engine.num_inflight == 1 and engine.queued_tokens == 0
     decision.saw(b'data: {"choices": []}\n\ndata: ' + usage(48) + b"\n\n")
     decision.release()
     decision.release()  # twice is once

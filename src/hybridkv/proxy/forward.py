@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import httpx
 from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from hybridkv.proxy.options import MAX_ANSWER_BYTES, EngineTimeouts, ProxyOptions
 from hybridkv.proxy.router import Outcome, Router
@@ -133,7 +134,11 @@ async def decode(call: Call, body: dict[str, Any], outcome: Outcome) -> Response
         if upstream.status_code == 200 and _type_of(upstream).startswith("text/event-stream"):
             on_failure = _failure_counter(call.router, url)
             events = relay_events(upstream, call.timeouts, on_failure, decision)
-            return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+            # released after the stream, also when the client left before it began
+            done = BackgroundTask(decision.release) if decision is not None else None
+            return StreamingResponse(
+                events, media_type="text/event-stream", headers=SSE_HEADERS, background=done
+            )
         return await _whole_answer(call, url, upstream)
     call.router.count(Outcome.FAILED)
     return gateway_error(503, "no decode engine answered", "service_unavailable").response()

@@ -51,6 +51,7 @@ class Decision:
     hashes: dict[str, list[BlockHash]] = field(default_factory=dict)  # url -> prompt blocks
     _sent_to: str | None = None
     _actual: int | None = None
+    _queued: int = 0  # uncached tokens booked on the engine until its first answer bytes
 
     @property
     def chosen(self) -> str:
@@ -75,12 +76,15 @@ class Decision:
         engine = self.engines.get(url)
         if engine is not None:
             engine.num_inflight += 1
-            engine.queued_tokens += self.uncached(url)
+            self._queued = self.uncached(url)
+            engine.queued_tokens += self._queued
             engine.hold_pending(self.hashes.get(url, []))
         self._sent_to = url
 
     def saw(self, data: bytes) -> None:
-        """An answer's bytes (a whole body, or stream events): keep its cached tokens."""
+        """An answer's bytes (a whole body, or stream events): its prefill is done (the
+        first token came), so its work leaves the queue; keep its cached tokens."""
+        self._prefilled()
         if b'"usage"' not in data:
             return
         for line in reversed(data[-MAX_USAGE_SCAN_BYTES:].split(b"\n")):
@@ -91,13 +95,12 @@ class Decision:
 
     def release(self) -> None:
         """The request is done with its engine: its work leaves the queue, its hit counts."""
+        self._prefilled()
         url, self._sent_to = self._sent_to, None
         engine = self.engines.get(url) if url is not None else None
         if engine is None:
             return
         engine.num_inflight -= 1
-        engine.queued_tokens -= self.uncached(engine.url)
-        engine.drop_pending(self.hashes.get(engine.url, []))
         if self._actual is not None and engine.indexed:
             stats, predicted = engine.predictions, self.predicted.get(engine.url, 0)
             stats.num_observed += 1
@@ -106,6 +109,13 @@ class Decision:
             stats.predicted_tokens += predicted
             stats.actual_tokens += self._actual
             stats.prompt_tokens += self.num_prompt_tokens
+
+    def _prefilled(self) -> None:
+        engine = self.engines.get(self._sent_to) if self._sent_to is not None else None
+        if engine is not None and self._queued >= 0:
+            engine.queued_tokens -= self._queued
+            engine.drop_pending(self.hashes.get(engine.url, []))
+            self._queued = -1  # once
 
 
 def _cached_tokens(raw: bytes) -> int | None:
