@@ -131,3 +131,36 @@ def test_the_index_is_bounded_and_counts_what_it_forgets() -> None:
     unit = BlockStored([b"u"], None, [], 4 * B, None, "CPU", None)
     index.apply(KVEventBatch(4.0, [unit]))
     assert index.holds("CPU", None, b"u") and index.tier_media == {"CPU"}
+
+
+def test_engines_with_other_block_sizes_get_their_own_hashes() -> None:
+    """Two engines, block sizes 4 and 8: one decision predicts each one's own hit."""
+    import asyncio
+
+    from hybridkv.proxy.routing.options import RoutingOptions
+    from hybridkv.proxy.routing.service import KVRouting
+    from hybridkv.proxy.routing.subscriber import EventSubscriber
+
+    urls = ["http://small", "http://large"]
+    kv = KVRouting(urls, RoutingOptions())
+    coords = {}
+    for url, size in zip(urls, (4, 8), strict=True):
+        layout = make_layout("granite", block_size=size)
+        coord = KVCacheCoordinator(layout, KVCacheConfig(64, 6, True, 2 * size, key_events=True))
+        state = kv.engines[url]
+        state.info = parse_engine_info(describe_engine(None, layout, "sha256", True), url)
+        state.subscriber = EventSubscriber(state.index, "ipc:///x")
+        collector = KVEventCollector(layout, IndexFeed(state.index))
+        tokens = list(range(30))
+        req = FakeRequest("a", tokens, block_size=size)
+        serve(coord, collector, req)
+        coords[url] = coord
+    probe = [*range(30), 99]
+    decision = asyncio.run(
+        kv.decide(None, "/v1/completions", {"prompt": probe}, {}, urls, {})  # type: ignore[arg-type]
+    )
+    for url in urls:
+        size = kv.engines[url].info.block_size  # type: ignore[union-attr]
+        want = coords[url].find_cache_hit(FakeRequest("p", probe, block_size=size)).num_tokens
+        assert decision.predicted[url] == want > 0
+    assert decision.predicted["http://small"] != decision.predicted["http://large"]
