@@ -164,3 +164,26 @@ def test_engines_with_other_block_sizes_get_their_own_hashes() -> None:
         want = coords[url].find_cache_hit(FakeRequest("p", probe, block_size=size)).num_tokens
         assert decision.predicted[url] == want > 0
     assert decision.predicted["http://small"] != decision.predicted["http://large"]
+
+
+def test_a_remote_unit_serves_every_engine_with_the_remote_tier() -> None:
+    _, _, _, info = engine("full")
+    tokens = list(range(4 * B + 1))
+    hashes = block_hashes(info, tuple(tokens), None)
+    writer, reader, cpu_only = EngineIndex(100), EngineIndex(100), EngineIndex(100)
+
+    def unit(medium: str, h: bytes) -> KVEventBatch:
+        return KVEventBatch(1.0, [BlockStored([h], None, [], 2 * B, None, medium, None)])
+
+    writer.apply(unit("REMOTE", hashes[3]))  # a unit ending at block 3: 4 blocks
+    reader.apply(unit("REMOTE", b"another unit"))  # the reader has the tier too
+    cpu_only.apply(unit("CPU", b"its own unit"))
+    peers = [writer, reader, cpu_only]
+
+    def hit(index: EngineIndex) -> int:
+        return predict_hit_tokens(index, info.groups, hashes, len(tokens), B, peers)
+
+    assert hit(writer) == hit(reader) == 4 * B
+    assert hit(cpu_only) == 0  # no remote tier: another engine's unit is not its
+    cpu_only.apply(unit("CPU", hashes[1]))
+    assert hit(cpu_only) == 2 * B  # its own CPU unit, never a peer's

@@ -47,11 +47,14 @@ class EngineState:
         info_ok = self.info is not None and self.info.caching
         return info_ok and sub is not None and not sub.is_silent
 
-    def predict(self, token_ids: tuple[int, ...], hashes: list[BlockHash]) -> int:
+    def predict(
+        self, token_ids: tuple[int, ...], hashes: list[BlockHash], peers: list[EngineIndex]
+    ) -> int:
         if not self.indexed or self.info is None:
             return 0
         info = self.info
-        return predict_hit_tokens(self.index, info.groups, hashes, len(token_ids), info.block_size)
+        n = len(token_ids)
+        return predict_hit_tokens(self.index, info.groups, hashes, n, info.block_size, peers)
 
     def pending_hit_tokens(self, hashes: list[BlockHash], num_tokens: int) -> int:
         """The prefix that requests in flight here are computing (their block chains)."""

@@ -11,7 +11,9 @@
 
 A tier unit (any medium but the device's, group None: it holds every group) is a restore
 point at its end, so the tier hit is the largest k whose block k-1 is a held unit; the
-prediction is the larger of the two.
+prediction is the larger of the two. A shared medium (``SHARED_MEDIA``: the remote tier, one
+Valkey behind every engine that has it) counts the units any engine announced, for every
+engine that has announced units there itself (how the proxy knows it has the tier).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from collections.abc import Sequence
 from hybridkv.kv_events.schema import MEDIUM_DEVICE
 from hybridkv.proxy.routing.index import EngineIndex, GroupInfo
 
+SHARED_MEDIA = frozenset({"REMOTE"})
+
 
 def predict_hit_tokens(
     index: EngineIndex,
@@ -28,13 +32,15 @@ def predict_hit_tokens(
     hashes: Sequence[bytes],
     num_tokens: int,
     block_size: int,
+    peers: Sequence[EngineIndex] = (),
 ) -> int:
-    """The tokens this engine would not compute (0 when nothing is held)."""
+    """The tokens this engine would not compute (0 when nothing is held); ``peers`` are the
+    other engines' indexes, read for shared media only."""
     max_blocks = min((num_tokens - 1) // block_size, len(hashes))
     if max_blocks <= 0 or not len(index):
         return 0
     device = _device_hit(index, groups, hashes, max_blocks, block_size)
-    tier = _tier_hit(index, hashes, max_blocks)
+    tier = _tier_hit(index, hashes, max_blocks, peers)
     return max(device, tier) * block_size
 
 
@@ -108,11 +114,15 @@ def _state_hit(index: EngineIndex, g: int, hashes: Sequence[bytes], max_blocks: 
     return 0
 
 
-def _tier_hit(index: EngineIndex, hashes: Sequence[bytes], max_blocks: int) -> int:
+def _tier_hit(
+    index: EngineIndex, hashes: Sequence[bytes], max_blocks: int, peers: Sequence[EngineIndex]
+) -> int:
     media = index.tier_media
     if not media:
         return 0
+    sources = [(index, m) for m in media]
+    sources += [(p, m) for m in media & SHARED_MEDIA for p in peers if p is not index]
     for k in range(max_blocks, 0, -1):
-        if any(index.holds(m, None, hashes[k - 1]) for m in media):
+        if any(source.holds(m, None, hashes[k - 1]) for source, m in sources):
             return k
     return 0

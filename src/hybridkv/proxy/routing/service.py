@@ -151,6 +151,7 @@ class KVRouting:
         """Each indexed engine's hashes, predicted hit and expected hit, into ``decision``."""
         by_kind: dict[tuple[int, str], list[BlockHash]] = {}
         n = len(token_ids)
+        peers = [e.index for e in self._all() if e.indexed]  # for shared tiers
         for engine in self._all():
             info = engine.info
             if info is None or not engine.indexed:
@@ -161,7 +162,7 @@ class KVRouting:
             hashes = by_kind[key]
             url = engine.url
             decision.hashes[url] = hashes[: max(0, (n - 1) // info.block_size)]
-            decision.predicted[url] = engine.predict(token_ids, hashes)
+            decision.predicted[url] = engine.predict(token_ids, hashes, peers)
             decision.expected[url] = max(
                 decision.predicted[url], engine.pending_hit_tokens(hashes, n)
             )
