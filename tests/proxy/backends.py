@@ -108,3 +108,11 @@ async def dies_mid_body(body: bytes, writer: asyncio.StreamWriter) -> None:
     writer.write(b'\r\n{"id": "cmpl-1", "choices": [')
     await writer.drain()
     writer.transport.abort()
+
+
+async def dies_before_events(body: bytes, writer: asyncio.StreamWriter) -> None:
+    """A stream's headers, then the process dies before its first token."""
+    writer.write(SSE_HEAD)
+    await writer.drain()
+    await asyncio.sleep(0.2)
+    writer.transport.abort()

@@ -10,7 +10,8 @@ What the client sees when an engine fails:
 | prefill engine unreachable, 5xx, timed out,  | the next one; none left: decode colocated   |
 | or found down (/health) while awaited        |                                             |
 | decode engine unreachable, or found down     | the next one; none left: 503                |
-| (/health) while its answer is awaited        |                                             |
+| (/health) while its answer is awaited, or    |                                             |
+| its stream fails before its first token      |                                             |
 | decode engine fails or times out before its  | 502 (504 for a timeout), OpenAI's error      |
 | answer is whole (not streamed)               | shape                                       |
 | decode engine fails mid-stream               | an ``{"error": ...}`` event, ``[DONE]``     |
@@ -128,20 +129,53 @@ async def decode(call: Call, body: dict[str, Any], outcome: Outcome) -> Response
             continue
         except (httpx.HTTPError, TimeoutError) as exc:
             return _failed(call, url, exc)
-        call.router.count(outcome)
         if decision is not None:
             decision.dispatched(url)
         if upstream.status_code == 200 and _type_of(upstream).startswith("text/event-stream"):
-            on_failure = _failure_counter(call.router, url)
-            events = relay_events(upstream, call.timeouts, on_failure, decision)
-            # released after the stream, also when the client left before it began
-            done = BackgroundTask(decision.release) if decision is not None else None
-            return StreamingResponse(
-                events, media_type="text/event-stream", headers=SSE_HEADERS, background=done
-            )
+            streamed = await _stream_answer(call, url, upstream, outcome)
+            if streamed is None:  # died before its first token: nothing reached the client
+                continue
+            return streamed
+        call.router.count(outcome)
         return await _whole_answer(call, url, upstream)
+    if decision is not None:
+        decision.release()
     call.router.count(Outcome.FAILED)
     return gateway_error(503, "no decode engine answered", "service_unavailable").response()
+
+
+async def _stream_answer(
+    call: Call, url: str, upstream: httpx.Response, outcome: Outcome
+) -> Response | None:
+    """The engine's stream once its first bytes came (its first token: the request is
+    idempotent until then); None when it failed before them (the caller tries the next)."""
+    chunks = upstream.aiter_bytes()
+    try:
+        head = await first_byte(call, url, anext(chunks, b""))
+    except (httpx.HTTPError, TimeoutError) as exc:
+        head, why = b"", _describe(exc)
+    else:
+        why = "the stream ended before its first event"
+    if not head:
+        await upstream.aclose()
+        log.warning("decode engine %s failed before its first token: %s", url, why)
+        call.router.count_failure(url, prefill=False)
+        return None
+    call.router.count(outcome)
+    decision = call.decision
+    on_failure = _failure_counter(call.router, url)
+    events = relay_events(upstream, call.timeouts, on_failure, decision, _chain(head, chunks))
+    # released after the stream, also when the client left before it began
+    done = BackgroundTask(decision.release) if decision is not None else None
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers=SSE_HEADERS, background=done
+    )
+
+
+async def _chain(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield head
+    async for chunk in rest:
+        yield chunk
 
 
 class EngineDown(TimeoutError):
@@ -174,12 +208,13 @@ async def relay_events(
     timeouts: EngineTimeouts,
     on_failure: Callable[[str], None],
     decision: Decision | None = None,
+    chunks: AsyncIterator[bytes] | None = None,
 ) -> AsyncIterator[bytes]:
     """The engine's events, each sent whole. A stream that fails (the engine died, a chunk
     came too late, or it ended without ``[DONE]``) ends with an error event and ``[DONE]``,
     as the engine's own server ends a failed stream, never cut short."""
     buf, done, failure = bytearray(), False, "the stream ended without [DONE]"
-    chunks = upstream.aiter_bytes()
+    chunks = upstream.aiter_bytes() if chunks is None else chunks
     wait = timeouts.first_byte_seconds
     try:
         while not done:
