@@ -25,7 +25,8 @@ def test_an_abandoned_stream_gives_its_engine_back() -> None:
             body = {"model": "m", "prompt": "abc", "max_tokens": 4, "stream": True}
             with httpx.stream("POST", px.url + "/v1/completions", json=body, timeout=10) as r:
                 assert r.status_code == 200
-                next(r.iter_bytes())  # the first event came: the engine holds the request
+                chunks = r.iter_bytes()  # held: a dropped iterator closes the response
+                next(chunks)  # the first event came: the engine holds the request
                 assert state.num_inflight == 1
             deadline = time.monotonic() + 10
             while state.num_inflight and time.monotonic() < deadline:
