@@ -37,6 +37,11 @@ def test_serve_publishes_and_resets(tmp_path: Path) -> None:
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"kv")
     with SubprocessServer(args, tmp_path / "server.log") as server:
+        info = httpx.get(server.url + "/kv_events", timeout=30).json()  # for a router
+        assert info["kv_events"] == {"enabled": True, "endpoint": endpoint,
+                                     "replay_endpoint": None, "topic": "kv"}  # fmt: skip
+        assert info["block_size"] == 16 and info["hash_algo"] == "sha256" and info["caching"]
+        assert {g["kind"] for g in info["groups"]} == {"full_attention", "mamba"}
         sub.connect(endpoint)
         body = {"model": "g", "prompt": list(range(3, 83)), "max_tokens": 2, "temperature": 0}
         stored: list[BlockStored] = []
