@@ -124,13 +124,16 @@ def test_the_index_is_bounded_and_counts_what_it_forgets() -> None:
     index.apply(
         KVEventBatch(2.0, [BlockStored([b"c", b"d"], b"b", [], B, None, "GPU", None, group_idx=0)])
     )
-    assert len(index) == 3 and index.stats.num_evictions == 1
+    assert len(index) == 3 and index.stats.num_evictions == 1 and index.count("GPU") == 3
     assert not index.holds("GPU", 0, b"a") and index.holds("GPU", 0, b"d")
     index.apply(KVEventBatch(3.0, [BlockRemoved([b"zz"], "GPU", group_idx=0)]))
     assert index.stats.num_unknown_removals == 1
     unit = BlockStored([b"u"], None, [], 4 * B, None, "CPU", None)
     index.apply(KVEventBatch(4.0, [unit]))
     assert index.holds("CPU", None, b"u") and index.tier_media == {"CPU"}
+    assert index.media() == {"GPU", "CPU"} and index.count("CPU") == 1
+    index.apply(KVEventBatch(5.0, [BlockRemoved([b"u"], "CPU")]))
+    assert index.media() == {"GPU"} and index.count("GPU") == 2 == len(index)
 
 
 def test_engines_with_other_block_sizes_get_their_own_hashes() -> None:

@@ -55,6 +55,7 @@ class EngineIndex:
         self._keys: OrderedDict[IndexKey, None] = OrderedDict()
         self.groups: dict[int, GroupInfo] = {}  # learned from the events' group fields
         self.tier_media: set[str] = set()  # every medium other than the device's seen stored
+        self._counts: dict[str, int] = {}  # keys per medium (kept as keys come and go)
         self.stats = IndexStats()
 
     def __len__(self) -> int:
@@ -64,14 +65,15 @@ class EngineIndex:
         return (medium, group, block_hash) in self._keys
 
     def media(self) -> set[str]:
-        """Every medium with at least one key (a scan: for metrics, not per request)."""
-        return {k[0] for k in self._keys}
+        """Every medium with at least one key."""
+        return {m for m, n in self._counts.items() if n}
 
     def count(self, medium: str) -> int:
-        return sum(1 for k in self._keys if k[0] == medium)
+        return self._counts.get(medium, 0)
 
     def clear(self) -> None:
         self._keys.clear()
+        self._counts.clear()
         self.stats.num_clears += 1
 
     def apply(self, batch: KVEventBatch) -> None:
@@ -94,13 +96,17 @@ class EngineIndex:
         if group is not None and event.kv_cache_spec_kind is not None:
             info = GroupInfo(event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window)
             self.groups[group] = info
-        keys = self._keys
+        keys, counts = self._keys, self._counts
         for block_hash in event.block_hashes:
             key = (medium, group, block_hash)
-            keys[key] = None
-            keys.move_to_end(key)
+            if key in keys:
+                keys.move_to_end(key)
+            else:
+                keys[key] = None
+                counts[medium] = counts.get(medium, 0) + 1
         while len(keys) > self.max_entries:
-            keys.popitem(last=False)
+            (gone, _, _), _ = keys.popitem(last=False)
+            counts[gone] -= 1
             self.stats.num_evictions += 1
 
     def _remove(self, event: BlockRemoved) -> None:
@@ -111,5 +117,6 @@ class EngineIndex:
             key = (medium, group, block_hash)
             if key in keys:
                 del keys[key]
+                self._counts[medium] -= 1
             else:
                 self.stats.num_unknown_removals += 1
