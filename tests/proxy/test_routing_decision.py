@@ -41,6 +41,14 @@ def test_each_policy_orders_as_documented() -> None:
     assert order_engines(Policy.CACHE, URLS, healthy, idle, predicted, 100)[-1] == "http://b"
 
 
+def test_one_noisy_cost_measurement_does_not_undo_a_hit() -> None:
+    engines = states()
+    engines["http://b"].token_seconds = 20e-3  # measured on a bad second: 20x the others
+    predicted = {"http://b": 90}  # b holds 90 of the 100 tokens (10 x 20e-3 > 100 x 1e-3)
+    healthy = dict.fromkeys(URLS, True)
+    assert order_engines(Policy.COST, URLS, healthy, engines, predicted, 100)[0] == "http://b"
+
+
 def test_ties_go_to_the_least_loaded_then_the_turn() -> None:
     engines = states()
     engines["http://a"].num_inflight = 2

@@ -6,7 +6,8 @@ predicted to hold -- and, once answered, what it did hold.
     round_robin  the router's turn (healthy engines first)
     cache        the longest predicted hit; ties by fewer requests in flight, then the turn
     cost         the least expected time to first token:
-                 (queued uncached tokens + this prompt's uncached tokens) x prefill s/token;
+                 (queued uncached tokens + this prompt's uncached tokens) x prefill s/token
+                 (the engine's measured cost, within 2x of the fleet's median);
                  ties by fewer requests in flight, then the turn
 
 Unhealthy engines come last in every order (tried only when no other answered).
@@ -139,6 +140,8 @@ def order_engines(
 ) -> list[str]:
     """Every decode engine once, best first. ``turn`` is the round-robin order."""
     position = {url: i for i, url in enumerate(turn)}
+    costs = sorted(e.token_seconds for e in engines.values())
+    median = costs[len(costs) // 2] if costs else None
 
     def load(url: str) -> int:
         state = engines.get(url)
@@ -150,7 +153,7 @@ def order_engines(
         if policy is Policy.CACHE:
             return (sick, -hit, load(url), position[url])
         if policy is Policy.COST and url in engines:
-            cost = engines[url].expected_seconds(num_prompt_tokens - hit)
+            cost = engines[url].expected_seconds(num_prompt_tokens - hit, median)
             return (sick, cost, load(url), position[url])
         return (sick, position[url])
 

@@ -76,9 +76,14 @@ class EngineState:
             if n > 0:
                 self.pending[h] = n
 
-    def expected_seconds(self, uncached: int) -> float:
-        """Expected time to first token: queued work plus this prompt's uncached tokens."""
-        return (self.queued_tokens + uncached) * self.token_seconds
+    def expected_seconds(self, uncached: int, fleet_token_seconds: float | None = None) -> float:
+        """Expected time to first token: queued work plus this prompt's uncached tokens, at
+        this engine's measured cost kept within 2x of the fleet's median (``fleet_...``):
+        engines of one model differ less than one loaded machine's measurements do."""
+        cost = self.token_seconds
+        if fleet_token_seconds is not None:
+            cost = min(max(cost, fleet_token_seconds / 2), fleet_token_seconds * 2)
+        return (self.queued_tokens + uncached) * cost
 
 
 def block_hashes(info: EngineInfo, token_ids: tuple[int, ...], salt: str | None) -> list[BlockHash]:
