@@ -49,7 +49,7 @@ class _Req:
             "remote_prompt_digest": prompt_digest(self.all_token_ids[:32]),
         }  # fmt: skip
         params["remote_signature"] = sign_params(KEY, parse_transfer_params(params))
-        self.kv_transfer_params = params
+        self.transfer_fields = parse_transfer_params(params)  # as SamplingParams does
 
 
 def cpu_us(fn: Any, n: int) -> float:
@@ -69,7 +69,7 @@ def main() -> None:
     waiting = [_Req(f"r{i}") for i in range(args.waiting)]
 
     def consumer_step() -> None:
-        found = [r for r in waiting if r.kv_transfer_params]  # KVTransfer._note_waiting
+        found = [r for r in waiting if r.transfer_fields is not None]  # KVTransfer._note_waiting
         sched.on_waiting(cast(list[KVConnectorRequest], found))
         sched.build_connector_meta([])
 

@@ -54,7 +54,10 @@ def row(tokens: int) -> dict[str, float]:
         "tokens": tokens,
         "sign_us": round(cpu_us(sign, n), 1),
         "verify_us": round(
-            cpu_us(lambda: RemoteSource.parse(params, ids, (2, True), policy), n), 1
+            cpu_us(
+                lambda: RemoteSource.parse(parse_transfer_params(params), ids, (2, True), policy), n
+            ),
+            1,
         ),  # fmt: skip
         "hmac_us": round(cpu_us(lambda: verify_params(KEY, fields), n), 1),
     }

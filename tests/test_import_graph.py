@@ -30,7 +30,17 @@ ALLOWED_ONLY: dict[str, set[str]] = {
     # engine, native kernels or server
     "sched": {"config", "connectors", "kv", "request", "step_io", "sampling", "choice"},
     # connectors see the KV layout, requests and kernels; never the scheduler, engine or model
-    "connectors": {"choice", "kv", "native", "paths", "request", "sampling", "step_io"},
+    "connectors": {
+        "choice",
+        "kv",
+        "native",
+        "paths",
+        "request",
+        "sampling",
+        "secret_file",
+        "step_io",
+    },
+    "secret_file": set(),
 }
 # connector folders (``connectors/<name>/``) that share only ``connectors``' top-level modules
 CONNECTOR_FOLDERS = {"nixl", "offloading", "file", "multi", "fault"}

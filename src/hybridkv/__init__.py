@@ -8,9 +8,10 @@ from hybridkv.sampling.logprobs import Logprob
 from hybridkv.sampling.params import SamplingParams, StructuredOutputsParams
 
 if TYPE_CHECKING:
+    from hybridkv.engine.beam_search import BeamSearchParams
     from hybridkv.engine.llm import LLM
 
-__all__ = ["LLM", "Logprob", "SamplingParams", "StructuredOutputsParams"]
+__all__ = ["LLM", "BeamSearchParams", "Logprob", "SamplingParams", "StructuredOutputsParams"]
 __version__ = "0.1.0"
 
 
@@ -19,4 +20,8 @@ def __getattr__(name: str) -> Any:
         from hybridkv.engine.llm import LLM
 
         return LLM
+    if name == "BeamSearchParams":
+        from hybridkv.engine.beam_search import BeamSearchParams
+
+        return BeamSearchParams
     raise AttributeError(name)

@@ -33,9 +33,7 @@ def parse_choice(kind: type[C], value: object, where: str) -> C:
         raise ValueError(f"{where}={value!r} must be one of {choices}") from None
 
 
-def json_object(
-    value: Mapping[str, Any] | str, option: str, keys: Sequence[str]
-) -> Mapping[str, Any]:
+def json_object(value: object, option: str, keys: Sequence[str]) -> Mapping[str, Any]:
     """``value`` (a dict, or JSON text as the CLI passes it) as a mapping with no key outside
     ``keys``; errors name ``option`` (and list ``keys`` in the order given)."""
     if isinstance(value, str):

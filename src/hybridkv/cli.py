@@ -18,6 +18,12 @@ from hybridkv.engine.frontend import (
     engine_dtype,
 )
 from hybridkv.model.families.registry import get_make_model_archs  # no torch
+from hybridkv.vllm_options import (
+    add_foreign_flags,
+    check_foreign,
+    foreign_values,
+    kv_cache_memory_from_env,
+)
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -69,6 +75,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                 g.add_argument(flag, type=float, default=None, help=helptext)
             else:
                 g.add_argument(flag, type=int, default=None, help=helptext)
+    add_foreign_flags(p)  # vLLM's flags with no job here: accepted, with one warning
 
 
 def add_frontend_flags(p: argparse.ArgumentParser) -> None:
@@ -109,11 +116,16 @@ def frontend_options(args: argparse.Namespace) -> FrontendOptions:
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """The engine options given, checked: ``kv_transfer_config`` comes back parsed (with its
-    connector's options), so a bad option fails here, before torch or any weight loads."""
+    connector's options), so a bad option fails here, before torch or any weight loads. vLLM's
+    options with no job here are refused or warned about once (``vllm_options.py``)."""
+    warning = check_foreign(foreign_values(args), as_flags=True)
+    if warning:
+        print(f"hybridkv: warning: {warning}", file=sys.stderr)
     names = ["dtype", "bf16_matmul", "seed", "kv_transfer_config", "kv_events_config"] + [
         f.name for sub in (CacheConfig, SchedulerConfig) for f in fields(sub)
     ]
     options = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    options = kv_cache_memory_from_env(options)  # vLLM CPU's $VLLM_CPU_KVCACHE_SPACE
     if "dtype" in options:
         options["dtype"] = engine_dtype(options["dtype"])
     model = getattr(args, "model_tag", None) or getattr(args, "model", None)

@@ -60,6 +60,7 @@ class Request:
         self.cached_tokens: dict[str, int] = {}  # prompt tokens not computed, by source
         # in: the client's (sampling_params.extra_args); out: the connector's at finish
         self.kv_transfer_params: dict[str, object] | None = sampling_params.kv_transfer_params
+        self.transfer_fields = sampling_params.transfer_fields  # the client's, parsed once
         # prompt positions the caller wants state checkpoints at (kv/checkpoints.py)
         self.cache_boundaries: tuple[int, ...] = sampling_params.cache_boundaries
         self.arrival_time = time.monotonic()

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Generic
+
+from typing_extensions import TypeVar  # a TypeVar with a default (PEP 696; typing's in 3.13)
 
 from hybridkv.choice import Choice
 from hybridkv.kv.state_manager import StateCopy
@@ -39,6 +41,14 @@ __all__ = [
     "SchedulerOutput",
     "StateCopy",
 ]
+
+
+# What a connector's scheduler half writes for its worker half, by connector: how a load is
+# addressed (``LoadSpec.keys``) and what one save item is. Covariant: a connector's own
+# ``ConnectorMetadata[FileLoadKeys, FileSave]`` is a ``ConnectorMetadata`` (of objects), which
+# is what the engine hands around; its worker half narrows back with ``isinstance``.
+KeysT = TypeVar("KeysT", covariant=True, default=object)
+SaveT = TypeVar("SaveT", covariant=True, default=object)
 
 
 class FailureReason(Choice):
@@ -74,7 +84,7 @@ class FailureReason(Choice):
 
 
 @dataclass(frozen=True, slots=True)
-class LoadSpec:
+class LoadSpec(Generic[KeysT]):
     """One request's load: tokens [start, end) into the blocks and live slots named.
 
     ``block_ids[g]`` lists, per attention group, the table entries covering [start, end) that
@@ -89,17 +99,17 @@ class LoadSpec:
     block_indices: tuple[list[int], ...]
     state_slots: tuple[int, ...]
     is_async: bool
-    keys: Any = None  # connector-specific addressing (hashes, file names...)
+    keys: KeysT  # connector-specific addressing (units, file keys, a producer); None if none
 
 
 @dataclass(slots=True)
-class ConnectorMetadata:
+class ConnectorMetadata(Generic[KeysT, SaveT]):
     """The per-step metadata a connector's scheduler half writes for its worker half: the
     loads to start before the forward pass and the saves to make after it. Every connector
-    emits this type (or a subclass); ``saves`` entries are connector-specific plain data."""
+    emits this type (or a subclass), typed by its own keys and save items (plain data)."""
 
-    loads: list[LoadSpec] = field(default_factory=list)
-    saves: list[Any] = field(default_factory=list)
+    loads: list[LoadSpec[KeysT]] = field(default_factory=list)
+    saves: list[SaveT] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from hybridkv.connectors.base import BaseConnectorScheduler, KeptKV, RequestBlocks
+from hybridkv.connectors.base import BaseConnectorScheduler, Capabilities, KeptKV, RequestBlocks
 from hybridkv.connectors.multi.connector import MultiConnectorScheduler
 from hybridkv.connectors.multi.select import (
     Hit,
@@ -204,6 +204,12 @@ class KeepingChild:
         self.asked += 1
         return self.kept
 
+    def get_first_whole_blocks(self, request: Any, num_external: int) -> tuple[int, ...] | None:
+        return None
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(partial=self)
+
 
 @pytest.mark.parametrize(
     ("children", "expected"),
@@ -217,9 +223,9 @@ class KeepingChild:
 def test_kept_kv_is_what_the_delaying_children_keep(
     children: list[tuple[bool, KeptKV | None]], expected: KeptKV | None
 ) -> None:
-    scheduler = sched(Engine(multi("first", child("a"), child("b")), LAYOUT))
+    config = sched(Engine(multi("first", child("a"), child("b")), LAYOUT)).config
     doubles = [KeepingChild(*c) for c in children]
-    scheduler.children = doubles  # type: ignore[assignment]
+    scheduler = MultiConnectorScheduler(config, doubles, LAYOUT)  # type: ignore[arg-type]
     req = make_request("r", 16)
     delay, _ = scheduler.request_finished(req, table(LAYOUT, SRC, {2: 0}))
     assert delay == any(d.delay for d in doubles)
@@ -241,6 +247,9 @@ class LookupChild(BaseConnectorScheduler):
     def get_first_whole_blocks(self, request: Any, num_external: int) -> tuple[int, ...] | None:
         return self.whole
 
+    def get_kept_kv(self, request: Any) -> KeptKV | None:
+        return None
+
     def get_num_new_matched_tokens(self, request: Any, num_local: int) -> tuple[int, bool] | None:
         self.asked += 1
         return self.found
@@ -259,9 +268,9 @@ class LookupChild(BaseConnectorScheduler):
 def lookup(selection: str, *answers: tuple[int, bool] | None, s_per_token: float = 1e-3) -> Any:
     """A MultiConnector scheduler over children answering ``answers``, fast loads, a fixed
     prefill cost; returns (scheduler, request of 100 tokens, children)."""
-    scheduler = sched(Engine(multi(selection, child("a"), child("b")), LAYOUT))
+    config = sched(Engine(multi(selection, child("a"), child("b")), LAYOUT)).config
     doubles = [LookupChild(a) for a in answers]
-    scheduler.children = doubles  # type: ignore[assignment]
+    scheduler = MultiConnectorScheduler(config, list(doubles), LAYOUT)
     scheduler.estimates = [LoadEstimate(1e-3, 1e9) for _ in doubles]
     scheduler.prefill = FixedPrefill(s_per_token)
     return scheduler, make_request("r", 100), doubles

@@ -127,7 +127,7 @@ def test_local_hit_topped_up_mid_block_from_disk(
 
 def _seed_failing_first_at(block: int, rate: float) -> int:
     """A FaultInjection seed whose first failed block of req-0's 4-block load is ``block``."""
-    spec = LoadSpec("req-0", 0, 4 * B - 1, ([1, 2, 3, 4],), ([0, 1, 2, 3],), (), False)
+    spec = LoadSpec("req-0", 0, 4 * B - 1, ([1, 2, 3, 4],), ([0, 1, 2, 3],), (), False, None)
     for seed in range(10_000):
         inner = parse_kv_transfer_config(
             {"kv_connector": "FileConnector", "kv_connector_extra_config": {"path": "/unused"}}, B

@@ -62,6 +62,18 @@ def test_every_architecture_resolves(arch: str) -> None:
     assert check_architecture(["SomethingElse", arch]) == arch
 
 
+def test_a_descriptor_naming_no_model_class_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class WrongPath:
+        def get_class_path(self, architecture: str) -> tuple[str, str]:
+            return "hybridkv.model.layers.mlp", "activation"  # a function, not a CausalLM
+
+    monkeypatch.setattr("hybridkv.model.loading.loader.get_family_of", lambda arch: WrongPath())
+    with pytest.raises(ModelLoadError, match="mlp:activation .*Qwen3ForCausalLM.* not a Causal"):
+        get_model_class("Qwen3ForCausalLM")
+
+
 def test_registry_lists_each_name_once() -> None:
     names = [f.name for f in get_families()]
     assert len(names) == len(set(names))

@@ -267,6 +267,7 @@ def test_the_cli_wires_keys_and_limits(engines: list[Engine], tmp_path: Path) ->
     (p, _), (d, _) = engines
     key_file = tmp_path / "key"
     key_file.write_text("proxy-key\n")
+    key_file.chmod(0o600)
     port = free_port()
     cmd = [sys.executable, "-m", "hybridkv", "proxy", "--prefill", p.url, "--decode", d.url,
            "--port", str(port), "--api-key-file", str(key_file), "--max-request-bytes", "4KiB",

@@ -9,6 +9,7 @@ blocks get garbage, so a scheduler that trusts them produces wrong tokens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hybridkv.connectors.base import (
@@ -98,6 +99,14 @@ class ScriptedScheduler(BaseConnectorScheduler):
         if script is None or script.send_steps == 0:
             return False, None
         return True, {"remote_block_ids": [list(t) for t in blocks.block_ids]}
+
+    # the lease hooks (``LeaseHooks``): no-ops a test replaces to listen
+
+    def on_waiting(self, requests: Sequence[KVConnectorRequest]) -> None:
+        return None
+
+    def request_dropped(self, request: KVConnectorRequest) -> None:
+        return None
 
 
 class ScriptedWorker(BaseConnectorWorker):

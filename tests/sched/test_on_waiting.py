@@ -7,10 +7,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
-from hybridkv.connectors.base import KVConnectorRequest
+import pytest
+
+from hybridkv.connectors.base import Capabilities, KVConnectorRequest
+from hybridkv.connectors.config import KVTransferConfig
 from hybridkv.connectors.fault.connector import FaultInjectionScheduler
+from hybridkv.connectors.multi.config import ChildConfig, MultiConfig
 from hybridkv.connectors.multi.connector import MultiConnectorScheduler
 from hybridkv.request import RequestStatus
+from tests.kv.builders import make_layout
 from tests.sched.builders import make_harness, random_prompt
 from tests.sched.scripted_connector import Script, ScriptedScheduler
 
@@ -50,17 +55,26 @@ class Recorder(ScriptedScheduler):
         self.heard.append([r.request_id for r in requests])
 
 
+def multi_over(*children: ScriptedScheduler) -> MultiConnectorScheduler:
+    """A MultiConnector scheduler half over ``children`` (named c0, c1...)."""
+    names = [ChildConfig(f"c{i}", 1.0, cast(KVTransferConfig, None), True) for i in range(len(children))]  # fmt: skip
+    return MultiConnectorScheduler(MultiConfig(tuple(names)), list(children), make_layout("full"))
+
+
 def test_the_wrappers_pass_it_through() -> None:
     """FaultInjection hands it to its inner connector, MultiConnector to every child."""
     h = make_harness("full")
     reqs = [cast(KVConnectorRequest, h.add("a", random_prompt(1, 8)))]
     inner = Recorder()
-    FaultInjectionScheduler(inner).on_waiting(reqs)
+    leases = FaultInjectionScheduler(inner).capabilities().leases
+    assert leases is not None
+    leases.on_waiting(reqs)
     assert inner.heard == [["a"]]
-    multi = MultiConnectorScheduler.__new__(MultiConnectorScheduler)  # only its children
-    multi.children = [Recorder(), Recorder()]
-    multi.on_waiting(reqs)
-    assert [c.heard for c in multi.children] == [[["a"]], [["a"]]]  # type: ignore[attr-defined]
+    children = [Recorder(), Recorder()]
+    multi_leases = multi_over(*children).capabilities().leases
+    assert multi_leases is not None
+    multi_leases.on_waiting(reqs)
+    assert [c.heard for c in children] == [[["a"]], [["a"]]]
 
 
 def test_a_request_dropped_without_kv_is_reported_once() -> None:
@@ -102,12 +116,29 @@ def test_the_wrappers_pass_drops_and_pending_through() -> None:
     inner.request_dropped = lambda r: dropped.append(r.request_id)  # type: ignore[method-assign]
     inner.has_pending = lambda: True  # type: ignore[method-assign]
     wrapped = FaultInjectionScheduler(inner)
-    wrapped.request_dropped(req)
+    leases = wrapped.capabilities().leases
+    assert leases is not None
+    leases.request_dropped(req)
     assert dropped == ["a"] and wrapped.has_pending()
-    multi = MultiConnectorScheduler.__new__(MultiConnectorScheduler)  # only its children
-    multi.children = [Recorder(), inner]
-    multi._chosen, multi._loading, multi._partial = {}, {}, {}
+    multi = multi_over(Recorder(), inner)
     multi.request_dropped(req)
     assert dropped == ["a", "a"] and multi.has_pending()
-    multi.children = [Recorder()]
-    assert not multi.has_pending()
+    assert not multi_over(Recorder()).has_pending()
+
+
+def test_the_hook_groups_are_asked_once_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``capabilities()`` is resolved when ``KVTransfer`` is built, never per step."""
+    asked: list[str] = []
+    original = ScriptedScheduler.capabilities
+
+    def counting(self: ScriptedScheduler) -> Capabilities:
+        asked.append("capabilities")
+        return original(self)
+
+    monkeypatch.setattr(ScriptedScheduler, "capabilities", counting)
+    h = make_harness("full", scripts={"a": Script(external=0)})
+    h.add("a", random_prompt(1, 20), max_tokens=4, kv_transfer_params={"x": 1})
+    h.add("b", random_prompt(2, 20), max_tokens=4)
+    h.run()
+    assert asked == ["capabilities"] and h.outputs.keys() == {"a", "b"}
+    h.assert_no_leaks()

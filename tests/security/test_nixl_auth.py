@@ -44,8 +44,12 @@ def test_the_file_then_the_environment_and_several_hosts_need_one(
     key_file.chmod(0o600)
     assert load_auth_key(str(key_file), single_host=False).key == b"a-file-secret-0123456789"
     key_file.write_text("short")
-    with pytest.raises(ValueError, match="at least 16 characters"):
+    with pytest.raises(ValueError, match="auth_key_file: .* holds 5 bytes; it needs 16"):
         load_auth_key(str(key_file), single_host=True)
-    with pytest.raises(ValueError, match="cannot read auth_key_file"):
+    key_file.write_text("a-file-secret-0123456789")
+    key_file.chmod(0o604)  # was a warning; a key others can read is refused like the tiers'
+    with pytest.raises(ValueError, match="auth_key_file: .* readable by others"):
+        load_auth_key(str(key_file), single_host=True)
+    with pytest.raises(ValueError, match="auth_key_file: cannot read"):
         load_auth_key(str(cache / "missing"), single_host=True)
     assert not (cache / KEY_FILE).exists()  # nothing generated when a key is given

@@ -19,7 +19,7 @@ from hybridkv.connectors.nixl.meta import ParamsPolicy, ParamsRefused, RemoteSou
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.scheduler import NixlScheduler
 from hybridkv.sampling.params import SamplingParams
-from hybridkv.sampling.transfer_params import parse_transfer_params
+from hybridkv.sampling.transfer_params import TransferFields, parse_transfer_params
 from tests.connectors.nixl.signing import TEST_KEY, policy, signed
 
 PROMPT = list(range(100, 200))
@@ -35,7 +35,8 @@ def honest(rid: str = "victim", blocks: tuple[int, ...] = (3, 4, 5)) -> dict[str
 
 
 def parse(params: dict[str, Any], pol: ParamsPolicy | None = None) -> RemoteSource:
-    return RemoteSource.parse(params, PROMPT, (1, False), pol or policy())
+    """Typed at the API boundary (a ValueError there), then checked by the consumer."""
+    return RemoteSource.parse(parse_transfer_params(params), PROMPT, (1, False), pol or policy())
 
 
 @pytest.mark.parametrize(
@@ -54,9 +55,6 @@ def test_a_hostile_field_is_a_value_error_naming_it(field: str, value: Any) -> N
         parse_transfer_params(params)
     with pytest.raises(ValueError, match=rf"kv_transfer_params\.{field}="):  # the API's 400
         SamplingParams(extra_args={"kv_transfer_params": params})
-    with pytest.raises(ParamsRefused) as refused:
-        parse(params)
-    assert refused.value.reason == "nixl_params_malformed"
 
 
 def test_the_producers_own_params_load() -> None:
@@ -98,12 +96,13 @@ def test_params_load_only_with_the_prompt_they_were_computed_for() -> None:
     that prompt's hashes: refused."""
     params = honest()
     assert parse(params).num_tokens == 48
+    fields = parse_transfer_params(params)
     for prompt in ([7] + PROMPT[1:], PROMPT[:47], PROMPT[:48] + [1] * 52):
         if prompt[:48] == PROMPT[:48]:
-            assert RemoteSource.parse(params, prompt, (1, False), policy()).num_tokens == 48
+            assert RemoteSource.parse(fields, prompt, (1, False), policy()).num_tokens == 48
             continue  # only tokens [0, num_tokens) are bound: the rest is the consumer's
         with pytest.raises(ParamsRefused) as refused:
-            RemoteSource.parse(params, prompt, (1, False), policy())
+            RemoteSource.parse(fields, prompt, (1, False), policy())
         assert refused.value.reason == "nixl_params_forged"
 
 
@@ -135,12 +134,17 @@ def test_fuzzed_params_only_ever_raise_a_named_refusal() -> None:
     rng = random.Random(26)
     sched = NixlScheduler(NixlOptions(), "d", (GroupDesc("full_attention", 0, 2, 64),), 16,
                           False, True, policy())  # fmt: skip
-    refused = 0
+    refused = rejected = 0
     for i in range(5000):
         original = honest(f"r{i}")
         params = dict(original)
         for _ in range(rng.randint(1, 4)):
             params[rng.choice(FIELDS)] = _hostile_value(rng)
+        try:
+            fields = parse_transfer_params(params)
+        except ValueError:
+            rejected += 1  # the API's 400: never reaches a connector
+            continue
         try:
             src = parse(params)
             assert src == parse(original)  # what survives is the producer's own
@@ -148,18 +152,18 @@ def test_fuzzed_params_only_ever_raise_a_named_refusal() -> None:
         except ParamsRefused:
             refused += bool(params.get("do_remote_prefill"))
             want = (0, False)
-        req = cast(KVConnectorRequest, _Req(f"q{i}", params))
+        req = cast(KVConnectorRequest, _Req(f"q{i}", fields))
         assert sched.get_num_new_matched_tokens(req, 0) == want
     counted = sched.take_stats().failures
-    assert refused > 1000 and sum(counted.values()) == refused
+    assert refused > 100 and rejected > 1000 and sum(counted.values()) == refused
     assert set(counted) <= {"nixl_params_malformed", "nixl_params_forged",
                             "nixl_params_expired", "nixl_params_untrusted"}  # fmt: skip
 
 
 class _Req:
-    def __init__(self, rid: str, params: dict[str, Any]) -> None:
+    def __init__(self, rid: str, fields: TransferFields) -> None:
         self.request_id = rid
-        self.kv_transfer_params = params
+        self.transfer_fields = fields
         self.all_token_ids = PROMPT
 
 

@@ -121,8 +121,7 @@ class FakeEngine:
                 del self.reqs[req.request_id]
                 outs.append(self._emit(req))
                 continue
-            last = (req.out_ids or req.prompt_ids)[-1]
-            req.out_ids.append(next_letter(last))
+            req.out_ids.append(self.next_token(req))
             if req.detok.update(req.out_ids[-1:]) is not None:
                 req.status = "stop"
             elif len(req.out_ids) >= req.params.max_tokens:
@@ -131,6 +130,10 @@ class FakeEngine:
                 del self.reqs[req.request_id]
             outs.append(self._emit(req))
         return outs
+
+    def next_token(self, req: _Req) -> int:
+        """The letter after the request's last token (a subclass may say otherwise)."""
+        return next_letter((req.out_ids or req.prompt_ids)[-1])
 
     def _emit(self, req: _Req) -> RequestOutput:
         lps = None

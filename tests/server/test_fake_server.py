@@ -234,12 +234,12 @@ def test_stream_disconnect_aborts(long_served) -> None:  # noqa: ANN001
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
         lines = r.iter_lines()
         got = [json.loads(x[6:]) for x in (next(lines), next(lines), next(lines)) if x.startswith("data: ")]  # fmt: skip
-        assert got and scrape(server.url)["hybridkv:num_requests_running"] == 1
+        assert got and scrape(server.url)["vllm:num_requests_running"] == 1
     wait_for(lambda: not fake.reqs, what="the aborted request to leave the engine")
-    wait_for(lambda: scrape(server.url)["hybridkv:num_requests_running"] == 0, what="metrics")
+    wait_for(lambda: scrape(server.url)["vllm:num_requests_running"] == 0, what="metrics")
     m = scrape(server.url)
-    assert m["hybridkv:kv_cache_usage_perc"] == 0.0
-    assert m["hybridkv:requests_finished_total{finish_reason=abort}"] >= 1
+    assert m["vllm:kv_cache_usage_perc"] == 0.0
+    assert m["vllm:request_success_total{finished_reason=abort}"] >= 1
 
 
 def test_non_stream_disconnect_aborts(long_served) -> None:  # noqa: ANN001
@@ -253,11 +253,11 @@ def test_non_stream_disconnect_aborts(long_served) -> None:  # noqa: ANN001
 def test_metrics(served, client) -> None:  # noqa: ANN001
     client.completions.create(model=MODEL, prompt="abcd", max_tokens=3)
     m = scrape(served[0].url)
-    assert m["hybridkv:requests_finished_total{finish_reason=length}"] >= 1
-    assert m["hybridkv:generation_tokens_total"] >= 3
-    assert m["hybridkv:time_to_first_token_seconds_count"] >= 1
-    assert m["hybridkv:e2e_request_latency_seconds_count"] >= 1
-    assert m["hybridkv:prefix_cache_queries_total{group=0,kind=full_attention}"] >= 4
+    assert m["vllm:request_success_total{finished_reason=length}"] >= 1
+    assert m["vllm:generation_tokens_total"] >= 3
+    assert m["vllm:time_to_first_token_seconds_count"] >= 1
+    assert m["vllm:e2e_request_latency_seconds_count"] >= 1
+    assert m["hybridkv:group_prefix_cache_queries_total{group=0,kind=full_attention}"] >= 4
     assert m["hybridkv:cached_prompt_tokens_total{source=peer}"] == 0
     assert m["hybridkv:offload_bytes_total{direction=store,tier=disk}"] == 0
     assert "hybridkv:kv_load_failures" not in m  # no samples until a connector reports

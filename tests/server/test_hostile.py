@@ -131,7 +131,7 @@ def test_burst_of_400_with_a_queue_of_64(server: SubprocessServer) -> None:
     for i, r in accepted:
         assert r.json()["choices"][0]["text"] == want[PROMPTS[i % 3]]
     assert scrape(server.url)["hybridkv:requests_refused_total{reason=overloaded}"] == len(refused)
-    wait_for(lambda: scrape(server.url)["hybridkv:num_requests_waiting"] == 0, what="an empty queue")  # fmt: skip
+    wait_for(lambda: scrape(server.url)["vllm:num_requests_waiting"] == 0, what="an empty queue")  # fmt: skip
     assert_serving(server)
 
 

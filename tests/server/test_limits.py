@@ -119,6 +119,10 @@ def test_api_key_from_file_or_environment(tmp_path: Path, monkeypatch: pytest.Mo
     assert resolve_api_key(args(api_key="flag")) == "flag"
     key_file = tmp_path / "key"
     key_file.write_text("from-file\n")
+    key_file.chmod(0o644)
+    with pytest.raises(ValueError, match="--api-key-file: .* readable by others"):
+        resolve_api_key(args(api_key_file=key_file))
+    key_file.chmod(0o600)
     assert resolve_api_key(args(api_key_file=key_file)) == "from-file"
     with pytest.raises(ValueError, match="not both"):
         resolve_api_key(args(api_key="flag", api_key_file=key_file))

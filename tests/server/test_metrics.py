@@ -43,7 +43,7 @@ def test_connector_stats_fold_children_and_name_events() -> None:
 def test_snapshot_is_the_one_source() -> None:
     metrics = ServerMetrics()
     m = parse(metrics)
-    assert m["hybridkv:num_requests_running"] == 0
+    assert m["vllm:num_requests_running"] == 0
     assert m["hybridkv:offload_bytes_total{direction=load,tier=remote}"] == 0
     snap = EngineStats(
         num_running=3,
@@ -70,13 +70,15 @@ def test_snapshot_is_the_one_source() -> None:
     )
     metrics.publish(snap)
     m = parse(metrics)
-    assert m["hybridkv:num_requests_running"] == 3
-    assert m["hybridkv:num_requests_waiting"] == 2
-    assert m["hybridkv:kv_cache_usage_perc"] == 0.25
-    assert m["hybridkv:num_preemptions_total"] == 1
-    assert m["hybridkv:prefix_cache_hit_tokens_total"] == 32
-    assert m["hybridkv:prefix_cache_hits_total{group=0,kind=full_attention}"] == 48
-    assert m["hybridkv:prefix_cache_queries_total{group=1,kind=state}"] == 100
+    assert m["vllm:num_requests_running"] == 3
+    assert m["vllm:num_requests_waiting"] == 2
+    assert m["vllm:kv_cache_usage_perc"] == 0.25
+    assert m["vllm:num_preemptions_total"] == 1
+    assert m["vllm:prefix_cache_hits_total"] == 32
+    assert m["vllm:prefix_cache_queries_total"] == 100
+    assert m["hybridkv:prefix_cache_lookups_total"] == 4
+    assert m["hybridkv:group_prefix_cache_hits_total{group=0,kind=full_attention}"] == 48
+    assert m["hybridkv:group_prefix_cache_queries_total{group=1,kind=state}"] == 100
     assert m["hybridkv:kv_load_failures_total{reason=corrupt}"] == 2
     assert m["hybridkv:offload_bytes_total{direction=store,tier=disk}"] == 4096
     assert m["hybridkv:recomputed_tokens_total"] == 16
@@ -99,13 +101,13 @@ def test_request_metrics() -> None:
     rec.on_output(_output("r", 3, True, {"local": 16, "disk": 32}), 11.5)
     rec.on_output(_output("unknown", 1, True, {}), 12.0)  # not tracked: ignored
     m = parse(metrics)
-    assert m["hybridkv:time_to_first_token_seconds_sum"] == 0.5
-    assert m["hybridkv:inter_token_latency_seconds_count"] == 2
-    assert m["hybridkv:inter_token_latency_seconds_sum"] == 1.0
-    assert m["hybridkv:e2e_request_latency_seconds_sum"] == 1.5
-    assert m["hybridkv:requests_finished_total{finish_reason=stop}"] == 1
-    assert m["hybridkv:prompt_tokens_total"] == 3
-    assert m["hybridkv:generation_tokens_total"] == 3
+    assert m["vllm:time_to_first_token_seconds_sum"] == 0.5
+    assert m["vllm:inter_token_latency_seconds_count"] == 2
+    assert m["vllm:inter_token_latency_seconds_sum"] == 1.0
+    assert m["vllm:e2e_request_latency_seconds_sum"] == 1.5
+    assert m["vllm:request_success_total{finished_reason=stop}"] == 1
+    assert m["vllm:prompt_tokens_total"] == 3
+    assert m["vllm:generation_tokens_total"] == 3
     assert m["hybridkv:cached_prompt_tokens_total{source=disk}"] == 32
     assert m["hybridkv:cached_prompt_tokens_total{source=peer}"] == 0
 
@@ -113,15 +115,15 @@ def test_request_metrics() -> None:
 def test_registries_are_per_server() -> None:
     a, b = ServerMetrics(), ServerMetrics()  # a global registry would refuse the second
     a.publish(EngineStats(num_running=5))
-    assert parse(b)["hybridkv:num_requests_running"] == 0
+    assert parse(b)["vllm:num_requests_running"] == 0
 
 
 def test_every_metric_is_in_the_one_table() -> None:
     """/metrics renders exactly the families ``METRICS`` lists, with the types and help it says."""
-    from hybridkv.metrics.prometheus import METRICS, PREFIX
+    from hybridkv.metrics.prometheus import METRICS
 
     families = {
-        f.name.removeprefix(PREFIX): f
+        f.name: f
         for f in text_string_to_metric_families(ServerMetrics().render().decode())
         if not f.name.endswith("_created")  # the server turns these off (launch.py)
     }
@@ -141,27 +143,41 @@ def test_every_sample_names_the_model_and_cache_config_is_shown() -> None:
     assert samples and all(s.labels["model_name"] == "my-model" for s in samples)
     m = parse(metrics)
     key = "hybridkv:cache_config_info{block_size=16,cache_dtype=,enable_prefix_caching=True,"
-    key += "kv_cache_memory=,num_blocks=100,num_layout_groups=,num_state_slots=}"
+    key += "kv_cache_memory=,num_blocks=100,num_layout_groups=,num_state_slots=,"
+    key += "state_checkpoint_interval=}"
     assert m[key] == 1.0
-    assert m["hybridkv:iteration_tokens_total_count"] == 1
-    assert m["hybridkv:iteration_tokens_total_sum"] == 40
+    key = "vllm:cache_config_info{block_size=16,cache_dtype=,enable_prefix_caching=True,"
+    key += "num_gpu_blocks=100,prefix_caching_hash_algo=,prefix_match_unit=16}"
+    assert m[key] == 1.0
+    assert m["vllm:iteration_tokens_total_count"] == 1
+    assert m["vllm:iteration_tokens_total_sum"] == 40
 
 
 def test_request_phases_and_lengths() -> None:
     metrics = ServerMetrics()
     rec = metrics.requests
-    rec.on_arrival("r", 10.0)
+    rec.on_arrival("r", 10.0, n=1, max_tokens=50)
     rec.on_output(_output("r", 1, False, {}), 10.5)
+    m = parse(metrics)  # vLLM counts prompt tokens at the first token, output tokens as they come
+    assert (m["vllm:prompt_tokens_total"], m["vllm:generation_tokens_total"]) == (3, 1)
+    assert m["vllm:request_success_total{finished_reason=stop}"] == 0  # not finished
     done = _output("r", 4, True, {})
     done.metrics = {"queue_s": 0.125, "ttft_s": 0.375}
     rec.on_output(done, 12.0)
     m = parse(metrics)
-    assert m["hybridkv:request_queue_time_seconds_sum"] == 0.125
-    assert m["hybridkv:request_prefill_time_seconds_sum"] == 0.25
-    assert m["hybridkv:request_decode_time_seconds_sum"] == 1.5
-    assert m["hybridkv:request_prompt_tokens_sum"] == 3
-    assert m["hybridkv:request_generation_tokens_sum"] == 4
-    assert m["hybridkv:request_generation_tokens_bucket{le=5.0}"] == 1
+    assert (m["vllm:prompt_tokens_total"], m["vllm:generation_tokens_total"]) == (3, 4)
+    assert m["vllm:request_time_per_output_token_seconds_sum"] == 0.5  # 1.5 s / 3 tokens
+    assert m["vllm:request_inference_time_seconds_sum"] == 1.75  # prefill + decode
+    assert m["vllm:request_params_max_tokens_sum"] == 50
+    assert m["vllm:request_params_n_sum"] == 1
+    assert m["vllm:request_max_num_generation_tokens_sum"] == 4
+    assert m["vllm:time_per_output_token_seconds_count"] == 3  # vLLM's old name, same gaps
+    assert m["vllm:request_queue_time_seconds_sum"] == 0.125
+    assert m["vllm:request_prefill_time_seconds_sum"] == 0.25
+    assert m["vllm:request_decode_time_seconds_sum"] == 1.5
+    assert m["vllm:request_prompt_tokens_sum"] == 3
+    assert m["vllm:request_generation_tokens_sum"] == 4
+    assert m["vllm:request_generation_tokens_bucket{le=5.0}"] == 1
 
 
 def test_the_periodic_log_line_reads_the_snapshot() -> None:

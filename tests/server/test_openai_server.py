@@ -20,6 +20,9 @@ from tests.support.lifetimes import track
 pytestmark = pytest.mark.slow
 
 ENGINE_FLAGS = ["--kv-cache-memory", "64MiB", "--max-num-seqs", "48", "--seed", "0"]
+# vLLM's flags with no job here, as a vLLM launch script passes them (accepted, one warning)
+VLLM_GPU_FLAGS = "--gpu-memory-utilization 0.9 --enforce-eager --tensor-parallel-size 1 "
+VLLM_GPU_FLAGS += "--trust-remote-code --swap-space 4 --enable-chunked-prefill"
 ENGINE_OPTIONS: dict[str, Any] = {"kv_cache_memory": "64MiB", "max_num_seqs": 48, "seed": 0}
 NAME = "tiny-hybrid"
 PROMPTS = [
@@ -34,6 +37,7 @@ PROMPTS = [
 def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SubprocessServer]:
     log = tmp_path_factory.mktemp("server") / "server.log"
     args = ["--model", str(model_dir), "--served-model-name", NAME, *ENGINE_FLAGS]
+    args += VLLM_GPU_FLAGS.split()
     with SubprocessServer(args, log) as srv:
         yield srv
 
@@ -108,7 +112,7 @@ def test_32_concurrent_streams(client: openai.OpenAI, llm: Any) -> None:
 
 def test_disconnect_frees_blocks(server: SubprocessServer) -> None:
     idle = scrape(server.url)
-    assert idle["hybridkv:num_requests_running"] == 0
+    assert idle["vllm:num_requests_running"] == 0
     body = {"model": NAME, "prompt": PROMPTS[1], "max_tokens": 2000, "ignore_eos": True}
     body |= {"temperature": 0, "stream": True}  # runs for seconds unless aborted
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
@@ -116,31 +120,55 @@ def test_disconnect_frees_blocks(server: SubprocessServer) -> None:
         first = [json.loads(next(lines)[6:]) for _ in range(3)]
         assert all(c["choices"][0]["finish_reason"] is None for c in first)
         busy = scrape(server.url)
-        assert busy["hybridkv:num_requests_running"] == 1
-        assert busy["hybridkv:kv_cache_usage_perc"] > idle["hybridkv:kv_cache_usage_perc"]
+        assert busy["vllm:num_requests_running"] == 1
+        assert busy["vllm:kv_cache_usage_perc"] > idle["vllm:kv_cache_usage_perc"]
     wait_for(
-        lambda: scrape(server.url)["hybridkv:num_requests_running"] == 0,
+        lambda: scrape(server.url)["vllm:num_requests_running"] == 0,
         timeout=30,
         what="the disconnected request to be aborted",
     )
     after = scrape(server.url)
-    assert after["hybridkv:kv_cache_usage_perc"] == idle["hybridkv:kv_cache_usage_perc"]
-    assert after["hybridkv:requests_finished_total{finish_reason=abort}"] >= 1
+    assert after["vllm:kv_cache_usage_perc"] == idle["vllm:kv_cache_usage_perc"]
+    assert after["vllm:request_success_total{finished_reason=abort}"] >= 1
 
 
 def test_repeated_prompt_hits_the_prefix_cache(
     client: openai.OpenAI, server: SubprocessServer
 ) -> None:
     prompt = " ".join(f"word{i}" for i in range(40))  # several blocks
-    before = scrape(server.url)["hybridkv:prefix_cache_hit_tokens_total"]
+    before = scrape(server.url)["vllm:prefix_cache_hits_total"]
     first = client.completions.create(model=NAME, prompt=prompt, max_tokens=2, temperature=0)
     second = client.completions.create(model=NAME, prompt=prompt, max_tokens=2, temperature=0)
     assert second.usage.prompt_tokens_details.cached_tokens > 0
     assert second.choices[0].text == first.choices[0].text
     m = scrape(server.url)
-    assert m["hybridkv:prefix_cache_hit_tokens_total"] - before >= second.usage.prompt_tokens_details.cached_tokens  # fmt: skip
+    assert m["vllm:prefix_cache_hits_total"] - before >= second.usage.prompt_tokens_details.cached_tokens  # fmt: skip
     assert m["hybridkv:cached_prompt_tokens_total{source=local}"] > 0
-    assert any(k.startswith("hybridkv:prefix_cache_hits_total{") and v > 0 for k, v in m.items())
+    assert any(
+        k.startswith("hybridkv:group_prefix_cache_hits_total{") and v > 0 for k, v in m.items()
+    )
+
+
+def test_vllm_gpu_flags_are_accepted_with_one_warning(server: SubprocessServer) -> None:
+    warnings = [line for line in server.log().splitlines() if "ignoring vLLM options" in line]
+    assert len(warnings) == 1
+    for flag in VLLM_GPU_FLAGS.split():
+        if flag.startswith("--"):
+            assert flag in warnings[0]
+    assert httpx.get(server.url + "/version").json()["version"]
+    assert httpx.get(server.url + "/ping").status_code == 200
+
+
+def test_vllm_dashboard_resolves(client: openai.OpenAI, server: SubprocessServer) -> None:
+    """Every query of vLLM's example Grafana dashboard finds its metric, typed, with a series
+    for the served model, on the real server (tests/server/test_vllm_dashboard.py: the fake)."""
+    from tests.server.dashboard import dashboard_problems
+
+    client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=3, temperature=0)
+    assert dashboard_problems(httpx.get(server.url + "/metrics", timeout=10).text, NAME) == []
+    info = scrape(server.url)
+    key = next(k for k in info if k.startswith("vllm:cache_config_info{"))
+    assert "block_size=16" in key and "prefix_match_unit=16" in key
 
 
 def test_bad_input_keeps_serving(client: openai.OpenAI, server: SubprocessServer, llm: Any) -> None:

@@ -68,8 +68,8 @@ def test_clients_that_stop_reading_are_disconnected_and_aborted(
         wait_for(lambda: not fake.reqs, timeout=30, what="the stalled requests to be aborted")
         m = scrape(server.url)
         assert m[STALLED] == 4
-        assert m["hybridkv:requests_finished_total{finish_reason=abort}"] == 4
-        assert m["hybridkv:kv_cache_usage_perc"] == 0.0
+        assert m["vllm:request_success_total{finished_reason=abort}"] == 4
+        assert m["vllm:kv_cache_usage_perc"] == 0.0
         for sock in socks:  # the server closed the connection: reading ends (or is reset)
             sock.settimeout(10)
             _read_to_the_end(sock)  # a connection left open times out here
@@ -118,12 +118,12 @@ def test_the_real_server_aborts_stalled_streams(tmp_path: Path) -> None:
 
             def aborted() -> bool:
                 m = scrape(server.url)
-                return m[STALLED] == 2 and m["hybridkv:num_requests_running"] == 0
+                return m[STALLED] == 2 and m["vllm:num_requests_running"] == 0
 
             wait_for(aborted, timeout=50, what="the stalled streams to be aborted")
             m = scrape(server.url)
-            assert m["hybridkv:requests_finished_total{finish_reason=abort}"] == 2
-            assert m["hybridkv:kv_cache_usage_perc"] == 0.0
+            assert m["vllm:request_success_total{finished_reason=abort}"] == 2
+            assert m["vllm:kv_cache_usage_perc"] == 0.0
         finally:
             for sock in socks:
                 sock.close()

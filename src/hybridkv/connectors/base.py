@@ -18,34 +18,47 @@ named per state group. A load is finished only when the worker reports it in
 ``finished_recving``; failures are reported as ``failed_recving`` (whole request) or
 ``invalid_block_ids`` (some blocks), always together with ``finished_recving`` for async loads
 (the request leaves the wait state either way). Bytes a load wrote are never trusted until then.
+
+Optional hooks come in groups (``TierControl``, ``LeaseHooks``, ``PartialKV``): a connector
+implements a group whole, and the engine asks ``capabilities()`` once at start which groups it
+has. A wrapper subclasses ``connectors/delegating.py``, which forwards every hook.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from hybridkv.connectors.stats import ConnectorStats
 from hybridkv.connectors.tier_events import NoTiersError, TierEvent, TierEventSink
 from hybridkv.kv.coordinator import KVRequest
+from hybridkv.request import RequestStatus
+from hybridkv.sampling.transfer_params import TransferFields
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 
 if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
     from hybridkv.native import PageTable
 
 
 class KVConnectorRequest(KVRequest, Protocol):
     """What a connector reads of a request: the KV core's view, its token ids, and the
-    client's ``kv_transfer_params`` (None if none were sent; connectors that do not use them
-    ignore them)."""
+    client's ``kv_transfer_params`` as parsed at the boundary (``transfer_fields``; None if
+    none were sent; connectors that do not use them ignore them). The raw dict never reaches
+    a connector."""
 
     @property
     def all_token_ids(self) -> list[int]: ...
 
     @property
-    def kv_transfer_params(self) -> dict[str, object] | None: ...
+    def transfer_fields(self) -> TransferFields | None: ...
+
+    @property
+    def status(self) -> RequestStatus: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,44 +84,6 @@ class KeptKV:
     window_at: int
 
 
-@dataclass(slots=True)
-class LoadResult:
-    """How one request's load ended, as a worker half records it."""
-
-    request_id: str
-    is_async: bool
-    invalid_blocks: dict[int, str] = field(default_factory=dict)  # block id -> reason
-    state_reason: str | None = None
-    request_reason: str | None = None
-
-
-def merge_output(into: KVConnectorOutput, other: KVConnectorOutput) -> None:
-    """Add ``other``'s report to ``into`` (the first reason given for an id is kept)."""
-    into.finished_sending |= other.finished_sending
-    into.finished_recving |= other.finished_recving
-    for rid, reason in other.failed_recving.items():
-        into.failed_recving.setdefault(rid, reason)
-    for block_id, reason in other.invalid_block_ids.items():
-        into.invalid_block_ids.setdefault(block_id, reason)
-    for rid, reason in other.invalid_state.items():
-        into.invalid_state.setdefault(rid, reason)
-
-
-def output_from_results(results: list[LoadResult]) -> KVConnectorOutput:
-    """The step report for finished loads: async ones are finished receiving whatever their
-    outcome (so the request leaves the wait state), failures by block, state and request."""
-    output = KVConnectorOutput()
-    for result in results:
-        if result.is_async:
-            output.finished_recving.add(result.request_id)
-        output.invalid_block_ids.update(result.invalid_blocks)
-        if result.state_reason is not None:
-            output.invalid_state[result.request_id] = result.state_reason
-        if result.request_reason is not None:
-            output.failed_recving[result.request_id] = result.request_reason
-    return output
-
-
 class KVCacheAccess(Protocol):
     """The worker half's window on the device cache (implemented over the runner's tensors).
 
@@ -116,10 +91,10 @@ class KVCacheAccess(Protocol):
     tensor. State data is one flat uint8 tensor per slot (every layer's state of the group).
     ``read_*`` return copies that later cache writes do not change."""
 
-    def read_blocks(self, block_ids: list[int]) -> Any: ...
-    def write_blocks(self, block_ids: list[int], data: Any) -> None: ...
-    def read_state(self, group_id: int, slot: int) -> Any: ...
-    def write_state(self, group_id: int, slot: int, data: Any) -> None: ...
+    def read_blocks(self, block_ids: list[int]) -> torch.Tensor: ...
+    def write_blocks(self, block_ids: list[int], data: torch.Tensor | np.ndarray) -> None: ...
+    def read_state(self, group_id: int, slot: int) -> torch.Tensor: ...
+    def write_state(self, group_id: int, slot: int, data: torch.Tensor) -> None: ...
     def page_table(self) -> PageTable | None:
         """The backing pages as host addresses for ``hybridkv.native`` copy kernels, or None
         when they are not host memory (kernels then fall back to ``read_blocks`` etc.)."""
@@ -163,20 +138,6 @@ class BaseConnectorScheduler(ABC):
         """Digest the worker's report of a step (optional)."""
         return None
 
-    def on_waiting(self, requests: Sequence[KVConnectorRequest]) -> None:
-        """Once per step, before ``build_connector_meta``: the requests still waiting for
-        admission (new or preempted, in queue order) that carry ``kv_transfer_params``, the
-        ones the scheduler did not look at yet included. Replaces the previous step's list;
-        after a non-empty list, the next step calls it (with an empty list) even when none
-        wait any more. Optional (e.g. to keep a remote producer's lease alive)."""
-        return None
-
-    def request_dropped(self, request: KVConnectorRequest) -> None:
-        """A request that ended (aborted, failed) while it held no KV: ``request_finished`` is
-        not called for it. Only requests carrying ``kv_transfer_params`` are reported.
-        Optional (e.g. to tell a remote producer that its KV will not be read)."""
-        return None
-
     def has_pending(self) -> bool:
         """True while this half holds something for its worker that only the next step's
         metadata carries: an idle engine then steps once more. Optional."""
@@ -185,26 +146,10 @@ class BaseConnectorScheduler(ABC):
     @abstractmethod
     def request_finished(
         self, request: KVConnectorRequest, blocks: RequestBlocks
-    ) -> tuple[bool, dict[str, Any] | None]:
+    ) -> tuple[bool, dict[str, object] | None]:
         """Called exactly once per finished request, before its blocks are freed. Returns
         (delay_free_blocks, kv_transfer_params). With True the blocks stay allocated until the
         request id comes back in ``finished_sending``."""
-
-    def get_first_whole_blocks(
-        self, request: KVConnectorRequest, num_external_tokens: int
-    ) -> tuple[int, ...] | None:
-        """After ``update_state_after_alloc`` chose to load ``num_external_tokens``: per
-        attention group, the first table entry from which the load writes every token of each
-        entry it fills. Entries between the local hit and it get only part of their bytes (a
-        window's first block the producer held only in part); the scheduler never hashes
-        them. None (the default): every entry the load fills is written whole."""
-        return None
-
-    def get_kept_kv(self, request: KVConnectorRequest) -> KeptKV | None:
-        """For a request whose free ``request_finished`` delayed: what it keeps until
-        ``finished_sending`` (everything else is freed at once); None keeps every block and
-        state slot."""
-        return None
 
     def get_step_interval(self, request: KVConnectorRequest) -> int:
         """Token interval at which this request's steps must end (0: no constraint), so the
@@ -224,22 +169,99 @@ class BaseConnectorScheduler(ABC):
         same type from both halves; see ``connectors/stats.py``)."""
         return ConnectorStats()
 
-    # -- storage tiers (KV events, resets); a connector without tiers keeps the defaults ----
+    def capabilities(self) -> Capabilities:
+        """The optional hook groups this half implements, asked once when the engine starts:
+        by default this object for each protocol it satisfies. A wrapper answers for what it
+        wraps."""
+        return Capabilities.of(self)
 
-    def set_tier_event_sink(self, sink: TierEventSink) -> bool:
+
+# -- optional hook groups: a connector implements a group whole, or not at all -------------
+
+
+@runtime_checkable
+class TierControl(Protocol):
+    """A connector that keeps storage tiers (KV events, cache resets)."""
+
+    def set_tier_event_sink(self, sink: TierEventSink) -> None:
         """Report every unit that becomes READY in a tier, or leaves one, to ``sink`` (called
-        on any thread, under the tier's lock). False if this connector has no tiers."""
-        return False
+        on any thread, under the tier's lock)."""
+        ...
 
     def resident_units(self) -> list[TierEvent]:
-        """A stored event for every READY unit of every tier now (empty without tiers)."""
-        return []
+        """A stored event for every READY unit of every tier now."""
+        ...
 
     def reset_tiers(self) -> int:
         """Drop every unit neither pinned by a load nor being stored, from every tier (their
-        bytes too, where the tier owns them); returns how many. Raises ``NoTiersError`` if
-        this connector has no tiers."""
-        raise NoTiersError(f"{type(self).__name__} keeps no storage tiers to reset")
+        bytes too, where the tier owns them); returns how many."""
+        ...
+
+
+@runtime_checkable
+class LeaseHooks(Protocol):
+    """A connector that hears about requests carrying ``kv_transfer_params`` before or
+    without their KV (e.g. to keep a remote producer's lease alive, or release it)."""
+
+    def on_waiting(self, requests: Sequence[KVConnectorRequest]) -> None:
+        """Once per step, before ``build_connector_meta``: the requests still waiting for
+        admission (new or preempted, in queue order) that carry ``kv_transfer_params``, the
+        ones the scheduler did not look at yet included. Replaces the previous step's list;
+        after a non-empty list, the next step calls it (with an empty list) even when none
+        wait any more."""
+        ...
+
+    def request_dropped(self, request: KVConnectorRequest) -> None:
+        """A request that ended (aborted, failed) while it held no KV: ``request_finished`` is
+        not called for it. Only requests carrying ``kv_transfer_params`` are reported."""
+        ...
+
+
+@runtime_checkable
+class PartialKV(Protocol):
+    """A connector whose loads may fill blocks in part, or whose delayed frees keep only part
+    of a request's KV (a P/D producer clips what the consumer reads)."""
+
+    def get_first_whole_blocks(
+        self, request: KVConnectorRequest, num_external_tokens: int
+    ) -> tuple[int, ...] | None:
+        """After ``update_state_after_alloc`` chose to load ``num_external_tokens``: per
+        attention group, the first table entry from which the load writes every token of each
+        entry it fills. Entries between the local hit and it get only part of their bytes (a
+        window's first block the producer held only in part); the scheduler never hashes
+        them. None: every entry the load fills is written whole."""
+        ...
+
+    def get_kept_kv(self, request: KVConnectorRequest) -> KeptKV | None:
+        """For a request whose free ``request_finished`` delayed: what it keeps until
+        ``finished_sending`` (everything else is freed at once); None keeps every block and
+        state slot."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """The optional hook groups of a scheduler half, each the object to call (None: the
+    connector has none), resolved once at start (``BaseConnectorScheduler.capabilities``)."""
+
+    tiers: TierControl | None = None
+    leases: LeaseHooks | None = None
+    partial: PartialKV | None = None
+
+    @classmethod
+    def of(cls, half: object) -> Capabilities:
+        """``half`` itself for each group whose protocol it satisfies."""
+        return cls(
+            half if isinstance(half, TierControl) else None,
+            half if isinstance(half, LeaseHooks) else None,
+            half if isinstance(half, PartialKV) else None,
+        )
+
+    def require_tiers(self, owner: str) -> TierControl:
+        """The tiers, or ``NoTiersError`` naming ``owner``."""
+        if self.tiers is None:
+            raise NoTiersError(f"{owner} keeps no storage tiers to reset")
+        return self.tiers
 
 
 class BaseConnectorWorker(ABC):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from hybridkv.choice import Choice
 
@@ -83,12 +83,12 @@ class ConnectorOptions:
     """Base of every connector's parsed ``kv_connector_extra_config`` (a frozen dataclass).
 
     A subclass adds its fields and a classmethod
-    ``parse(extra: Mapping[str, Any], ctx: OptionsContext) -> Self`` that rejects unknown keys
+    ``parse(extra: Mapping[str, object], ctx: OptionsContext) -> Self`` that rejects unknown keys
     and bad values with a ValueError naming the option; it must not import torch or touch
     files (it runs at the boundary, before the model loads)."""
 
     @classmethod
-    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> ConnectorOptions:
+    def parse(cls, extra: Mapping[str, object], ctx: OptionsContext) -> ConnectorOptions:
         raise NotImplementedError(f"{cls.__name__}.parse")
 
 
@@ -97,7 +97,7 @@ class NoOptions(ConnectorOptions):
     """For a connector that takes no ``kv_connector_extra_config``."""
 
     @classmethod
-    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> NoOptions:
+    def parse(cls, extra: Mapping[str, object], ctx: OptionsContext) -> NoOptions:
         if extra:
             raise ValueError(f"unknown keys {sorted(extra)} in kv_connector_extra_config")
         return cls()
@@ -112,7 +112,7 @@ class KVTransferConfig:
     options: ConnectorOptions  # the connector's parsed kv_connector_extra_config
     kv_role: KVRole = KVRole.BOTH
     kv_load_failure_policy: LoadFailurePolicy = LoadFailurePolicy.RECOMPUTE
-    kv_connector_extra_config: Mapping[str, Any] = field(default_factory=dict)  # as given
+    kv_connector_extra_config: Mapping[str, object] = field(default_factory=dict)  # as given
 
     def options_as(self, kind: type[Opt]) -> Opt:
         """``options`` as the connector's own type (a factory's first line)."""

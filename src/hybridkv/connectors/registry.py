@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 from hybridkv.choice import json_object, parse_choice
 from hybridkv.connectors.base import KVConnectorPair
@@ -88,11 +88,10 @@ def connector_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def parse_kv_transfer_config(
-    value: KVTransferConfig | Mapping[str, Any] | str, block_size: int
-) -> KVTransferConfig:
+def parse_kv_transfer_config(value: object, block_size: int) -> KVTransferConfig:
     """From a dict, a JSON string (the CLI's ``--kv-transfer-config``) or itself; the
-    connector's extra config is parsed by its entry. Errors name the bad key."""
+    connector's extra config is parsed by its entry. Errors name the bad key (anything else
+    is a ValueError too)."""
     if isinstance(value, KVTransferConfig):
         return value
     value = json_object(value, "kv_transfer_config", sorted(KEYS))
@@ -113,12 +112,14 @@ def parse_kv_transfer_config(
 
 
 def create_connector(config: KVTransferConfig, context: ConnectorContext) -> KVConnectorPair:
-    factory: Factory = _load(config.kv_connector, _entry(config.kv_connector).factory)
+    factory = cast(Factory, _load(config.kv_connector, _entry(config.kv_connector).factory))
     return factory(config, context)
 
 
 def _options_class(name: str) -> type[ConnectorOptions]:
-    kind: type[ConnectorOptions] = _load(name, _entry(name).options)
+    kind = _load(name, _entry(name).options)
+    if not (isinstance(kind, type) and issubclass(kind, ConnectorOptions)):
+        raise ValueError(f"kv_connector {name!r}: {_entry(name).options} is not ConnectorOptions")
     return kind
 
 
@@ -131,7 +132,7 @@ def _entry(name: str) -> ConnectorEntry:
     return entry
 
 
-def _load(name: str, target: str) -> Any:
+def _load(name: str, target: str) -> object:
     module_name, _, attr = target.partition(":")
     try:
         return getattr(importlib.import_module(module_name), attr)

@@ -46,11 +46,13 @@ def reset_prefix_cache(
         events.publish_step(kv.take_events())  # what happened before the reset
     num_units = 0
     if connector is not None and tiers:
-        num_units = connector.scheduler.reset_tiers()  # NoTiersError: nothing reset yet
+        caps = connector.scheduler.capabilities()
+        num_units = caps.require_tiers(type(connector.scheduler).__name__).reset_tiers()
     cleared = kv.reset_prefix_cache()
     assert cleared, "an idle coordinator always resets"
     if events is not None:
         kv.take_events()  # the pools' CLEARED: said once below
-        resident = connector.scheduler.resident_units if connector is not None else list
+        found = connector.scheduler.capabilities().tiers if connector is not None else None
+        resident = found.resident_units if found is not None else list
         events.publish_reset(resident)
     return ResetResult(True, num_tier_units=num_units)

@@ -16,24 +16,23 @@ from typing import TYPE_CHECKING
 from hybridkv.config import EngineConfig
 from hybridkv.connectors.base import KVConnectorPair
 from hybridkv.connectors.registry import ConnectorContext, create_connector
-from hybridkv.connectors.stats import ConnectorStats
 from hybridkv.engine.cache_access import DeviceCacheAccess
 from hybridkv.engine.cache_reset import ResetResult, reset_prefix_cache
-from hybridkv.engine.detokenizer import IncrementalDetokenizer
 from hybridkv.engine.lifetime import EngineClosedError, EngineResources, weak_method
 from hybridkv.engine.output import RequestOutput, TextState
 from hybridkv.engine.outputs import OutputProcessor
 from hybridkv.engine.parallel import ParallelSampling, ParentRequest
-from hybridkv.engine.request_prep import prepare_params, truncate_prompt
+from hybridkv.engine.request_prep import check_prompt_ids, prepare_params, truncate_prompt
 from hybridkv.engine.sizing import resolve_dtype, size_cache
-from hybridkv.engine.stats import EngineStats, GroupCacheStats, StepCounters, TransferStats
+from hybridkv.engine.stats import EngineStats, GroupCacheStats, StepCounters, TransferCounters
 from hybridkv.engine.step import run_step
+from hybridkv.engine.weights_id import model_identity
 from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHasher, get_hash_fn
 from hybridkv.kv.spec import create_layout
 from hybridkv.request import Request, RequestStatus
 from hybridkv.sampling.grammar import GrammarBackend
-from hybridkv.sampling.params import SamplingParams
+from hybridkv.sampling.params import SamplingParams, TransferFields
 from hybridkv.sched.kv_transfer import KVTransfer
 from hybridkv.sched.scheduler import Scheduler
 
@@ -43,64 +42,24 @@ if TYPE_CHECKING:
 
 class EngineCore:
     def __init__(self, config: EngineConfig, *, keep_logits: bool = False) -> None:
-        from hybridkv.model.loading.hub import resolve_model_dir
-        from hybridkv.model.loading.loader import load_model, load_model_config
-        from hybridkv.model.loading.tokenizer import Tokenizer
-        from hybridkv.model.step.runner import ModelRunner
-
         self.config = config
         self.keep_logits = keep_logits
-        self.model_dir = resolve_model_dir(config.model)  # a directory, or org/name in the cache
-        self.dtype = resolve_dtype(config.dtype, dict(load_model_config(self.model_dir).raw))
-        self.model, self.model_config = load_model(self.model_dir, self.dtype, config.bf16_matmul)
-        self.tokenizer = Tokenizer(self.model_dir, eos_token_ids=self.model_config.eos_token_ids)
-        self.max_model_len = (
-            config.scheduler.max_model_len or self.model_config.max_position_embeddings
-        )
-        specs = self.model_config.layer_specs(config.cache.block_size, self.dtype)
-        self.layout = create_layout(specs, config.cache.block_size)
-        self.sizing = size_cache(config, self.layout, self.max_model_len)
-        events_on = config.kv_events_config is not None and config.kv_events_config.enabled
-        self.grammar = GrammarBackend(
-            self.model_dir, self.model_config.vocab_size, self.model_config.eos_token_ids
-        )
-        kv_config = KVCacheConfig(
-            self.sizing.num_blocks,
-            self.sizing.num_state_slots,
-            config.cache.enable_prefix_caching,
-            config.cache.state_checkpoint_interval,
-            enable_kv_cache_events=events_on,  # only with a consumer: they would pile up
-            key_events=events_on,
-            max_checkpoints=self.sizing.max_checkpoints,
-            states_from_scan=True,  # Mamba2 and Gated DeltaNet scans hand back mid-chunk states
-        )
-        self.kv = KVCacheCoordinator(self.layout, kv_config)
-        self.runner = ModelRunner(
-            self.model,
-            self.model_config,
-            self.layout,
-            self.sizing.num_blocks,
-            self.sizing.num_state_slots,
-            keep_logits=keep_logits,
-            seed=config.seed,  # unseeded requests sample from the runner's own generator
-            grammar=self.grammar,
-        )
+        self._load_model()
+        self._create_cache()
         # threads, buffers, sockets: released once, by shutdown() or when the engine is
         # collected (engine/lifetime.py), even if the rest of __init__ fails
         self._resources = EngineResources()
         self._release = weakref.finalize(self, self._resources.release)
         try:
             self.connector = self._create_connector()
-            self.kv_events = self._create_kv_events() if events_on else None
+            self.kv_events = self._create_kv_events() if self._events_on else None
         except BaseException:
             self._release()
             raise
-        transfer = None
-        if self.connector is not None and config.kv_transfer_config is not None:
-            policy = config.kv_transfer_config.kv_load_failure_policy
-            transfer = KVTransfer(self.connector.scheduler, policy, self.kv)
-        self.scheduler = Scheduler(config.scheduler, self.max_model_len, self.kv, transfer)
-        self._connector_totals: ConnectorStats | None = None  # since start
+        self.scheduler = Scheduler(
+            config.scheduler, self.max_model_len, self.kv, self._create_transfer()
+        )
+        self._transfer_counters = TransferCounters()  # the connector's counts since start
         self._hash_fn = get_hash_fn(config.cache.prefix_caching_hash_algo)
         self.outputs = OutputProcessor(self.scheduler, keep_logits)
         self._ids = itertools.count()
@@ -109,11 +68,67 @@ class EngineCore:
         self.outputs.wants_every = self._parallel.is_child  # a child's first output spawns
         self._prompts: dict[str, tuple[list[int], str | None, str | None]] = {}  # of n > 1
 
+    def _load_model(self) -> None:
+        """The checkpoint: its directory, dtype, model, config and tokenizer."""
+        from hybridkv.model.loading.hub import resolve_model_dir
+        from hybridkv.model.loading.loader import load_model, load_model_config
+        from hybridkv.model.loading.tokenizer import Tokenizer
+
+        config = self.config
+        self.model_dir = resolve_model_dir(config.model)  # a directory, or org/name in the cache
+        self.dtype = resolve_dtype(config.dtype, dict(load_model_config(self.model_dir).raw))
+        self.model, self.model_config = load_model(self.model_dir, self.dtype, config.bf16_matmul)
+        self.tokenizer = Tokenizer(self.model_dir, eos_token_ids=self.model_config.eos_token_ids)
+        self.max_model_len = (
+            config.scheduler.max_model_len or self.model_config.max_position_embeddings
+        )
+
+    @property
+    def _events_on(self) -> bool:
+        events = self.config.kv_events_config
+        return events is not None and events.enabled
+
+    def _create_cache(self) -> None:
+        """The cache's layout and size, its block manager (``kv``) and the model runner that
+        holds the tensors (and the grammar backend both the engine and the runner use)."""
+        from hybridkv.model.step.runner import ModelRunner
+
+        config, model_config = self.config, self.model_config
+        specs = model_config.layer_specs(config.cache.block_size, self.dtype)
+        self.layout = create_layout(specs, config.cache.block_size)
+        self.sizing = size_cache(config, self.layout, self.max_model_len)
+        self.grammar = GrammarBackend(
+            self.model_dir, model_config.vocab_size, model_config.eos_token_ids
+        )
+        kv_config = KVCacheConfig(
+            self.sizing.num_blocks,
+            self.sizing.num_state_slots,
+            config.cache.enable_prefix_caching,
+            config.cache.state_checkpoint_interval,
+            enable_kv_cache_events=self._events_on,  # only with a consumer: they would pile up
+            key_events=self._events_on,
+            max_checkpoints=self.sizing.max_checkpoints,
+            states_from_scan=True,  # Mamba2 and Gated DeltaNet scans hand back mid-chunk states
+        )
+        self.kv = KVCacheCoordinator(self.layout, kv_config)
+        self.runner = ModelRunner(
+            self.model,
+            model_config,
+            self.layout,
+            self.sizing.num_blocks,
+            self.sizing.num_state_slots,
+            keep_logits=self.keep_logits,
+            seed=config.seed,  # unseeded requests sample from the runner's own generator
+            grammar=self.grammar,
+        )
+
     def _create_connector(self) -> KVConnectorPair | None:
         transfer_config = self.config.kv_transfer_config
         if transfer_config is None:
             return None
-        model_id = f"{self.model_config.architecture}:{self._weights_id()}:{self.dtype}"
+        model_id = model_identity(
+            self.model_dir, self.model_config.architecture, self.dtype, self.config.bf16_matmul
+        )
         context = ConnectorContext(
             layout=self.layout,
             fingerprint=self.layout.fingerprint(model_id),
@@ -129,6 +144,13 @@ class EngineCore:
         pair.worker.register_kv_caches(access)
         return pair
 
+    def _create_transfer(self) -> KVTransfer | None:
+        transfer_config = self.config.kv_transfer_config
+        if self.connector is None or transfer_config is None:
+            return None
+        policy = transfer_config.kv_load_failure_policy
+        return KVTransfer(self.connector.scheduler, policy, self.kv)
+
     def _create_kv_events(self) -> KVEventCollector | None:
         from hybridkv.kv_events.collector import create_collector  # imports zmq
 
@@ -137,32 +159,9 @@ class EngineCore:
         self._resources.kv_events = collector
         return collector
 
-    def _weights_id(self) -> str:
-        """Identity of the weights, tokenizer and config (every byte, digests cached per file
-        version), plus how this process multiplies: KV from other numbers is never loaded."""
-        import torch
-
-        from hybridkv.engine.weights_id import weights_identity
-        from hybridkv.model.loading.matmul import matmul_dtype
-        from hybridkv.paths import cache_dir
-
-        compute = matmul_dtype(getattr(torch, self.dtype), self.config.bf16_matmul)
-        return f"{weights_identity(self.model_dir, cache_dir())}:matmul={compute}"
-
-    def _collect_connector_stats(self) -> None:
-        """Add what both connector halves counted this step to the running totals."""
-        if self.connector is None:
-            return
-        for half in (self.connector.scheduler, self.connector.worker):
-            taken = half.take_stats()
-            if self._connector_totals is None:
-                self._connector_totals = taken
-            else:
-                self._connector_totals.merge(taken)
-
     def stats(self) -> EngineStats:
         """One snapshot of the engine's state and counters (call on the engine thread)."""
-        sched = self.scheduler.stats()
+        sched, transfer = self.scheduler.stats(), self.scheduler.transfer
         cache = self.kv.stats
         groups = tuple(
             GroupCacheStats(g.group_id, g.kind.value, cache.queried_tokens, hits)
@@ -178,19 +177,10 @@ class EngineCore:
             prefix_cache_queried_tokens=cache.queried_tokens,
             prefix_cache_hit_tokens=cache.hit_tokens,
             groups=groups,
-            transfer=self._transfer_stats(),
+            transfer=self._transfer_counters.snapshot(transfer.stats if transfer else None),
             kv_events=self.kv_events.stats() if self.kv_events is not None else None,
             steps=self._counters.snapshot(),
         )
-
-    def _transfer_stats(self) -> TransferStats:
-        transfer = self.scheduler.transfer
-        if transfer is None:
-            return TransferStats()
-        t = transfer.stats
-        totals = self._connector_totals.copy() if self._connector_totals is not None else None
-        return TransferStats(dict(t.load_failures), t.recomputed_tokens, t.failed_requests,
-                             t.external_tokens, totals)  # fmt: skip
 
     @property
     def closed(self) -> bool:
@@ -241,10 +231,10 @@ class EngineCore:
         try:
             return self._add_request(prompt_token_ids, params, request_id, prompt, cache_salt)
         except ValueError:
-            self.release_transfer(params.kv_transfer_params)
+            self.release_transfer(params.transfer_fields)
             raise
 
-    def release_transfer(self, params: dict[str, object] | None) -> None:
+    def release_transfer(self, params: TransferFields | None) -> None:
         """A request carrying ``params`` was refused before the scheduler held it: the
         connector lets a producer free what it keeps for it now (``request_dropped``)."""
         if params and self.scheduler.transfer is not None:
@@ -265,30 +255,14 @@ class EngineCore:
             parent = ParentRequest(request_id, params, prompt, prompt_token_ids)
             self._prompts[request_id] = (prompt_token_ids, prompt, cache_salt)
             request_id, params = self._parallel.add(parent)
-        vocab = self.model_config.vocab_size
-        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(
-                f"request {request_id}: token ids {bad[:5]} outside the vocabulary [0, {vocab})"
-            )
-        media = self.model_config.media_token_ids.intersection(prompt_token_ids)
-        if media:
-            raise ValueError(
-                f"request {request_id}: prompt holds image/video placeholder ids {sorted(media)}; "
-                f"hybridkv runs only the text model of {self.model_config.architecture}"
-            )
-        hasher = BlockHasher(self.layout.block_size, self._hash_fn, cache_salt)
-        req = Request(request_id, prompt_token_ids, params, hasher, self.model_config.eos_token_ids)
-        self.scheduler.add_request(req)
-        detok = IncrementalDetokenizer(
-            self.tokenizer,
-            params.stop,
-            skip_special_tokens=params.skip_special_tokens,
-            include_stop_str_in_output=params.include_stop_str_in_output,
+        mc = self.model_config
+        check_prompt_ids(
+            request_id, prompt_token_ids, mc.vocab_size, mc.media_token_ids, mc.architecture
         )
-        state = TextState(prompt, detok)
-        if params.prompt_logprobs is not None:
-            state.prompt_logprobs = [None] * len(prompt_token_ids)
+        hasher = BlockHasher(self.layout.block_size, self._hash_fn, cache_salt)
+        req = Request(request_id, prompt_token_ids, params, hasher, mc.eos_token_ids)
+        self.scheduler.add_request(req)
+        state = TextState.create(req, prompt, self.tokenizer)
         self.outputs.add(req, state)
         return req
 
@@ -319,7 +293,8 @@ class EngineCore:
             self.scheduler, self.runner, self.connector.worker if self.connector else None
         )
         self._counters.record(out, len(result.sampled_token_ids), self.outputs.live, started)
-        self._collect_connector_stats()
+        if self.connector is not None:
+            self._transfer_counters.record(self.connector.scheduler, self.connector.worker)
         if self.kv_events is not None:
             self.kv_events.publish_step(self.kv.take_events())
         outputs = self.outputs.process(updated, result, time.monotonic())

@@ -14,6 +14,7 @@ from hybridkv.engine.summary import startup_summary
 
 if TYPE_CHECKING:
     from hybridkv.engine.core import EngineCore
+    from hybridkv.sampling.params import SamplingParams
 
 logger = logging.getLogger("hybridkv")
 
@@ -37,7 +38,7 @@ class FrontendOptions:
 @dataclass(frozen=True, slots=True)
 class Frontend:
     options: FrontendOptions
-    defaults: dict[str, Any] = field(default_factory=dict)  # generation_config.json's
+    defaults: dict[str, Any] = field(default_factory=dict)  # generation_config.json's (JSON)
 
 
 def engine_dtype(dtype: str) -> str:
@@ -69,7 +70,7 @@ def attach(engine: EngineCore, options: FrontendOptions) -> Frontend:
     return Frontend(options, defaults)
 
 
-def check_logprobs(params: Any, limit: int) -> None:
+def check_logprobs(params: SamplingParams, limit: int) -> None:
     """vLLM's engine rule: at most ``max_logprobs`` alternatives per token."""
     for name in ("logprobs", "prompt_logprobs"):
         k = getattr(params, name, None)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from hybridkv.chat_boundaries import message_boundaries, with_cache_boundaries
 from hybridkv.config import EngineConfig
@@ -14,11 +15,15 @@ from hybridkv.engine.lifetime import EngineClosedError
 from hybridkv.engine.output import RequestOutput, error_output
 from hybridkv.engine.progress import Progress
 from hybridkv.sampling.params import SamplingParams
+from hybridkv.vllm_options import check_foreign, kv_cache_memory_from_env, split_vllm_options
 
 if TYPE_CHECKING:
+    from hybridkv.engine.beam_search import BeamSearchOutput, BeamSearchParams
     from hybridkv.model.loading.tokenizer import Tokenizer
 
+# a dict is the caller's (vLLM's shape: prompt / prompt_token_ids / cache_salt), checked per key
 PromptInput = str | list[int] | dict[str, Any]
+logger = logging.getLogger(__name__)
 
 
 class LLM:
@@ -28,7 +33,10 @@ class LLM:
     ``max_num_batched_tokens``, ``block_size``, ``enable_prefix_caching``, ``kv_cache_memory``
     (bytes or "4GiB"), ``seed``, ``tokenizer`` (another tokenizer directory),
     ``generation_config`` (``auto``: the model's sampling defaults; ``vllm``: none; or a
-    directory), ``max_logprobs``...
+    directory), ``max_logprobs``... vLLM's options with no job on a CPU engine
+    (``gpu_memory_utilization``, ``enforce_eager``, ``tensor_parallel_size=1``...) are
+    accepted with one warning, or refused when a value would change what runs
+    (``hybridkv.vllm_options``); unknown options are errors.
 
     Lifetime: ``close()`` (or ``with LLM(...) as llm:``) stops and joins the connector's
     threads, frees its buffers and registrations and the KV events' sockets, and lets the
@@ -45,8 +53,13 @@ class LLM:
         tokenizer: str | None = None,
         generation_config: str = "auto",
         max_logprobs: int = 20,
-        **options: Any,
+        **options: Any,  # EngineConfig's fields by vLLM's names, checked by EngineConfig.create
     ) -> None:
+        options, foreign = split_vllm_options(options)  # vLLM's kwargs with no job here
+        options = kv_cache_memory_from_env(options)  # vLLM CPU's $VLLM_CPU_KVCACHE_SPACE
+        warning = check_foreign(foreign, as_flags=False)  # a refused value raises
+        if warning:
+            logger.warning(warning)
         if "dtype" in options:
             options["dtype"] = engine_dtype(options["dtype"])
         frontend = FrontendOptions(tokenizer, None, generation_config, max_logprobs)
@@ -165,6 +178,32 @@ class LLM:
         ]
         return self.generate(prompts, params, use_tqdm=use_tqdm)
 
+    def beam_search(
+        self, prompts: PromptInput | Sequence[PromptInput], params: BeamSearchParams, **_: Any
+    ) -> list[BeamSearchOutput]:
+        """vLLM's beam search: the ``params.beam_width`` best continuations of each prompt,
+        best first (``engine/beam_search.py``; vLLM's ``use_tqdm`` and the like are
+        accepted and ignored)."""
+        from hybridkv.engine.beam_search import beam_search
+
+        self.engine  # noqa: B018 - EngineClosedError after close()
+        return beam_search(self, [self._tokenize(p)[1] for p in _as_list(prompts)], params)
+
+    def embed(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(_only_generation("embed"))
+
+    def encode(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(_only_generation("encode"))
+
+    def score(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(_only_generation("score"))
+
+    def classify(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(_only_generation("classify"))
+
+    def reward(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(_only_generation("reward"))
+
     def _tokenize(self, item: PromptInput) -> tuple[str | None, list[int]]:
         if isinstance(item, str):
             return item, self.tokenizer.encode(item)
@@ -203,6 +242,14 @@ class LLM:
         finally:
             self.engine.outputs.final_only = False
             progress.close()
+
+
+def _only_generation(method: str) -> str:
+    return (
+        f"LLM.{method} is not supported: hybridkv runs generative models (no pooling, "
+        "embedding, scoring or classification); it offers LLM.generate, LLM.chat and "
+        "LLM.beam_search"
+    )
 
 
 def _cache_salt(item: PromptInput) -> str | None:

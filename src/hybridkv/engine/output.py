@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hybridkv.engine.detokenizer import IncrementalDetokenizer
+from hybridkv.engine.detokenizer import Decoder, IncrementalDetokenizer
 from hybridkv.request import Request, RequestStatus
 from hybridkv.sampling.logprobs import Logprob, PromptLogprobs, SampleLogprobs, TokenLogprobs
 from hybridkv.step_io import PositionLogprobs, PromptLogprobsChunk
@@ -71,6 +71,22 @@ class TextState:
     cumulative_logprob: float = 0.0
     prompt_logprobs: PromptLogprobs | None = None  # sized to the prompt when asked for
     logits: list[list[float]] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, req: Request, prompt: str | None, decoder: Decoder) -> TextState:
+        """A new request's text state: its detokenizer with the request's stop strings and
+        options, its prompt logprobs sized to the prompt when asked for."""
+        params = req.sampling_params
+        detok = IncrementalDetokenizer(
+            decoder,
+            params.stop,
+            skip_special_tokens=params.skip_special_tokens,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+        )
+        state = cls(prompt, detok)
+        if params.prompt_logprobs is not None:
+            state.prompt_logprobs = [None] * req.num_prompt_tokens
+        return state
 
     def update(self, req: Request) -> str | None:
         """Feed the output tokens the detokenizer has not seen; return the stop string found,

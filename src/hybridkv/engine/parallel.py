@@ -2,8 +2,9 @@
 
 The first child runs alone; when it has its first token its prompt KV is in the prefix cache,
 and the other ``n - 1`` children are added: they hit that cache for the prompt (all but the
-last, partial block; ``cached_tokens`` shows it), so the prompt is computed once (prompt
-logprobs, if asked for, come from the first child, which alone computes them). Child i runs
+last, partial block; ``cached_tokens`` shows it), so the prompt is computed (or, with P/D,
+transferred) once (prompt logprobs and ``kv_transfer_params``, if given, go to the first
+child alone). Child i runs
 with ``n=1`` and, if the parent is seeded, ``seed + i`` (vLLM's derivation); its id is
 ``f"{i}_{parent_id}"`` (vLLM's). The parent's ``RequestOutput`` holds the n completions
 (``index`` i), is finished when all are, and sums the children's ``cached_tokens``.
@@ -40,11 +41,23 @@ class ParentRequest:
 
     def child_params(self, index: int) -> SamplingParams:
         """n=1, ``seed + index``; only the first child computes prompt logprobs (the others
-        then hit the prefix cache for the prompt)."""
+        then hit the prefix cache for the prompt) and carries ``kv_transfer_params``: one
+        transfer per request (P/D), not one per copy. On a consumer the first child reads the
+        producer's KV once (a second read of the same params would find the lease ended); on
+        a producer only the first child's KV waits for the consumer's read, and the others
+        free theirs when they finish."""
         seed = self.params.seed
-        prompt_logprobs = self.params.prompt_logprobs if index == 0 else None
-        return dataclasses.replace(self.params, n=1, seed=None if seed is None else seed + index,
-                                   prompt_logprobs=prompt_logprobs)  # fmt: skip
+        first = index == 0
+        extra = self.params.extra_args
+        if extra and not first:
+            extra = {k: v for k, v in extra.items() if k != "kv_transfer_params"} or None
+        return dataclasses.replace(
+            self.params,
+            n=1,
+            seed=None if seed is None else seed + index,
+            prompt_logprobs=self.params.prompt_logprobs if first else None,
+            extra_args=extra,
+        )
 
     @property
     def finished(self) -> bool:

@@ -1,6 +1,7 @@
 """What the engine does to a request's parameters and prompt before queueing it: ids checked
 against the vocabulary, bad words tokenized (vLLM's rule), the structured-output constraint
-compiled (so a bad grammar fails at add), the prompt truncated (``truncate_prompt_tokens``)."""
+compiled (so a bad grammar fails at add), the prompt truncated (``truncate_prompt_tokens``) and
+its ids checked (in the vocabulary, no placeholder only a vision tower could fill)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,21 @@ def truncate_prompt(ids: list[int], params: SamplingParams, max_model_len: int) 
     if keep == -1:
         keep = max_model_len
     return ids[-keep:] if len(ids) > keep else ids
+
+
+def check_prompt_ids(
+    request_id: str, ids: list[int], vocab_size: int, media_ids: frozenset[int], architecture: str
+) -> None:
+    """ValueError naming the request unless every prompt id is in the vocabulary and none is an
+    image/video placeholder (``media_ids``: hybridkv runs the text model only)."""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(
+            f"request {request_id}: token ids {bad[:5]} outside the vocabulary [0, {vocab_size})"
+        )
+    media = media_ids.intersection(ids)
+    if media:
+        raise ValueError(
+            f"request {request_id}: prompt holds image/video placeholder ids {sorted(media)}; "
+            f"hybridkv runs only the text model of {architecture}"
+        )

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from hybridkv.connectors.stats import ConnectorStats
 from hybridkv.kv_events.stats import PublisherStats
 from hybridkv.step_io import FailureReason, SchedulerOutput
+
+if TYPE_CHECKING:
+    from hybridkv.sched.kv_transfer import TransferStats as SchedulerTransferStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,3 +135,32 @@ class StepCounters:
 
     def snapshot(self) -> StepStats:
         return self._stats
+
+
+class _CountingHalf(Protocol):
+    def take_stats(self) -> ConnectorStats: ...
+
+
+class TransferCounters:
+    """Sums what a connector's halves counted, taken after each step (on the engine thread),
+    into totals since start."""
+
+    def __init__(self) -> None:
+        self._connector: ConnectorStats | None = None
+
+    def record(self, *halves: _CountingHalf) -> None:
+        for half in halves:
+            taken = half.take_stats()
+            if self._connector is None:
+                self._connector = taken
+            else:
+                self._connector.merge(taken)
+
+    def snapshot(self, scheduler_view: SchedulerTransferStats | None) -> TransferStats:
+        """The totals beside the scheduler's view of transfers (None: no transfers, all zero)."""
+        if scheduler_view is None:
+            return TransferStats()
+        t = scheduler_view
+        totals = self._connector.copy() if self._connector is not None else None
+        return TransferStats(dict(t.load_failures), t.recomputed_tokens, t.failed_requests,
+                             t.external_tokens, totals)  # fmt: skip

@@ -99,7 +99,8 @@ def connector_summary(engine: EngineCore) -> str:
 
 
 def cache_info(engine: EngineCore) -> dict[str, object]:
-    """The labels of ``hybridkv:cache_config_info`` (``metrics.CACHE_INFO_LABELS``)."""
+    """The labels of ``hybridkv:cache_config_info`` and ``vllm:cache_config_info``
+    (``metrics/table.py``)."""
     cache = engine.config.cache
     return {
         "block_size": engine.layout.block_size,
@@ -109,4 +110,6 @@ def cache_info(engine: EngineCore) -> dict[str, object]:
         "enable_prefix_caching": cache.enable_prefix_caching,
         "cache_dtype": engine.dtype,
         "kv_cache_memory": cache.kv_cache_memory,
+        "state_checkpoint_interval": cache.state_checkpoint_interval,
+        "prefix_caching_hash_algo": cache.prefix_caching_hash_algo,
     }

@@ -51,6 +51,20 @@ MAX_CACHED_FILES = 4096  # the oldest entries go first beyond this
 ANNOUNCE_BYTES = 1 << 30
 
 
+def model_identity(model_dir: str | Path, architecture: str, dtype: str, bf16_matmul: str) -> str:
+    """What KV from another engine must match to be loaded: the architecture, the identity of
+    the weights, tokenizer and config (every byte, digests cached per file version), how this
+    process multiplies, and the dtype."""
+    import torch
+
+    from hybridkv.model.loading.matmul import matmul_dtype
+    from hybridkv.paths import cache_dir
+
+    compute = matmul_dtype(getattr(torch, dtype), bf16_matmul)
+    weights = weights_identity(model_dir, cache_dir())
+    return f"{architecture}:{weights}:matmul={compute}:{dtype}"
+
+
 def weights_identity(model_dir: str | Path, cache_dir: Path | None) -> str:
     """A digest of every identity file of ``model_dir`` (names and contents); ``cache_dir``
     keeps per-file digests between runs (None: hash everything every time)."""

@@ -63,6 +63,7 @@ class KVCacheCoordinator(CoordinatorQueries, CoordinatorSaves):
         self.stateless: set[str] = set()  # finished, kept for a transfer without state slots
         self._restores: list[StateCopy] = []
         self._saves: list[StateCopy] = []
+        self._loaded_at: dict[str, int] = {}  # a load writes the live state at this boundary
         self._no_hit = self.no_cache_hit()  # immutable: shared by every call
         # hoisted for the running-request path of allocate (full attention skips nothing)
         self._sliding = [m for m in self.attn if isinstance(m, SlidingWindowManager)]
@@ -104,6 +105,8 @@ class KVCacheCoordinator(CoordinatorQueries, CoordinatorSaves):
         num_tokens = end + num_lookahead_tokens
         if not is_new:
             computed = req.num_computed_tokens
+            if self._loaded_at and num_new_tokens > 0:
+                self._maybe_save_loaded(req, self._loaded_at.pop(req_id, None))
             for sw in self._sliding:
                 sw.remove_skipped(req_id, computed)
             if self._tables_cover(req_id, num_tokens):  # a decode step inside its blocks
@@ -114,6 +117,8 @@ class KVCacheCoordinator(CoordinatorQueries, CoordinatorSaves):
             return False
         if is_new:
             self._admit(req, hit, total_computed)
+            if num_external_tokens and self._saves_states:
+                self._loaded_at[req_id] = total_computed
         for m in self.attn:
             m.allocate_new(req_id, total_computed, num_tokens)
         if num_new_tokens > 0:  # a step that computes nothing (an async load) saves no state
@@ -207,6 +212,7 @@ class KVCacheCoordinator(CoordinatorQueries, CoordinatorSaves):
         if self.events is not None:
             self.events.tag(req)  # a final trailing state became a checkpoint
         del self._extra_due[req_id]
+        self._loaded_at.pop(req_id, None)
         self.stateless.discard(req_id)
 
     def keep_for_transfer(self, req: KVRequest, num_tokens: int, window_at: int) -> None:

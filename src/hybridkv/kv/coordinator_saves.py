@@ -25,6 +25,7 @@ class CoordinatorSaves:
     policy: CheckpointPolicy
     _extra_due: dict[str, RequestBoundaries]
     _saves: list[StateCopy]  # this step's saves, drained by ``take_state_copies``
+    _restores: list[StateCopy]  # copies the runner makes before the step's forward
 
     def _boundaries(self, req: KVRequest, hit: CacheHit | None) -> RequestBoundaries:
         return self.policy.request_boundaries(
@@ -51,6 +52,26 @@ class CoordinatorSaves:
             copy = sm.save(req.request_id, req.block_hashes, boundary, kind, at)
             if copy is not None:
                 self._saves.append(copy)
+
+    def _maybe_save_loaded(self, req: KVRequest, boundary: int | None) -> None:
+        """The request's first computing step after an async load that wrote its live state
+        at ``boundary``: keep that state as a checkpoint if the boundary is due (the prompt's
+        last block boundary is), so requests sharing the prefix (the other copies of an
+        ``n > 1`` request, the next turn) hit it instead of recomputing the prompt. The copy
+        runs with the restores, before the forward moves the live state on. Nothing is saved
+        if the step does not start there (recovery rewound the request after a failed load)."""
+        if boundary is None or boundary != req.num_computed_tokens or not boundary:
+            return
+        if boundary % self.block_size:
+            return
+        extra = self._extra_due[req.request_id]
+        if not self.policy.is_due(boundary, extra):
+            return
+        kind = self.policy.kind(boundary, extra)
+        for sm in self.state:
+            copy = sm.save(req.request_id, req.block_hashes, boundary, kind)
+            if copy is not None:
+                self._restores.append(copy)
 
     @property
     def splits_steps(self) -> bool:

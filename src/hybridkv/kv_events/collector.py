@@ -263,6 +263,8 @@ def create_collector(
         return None
     collector = KVEventCollector(layout, create_publisher(config), config.omit_token_ids)
     collector.publisher.set_poll_hook(collector.pump_tier_events)
-    if connector is not None and connector.set_tier_event_sink(collector.on_tier_event):
-        collector.publish_units(connector.resident_units())
+    tiers = connector.capabilities().tiers if connector is not None else None
+    if tiers is not None:
+        tiers.set_tier_event_sink(collector.on_tier_event)
+        collector.publish_units(tiers.resident_units())
     return collector

@@ -121,26 +121,10 @@ class SsmKernels:
         ``[inner]`` output to ``y[tokens[r]]`` (``y`` ``[T, inner]``), through ``norm`` with the
         token's gate (``proj``'s first ``inner`` columns) if given; float32."""
         conv_states, ssm_states = states
-        num_slots, heads, p_dim, n_dim = ssm_states.shape
-        inner = heads * p_dim
-        channels, k = weights.conv_w.shape[0], weights.conv_w.shape[-1]
-        groups = (channels - inner) // (2 * n_dim)
-        rows, num_tokens = slots.shape[0], proj.shape[0]
-        _check_f32("conv states", conv_states, (num_slots, channels, k - 1))
-        _check_f32("ssm states", ssm_states, (num_slots, heads, p_dim, n_dim))
-        if weights.dt_bias.shape[0] != heads or (norm and norm.weight.shape[0] != inner):
-            raise ValueError(f"weights do not fit {heads} heads of {p_dim}")
-        for name, t in (("slots", slots), ("tokens", tokens)):
-            if t.dtype != torch.int64 or t.shape != (rows,) or not t.is_contiguous():
-                raise ValueError(f"{name} must be contiguous int64 [{rows}]")
-        if groups < 1 or heads % groups or channels != inner + 2 * groups * n_dim:
-            raise ValueError(f"{channels} conv channels do not fit {heads} heads of {p_dim}")
-        if proj.dtype != torch.float32 or proj.dim() != 2 or proj.stride(1) != 1:
-            raise ValueError("proj must be float32 [T, inner + C + h] with contiguous rows")
-        if proj.shape[1] != inner + channels + heads:
-            raise ValueError(f"proj: {proj.shape[1]} columns, expected {inner + channels + heads}")
-        if y.dtype != torch.float32 or y.shape != (num_tokens, inner) or y.stride(1) != 1:
-            raise ValueError(f"y must be float32 [{num_tokens}, {inner}] with contiguous rows")
+        num_slots, heads, p_dim, n_dim, channels, k, groups = _check_step(
+            conv_states, ssm_states, slots, tokens, proj, weights, y, norm
+        )
+        inner, rows = heads * p_dim, slots.shape[0]
         # scratch: silu(conv) [R, C], dt [R, h], y before the norm [R, inner]
         act = torch.empty(rows * (channels + heads + (inner if norm else 0)), dtype=torch.float32)
         args = _MambaStep(
@@ -156,7 +140,7 @@ class SsmKernels:
             y.stride(0),
             rows,
             num_slots,
-            num_tokens,
+            proj.shape[0],
             heads,
             groups,
             p_dim,
@@ -169,6 +153,42 @@ class SsmKernels:
         )
         if self._step(ctypes.byref(args)) != 0:
             raise IndexError(f"state slot or token out of range ({num_slots} slots)")
+
+
+def _check_step(
+    conv_states: torch.Tensor,
+    ssm_states: torch.Tensor,
+    slots: torch.Tensor,
+    tokens: torch.Tensor,
+    proj: torch.Tensor,
+    weights: MambaWeights,
+    y: torch.Tensor,
+    norm: StepNorm | None,
+) -> tuple[int, int, int, int, int, int, int]:
+    """A step's buffers fit each other (ValueError naming the first that does not): what
+    keeps the kernel inside them, apart from the slot and token values it checks itself.
+    Returns the sizes: slots, heads, p, n, conv channels, conv kernel size, groups."""
+    num_slots, heads, p_dim, n_dim = ssm_states.shape
+    inner = heads * p_dim
+    channels, k = weights.conv_w.shape[0], weights.conv_w.shape[-1]
+    groups = (channels - inner) // (2 * n_dim)
+    rows, num_tokens = slots.shape[0], proj.shape[0]
+    _check_f32("conv states", conv_states, (num_slots, channels, k - 1))
+    _check_f32("ssm states", ssm_states, (num_slots, heads, p_dim, n_dim))
+    if weights.dt_bias.shape[0] != heads or (norm and norm.weight.shape[0] != inner):
+        raise ValueError(f"weights do not fit {heads} heads of {p_dim}")
+    for name, t in (("slots", slots), ("tokens", tokens)):
+        if t.dtype != torch.int64 or t.shape != (rows,) or not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous int64 [{rows}]")
+    if groups < 1 or heads % groups or channels != inner + 2 * groups * n_dim:
+        raise ValueError(f"{channels} conv channels do not fit {heads} heads of {p_dim}")
+    if proj.dtype != torch.float32 or proj.dim() != 2 or proj.stride(1) != 1:
+        raise ValueError("proj must be float32 [T, inner + C + h] with contiguous rows")
+    if proj.shape[1] != inner + channels + heads:
+        raise ValueError(f"proj: {proj.shape[1]} columns, expected {inner + channels + heads}")
+    if y.dtype != torch.float32 or y.shape != (num_tokens, inner) or y.stride(1) != 1:
+        raise ValueError(f"y must be float32 [{num_tokens}, {inner}] with contiguous rows")
+    return num_slots, heads, p_dim, n_dim, channels, k, groups
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:

@@ -167,20 +167,8 @@ class SsmPrefillKernels:
         """``states`` ``[S, h, p, n]`` (updated in place, taps written); act ``[T, h p + 2 g n]``
         (x, then B, then C of each token; rows contiguous), dt ``[T, h]`` (after softplus and limits), a and d
         ``[h]``; writes ``y[tok] = (S c + d x)`` ``[h p]`` for the prefill tokens; float32."""
+        _check_scan(states, rows, act, dt, a, d, groups, y)
         _, heads, p_dim, n_dim = states.shape
-        tokens = act.shape[0]
-        if groups < 1 or heads % groups:
-            raise ValueError(f"{heads} heads over {groups} groups")
-        _check(states, "states", tuple(states.shape))
-        act_shape = (tokens, heads * p_dim + 2 * groups * n_dim)
-        if act.dtype != torch.float32 or tuple(act.shape) != act_shape or act.stride(1) != 1:
-            raise ValueError(f"act must be float32 {act_shape} with contiguous rows")
-        _check(dt, "dt", (tokens, heads))
-        _check(a, "a", (heads,))
-        _check(y, "y", (tokens, heads * p_dim))
-        if d is not None:
-            _check(d, "d", (heads,))
-        _check_rows(rows, tokens, states.shape[0])
         _, t_lens, t_slots, ptr = rows.tap_arrays()
         b_off = heads * p_dim
         failed = self._scan(
@@ -216,6 +204,34 @@ def _head_span(heads: int, rows: int) -> int:
     block's B and C rows are reused across them), few enough for two items per thread."""
     threads = torch.get_num_threads()
     return max(1, min(MAX_HEAD_SPAN, -(-rows * heads // (2 * threads))))
+
+
+def _check_scan(
+    states: torch.Tensor,
+    rows: PrefillRows,
+    act: torch.Tensor,
+    dt: torch.Tensor,
+    a: torch.Tensor,
+    d: torch.Tensor | None,
+    groups: int,
+    y: torch.Tensor,
+) -> None:
+    """``ssd_scan_``'s buffers fit each other and its rows (ValueError or IndexError naming
+    the first that does not)."""
+    _, heads, p_dim, n_dim = states.shape
+    tokens = act.shape[0]
+    if groups < 1 or heads % groups:
+        raise ValueError(f"{heads} heads over {groups} groups")
+    _check(states, "states", tuple(states.shape))
+    act_shape = (tokens, heads * p_dim + 2 * groups * n_dim)
+    if act.dtype != torch.float32 or tuple(act.shape) != act_shape or act.stride(1) != 1:
+        raise ValueError(f"act must be float32 {act_shape} with contiguous rows")
+    _check(dt, "dt", (tokens, heads))
+    _check(a, "a", (heads,))
+    _check(y, "y", (tokens, heads * p_dim))
+    if d is not None:
+        _check(d, "d", (heads,))
+    _check_rows(rows, tokens, states.shape[0])
 
 
 def _check(t: torch.Tensor, name: str, shape: tuple[int, ...]) -> None:

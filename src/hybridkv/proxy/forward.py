@@ -97,16 +97,17 @@ async def prefill(call: Call, body: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
-    """The client's body as a prefill request: one token, not streamed, params asked for.
-    ``min_tokens`` goes (above 1 it would make an honest request fail there)."""
+    """The client's body as a prefill request: one token, one copy, not streamed, params
+    asked for. ``min_tokens`` goes (above 1 it would make an honest request fail there);
+    ``n`` and ``best_of`` go (the copies share the one transfer on the decode engine)."""
     out = {
         **body,
         "max_tokens": 1,
         "stream": False,
         "kv_transfer_params": {"do_remote_decode": True},
     }
-    out.pop("stream_options", None)
-    out.pop("min_tokens", None)
+    for name in ("stream_options", "min_tokens", "n", "best_of"):
+        out.pop(name, None)
     if "max_completion_tokens" in out:
         out["max_completion_tokens"] = 1
     return out

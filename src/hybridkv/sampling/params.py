@@ -14,9 +14,9 @@ from typing import Any
 
 from hybridkv.sampling.checks import check, check_range, check_token_ids, is_int, is_real
 from hybridkv.sampling.structured import StructuredOutputsParams
-from hybridkv.sampling.transfer_params import parse_transfer_params
+from hybridkv.sampling.transfer_params import TransferFields, parse_transfer_params
 
-__all__ = ["SamplingParams", "StructuredOutputsParams"]
+__all__ = ["SamplingParams", "StructuredOutputsParams", "TransferFields"]
 
 # Temperatures below this are greedy; up to MIN_SAMPLING_TEMPERATURE they are raised to it
 # (vLLM's rule: dividing logits by 1e-40 overflows to inf and samples token 0 every time).
@@ -74,6 +74,11 @@ class SamplingParams:
     # ``_bad_words_token_ids``): each word alone and after a space
     bad_words_token_ids: tuple[tuple[int, ...], ...] | None = field(
         default=None, compare=False, repr=False
+    )
+    # ``extra_args["kv_transfer_params"]`` parsed once, here (None: none or empty): the only
+    # form a KV connector reads
+    transfer_fields: TransferFields | None = field(
+        default=None, init=False, compare=False, repr=False
     )
 
     def __post_init__(self) -> None:
@@ -170,8 +175,9 @@ class SamplingParams:
         check(self.extra_args is None or isinstance(self.extra_args, dict), "extra_args",
               self.extra_args, "a dict")  # fmt: skip
         transfer = (self.extra_args or {}).get("kv_transfer_params")
-        if transfer is not None:
-            parse_transfer_params(transfer)  # typed and bounded, or a ValueError naming the field
+        if transfer is not None:  # typed and bounded, or a ValueError naming the field
+            fields = parse_transfer_params(transfer)
+            object.__setattr__(self, "transfer_fields", fields if transfer else None)
         bounds = (self.extra_args or {}).get("cache_boundaries")
         check(
             bounds is None

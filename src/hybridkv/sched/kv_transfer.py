@@ -24,6 +24,7 @@ finished transfers into a plan the scheduler applies.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from hybridkv.connectors.config import LoadFailurePolicy
 from hybridkv.kv.coordinator import KVCacheCoordinator
 from hybridkv.kv.state_manager import StateCopy
 from hybridkv.request import Request, RequestStatus
+from hybridkv.sampling.transfer_params import TransferFields
 from hybridkv.step_io import ConnectorMetadata, FailureReason, KVConnectorOutput
 
 log = logging.getLogger(__name__)
@@ -45,7 +47,7 @@ class RefusedRequest:
     tokens: a connector only releases what it holds for these params)."""
 
     request_id: str
-    kv_transfer_params: dict[str, object]
+    transfer_fields: TransferFields
 
 
 @dataclass(slots=True)
@@ -70,6 +72,8 @@ class KVTransfer:
         kv: KVCacheCoordinator,
     ) -> None:
         self.connector = connector
+        caps = connector.capabilities()  # the optional hook groups, once
+        self.leases, self.partial = caps.leases, caps.partial
         self.policy = policy
         self.kv = kv
         self.holding: dict[str, Request] = {}
@@ -121,7 +125,7 @@ class KVTransfer:
         self.connector.update_state_after_alloc(req, self.blocks_of(req), num_external)
         if num_external == 0:
             return
-        whole = self.connector.get_first_whole_blocks(req, num_external)
+        whole = self.partial.get_first_whole_blocks(req, num_external) if self.partial else None
         if whole is not None:  # entries before these get partial bytes: never hashed
             self.kv.skip_caching(req, whole)
         self.stats.external_tokens += num_external
@@ -157,9 +161,9 @@ class KVTransfer:
     def _note_waiting(self, waiting: Iterable[Request]) -> None:
         """``on_waiting`` with the waiting requests that carry params; skipped while there are
         none (after one empty call that ends the previous list)."""
-        found = [req for req in waiting if req.kv_transfer_params]
-        if found or self._told_waiting:
-            self._guarded("", lambda: self.connector.on_waiting(found))
+        found = [req for req in waiting if req.transfer_fields is not None]
+        if self.leases is not None and (found or self._told_waiting):
+            self._guarded("", functools.partial(self.leases.on_waiting, found))
         self._told_waiting = bool(found)
 
     def take_errors(self) -> list[tuple[Request, str]]:
@@ -167,13 +171,14 @@ class KVTransfer:
         errors, self._errors = list(self._errors.values()), {}
         return errors
 
-    def drop_refused(self, params: dict[str, object]) -> None:
+    def drop_refused(self, params: TransferFields) -> None:
         """A request carrying ``params`` was refused before the scheduler held it (a bad
         field, overload): ``request_dropped`` lets a producer free its KV now, not after its
         lease."""
-        self._num_refused += 1
-        stub = RefusedRequest(f"refused-{self._num_refused}", params)
-        self._guarded(stub.request_id, lambda: self.connector.request_dropped(cast(KVConnectorRequest, stub)))  # fmt: skip
+        if self.leases is not None:
+            self._num_refused += 1
+            stub = cast(KVConnectorRequest, RefusedRequest(f"refused-{self._num_refused}", params))
+            self._guarded(stub.request_id, functools.partial(self.leases.request_dropped, stub))
 
     def _guarded(self, request_id: str, call: Callable[[], None]) -> None:
         try:
@@ -268,13 +273,13 @@ class KVTransfer:
         rid = req.request_id
         self._errors.pop(rid, None)
         if not self.kv.has_request(rid):
-            if req.kv_transfer_params:
-                self._guarded(rid, lambda: self.connector.request_dropped(req))
+            if req.transfer_fields is not None and self.leases is not None:
+                self._guarded(rid, functools.partial(self.leases.request_dropped, req))
             self.forget(rid)
             return False
         try:
             delay, params = self.connector.request_finished(req, self.blocks_of(req))
-            kept = self.connector.get_kept_kv(req) if delay else None  # asks its params
+            kept = self.partial.get_kept_kv(req) if delay and self.partial else None  # its params
         except Exception as exc:  # noqa: BLE001 - freed now; nothing is handed out
             delay, params, kept = False, None, None
             self._failed_call(rid, exc)

@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hybridkv.server.admin import RESET_PATH, reset_prefix_cache
+from hybridkv.server.compat import add_compat_routes
 from hybridkv.server.errors import APIError, install_error_handlers
 from hybridkv.server.kv_info import INFO_PATH, kv_events_info
 from hybridkv.server.limits import BodyLimit
@@ -37,6 +38,8 @@ def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(router)
     app.add_api_route("/health", _health, methods=["GET"])
+    app.add_api_route("/ping", _health, methods=["GET", "POST"])  # vLLM's (SageMaker's) name
+    add_compat_routes(app)  # /version; clear refusals of /v1/embeddings, /v1/responses...
     app.add_api_route("/metrics", _metrics, methods=["GET"])
     app.add_api_route(RESET_PATH, reset_prefix_cache, methods=["POST"])
     app.add_api_route(TOKENIZE_PATH, tokenize, methods=["POST"])

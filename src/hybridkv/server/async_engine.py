@@ -259,7 +259,9 @@ class AsyncEngine:
             stream.put(Rejected(str(exc)))
             return
         self._streams[stream.request_id] = stream
-        self.metrics.requests.on_arrival(stream.request_id, command.arrival)
+        self.metrics.requests.on_arrival(
+            stream.request_id, command.arrival, p.params.n, p.params.max_tokens
+        )
         stream.put(Accepted(stream.request_id))
 
     def _step(self) -> None:

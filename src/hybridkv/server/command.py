@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hybridkv.secret_file import read_secret_file
+
 if TYPE_CHECKING:
     from hybridkv.engine.frontend import FrontendOptions
 
@@ -28,6 +30,7 @@ def add_serve_parser(
     _add_serving_flags(p)
     _add_log_flags(p)
     _add_limit_flags(p)
+    _add_tool_flags(p)
     add_frontend_flags(p)
     add_engine_flags(p)  # includes --kv-transfer-config
     return p
@@ -111,6 +114,32 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_tool_flags(p: argparse.ArgumentParser) -> None:
+    """vLLM's tool-calling and reasoning flags (docs/tool-calling.md)."""
+    from hybridkv.server.reasoning.registry import reasoning_parser_names
+    from hybridkv.server.tools.registry import tool_parser_names
+
+    g = p.add_argument_group("tool calling and reasoning (as vLLM)")
+    g.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="let the model call tools on its own (tool_choice 'auto', and tools sent "
+        "without tool_choice); needs --tool-call-parser",
+    )
+    g.add_argument(
+        "--tool-call-parser",
+        choices=tool_parser_names(),
+        default=None,
+        help="the model family's tool-call format, read into tool_calls",
+    )
+    g.add_argument(
+        "--reasoning-parser",
+        choices=reasoning_parser_names(),
+        default=None,
+        help="split the model's thinking into reasoning_content",
+    )
+
+
 def resolve_api_key(args: argparse.Namespace) -> str | None:
     """--api-key, else --api-key-file's content, else $HYBRIDKV_API_KEY, else none."""
     return resolve_secret(args.api_key, args.api_key_file, API_KEY_ENV, "--api-key")
@@ -122,13 +151,11 @@ def resolve_secret(value: str | None, path: Path | None, env: str, flag: str) ->
     if value is not None and path is not None:
         raise ValueError(f"give {flag} or {flag}-file, not both")
     if path is not None:
+        key = read_secret_file(path, f"{flag}-file")
         try:
-            key = path.read_text().strip()
-        except OSError as exc:
-            raise ValueError(f"cannot read {flag}-file {path}: {exc}") from None
-        if not key:
-            raise ValueError(f"{flag}-file {path} is empty")
-        return key
+            return key.decode()
+        except UnicodeDecodeError:
+            raise ValueError(f"{flag}-file: {path} is not UTF-8 text") from None
     given = value if value is not None else os.environ.get(env)
     if given is not None and not given:
         raise ValueError(f"the key of {flag} (or ${env}) is empty")
@@ -158,6 +185,7 @@ def run_serve(
     args: argparse.Namespace, engine_options: dict[str, Any], frontend: FrontendOptions
 ) -> int:
     from hybridkv.paths import parse_bytes
+    from hybridkv.server.chat_output import ChatParsers
     from hybridkv.server.launch import ServeOptions, run_server
     from hybridkv.server.limits import ServerLimits
 
@@ -183,5 +211,8 @@ def run_serve(
             engine_options=engine_options,
             frontend=frontend,
             log_requests=not args.disable_log_requests,
+            chat_parsers=ChatParsers(
+                args.tool_call_parser, args.enable_auto_tool_choice, args.reasoning_parser
+            ),
         )
     )

@@ -12,6 +12,7 @@ from typing import Any
 from hybridkv.engine.frontend import FrontendOptions, attach
 from hybridkv.metrics.prometheus import ServerMetrics
 from hybridkv.server.async_engine import AsyncEngine
+from hybridkv.server.chat_output import ChatParsers
 from hybridkv.server.limits import ServerLimits
 from hybridkv.server.state import ServerState
 
@@ -30,6 +31,7 @@ class ServeOptions:
     engine_options: dict[str, Any] = field(default_factory=dict)  # incl. kv_transfer_config
     frontend: FrontendOptions = field(default_factory=FrontendOptions)
     log_requests: bool = True
+    chat_parsers: ChatParsers = field(default_factory=ChatParsers)  # tool calls, reasoning
 
 
 def build_state(options: ServeOptions) -> ServerState:
@@ -58,6 +60,7 @@ def build_state(options: ServeOptions) -> ServerState:
         sampling_defaults=frontend.defaults,
         max_logprobs=options.frontend.max_logprobs,
         log_requests=options.log_requests,
+        chat_parsers=options.chat_parsers,
     )
 
 

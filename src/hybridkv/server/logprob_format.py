@@ -97,6 +97,21 @@ def chat_logprobs(lp: TokenLogprobs | None) -> dict[str, Any] | None:
     return {"content": content}
 
 
+def vllm_logprobs(entry: dict[int, Any] | None, decode: Decode) -> dict[str, Any] | None:
+    """One position in vLLM's own shape (its ``prompt_logprobs``): the chosen token and the
+    top k as ``{"<token id>": {"logprob", "rank", "decoded_token"}}``."""
+    if entry is None:
+        return None
+    return {
+        str(token_id): {
+            "logprob": _clip(lp.logprob),
+            "rank": getattr(lp, "rank", None),
+            "decoded_token": _text(token_id, lp, decode),
+        }
+        for token_id, lp in entry.items()
+    }
+
+
 def _top(entry: dict[int, Any], k: int, decode: Decode) -> list[tuple[str, float]]:
     """The k best entries by rank (the chosen token is in the dict even when it ranks lower)."""
     if k == 0:

@@ -16,6 +16,12 @@ from typing import Any, Protocol
 
 from hybridkv.chat_boundaries import message_boundaries, with_cache_boundaries
 from hybridkv.sampling.params import SamplingParams
+from hybridkv.server.chat_output import (
+    ChatOutputPlan,
+    ChatParsers,
+    constrained_params,
+    plan_chat_output,
+)
 from hybridkv.server.errors import bad_request
 from hybridkv.server.limits import PromptLimits
 from hybridkv.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
@@ -53,6 +59,10 @@ class Answer:
     n: int = 1  # choices per prompt shown (best_of > n: the engine makes more, we keep n)
     echo: bool = False  # completions: the prompt (and its logprobs) before each choice
     top_logprobs: int | None = None  # alternatives per token shown; None: no logprobs
+    echo_only: bool = False  # echo with max_tokens=0: the prompt alone (one token is made)
+    prompt_logprobs: bool = False  # show the prompt's logprobs in vLLM's shape
+    return_token_ids: bool = False  # show prompt_token_ids and token_ids (vLLM's)
+    chat: ChatOutputPlan = ChatOutputPlan()  # chat: reasoning and tool calls parsed
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +85,7 @@ def prepare_completion(
     best_of = n if body.best_of is None else body.best_of
     refuse(best_of < n, "best_of", f"best_of={best_of} must be >= n={n}")
     refuse(best_of > n and body.stream, "best_of", "best_of > n cannot be streamed")
+    echo_only = body.echo and body.max_tokens == 0  # vLLM's scoring mode (lm-eval's)
     requests = []
     for i, prompt in enumerate(body.prompt):
         param = "prompt" if len(body.prompt) == 1 else f"prompt.{i}"
@@ -85,6 +96,7 @@ def prepare_completion(
             text, ids = None, list(prompt)
         ids = truncate(ids, body.truncate_prompt_tokens, limits)
         max_tokens = default_max_tokens(body.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, defaults)
+        max_tokens = 1 if echo_only else max_tokens
         check_context(len(ids), max_tokens, limits.max_model_len, param)
         # best_of > n ranks the candidates by cumulative logprob: the engine must compute it
         ranked = logprobs if logprobs is not None or best_of == n else 0
@@ -92,9 +104,10 @@ def prepare_completion(
             body, defaults, max_tokens, logprobs=ranked, n=best_of, limits=limits, echo=body.echo
         )
         if body.echo and text is None:
-            text = tokenizer.decode(ids, skip_special_tokens=False)
+            text = decode_prompt(tokenizer, ids, param)
         requests.append(PreparedRequest(text, ids, params, _cache_salt(body)))
-    answer = Answer(*_stream_flags(body), n=n, echo=body.echo, top_logprobs=logprobs)
+    answer = Answer(*_stream_flags(body), n=n, echo=body.echo, top_logprobs=logprobs,
+                    echo_only=echo_only, **_shown(body))  # fmt: skip
     return Prepared(requests, answer)
 
 
@@ -103,6 +116,7 @@ def prepare_chat(
     tokenizer: PromptTokenizer,
     limits: PromptLimits,
     defaults: dict[str, Any] | None = None,
+    parsers: ChatParsers | None = None,
 ) -> Prepared:
     defaults = defaults or {}
     top = body.top_logprobs
@@ -113,6 +127,7 @@ def prepare_chat(
         "top_logprobs needs logprobs=true",
     )
     text = render_chat(body, tokenizer)
+    plan = plan_chat_output(body, parsers or ChatParsers(), text)
     ids = encode_prompt(tokenizer, text, limits, "messages", body.add_special_tokens)
     ids = truncate(ids, body.truncate_prompt_tokens, limits)
     asked = (
@@ -125,9 +140,11 @@ def prepare_chat(
     n = 1 if body.n is None else body.n
     params = build_sampling_params(body, defaults, max_tokens, logprobs=logprobs, n=n,
                                    limits=limits)  # fmt: skip
+    params = constrained_params(params, plan, body)
     params = with_cache_boundaries(params, chat_boundaries(body, tokenizer, ids))
     request = PreparedRequest(text, ids, params, _cache_salt(body))
-    return Prepared([request], Answer(*_stream_flags(body), n=n, top_logprobs=logprobs))
+    answer = Answer(*_stream_flags(body), n=n, top_logprobs=logprobs, chat=plan, **_shown(body))
+    return Prepared([request], answer)
 
 
 def render_chat(body: ChatCompletionRequest, tokenizer: PromptTokenizer) -> str:
@@ -137,13 +154,6 @@ def render_chat(body: ChatCompletionRequest, tokenizer: PromptTokenizer) -> str:
         "chat_template",
         "a per-request chat_template is not accepted (as vLLM without "
         "--trust-request-chat-template): start the server with --chat-template",
-    )
-    choice = body.tool_choice
-    refuse(
-        choice not in (None, "none") and bool(body.tools),
-        "tool_choice",
-        f"tool_choice={choice!r} needs a tool-call parser, which hybridkv does not have: send "
-        "tool_choice='none' (the tools still reach the chat template) and parse the text yourself",
     )
     refuse(
         body.continue_final_message and body.add_generation_prompt,
@@ -158,7 +168,7 @@ def render_chat(body: ChatCompletionRequest, tokenizer: PromptTokenizer) -> str:
             [m.as_template_input() for m in body.messages],
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
-            tools=body.tools,
+            tools=body.tool_dicts(),
             documents=body.documents,
             **kwargs,
         )
@@ -173,7 +183,7 @@ def chat_boundaries(
     """Where each message ends in the prompt ``ids``, rendered and encoded as ``render_chat``
     and ``encode_prompt`` did (state checkpoint boundaries for later conversations)."""
     template = {
-        "tools": body.tools,
+        "tools": body.tool_dicts(),
         "documents": body.documents,
         **(body.chat_template_kwargs or {}),
     }
@@ -217,6 +227,17 @@ def encode_prompt(
     return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
+def decode_prompt(tokenizer: PromptTokenizer, ids: list[int], param: str) -> str:
+    """The text of a token-id prompt (echo); an id no tokenizer has (negative, beyond 32
+    bits) is a 400 here, before the engine's own vocabulary check."""
+    try:
+        return tokenizer.decode(ids, skip_special_tokens=False)
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise bad_request(
+            f"{param} has a token id the tokenizer cannot read: {exc}", param
+        ) from None
+
+
 def check_unicode(text: str, param: str) -> None:
     """A lone surrogate (JSON ``"\\ud800"``) is not text: no tokenizer can encode it."""
     try:
@@ -244,6 +265,17 @@ def check_context(num_prompt_tokens: int, max_tokens: int, max_model_len: int, p
             f"prompt, {max_tokens} in the completion): lower max_tokens",
             "max_tokens",
         )
+
+
+def _shown(body: _SamplingFields) -> dict[str, Any]:
+    """What the response shows beyond OpenAI's fields (vLLM's extensions)."""
+    asked = body.prompt_logprobs is not None
+    refuse(
+        asked and body.stream and body.prompt_logprobs != 0,
+        "prompt_logprobs",
+        "prompt_logprobs are not available when stream=true",
+    )
+    return {"prompt_logprobs": asked, "return_token_ids": bool(body.return_token_ids)}
 
 
 def _stream_flags(body: _SamplingFields) -> tuple[bool, bool]:

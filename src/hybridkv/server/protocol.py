@@ -78,6 +78,7 @@ class _SamplingFields(BaseModel):
     spaces_between_special_tokens: bool | None = None
     truncate_prompt_tokens: int | None = None
     prompt_logprobs: int | None = None
+    return_token_ids: bool | None = None  # vLLM's (>= 0.10): prompt and output token ids
     response_format: ResponseFormat | None = None
     structured_outputs: dict[str, Any] | None = None  # vLLM's: json, regex, choice, grammar...
     user: str | None = None  # cosmetic: accepted and ignored
@@ -140,14 +141,37 @@ def _is_int(value: Any) -> bool:
 
 
 class ChatMessage(BaseModel):
-    # name, tool_calls, tool_call_id, reasoning_content...: passed to the template
+    # other fields are passed to the template as given
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     role: str
     content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # assistant: checked by template_messages
+    tool_call_id: str | None = None  # tool: the call this message answers
+    reasoning: str | None = None  # assistant: vLLM's name for earlier reasoning
+    reasoning_content: str | None = None  # the same, as older vLLM and most clients name it
 
     def as_template_input(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)
+
+
+class FunctionDefinition(BaseModel):
+    model_config = STRICT
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolParam(BaseModel):
+    """One of ``tools``: ``{"type": "function", "function": {"name", "description",
+    "parameters"}}`` (OpenAI's only kind)."""
+
+    model_config = STRICT
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -160,6 +184,13 @@ class ChatCompletionRequest(_SamplingFields):
     continue_final_message: bool = False  # vLLM's
     chat_template: str | None = None  # vLLM's: a template for this request only
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra template variables
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ToolParam] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # read by tools/choice.py (vLLM's rules)
+    parallel_tool_calls: bool | None = None  # false: the first call only
     documents: list[dict[str, Any]] | None = None  # vLLM's: RAG templates
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """``tools`` as the template and the parsers read them (plain dicts, as sent)."""
+        if self.tools is None:
+            return None
+        return [t.model_dump(exclude_unset=True) for t in self.tools]

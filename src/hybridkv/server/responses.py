@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hybridkv.engine.output import CompletionOutput, RequestOutput
+from hybridkv.server.chat_output import ChatOutputPlan, ChoiceStream
 from hybridkv.server.logprob_format import (
     TokenLogprobs,
     chat_logprobs,
     collect,
     completion_logprobs,
+    vllm_logprobs,
 )
 from hybridkv.server.params import Answer, Prepared
 
@@ -42,6 +44,7 @@ class BaseFormat(ABC):
     object_full: str
     object_chunk: str
     prompt_param: str  # the request field a prompt error names
+    prompt_fields_on_choice = True  # prompt_token_ids / prompt_logprobs per choice (else top)
 
     @abstractmethod
     def full_choice(
@@ -77,31 +80,40 @@ class CompletionFormat(BaseFormat):
 
 
 class ChatFormat(BaseFormat):
+    """Chat choices: the text becomes a message through the request's ``ChatOutputPlan``
+    (reasoning and tool calls split off); one ``ChoiceStream`` per streamed choice."""
+
     id_prefix, object_full, object_chunk = "chatcmpl", "chat.completion", "chat.completion.chunk"
     prompt_param = "messages"
+    prompt_fields_on_choice = False
+
+    def __init__(self, plan: ChatOutputPlan | None = None) -> None:
+        self.plan = plan or ChatOutputPlan()
+        self._streams: dict[int, ChoiceStream] = {}
 
     def full_choice(
         self, index: int, text: str, lp: TokenLogprobs | None, reason: str | None
     ) -> dict[str, Any]:
-        message = {"role": "assistant", "content": text}
+        message, called = self.plan.message(text)
         return {
             "index": index,
             "message": message,
             "logprobs": chat_logprobs(lp),
-            "finish_reason": reason,
+            "finish_reason": self.plan.finish_reason(reason, called),
         }
 
     def chunk_choice(
         self, index: int, text: str, lp: TokenLogprobs | None, reason: str | None, first: bool
     ) -> dict[str, Any]:
-        delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if text or first:
-            delta["content"] = text
+        stream = self._streams.setdefault(index, self.plan.stream())
+        delta = stream.delta(text, final=reason is not None)
+        if first:
+            delta = {"role": "assistant", "content": delta.pop("content", ""), **delta}
         return {
             "index": index,
             "delta": delta,
             "logprobs": chat_logprobs(lp),
-            "finish_reason": reason,
+            "finish_reason": self.plan.finish_reason(reason, stream.called),
         }
 
 
@@ -110,9 +122,11 @@ def finish_reason(out: RequestOutput, completion: CompletionOutput) -> str | Non
     return completion.finish_reason if out.finished else None
 
 
-def usage(outs: Sequence[RequestOutput]) -> dict[str, Any]:
+def usage(outs: Sequence[RequestOutput], answer: Answer | None = None) -> dict[str, Any]:
+    """Token counts; ``echo`` with ``max_tokens=0`` shows (and counts) no completion token."""
     num_prompt = sum(o.num_prompt_tokens for o in outs)
-    num_completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    echo_only = answer is not None and answer.echo_only
+    num_completion = 0 if echo_only else sum(len(c.token_ids) for o in outs for c in o.outputs)
     return {
         "prompt_tokens": num_prompt,
         "completion_tokens": num_completion,
@@ -179,15 +193,35 @@ def full_response(
     for i, out in enumerate(outs):
         prefix = echo_prefix(prepared, i)
         head = prompt_logprobs(out, answer, tokenizer) if answer.echo else None
+        prompt = prompt_fields(answer, out, tokenizer)
         for j, c in enumerate(kept_outputs(out, answer.n)):
-            lp = output_logprobs(c, 0, len(c.token_ids), len(prefix), answer, tokenizer)
+            num_shown = 0 if answer.echo_only else len(c.token_ids)
+            lp = output_logprobs(c, 0, num_shown, len(prefix), answer, tokenizer)
             lp = join_logprobs(head, lp)
             reason = finish_reason(out, c)
-            choices.append(fmt.full_choice(i * answer.n + j, prefix + c.text, lp, reason))
-    body = {**header.fields(fmt.object_full), "choices": choices, "usage": usage(outs)}
+            text = prefix + (c.text if num_shown else "")
+            choice = fmt.full_choice(i * answer.n + j, text, lp, reason)
+            if answer.return_token_ids:
+                choice["token_ids"] = list(c.token_ids[:num_shown])
+            choices.append({**choice, **prompt} if fmt.prompt_fields_on_choice else choice)
+    body = {**header.fields(fmt.object_full), "choices": choices, "usage": usage(outs, answer)}
+    if not fmt.prompt_fields_on_choice and outs:
+        body.update(prompt_fields(answer, outs[0], tokenizer))
     if len(outs) == 1:
         body["kv_transfer_params"] = outs[0].kv_transfer_params
     return body
+
+
+def prompt_fields(answer: Answer, out: RequestOutput, tokenizer: Detokenizer) -> dict[str, Any]:
+    """vLLM's prompt extensions, as asked: ``prompt_token_ids`` and ``prompt_logprobs`` (one
+    entry per prompt token, None first: ``{token_id: {logprob, rank, decoded_token}}``)."""
+    fields: dict[str, Any] = {}
+    if answer.return_token_ids:
+        fields["prompt_token_ids"] = list(out.prompt_token_ids)
+    if answer.prompt_logprobs:
+        entries = getattr(out, "prompt_logprobs", None) or [None] * len(out.prompt_token_ids)
+        fields["prompt_logprobs"] = [vllm_logprobs(e, _decoder(tokenizer)) for e in entries]
+    return fields
 
 
 def echo_prefix(prepared: Prepared, i: int) -> str:
@@ -209,9 +243,9 @@ def chunk(
 
 
 def usage_chunk(
-    fmt: BaseFormat, header: ResponseHeader, outs: Sequence[RequestOutput]
+    fmt: BaseFormat, header: ResponseHeader, outs: Sequence[RequestOutput], answer: Answer
 ) -> dict[str, Any]:
-    return {**header.fields(fmt.object_chunk), "choices": [], "usage": usage(outs)}
+    return {**header.fields(fmt.object_chunk), "choices": [], "usage": usage(outs, answer)}
 
 
 def _decoder(tokenizer: Detokenizer) -> Any:

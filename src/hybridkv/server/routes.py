@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from hybridkv.sampling.params import SamplingParams
+from hybridkv.sampling.transfer_params import TransferFields, parse_transfer_params
 from hybridkv.server.async_engine import EngineDead, Overloaded, Rejected, RequestStream
 from hybridkv.server.errors import APIError, bad_request
 from hybridkv.server.params import Prepared, prepare_chat, prepare_completion
@@ -52,9 +53,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     async with _releasing(request, body):
         state = _checked(request, body)
         prepared = await asyncio.to_thread(
-            prepare_chat, body, state.tokenizer, state.prompt_limits, state.sampling_defaults
-        )
-    return await _serve(request, state, prepared, ChatFormat(), body.model)
+            prepare_chat, body, state.tokenizer, state.prompt_limits, state.sampling_defaults,
+            state.chat_parsers,
+        )  # fmt: skip
+    return await _serve(request, state, prepared, ChatFormat(prepared.answer.chat), body.model)
 
 
 @router.get("/models")
@@ -78,14 +80,22 @@ async def _releasing(request: Request, body: _SamplingFields) -> AsyncIterator[N
     try:
         yield
     except APIError:
-        await _release(ServerState.of(request), body.kv_transfer_params)
+        await _release(ServerState.of(request), _parsed(body.kv_transfer_params))
         raise
 
 
-async def _release(state: ServerState, params: dict[str, Any] | None) -> None:
-    if isinstance(params, dict) and params.get("do_remote_prefill"):
+def _parsed(params: dict[str, Any] | None) -> TransferFields | None:
+    """A refused request's params, typed (malformed ones name no producer to free)."""
+    try:
+        return parse_transfer_params(params) if params else None
+    except ValueError:
+        return None
+
+
+async def _release(state: ServerState, fields: TransferFields | None) -> None:
+    if fields is not None and fields.do_remote_prefill:
         with contextlib.suppress(Exception):  # the engine may be gone; the lease frees then
-            await state.engine.call(lambda engine: engine.release_transfer(params))
+            await state.engine.call(lambda engine: engine.release_transfer(fields))
 
 
 def _checked(request: Request, body: _SamplingFields) -> ServerState:
@@ -116,7 +126,7 @@ async def _serve(
         raise bad_request(str(exc), fmt.prompt_param) from None
     except Overloaded as exc:
         _abort(state, streams)
-        await _release(state, prepared.requests[0].params.kv_transfer_params)
+        await _release(state, prepared.requests[0].params.transfer_fields)
         state.metrics.on_refused("overloaded")
         raise APIError(
             503,
@@ -152,6 +162,6 @@ def _changed(params: SamplingParams) -> str:
     parts = [
         f"{f.name}={getattr(params, f.name)!r}"
         for f in dataclasses.fields(params)
-        if getattr(params, f.name) != getattr(default, f.name)
+        if f.init and getattr(params, f.name) != getattr(default, f.name)  # not derived ones
     ]
     return "SamplingParams(" + ", ".join(parts) + ")"

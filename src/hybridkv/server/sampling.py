@@ -84,9 +84,23 @@ def make_sampling_params(kwargs: dict[str, Any]) -> SamplingParams:
     for name in kwargs:
         refuse(name not in known, name, f"{name} is not supported by this server")
     try:
-        return SamplingParams(**kwargs)
+        params = SamplingParams(**kwargs)
     except (ValueError, TypeError) as exc:
         raise bad_request(str(exc), _param_of(str(exc))) from None
+    check_min_tokens(params)
+    return params
+
+
+def check_min_tokens(params: SamplingParams) -> None:
+    """A constraint may end the output before ``min_tokens`` (a ``choice`` of one-token
+    words): the engine would find no token it may sample. Refused here, naming both."""
+    refuse(
+        params.min_tokens > 0 and params.structured_outputs is not None,
+        "min_tokens",
+        "min_tokens cannot be combined with a structured output (structured_outputs, "
+        "response_format, or tool_choice required / named): the constraint may end the "
+        "output before min_tokens tokens",
+    )
 
 
 def structured_outputs(body: _SamplingFields) -> Any:

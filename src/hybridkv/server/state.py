@@ -10,6 +10,7 @@ from starlette.requests import Request
 
 from hybridkv.metrics.prometheus import ServerMetrics
 from hybridkv.server.async_engine import AsyncEngine
+from hybridkv.server.chat_output import ChatParsers
 from hybridkv.server.errors import APIError
 from hybridkv.server.limits import PromptLimits, ServerLimits
 
@@ -26,6 +27,7 @@ class ServerState:
     sampling_defaults: dict[str, Any] = field(default_factory=dict)  # generation_config.json
     max_logprobs: int = 20  # --max-logprobs
     log_requests: bool = True  # --disable-log-requests turns it off
+    chat_parsers: ChatParsers = field(default_factory=ChatParsers)  # tool calls, reasoning
     created: int = field(default_factory=lambda: int(time.time()))
 
     @staticmethod

@@ -81,6 +81,8 @@ class _Choices:
         for c in out.outputs:
             tracker = self.trackers.setdefault((i, c.index), DeltaTracker())
             text, (start, end) = tracker.take_text(c, out.finished), tracker.take_tokens(c)
+            if answer.echo_only:  # the one token made is not shown
+                text, start, end = "", 0, 0
             reason = finish_reason(out, c)
             if not (text or end > start or reason or tracker.first):
                 continue
@@ -92,8 +94,21 @@ class _Choices:
                 lp = join_logprobs(prompt_logprobs(out, answer, self.tokenizer), lp)
             index = i * answer.n + c.index
             choice = self.fmt.chunk_choice(index, text, lp, reason, tracker.first)
+            yield self._with_token_ids(choice, out, c.token_ids[start:end], tracker.first)
             tracker.first = False
-            yield chunk(self.fmt, self.header, choice, out.kv_transfer_params)
+
+    def _with_token_ids(
+        self, choice: dict[str, Any], out: RequestOutput, ids: Any, first: bool
+    ) -> dict[str, Any]:
+        """The chunk, with vLLM's ``token_ids`` (this chunk's) and, first, the prompt's."""
+        body = chunk(self.fmt, self.header, choice, out.kv_transfer_params)
+        if not self.prepared.answer.return_token_ids:
+            return body
+        choice["token_ids"] = list(ids)
+        if first:
+            where = choice if self.fmt.prompt_fields_on_choice else body
+            where["prompt_token_ids"] = list(out.prompt_token_ids)
+        return body
 
 
 async def stream_events(
@@ -129,7 +144,8 @@ async def stream_events(
         if failure is not None:
             yield sse(failure)
         elif prepared.answer.include_usage:
-            yield sse(usage_chunk(fmt, header, [last[i] for i in sorted(last)]))
+            outs = [last[i] for i in sorted(last)]
+            yield sse(usage_chunk(fmt, header, outs, prepared.answer))
     finally:
         for pump in pumps:
             pump.cancel()

@@ -36,6 +36,7 @@ from hybridkv.connectors.nixl.scheduler import NixlScheduler
 from hybridkv.connectors.nixl.stats import Flow, NixlStats
 from hybridkv.connectors.stats import StatsCounter
 from hybridkv.request import RequestStatus
+from hybridkv.sampling.transfer_params import TransferFields, parse_transfer_params
 from tests.connectors.nixl.signing import policy, signed
 
 TIMEOUT = 100.0
@@ -138,6 +139,12 @@ class Req:
     num_prompt_tokens: int = 64
     status: RequestStatus = RequestStatus.WAITING
     all_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def transfer_fields(self) -> TransferFields | None:
+        """Parsed as the API boundary does (``SamplingParams``)."""
+        params = self.kv_transfer_params
+        return parse_transfer_params(params) if params else None
 
 
 def params(rid: str, port: int = 1, tokens: int = 32) -> dict[str, Any]:
@@ -275,7 +282,7 @@ class ScriptedAgent:
 
 
 def heartbeat(port: int, *ids: str) -> Heartbeat:
-    src = RemoteSource.parse(params(ids[0], port), [], (1, False), policy())
+    src = RemoteSource.parse(parse_transfer_params(params(ids[0], port)), [], (1, False), policy())
     return Heartbeat(src, ids)
 
 
@@ -316,7 +323,7 @@ def test_heartbeats_too_rare_for_the_producers_lease_are_named(
 ) -> None:
     """The producer's abort_timeout_seconds travels in its descriptor; a consumer whose interval
     exceeds half of it is told, with both options and the value to use."""
-    src = RemoteSource.parse(params("r", 7), [], (1, False), policy())
+    src = RemoteSource.parse(parse_transfer_params(params("r", 7)), [], (1, False), policy())
     with caplog.at_level(logging.WARNING, logger="hybridkv.connectors.nixl.handshake"):
         assert warn_slow_heartbeats(70.0, 120.0, src)
         assert not warn_slow_heartbeats(60.0, 120.0, src)  # at half: renewed in time

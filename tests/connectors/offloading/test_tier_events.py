@@ -42,24 +42,30 @@ def test_the_sink_sees_stores_and_evictions(wrap: str, tmp_path: Path) -> None:
             {**config, "name": "off"}, {**file_config(tmp_path / "f"), "name": "file"}]}}  # fmt: skip
     engine = Engine(config, make_layout("full"))
     events: list[TierEvent] = []
-    assert engine.scheduler.set_tier_event_sink(events.append)
+    tiers = engine.scheduler.capabilities().tiers
+    assert tiers is not None
+    tiers.set_tier_event_sink(events.append)
     for i in range(3):  # 6 units: the 3-unit CPU tier evicts, the disk keeps all
         store(engine, f"r{i}", 100 * (i + 1))
-    resident = engine.scheduler.resident_units()
+    resident = tiers.resident_units()
     assert residents(events) == {(ev.tier, ev.unit_hash) for ev in resident}
     assert {ev.tier for ev in resident} == {TierName.CPU, TierName.DISK}
     assert any(not ev.stored and ev.tier is TierName.CPU for ev in events)
     assert all(ev.num_tokens == C and ev.end % C == 0 for ev in events)
     chained = [ev for ev in resident if ev.end == 2 * C]
     assert chained and all(ev.parent is not None for ev in chained)
-    assert engine.scheduler.reset_tiers() == len(resident)
-    assert residents(events) == set() and engine.scheduler.resident_units() == []
+    assert tiers.reset_tiers() == len(resident)
+    assert residents(events) == set() and tiers.resident_units() == []
     engine.worker.shutdown()
 
 
-def test_a_connector_without_tiers_says_so(tmp_path: Path) -> None:
-    engine = Engine(file_config(tmp_path), make_layout("full"))
-    assert not engine.scheduler.set_tier_event_sink(lambda ev: None)
-    assert engine.scheduler.resident_units() == []
+@pytest.mark.parametrize("wrap", ["bare", "faults"])
+def test_a_connector_without_tiers_says_so(wrap: str, tmp_path: Path) -> None:
+    config: dict[str, Any] = file_config(tmp_path)
+    if wrap == "faults":
+        config = {"kv_connector": "FaultInjection", "kv_connector_extra_config": {"inner": config}}
+    engine = Engine(config, make_layout("full"))
+    caps = engine.scheduler.capabilities()
+    assert caps.tiers is None
     with pytest.raises(NoTiersError, match="FileConnectorScheduler keeps no storage tiers"):
-        engine.scheduler.reset_tiers()
+        caps.require_tiers("FileConnectorScheduler")

@@ -18,27 +18,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from hybridkv.connectors.base import (
-    BaseConnectorScheduler,
-    BaseConnectorWorker,
-    KeptKV,
-    KVCacheAccess,
-    KVConnectorPair,
-    KVConnectorRequest,
-    RequestBlocks,
-    merge_output,
-)
+from hybridkv.connectors.base import BaseConnectorWorker, KVConnectorPair
 from hybridkv.connectors.config import KVTransferConfig
+from hybridkv.connectors.delegating import DelegatingConnectorScheduler, DelegatingConnectorWorker
 from hybridkv.connectors.fault.plan import TIMEOUT, FaultConfig, fault_draw, plan_faults
+from hybridkv.connectors.outputs import merge_output
 from hybridkv.connectors.registry import ConnectorContext, create_connector
 from hybridkv.connectors.stats import ConnectorStats, bump, counter
-from hybridkv.connectors.tier_events import TierEvent, TierEventSink
 from hybridkv.kv.spec import KVCacheLayout
 from hybridkv.step_io import ConnectorMetadata, FailureReason, KVConnectorOutput, LoadSpec
 
@@ -57,71 +47,11 @@ def _wrap(inner: ConnectorStats, own: FaultStats | None = None) -> FaultStats:
     return stats
 
 
-class FaultInjectionScheduler(BaseConnectorScheduler):
-    """The inner scheduler half, unchanged."""
-
-    def __init__(self, inner: BaseConnectorScheduler) -> None:
-        self.inner = inner
-
-    def get_num_new_matched_tokens(
-        self, request: KVConnectorRequest, num_local_computed: int
-    ) -> tuple[int, bool] | None:
-        return self.inner.get_num_new_matched_tokens(request, num_local_computed)
-
-    def update_state_after_alloc(
-        self, request: KVConnectorRequest, blocks: RequestBlocks, num_external_tokens: int
-    ) -> None:
-        self.inner.update_state_after_alloc(request, blocks, num_external_tokens)
-
-    def build_connector_meta(
-        self, scheduled: list[tuple[KVConnectorRequest, int, int, RequestBlocks]]
-    ) -> ConnectorMetadata:
-        return self.inner.build_connector_meta(scheduled)
-
-    def update_connector_output(self, output: KVConnectorOutput) -> None:
-        self.inner.update_connector_output(output)
-
-    def on_waiting(self, requests: Sequence[KVConnectorRequest]) -> None:
-        self.inner.on_waiting(requests)
-
-    def request_dropped(self, request: KVConnectorRequest) -> None:
-        self.inner.request_dropped(request)
-
-    def has_pending(self) -> bool:
-        return self.inner.has_pending()
-
-    def request_finished(
-        self, request: KVConnectorRequest, blocks: RequestBlocks
-    ) -> tuple[bool, dict[str, Any] | None]:
-        return self.inner.request_finished(request, blocks)
-
-    def get_hit_sources(
-        self, request: KVConnectorRequest, num_external_tokens: int
-    ) -> dict[str, int]:
-        return self.inner.get_hit_sources(request, num_external_tokens)
-
-    def get_first_whole_blocks(
-        self, request: KVConnectorRequest, num_external_tokens: int
-    ) -> tuple[int, ...] | None:
-        return self.inner.get_first_whole_blocks(request, num_external_tokens)
-
-    def get_step_interval(self, request: KVConnectorRequest) -> int:
-        return self.inner.get_step_interval(request)
-
-    def get_kept_kv(self, request: KVConnectorRequest) -> KeptKV | None:
-        return self.inner.get_kept_kv(request)
+class FaultInjectionScheduler(DelegatingConnectorScheduler):
+    """The inner scheduler half, unchanged; only its stats are wrapped."""
 
     def take_stats(self) -> FaultStats:
         return _wrap(self.inner.take_stats())
-
-    def set_tier_event_sink(self, sink: TierEventSink) -> bool:
-        return self.inner.set_tier_event_sink(sink)
-
-    def resident_units(self) -> list[TierEvent]:
-        return self.inner.resident_units()
-
-    def reset_tiers(self) -> int:
-        return self.inner.reset_tiers()
 
 
 @dataclass(slots=True)
@@ -134,19 +64,17 @@ class _HeldLoad:
     inner_output: KVConnectorOutput = field(default_factory=KVConnectorOutput)
 
 
-class FaultInjectionWorker(BaseConnectorWorker):
+class FaultInjectionWorker(DelegatingConnectorWorker):
+    """The inner worker half; loads are broken as planned after the inner wrote them."""
+
     def __init__(self, inner: BaseConnectorWorker, config: FaultConfig, layout: KVCacheLayout):
-        self.inner = inner
+        super().__init__(inner)
         self.config = config
         self.layout = layout
         self._held: dict[str, _HeldLoad] = {}
         self._ready = KVConnectorOutput()  # sync-load faults, reported by the next get_finished
         self._stats = FaultStats()
         self._sleeper = threading.Event()  # never set: a timed wait that is not a busy loop
-
-    def register_kv_caches(self, cache: KVCacheAccess) -> None:
-        self.cache = cache
-        self.inner.register_kv_caches(cache)
 
     def start_load(self, metadata: ConnectorMetadata) -> None:
         self.inner.start_load(metadata)
@@ -156,9 +84,6 @@ class FaultInjectionWorker(BaseConnectorWorker):
                 self._held[spec.request_id] = _HeldLoad(spec, now)
             else:
                 merge_output(self._ready, self._inject(spec))
-
-    def save(self, metadata: ConnectorMetadata) -> None:
-        self.inner.save(metadata)
 
     def get_finished(self, finished_request_ids: list[str]) -> KVConnectorOutput:
         output = self.inner.get_finished(finished_request_ids)
@@ -235,14 +160,8 @@ class FaultInjectionWorker(BaseConnectorWorker):
             size = self.layout.state_slot_bytes(gid)
             self.cache.write_state(gid, slot_of[gid], _random_bytes((size,), generator))
 
-    def wait_for_saves(self, timeout: float | None = None) -> bool:
-        return self.inner.wait_for_saves(timeout)
-
     def has_pending(self) -> bool:
         return bool(self._held) or not self._ready.is_empty or self.inner.has_pending()
-
-    def needs_steps(self) -> bool:
-        return self.inner.needs_steps()
 
     def wait_for_progress(self, timeout: float) -> None:
         waiting = [h for h in self._held.values() if h.inner_done]
@@ -256,9 +175,6 @@ class FaultInjectionWorker(BaseConnectorWorker):
     def take_stats(self) -> FaultStats:
         stats, self._stats = self._stats, FaultStats()
         return _wrap(self.inner.take_stats(), stats)
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
 
 
 def _random_bytes(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:

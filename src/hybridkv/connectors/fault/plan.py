@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from hybridkv.connectors.config import (
     ConnectorOptions,
@@ -39,7 +38,7 @@ class FaultConfig(ConnectorOptions):
     seed: int = 0
 
     @classmethod
-    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> FaultConfig:
+    def parse(cls, extra: Mapping[str, object], ctx: OptionsContext) -> FaultConfig:
         for name in extra:
             if name not in _KEYS:
                 raise ValueError(f"FaultInjection: unknown key {name!r}; known: {sorted(_KEYS)}")
@@ -49,7 +48,7 @@ class FaultConfig(ConnectorOptions):
             inner = parse_kv_transfer_config(extra["inner"], ctx.block_size)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"FaultInjection: 'inner': {exc}") from None
-        values: dict[str, Any] = {}
+        values: dict[str, float] = {}
         for name in _RATES:
             values[name] = _number(extra, name, 0.0, high=1.0)
         values["delay_seconds"] = _number(extra, "delay_seconds", 0.0, high=MAX_SECONDS)
@@ -63,7 +62,7 @@ class FaultConfig(ConnectorOptions):
 
 
 def _number(
-    extra: Mapping[str, Any], name: str, default: float, high: float, low_open: bool = False
+    extra: Mapping[str, object], name: str, default: float, high: float, low_open: bool = False
 ) -> float:
     where = f"FaultInjection: {name!r}"
     return parse_number(extra.get(name, default), where, 0.0, high, low_open=low_open)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from hybridkv.choice import parse_choice
 from hybridkv.connectors.base import (
@@ -46,6 +45,7 @@ from hybridkv.connectors.file.store import (
     state_key,
 )
 from hybridkv.connectors.registry import ConnectorContext
+from hybridkv.kv.hashing import BlockHash
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, SpecKind
 from hybridkv.step_io import ConnectorMetadata, LoadSpec
 
@@ -60,7 +60,7 @@ class FileConnectorConfig(ConnectorOptions):
     load_timeout_seconds: float = 30.0  # a load still reading then fails (reason "timeout")
 
     @classmethod
-    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> FileConnectorConfig:
+    def parse(cls, extra: Mapping[str, object], ctx: OptionsContext) -> FileConnectorConfig:
         known = {"path", "load_mode", "save", "load_timeout_seconds"}
         for name in extra:
             if name not in known:
@@ -97,7 +97,7 @@ class FileConnectorScheduler(BaseConnectorScheduler):
         self.save_enabled = save
         self.load_enabled = load
         self.block_size = layout.block_size
-        self._loads: list[LoadSpec] = []
+        self._loads: list[LoadSpec[FileLoadKeys]] = []
         self._stats = FileStats()
 
     # -- lookup ------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class FileConnectorScheduler(BaseConnectorScheduler):
                 return candidate
         return 0
 
-    def _is_restorable(self, hashes: list[Any], local: int, end: int) -> bool:
+    def _is_restorable(self, hashes: list[BlockHash], local: int, end: int) -> bool:
         """Sliding windows and states at ``end`` (full attention was checked by the caller)."""
         size = self.block_size
         for group in self.layout.groups:
@@ -185,9 +185,9 @@ class FileConnectorScheduler(BaseConnectorScheduler):
 
     def build_connector_meta(
         self, scheduled: list[tuple[KVConnectorRequest, int, int, RequestBlocks]]
-    ) -> ConnectorMetadata:
+    ) -> ConnectorMetadata[FileLoadKeys, FileSave]:
         loads, self._loads = self._loads, []
-        saves: list[Any] = []
+        saves: list[FileSave] = []
         if self.save_enabled:
             for request, start, end, blocks in scheduled:
                 save = self._plan_save(request, start, end, blocks)
@@ -222,7 +222,7 @@ class FileConnectorScheduler(BaseConnectorScheduler):
 
     def request_finished(
         self, request: KVConnectorRequest, blocks: RequestBlocks
-    ) -> tuple[bool, dict[str, Any] | None]:
+    ) -> tuple[bool, dict[str, object] | None]:
         return False, None
 
     def get_hit_sources(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hybridkv.connectors.base import KVCacheAccess
 from hybridkv.connectors.config import TierName
@@ -24,7 +24,10 @@ from hybridkv.connectors.stats import Direction, StatsCounter, bump
 from hybridkv.kv.spec import KVCacheLayout
 from hybridkv.step_io import ConnectorMetadata
 
-_Part = tuple[str, tuple[int, int], Any]  # (key, token span, CPU uint8 tensor snapshot)
+if TYPE_CHECKING:
+    import torch
+
+_Part = tuple[str, tuple[int, int], "torch.Tensor"]  # (key, token span, CPU uint8 snapshot)
 
 
 class FileSaver:
@@ -106,11 +109,11 @@ class FileSaver:
             self._num_saves -= 1
             self._cond.notify_all()
 
-    def _write_part(self, kind: str, key: str, span: tuple[int, int], data: Any) -> None:
+    def _write_part(self, kind: str, key: str, span: tuple[int, int], data: torch.Tensor) -> None:
         began = time.perf_counter()
         try:
             self.store.prepare_dir(key)
-            payload = memoryview(data.contiguous().numpy())
+            payload = data.contiguous().numpy().data
             size = write_part(self.store.path(key), self.store.fingerprint, key, span, payload)
         except Exception:
             with self._stats.update() as s:

@@ -23,16 +23,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hybridkv.connectors.base import (
-    BaseConnectorWorker,
-    LoadResult,
-    output_from_results,
-)
+from hybridkv.connectors.base import BaseConnectorWorker
 from hybridkv.connectors.config import TierName
 from hybridkv.connectors.file.format import IO_ERROR, MISSING, PartError, read_part
 from hybridkv.connectors.file.saves import FileSaver
 from hybridkv.connectors.file.stats import FileStats
 from hybridkv.connectors.file.store import FileLoadKeys, FileStore
+from hybridkv.connectors.outputs import LoadResult, output_from_results
 from hybridkv.connectors.stats import Direction, StatsCounter, bump
 from hybridkv.connectors.threads import SHUTDOWN_GRACE_SECONDS, stop_pool
 from hybridkv.kv.spec import KVCacheLayout

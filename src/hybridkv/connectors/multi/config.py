@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from hybridkv.connectors.config import ConnectorOptions, KVTransferConfig, OptionsContext
 from hybridkv.connectors.multi.select import Selection
@@ -40,7 +39,7 @@ class MultiConfig(ConnectorOptions):
     selection: Selection = Selection.COST
 
     @classmethod
-    def parse(cls, extra: Mapping[str, Any], ctx: OptionsContext) -> MultiConfig:
+    def parse(cls, extra: Mapping[str, object], ctx: OptionsContext) -> MultiConfig:
         unknown = set(extra) - set(_KEYS)
         if unknown:
             raise ValueError(f"MultiConnector: unknown keys {sorted(unknown)}; known: {_KEYS}")
@@ -60,7 +59,7 @@ class MultiConfig(ConnectorOptions):
         return cls(children, Selection(selection))
 
 
-def _child(index: int, item: Any, ctx: OptionsContext) -> ChildConfig:
+def _child(index: int, item: object, ctx: OptionsContext) -> ChildConfig:
     where = f"MultiConnector: connectors[{index}]"
     if not isinstance(item, dict):
         raise ValueError(f"{where} must be a kv_transfer_config object")

@@ -27,13 +27,14 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
+    Capabilities,
     KeptKV,
     KVConnectorPair,
     KVConnectorRequest,
+    PartialKV,
     RequestBlocks,
 )
 from hybridkv.connectors.config import KVTransferConfig
@@ -57,7 +58,7 @@ from hybridkv.connectors.registry import (
     create_connector,
 )
 from hybridkv.connectors.stats import ConnectorStats, bump
-from hybridkv.connectors.tier_events import NoTiersError, TierEvent, TierEventSink
+from hybridkv.connectors.tier_events import TierEvent, TierEventSink
 from hybridkv.kv.block_pool import NULL_BLOCK
 from hybridkv.kv.spec import KVCacheLayout
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
@@ -93,9 +94,13 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
         self.estimates = estimates or [LoadEstimate() for _ in children]
         self.prefill = prefill or PrefillEstimate()
         self.clock = time.monotonic
+        caps = [child.capabilities() for child in children]  # resolved once
+        self._partial_of = [c.partial for c in caps]
+        self._tiers = [c.tiers for c in caps if c.tiers is not None]
+        self._leases = [c.leases for c in caps if c.leases is not None]
         self._chosen: dict[str, Hit] = {}  # request id -> the child loading it
         self._loading: dict[str, _Loading] = {}
-        self._delaying: dict[str, list[BaseConnectorScheduler]] = {}  # children keeping its KV
+        self._delaying: dict[str, list[PartialKV | None]] = {}  # children keeping its KV
         # request id -> per group, table entries [first, stop) its load filled only in part
         self._partial: dict[str, tuple[range, ...]] = {}
         self._steps = _Clock()
@@ -154,7 +159,10 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
         pick = self._chosen.get(request.request_id)
         if pick is None or not num_external_tokens:
             return None
-        whole = self.children[pick.child].get_first_whole_blocks(request, num_external_tokens)
+        partial = self._partial_of[pick.child]
+        if partial is None:
+            return None
+        whole = partial.get_first_whole_blocks(request, num_external_tokens)
         if whole is not None:
             first = (request.num_computed_tokens - num_external_tokens) // self.layout.block_size
             parts = tuple(range(first, max(first, stop)) for stop in whole)
@@ -174,26 +182,22 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
         intervals = [c.get_step_interval(request) for c in self.children]
         return math.gcd(*[i for i in intervals if i > 0]) if any(intervals) else 0
 
+    def capabilities(self) -> Capabilities:
+        """Tiers if a child has some; the lease and partial-KV hooks always (this half keeps
+        per-request state they clear; each goes on to the children that have them)."""
+        return Capabilities(self if self._tiers else None, self, self)
+
     # -- tiers: the children's, together (two offloading children would both report "CPU") --
 
-    def set_tier_event_sink(self, sink: TierEventSink) -> bool:
-        return any([child.set_tier_event_sink(sink) for child in self.children])
+    def set_tier_event_sink(self, sink: TierEventSink) -> None:
+        for tiers in self._tiers:
+            tiers.set_tier_event_sink(sink)
 
     def resident_units(self) -> list[TierEvent]:
-        return [unit for child in self.children for unit in child.resident_units()]
+        return [unit for tiers in self._tiers for unit in tiers.resident_units()]
 
     def reset_tiers(self) -> int:
-        """Every child's tiers; ``NoTiersError`` only if no child has any."""
-        total, found = 0, False
-        for child in self.children:
-            try:
-                total += child.reset_tiers()
-                found = True
-            except NoTiersError:
-                continue
-        if not found:
-            raise NoTiersError("no MultiConnector child keeps storage tiers to reset")
-        return total
+        return sum(tiers.reset_tiers() for tiers in self._tiers)
 
     def build_connector_meta(
         self, scheduled: list[tuple[KVConnectorRequest, int, int, RequestBlocks]]
@@ -229,15 +233,15 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
         self._steps.last, self._steps.tokens = now, tokens
 
     def on_waiting(self, requests: Sequence[KVConnectorRequest]) -> None:
-        for child in self.children:
-            child.on_waiting(requests)
+        for leases in self._leases:
+            leases.on_waiting(requests)
 
     def request_dropped(self, request: KVConnectorRequest) -> None:
         self._chosen.pop(request.request_id, None)
         self._partial.pop(request.request_id, None)
         self._loading.pop(request.request_id, None)
-        for child in self.children:
-            child.request_dropped(request)
+        for leases in self._leases:
+            leases.request_dropped(request)
 
     def has_pending(self) -> bool:
         return any(child.has_pending() for child in self.children)
@@ -256,16 +260,16 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
 
     def request_finished(
         self, request: KVConnectorRequest, blocks: RequestBlocks
-    ) -> tuple[bool, dict[str, Any] | None]:
+    ) -> tuple[bool, dict[str, object] | None]:
         self._chosen.pop(request.request_id, None)
         self._loading.pop(request.request_id, None)
         self._partial.pop(request.request_id, None)
-        params = None
+        params: dict[str, object] | None = None
         delaying = []
-        for child in self.children:
+        for child, partial in zip(self.children, self._partial_of, strict=True):
             child_delay, child_params = child.request_finished(request, blocks)
             if child_delay:
-                delaying.append(child)
+                delaying.append(partial)
             if child_params:
                 params = {**(params or {}), **child_params}
         if delaying:
@@ -275,7 +279,8 @@ class MultiConnectorScheduler(BaseConnectorScheduler):
     def get_kept_kv(self, request: KVConnectorRequest) -> KeptKV | None:
         """What every child that delayed the free keeps, together: the longest prefix, the
         earliest window; None (everything) if one of them keeps everything."""
-        kept = [c.get_kept_kv(request) for c in self._delaying.pop(request.request_id, [])]
+        delaying = self._delaying.pop(request.request_id, [])
+        kept = [p.get_kept_kv(request) if p is not None else None for p in delaying]
         if not kept or any(k is None for k in kept):
             return None
         return KeptKV(

@@ -5,11 +5,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from hybridkv.connectors.base import (
-    BaseConnectorWorker,
-    KVCacheAccess,
-    merge_output,
-)
+from hybridkv.connectors.base import BaseConnectorWorker, KVCacheAccess
+from hybridkv.connectors.outputs import merge_output
 from hybridkv.connectors.stats import ConnectorStats, counter
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput
 

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from hybridkv.paths import cache_dir
 from hybridkv.sampling.transfer_params import TransferFields
+from hybridkv.secret_file import read_secret_file
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,8 @@ def verify_params(key: AuthKey, fields: TransferFields) -> bool:
 def load_auth_key(path: str | None, single_host: bool) -> AuthKey:
     """The deployment key (see the module's contract); raises ValueError naming the option."""
     if path:
-        return AuthKey(_read_key(Path(path), "auth_key_file"), f"auth_key_file {path}")
+        key = read_secret_file(path, "NixlConnector: auth_key_file", MIN_KEY_LEN)
+        return AuthKey(key, f"auth_key_file {path}")
     env = os.environ.get(ENV)
     if env is not None:
         return AuthKey(_checked(env.strip(), ENV), ENV)
@@ -125,17 +127,6 @@ def _checked(text: str, name: str) -> bytes:
     return text.encode()
 
 
-def _read_key(path: Path, name: str) -> bytes:
-    try:
-        text = path.read_text().strip()
-        mode = path.stat().st_mode
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"NixlConnector: cannot read {name} {path}: {exc}") from None
-    if mode & 0o077:
-        log.warning("NixlConnector: %s %s is readable by other users (chmod 600 it)", name, path)
-    return _checked(text, f"{name} {path}")
-
-
 def _generated(path: Path) -> AuthKey:
     """The single-host key at ``path``, created once (atomically: written to a private file,
     then linked in place, so a second engine starting at the same time reads the whole key)."""
@@ -154,7 +145,9 @@ def _generated(path: Path) -> AuthKey:
     if path.stat().st_mode & 0o077:
         raise ValueError(f"NixlConnector: the generated key {path} is readable by other users; "
                          "chmod 600 it or set auth_key_file")  # fmt: skip
-    key = AuthKey(_read_key(path, "the generated key"), f"generated {path}")
+    key = AuthKey(
+        read_secret_file(path, "NixlConnector: the generated key", MIN_KEY_LEN), f"generated {path}"
+    )
     if str(path) not in _logged:
         _logged.add(str(path))
         log.warning("NixlConnector: no auth_key_file or %s given; engines on this host share "

@@ -5,10 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from hybridkv.connectors.nixl.auth import AuthKey, prompt_digest, verify_params
-from hybridkv.sampling.transfer_params import TransferFields, parse_transfer_params
+from hybridkv.sampling.transfer_params import TransferFields
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,19 +55,16 @@ class RemoteSource:
     @classmethod
     def parse(
         cls,
-        params: dict[str, Any],
+        f: TransferFields,
         token_ids: Sequence[int] | None,
         layout: tuple[int, bool],
         policy: ParamsPolicy,
     ) -> RemoteSource:
         """The params of a request whose tokens are ``token_ids`` (None: not to load, only to
         tell the producer to free), on a consumer with ``layout`` (attention groups, whether it
-        has state groups). Raises ParamsRefused: malformed (naming the field), not signed by
+        has state groups); ``f`` was typed and bounded at the API boundary
+        (``parse_transfer_params``). Raises ParamsRefused: incomplete, not signed by
         this deployment's key, computed for another prompt, an untrusted host, or expired."""
-        try:
-            f = parse_transfer_params(params)
-        except ValueError as exc:
-            raise ParamsRefused("nixl_params_malformed", str(exc)) from None
         src = cls._typed(f, *layout)
         if not verify_params(policy.key, f):
             raise ParamsRefused(
@@ -147,3 +143,7 @@ class Heartbeat:
 
     source: RemoteSource
     request_ids: tuple[str, ...]
+
+
+# what the scheduler half writes in ``ConnectorMetadata.saves`` for its worker half
+NixlItem = StageState | StartLease | NotifyOnly | Heartbeat

@@ -35,7 +35,6 @@ from typing import Any
 
 import torch
 
-from hybridkv.connectors.base import LoadResult
 from hybridkv.connectors.nixl.agent import NixlAgent, XferState
 from hybridkv.connectors.nixl.handshake import HandshakeFailed, Peer, Peers, check_indices
 from hybridkv.connectors.nixl.layout import LayoutDescriptor
@@ -44,6 +43,7 @@ from hybridkv.connectors.nixl.meta import NotifyOnly, ParamsRefused, RemoteSourc
 from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.plan import Rows, load_rows, total_bytes
 from hybridkv.connectors.nixl.stats import Flow, NixlStats
+from hybridkv.connectors.outputs import LoadResult
 from hybridkv.connectors.stats import StatsCounter, bump
 from hybridkv.step_io import LoadSpec
 
@@ -237,9 +237,12 @@ class Reader:
         self._fail(
             load,
             "nixl_lease_expired",
-            f"the producer at {load.where} released request {load.source.request_id}'s KV "
-            f"before this read completed (its abort_timeout_seconds lease expired); raise "
-            f"abort_timeout_seconds on the prefill engine",
+            f"the producer at {load.where} no longer held request {load.source.request_id}'s "
+            f"KV when this read completed: its lease had ended, because another request "
+            f"already read the same kv_transfer_params (each serves one read: send them to "
+            f"one decode request), or because the read started later than the producer's "
+            f"abort_timeout_seconds after its prefill (raise it on the prefill engine if "
+            f"requests wait here that long)",
         )
         return True
 

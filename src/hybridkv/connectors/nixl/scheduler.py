@@ -1,11 +1,6 @@
-"""The NixlConnector's scheduler half: what a producer keeps and advertises, what a consumer
-reads. Never touches memory; see ``plan`` for the token arithmetic.
-
-Producer (request with ``{"do_remote_decode": true}``)::
-
-    steps end at E (get_step_interval)  ->  StageState: copy the live state at E (state layouts)
-    request_finished  ->  delay the free, clip the tables, StartLease, return the params
-    finished_sending (consumer notified, or lease expired)  ->  blocks and staging freed
+"""The NixlConnector's scheduler half: what a producer keeps and advertises (``producer``:
+staging entries, leases, signed params), what a consumer reads (here: its producer's params
+parsed once, load specs). Never touches memory; see ``plan`` for the token arithmetic.
 
 Consumer (request with the producer's params, ``do_remote_prefill``)::
 
@@ -18,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
@@ -26,11 +20,10 @@ from hybridkv.connectors.base import (
     KVConnectorRequest,
     RequestBlocks,
 )
-from hybridkv.connectors.nixl.auth import prompt_digest, sign_params
 from hybridkv.connectors.nixl.heartbeats import WaitList
 from hybridkv.connectors.nixl.layout import GroupDesc
 from hybridkv.connectors.nixl.meta import (
-    Lease,
+    NixlItem,
     NotifyOnly,
     ParamsPolicy,
     ParamsRefused,
@@ -39,27 +32,17 @@ from hybridkv.connectors.nixl.meta import (
     StartLease,
 )
 from hybridkv.connectors.nixl.options import NixlOptions
-from hybridkv.connectors.nixl.plan import (
-    first_held,
-    first_whole_entries,
-    producer_first_block,
-    producer_kept_tokens,
-    transfer_end,
-)
+from hybridkv.connectors.nixl.plan import first_whole_entries
+from hybridkv.connectors.nixl.producer import Producer, cdiv
 from hybridkv.connectors.nixl.stats import NixlStats
 from hybridkv.connectors.stats import StatsCounter, bump
 from hybridkv.request import RequestStatus
-from hybridkv.sampling.transfer_params import parse_transfer_params
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput, LoadSpec
 
 log = logging.getLogger(__name__)
 
 
 _NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class NixlScheduler(BaseConnectorScheduler):
@@ -74,24 +57,20 @@ class NixlScheduler(BaseConnectorScheduler):
         policy: ParamsPolicy,
     ) -> None:
         self.options = options
-        self.policy = policy  # the deployment key: signs params (producer), verifies (consumer)
+        self.policy = policy  # the deployment key: verifies a producer's params
         self.stats = StatsCounter(NixlStats)  # params refused
         self._sources: dict[str, RemoteSource | None] = {}  # consumer: params parsed once
-        self.engine_id = engine_id
         self.block_size = block_size
         self.attn = [g for g in groups if g.token_bytes]
-        self.num_state = sum(1 for g in groups if not g.token_bytes)
-        self.has_state = self.num_state > 0
-        self.producer, self.consumer = producer, consumer
-        self._free_staging = list(range(options.max_staged_states - 1, -1, -1))
-        self._staged: dict[str, int] = {}
-        self._free_leases = list(range(options.max_leases - 1, -1, -1))
-        self._leases: dict[str, Lease] = {}
-        self._generation = 0
+        self.has_state = any(not g.token_bytes for g in groups)
+        self.consumer = consumer
+        self.producer = None
+        if producer:
+            self.producer = Producer(options, engine_id, groups, block_size, policy)
         self._consumed: set[str] = set()
         self._whole: dict[str, tuple[int, ...]] = {}  # a load's first whole entries, once
-        self._loads: list[LoadSpec] = []
-        self._items: list[Any] = []
+        self._loads: list[LoadSpec[RemoteSource]] = []
+        self._items: list[NixlItem] = []
         interval = options.heartbeat_interval_seconds
         self.waits = None
         if consumer and interval > 0:
@@ -100,18 +79,15 @@ class NixlScheduler(BaseConnectorScheduler):
     # -- which role a request plays --------------------------------------------------------
 
     def _end_if_producing(self, request: KVConnectorRequest) -> int | None:
-        params = request.kv_transfer_params
-        if not (self.producer and params and params.get("do_remote_decode")):
-            return None
-        return transfer_end(request.num_prompt_tokens, self.block_size, self.has_state)
+        return self.producer.end_of(request) if self.producer is not None else None
 
     def _source(self, request: KVConnectorRequest, to_load: bool = True) -> RemoteSource | None:
         """A consumer's request's producer, parsed and verified once (at first sight, so the
         expiry is judged on arrival); None if it has none or its params are refused (counted,
         logged; the request computes locally). ``to_load`` False: only to tell the producer to
         free (the prompt is not checked, nothing is kept)."""
-        params = request.kv_transfer_params
-        if not (self.consumer and params and params.get("do_remote_prefill")):
+        fields = request.transfer_fields
+        if not (self.consumer and fields and fields.do_remote_prefill):
             return None
         rid = request.request_id
         if rid in self._sources:
@@ -120,7 +96,7 @@ class NixlScheduler(BaseConnectorScheduler):
         try:
             layout = (len(self.attn), self.has_state)
             tokens = request.all_token_ids if to_load else None
-            src = RemoteSource.parse(params, tokens, layout, self.policy)
+            src = RemoteSource.parse(fields, tokens, layout, self.policy)
         except ParamsRefused as exc:
             with self.stats.update() as s:
                 bump(s.failures, exc.reason)
@@ -165,9 +141,9 @@ class NixlScheduler(BaseConnectorScheduler):
 
     def _load_spec(
         self, request_id: str, blocks: RequestBlocks, start: int, end: int, src: RemoteSource
-    ) -> LoadSpec:
+    ) -> LoadSpec[RemoteSource]:
         ids, indices = [], []
-        first, last = start // self.block_size, _cdiv(end, self.block_size)
+        first, last = start // self.block_size, cdiv(end, self.block_size)
         for table in blocks.block_ids:
             picked = [(k, table[k]) for k in range(first, min(last, len(table))) if table[k]]
             indices.append([k for k, _ in picked])
@@ -197,13 +173,13 @@ class NixlScheduler(BaseConnectorScheduler):
 
     def build_connector_meta(
         self, scheduled: list[tuple[KVConnectorRequest, int, int, RequestBlocks]]
-    ) -> ConnectorMetadata:
+    ) -> ConnectorMetadata[RemoteSource, NixlItem]:
         items = self._items
         if self.waits is not None:
             items.extend(self.waits.due())
         for request, start, end, blocks in scheduled:
             stage_at = self._end_if_producing(request)
-            if not (self.has_state and stage_at):
+            if not (self.has_state and stage_at) or self.producer is None:
                 continue
             if end == stage_at:  # the live state after this step's forward
                 slots = blocks.state_slots
@@ -211,38 +187,33 @@ class NixlScheduler(BaseConnectorScheduler):
                 slots = blocks.restored_slots  # a local hit at E: the restored checkpoint
             else:
                 continue
-            index = self._stage_index(request.request_id)
+            index = self.producer.stage_index(request.request_id)
             if index is not None:
                 items.append(StageState(request.request_id, index, slots))
         meta = ConnectorMetadata(loads=self._loads, saves=items)
         self._loads, self._items = [], []
         return meta
 
-    def _stage_index(self, request_id: str) -> int | None:
-        if request_id not in self._staged:
-            if not self._free_staging:
-                log.warning("NIXL: all %d staging entries busy", self.options.max_staged_states)
-                return None
-            self._staged[request_id] = self._free_staging.pop()
-        return self._staged[request_id]
-
     def request_finished(
         self, request: KVConnectorRequest, blocks: RequestBlocks
-    ) -> tuple[bool, dict[str, Any] | None]:
+    ) -> tuple[bool, dict[str, object] | None]:
         rid = request.request_id
         self._consumer_done(request)
-        end = self._end_if_producing(request)
-        if end is None or getattr(request, "status", None) not in _NORMAL_FINISH:
-            self._release_staging(rid)
+        producer = self.producer
+        end = producer.end_of(request) if producer is not None else None
+        if producer is None or end is None:
             return False, None
-        if self.has_state and rid not in self._staged:
+        if request.status not in _NORMAL_FINISH:
+            producer.release_staging(rid)
+            return False, None
+        if self.has_state and not producer.is_staged(rid):
             end = 0  # its state at E was never staged (no staging entry free): recompute
-        lease = self._new_lease(rid) if end > 0 else None
+        lease = producer.new_lease(rid) if end > 0 else None
         if lease is None:
-            self._release_staging(rid)
-            return False, self._params(request, blocks, 0)
+            producer.release_staging(rid)
+            return False, producer.params(request, blocks, 0)
         self._items.append(StartLease(rid, self.options.abort_timeout_seconds, lease))
-        return True, self._params(request, blocks, end)
+        return True, producer.params(request, blocks, end)
 
     def request_dropped(self, request: KVConnectorRequest) -> None:
         """Aborted (or failed) while waiting for admission: its producer frees now instead of
@@ -267,63 +238,13 @@ class NixlScheduler(BaseConnectorScheduler):
         if src is not None and src.num_tokens > 0:  # aborted before its read started
             self._items.append(NotifyOnly(src))
 
-    def _new_lease(self, rid: str) -> Lease | None:
-        if not self._free_leases:
-            log.warning("NIXL: all %d leases busy; the consumer computes", len(self._leases))
-            return None
-        self._generation += 1
-        self._leases[rid] = Lease(self._free_leases.pop(), self._generation)
-        return self._leases[rid]
-
     def get_kept_kv(self, request: KVConnectorRequest) -> KeptKV | None:
-        """Only what the consumer reads stays pinned: blocks before E (sliding groups: the
-        window ending at E plus one block); the live state slot goes (E's state is staged)."""
-        end = self._end_if_producing(request)
-        return KeptKV(end, producer_kept_tokens(end, self.block_size)) if end else None
-
-    def _params(
-        self, request: KVConnectorRequest, blocks: RequestBlocks, end: int
-    ) -> dict[str, Any]:
-        """The signed params a consumer loads the KV of tokens [0, end) with (``auth``)."""
-        rid = request.request_id
-        last = _cdiv(end, self.block_size)
-        firsts = [
-            min(last, first_held(t, producer_first_block(g, end, self.block_size)))
-            for g, t in zip(self.attn, blocks.block_ids, strict=True)
-        ]
-        staged = self._staged.get(rid)
-        lease = self._leases.get(rid)
-        expires = self.policy.clock_ms() + int(self.options.abort_timeout_seconds * 1000)
-        params = {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "remote_engine_id": self.engine_id,
-            "remote_host": self.options.side_channel_host,
-            "remote_port": self.options.side_channel_port,
-            "remote_request_id": rid,
-            "remote_block_ids": [t[f:last] for t, f in zip(blocks.block_ids, firsts, strict=True)],
-            "remote_block_starts": firsts,
-            "remote_state": [] if staged is None or not end else [staged] * self.num_state,
-            "remote_block_size": self.block_size,
-            "num_tokens": end,
-            "remote_lease": [lease.slot, lease.gen] if lease is not None else None,
-            "remote_expires_ms": expires,
-        }
-        params["remote_prompt_digest"] = prompt_digest(request.all_token_ids[:end])
-        params["remote_signature"] = sign_params(self.policy.key, parse_transfer_params(params))
-        return params
+        return self.producer.kept_kv(request) if self.producer is not None else None
 
     def take_stats(self) -> NixlStats:
         return self.stats.take()  # params refused; the worker half counts the rest
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
-        for rid in output.finished_sending:
-            self._release_staging(rid)
-            lease = self._leases.pop(rid, None)
-            if lease is not None:
-                self._free_leases.append(lease.slot)
-
-    def _release_staging(self, rid: str) -> None:
-        index = self._staged.pop(rid, None)
-        if index is not None:
-            self._free_staging.append(index)
+        if self.producer is not None:
+            for rid in output.finished_sending:
+                self.producer.sent(rid)

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from hybridkv.connectors.base import BaseConnectorWorker, KVCacheAccess, output_from_results
+from hybridkv.connectors.base import BaseConnectorWorker, KVCacheAccess
 from hybridkv.connectors.nixl.agent import NixlAgent, net_devices
 from hybridkv.connectors.nixl.auth import AuthKey
 from hybridkv.connectors.nixl.handshake import Peers
@@ -34,6 +34,7 @@ from hybridkv.connectors.nixl.options import NixlOptions
 from hybridkv.connectors.nixl.reader import SCRATCH_WORDS, Reader
 from hybridkv.connectors.nixl.side_channel import SideChannelServer
 from hybridkv.connectors.nixl.stats import NixlStats
+from hybridkv.connectors.outputs import output_from_results
 from hybridkv.connectors.stats import StatsCounter
 from hybridkv.kv.spec import KVCacheLayout
 from hybridkv.step_io import ConnectorMetadata, KVConnectorOutput

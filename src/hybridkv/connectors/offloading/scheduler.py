@@ -22,8 +22,6 @@ scheduler half talks to the ``TierStack`` only, never to a tier by name.
 
 from __future__ import annotations
 
-from typing import Any
-
 from hybridkv.connectors.base import (
     BaseConnectorScheduler,
     KVConnectorRequest,
@@ -39,6 +37,8 @@ from hybridkv.connectors.offloading.tiers.cpu.tier import CpuTier
 from hybridkv.connectors.offloading.tiers.disk.tier import DiskTier
 from hybridkv.connectors.offloading.units import (
     OffloadLoadKeys,
+    UnitPromotion,
+    UnitSave,
     UnitSource,
 )
 from hybridkv.connectors.stats import bump
@@ -57,7 +57,7 @@ class OffloadingScheduler(StorePlanner, BaseConnectorScheduler):
         self.stack = ctx.stack
         self.load_enabled = load
         self.save_enabled = save
-        self._loads: list[LoadSpec] = []
+        self._loads: list[LoadSpec[OffloadLoadKeys]] = []
         # hits of slower tiers to copy into the fastest: of this step, and of the step before
         self._promote: list[tuple[UnitRef, str]] = []
         self._promote_next: list[tuple[UnitRef, str]] = []
@@ -78,9 +78,8 @@ class OffloadingScheduler(StorePlanner, BaseConnectorScheduler):
 
     # -- tiers: KV events and resets -------------------------------------------------------
 
-    def set_tier_event_sink(self, sink: TierEventSink) -> bool:
+    def set_tier_event_sink(self, sink: TierEventSink) -> None:
         self.stack.set_event_sink(sink, self.geometry.chunk_tokens)
-        return True
 
     def resident_units(self) -> list[TierEvent]:
         return self.stack.resident_units(self.geometry.chunk_tokens)
@@ -225,14 +224,14 @@ class OffloadingScheduler(StorePlanner, BaseConnectorScheduler):
 
     def build_connector_meta(
         self, scheduled: list[tuple[KVConnectorRequest, int, int, RequestBlocks]]
-    ) -> ConnectorMetadata:
+    ) -> ConnectorMetadata[OffloadLoadKeys, UnitSave | UnitPromotion]:
         loads, self._loads = self._loads, []
         self._adopt_found()
         promotions = self._plan_promotions()
         # NOTE: a step computed on top of a synchronous load is not saved: a failure of that
         # load is only reported after save(), and its units would carry the bad KV on.
         sync_loaded = {spec.request_id for spec in loads if not spec.is_async}
-        saves: list[Any] = list(promotions)
+        saves: list[UnitSave | UnitPromotion] = list(promotions)
         if self.save_enabled:
             for request, start, end, blocks in scheduled:
                 if request.request_id not in sync_loaded:
@@ -241,7 +240,7 @@ class OffloadingScheduler(StorePlanner, BaseConnectorScheduler):
 
     def request_finished(
         self, request: KVConnectorRequest, blocks: RequestBlocks
-    ) -> tuple[bool, dict[str, Any] | None]:
+    ) -> tuple[bool, dict[str, object] | None]:
         self._sources.pop(request.request_id, None)
         return False, None
 

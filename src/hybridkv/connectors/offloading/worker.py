@@ -18,18 +18,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from hybridkv.connectors.base import (
-    BaseConnectorWorker,
-    KVCacheAccess,
-    LoadResult,
-    output_from_results,
-)
+from hybridkv.connectors.base import BaseConnectorWorker, KVCacheAccess
 from hybridkv.connectors.offloading.context import OffloadContext
 from hybridkv.connectors.offloading.loads import InflightLoad, LoadPart, PartWriter, plan_parts
 from hybridkv.connectors.offloading.stack import TierStack
 from hybridkv.connectors.offloading.stats import OffloadingStats
 from hybridkv.connectors.offloading.stores import StorePipeline
 from hybridkv.connectors.offloading.units import OffloadLoadKeys
+from hybridkv.connectors.outputs import LoadResult, output_from_results
 from hybridkv.connectors.stats import Direction, StatsCounter, bump
 from hybridkv.step_io import ConnectorMetadata, FailureReason, KVConnectorOutput, LoadSpec
 

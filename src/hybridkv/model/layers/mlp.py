@@ -23,7 +23,7 @@ _KERNEL_ACTS = {
 }
 
 
-def activation(name: str):  # type: ignore[no-untyped-def]
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     if name in ("silu", "swish"):
         return F.silu
     if name in ("gelu_pytorch_tanh", "gelu_tanh"):

@@ -75,8 +75,11 @@ def checkpoint_template(model_dir: Path, config: dict[str, Any]) -> str | None:
 
 
 def text_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages with list-of-parts content joined into one string (text parts, by newlines, as
-    vLLM does); any other part is an error naming it."""
+    """Messages as templates expect them (vLLM's normalisation): list-of-parts content joined
+    into one string (text parts, by newlines; any other part is an error naming it), ``None``
+    content as ``""`` (an assistant message that only calls tools), each tool call's
+    ``arguments`` as a dict (OpenAI sends a JSON string; templates iterate it), and earlier
+    reasoning under both ``reasoning`` and ``reasoning_content``."""
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
@@ -86,7 +89,39 @@ def text_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         content = message.get("content")
         if isinstance(content, list):
             message = {**message, "content": _join_parts(content, i)}
+        elif content is None:
+            message = {**message, "content": ""}
+        if message.get("tool_calls") is not None:
+            message = {**message, "tool_calls": _tool_calls(message["tool_calls"], i)}
+        reasoning = message.get("reasoning", message.get("reasoning_content"))
+        if isinstance(reasoning, str):
+            message = {**message, "reasoning": reasoning, "reasoning_content": reasoning}
         out.append(message)
+    return out
+
+
+def _tool_calls(calls: Any, index: int) -> list[dict[str, Any]]:
+    """An assistant message's calls with their ``arguments`` decoded (``{}`` if empty)."""
+    where = f"messages[{index}].tool_calls"
+    if not isinstance(calls, list):
+        raise ChatTemplateError(f"{where} must be a list of calls")
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ChatTemplateError(
+                f"{where}[{j}] must be {{'type': 'function', 'function': {{'name': ..., "
+                "'arguments': ...}}}"
+            )
+        arguments = function.get("arguments") or {}
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+                raise ChatTemplateError(
+                    f"{where}[{j}].function.arguments is not JSON: {exc}"
+                ) from None
+        out.append({**call, "function": {**function, "arguments": arguments}})
     return out
 
 
@@ -123,7 +158,7 @@ def render(
         text = template.render(
             messages=messages, add_generation_prompt=add_generation_prompt, **variables
         )
-    except jinja2.TemplateError as exc:
+    except (jinja2.TemplateError, TypeError) as exc:  # TypeError: e.g. a number + a string
         raise ChatTemplateError(f"the chat template failed: {exc}") from None
     if not continue_final_message:
         return text

@@ -50,7 +50,10 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
 def get_model_class(architecture: str) -> type[CausalLM]:
     """Our class for a supported config.json architecture (its model file imported now)."""
     module, name = get_family_of(check_architecture([architecture])).get_class_path(architecture)
-    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+    cls = getattr(importlib.import_module(module), name)
+    if not (isinstance(cls, type) and issubclass(cls, CausalLM)):
+        raise ModelLoadError(f"{module}:{name} (for {architecture}) is not a CausalLM class")
+    return cls
 
 
 def load_model(

@@ -121,7 +121,9 @@ class CausalLM(nn.Module):
 
     def embedding(self) -> nn.Embedding:
         """The input embedding (``lm_head`` shares its weight when tied)."""
-        emb: nn.Embedding = self.model.embed_tokens  # type: ignore[union-attr,assignment]
+        emb = self.get_submodule("model.embed_tokens")  # every family's ``self.model``
+        if not isinstance(emb, nn.Embedding):
+            raise TypeError(f"{type(self).__name__}: model.embed_tokens is not an nn.Embedding")
         return emb
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@ options and states, each option applied once to the rows that set it (``logits_p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,9 +53,11 @@ def process_logits(
     return out
 
 
-def _update(out: torch.Tensor, rows: list[ProcessRow], fn: object) -> None:
+def _update(
+    out: torch.Tensor, rows: list[ProcessRow], fn: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
     index = torch.tensor([r.row for r in rows], dtype=torch.long)
-    out[index] = fn(out[index])  # type: ignore[operator]
+    out[index] = fn(out[index])
 
 
 def _grammar_mask(

@@ -19,6 +19,7 @@ from itertools import chain
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, StateSpec
@@ -58,30 +59,6 @@ def build_step(
     if kernels == "auto":
         kernels = load_attention()
     reqs = request_tensors(requests)
-    attn_meta: dict[int, AttnMeta | KernelAttnMeta] = {}
-    state_meta: dict[int, StateMeta] = {}
-    mask_cache: dict[int | None, dict[str, SubBatchShape]] = {}
-    kernel_tables = _kernel_tables(requests, layout, kv_pages, reqs) if kernels is not None else {}
-    state_index = 0
-    for group in layout.groups:
-        if isinstance(group.spec, StateSpec):
-            slots = torch.tensor([r.state_slots[state_index] for r in requests], dtype=torch.long)
-            taps = _taps(
-                requests, reqs, state_index, [s for s in saves if s.group_id == group.group_id]
-            )
-            meta_s = _state_meta(reqs, slots, taps)
-            state_meta.update(dict.fromkeys(group.layer_ids, meta_s))
-            state_index += 1
-            continue
-        window = group.spec.sliding_window if isinstance(group.spec, SlidingWindowSpec) else None
-        meta_a: AttnMeta | KernelAttnMeta
-        if kernels is not None:
-            meta_a = KernelAttnMeta(kernel_tables[group.group_id], kernels)
-        else:
-            table = _block_table([r.block_ids[group.group_id] for r in requests])
-            masks = mask_cache.setdefault(window, {})
-            meta_a = attn_meta_torch.attn_meta(reqs, table, group.spec.block_size, window, masks)
-        attn_meta.update(dict.fromkeys(group.layer_ids, meta_a))
     num_tokens = reqs.tok_req.shape[0]
     input_ids = np.fromiter(
         chain.from_iterable(r.token_ids for r in requests), dtype=np.int64, count=num_tokens
@@ -90,20 +67,69 @@ def build_step(
         positions=reqs.positions,
         max_position=reqs.max_position,
         kv_pages=kv_pages,
-        attn_meta=attn_meta,
+        attn_meta=_attn_meta(requests, layout, kv_pages, reqs, kernels),
         states=states,
-        state_meta=state_meta,
+        state_meta=_state_meta_by_layer(requests, layout, reqs, saves),
     )
     return StepInputs(torch.from_numpy(input_ids), ctx, reqs.sample_token_idx)
 
 
-def _block_table(tables: list[list[int]]) -> torch.Tensor:
-    """Ragged block tables -> ``[R, max_len]`` padded with the null block 0."""
+def _attn_meta(
+    requests: list[ScheduledRequest],
+    layout: KVCacheLayout,
+    kv_pages: dict[int, torch.Tensor],
+    reqs: RequestTensors,
+    kernels: AttentionKernels | None,
+) -> dict[int, AttnMeta | KernelAttnMeta]:
+    """Layer id -> its attention group's metadata: the kernels' tables, or the torch path's
+    sub-batches (masks shared by the groups of one window)."""
+    out: dict[int, AttnMeta | KernelAttnMeta] = {}
+    tables = _kernel_tables(requests, layout, kv_pages, reqs) if kernels is not None else {}
+    mask_cache: dict[int | None, dict[str, SubBatchShape]] = {}
+    for group in layout.groups:
+        if isinstance(group.spec, StateSpec):
+            continue
+        meta: AttnMeta | KernelAttnMeta
+        if kernels is not None:
+            meta = KernelAttnMeta(tables[group.group_id], kernels)
+        else:
+            window = (
+                group.spec.sliding_window if isinstance(group.spec, SlidingWindowSpec) else None
+            )
+            table = torch.from_numpy(
+                _pad_tables([r.block_ids[group.group_id] for r in requests])[0]
+            )
+            masks = mask_cache.setdefault(window, {})
+            meta = attn_meta_torch.attn_meta(reqs, table, group.spec.block_size, window, masks)
+        out.update(dict.fromkeys(group.layer_ids, meta))
+    return out
+
+
+def _state_meta_by_layer(
+    requests: list[ScheduledRequest],
+    layout: KVCacheLayout,
+    reqs: RequestTensors,
+    saves: Sequence[StateCopy],
+) -> dict[int, StateMeta]:
+    """Layer id -> its state group's metadata (the requests' live slots, the group's taps)."""
+    out: dict[int, StateMeta] = {}
+    state_groups = [g for g in layout.groups if isinstance(g.spec, StateSpec)]
+    for state_index, group in enumerate(state_groups):
+        slots = torch.tensor([r.state_slots[state_index] for r in requests], dtype=torch.long)
+        group_saves = [s for s in saves if s.group_id == group.group_id]
+        meta = _state_meta(reqs, slots, _taps(requests, reqs, state_index, group_saves))
+        out.update(dict.fromkeys(group.layer_ids, meta))
+    return out
+
+
+def _pad_tables(tables: list[list[int]]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Ragged block tables -> (``[len(tables), max(1, max_len)]`` padded with the null block
+    0, every entry flat)."""
     lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
     flat = np.fromiter(chain.from_iterable(tables), dtype=np.int64, count=int(lens.sum()))
     out = np.zeros((len(tables), max(1, int(lens.max()))), dtype=np.int64)
     out[np.arange(out.shape[1])[None, :] < lens[:, None]] = flat
-    return torch.from_numpy(out)
+    return out, flat
 
 
 def _kernel_tables(
@@ -119,11 +145,8 @@ def _kernel_tables(
     if not groups:
         return {}
     tables = [r.block_ids[g.group_id] for g in groups for r in requests]  # group-major
-    lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
-    flat = np.fromiter(chain.from_iterable(tables), dtype=np.int64, count=int(lens.sum()))
-    width = max(1, int(lens.max()))
-    out = np.zeros((len(tables), width), dtype=np.int64)
-    out[np.arange(width)[None, :] < lens[:, None]] = flat
+    out, flat = _pad_tables(tables)
+    width = out.shape[1]
     num_blocks = min(int(kv_pages[g.layer_ids[0]].shape[0]) for g in groups)
     if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= num_blocks):
         raise IndexError(f"block id out of range [0, {num_blocks})")

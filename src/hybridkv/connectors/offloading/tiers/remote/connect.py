@@ -25,7 +25,7 @@ from typing import Any
 import valkey
 
 from hybridkv.connectors.offloading.config import OffloadingConfig
-from hybridkv.connectors.offloading.tiers.remote.key import read_secret_file
+from hybridkv.secret_file import read_secret_file
 
 log = logging.getLogger("hybridkv.connectors.offloading")
 
@@ -101,7 +101,7 @@ def _credentials(options: OffloadingConfig) -> dict[str, Any]:
 
 
 def _password_file(path: str) -> str:
-    secret = read_secret_file(path, "remote_password_file", min_bytes=1)
+    secret = read_secret_file(path, "OffloadingConnector: 'remote_password_file'")
     try:
         return secret.decode()
     except UnicodeDecodeError:

@@ -19,11 +19,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import stat
 import threading
 
 from hybridkv.connectors.offloading.tiers.disk.key import DirectoryKey
 from hybridkv.paths import cache_dir
+from hybridkv.secret_file import check_secret, read_secret_file
 
 log = logging.getLogger("hybridkv.connectors.offloading")
 
@@ -31,7 +31,6 @@ ENV_KEY = "HYBRIDKV_REMOTE_AUTH_KEY"
 KEY_OPTION = "remote_auth_key_file"
 GENERATED_FILE = "remote-auth-key"
 MIN_SECRET_BYTES = 16
-MAX_SECRET_BYTES = 4096
 _logged: set[str] = set()  # key sources announced (once per process each)
 _log_lock = threading.Lock()
 
@@ -40,9 +39,12 @@ def load_remote_key(key_file: str | None) -> DirectoryKey:
     """The deployment key (see the module docstring for the order); ``ValueError`` naming
     ``remote_auth_key_file`` if the file or the variable cannot be used."""
     if key_file is not None:
-        secret, source = read_secret_file(key_file, KEY_OPTION), f"{KEY_OPTION} {key_file}"
+        secret = read_secret_file(key_file, _what(KEY_OPTION), MIN_SECRET_BYTES)
+        source = f"{KEY_OPTION} {key_file}"
     elif os.environ.get(ENV_KEY):
-        secret = check_secret(os.environ[ENV_KEY].encode(), ENV_KEY, KEY_OPTION)
+        secret = check_secret(
+            os.environ[ENV_KEY].encode(), ENV_KEY, _what(KEY_OPTION), MIN_SECRET_BYTES
+        )
         source = ENV_KEY
     else:
         directory = cache_dir()
@@ -70,39 +72,6 @@ def load_remote_key(key_file: str | None) -> DirectoryKey:
     return DirectoryKey(_stretch(secret))
 
 
-def read_secret_file(path: str, option: str, min_bytes: int = MIN_SECRET_BYTES) -> bytes:
-    """A secret from ``path`` (the value of ``option``): a regular file (a symlink to one is
-    fine: mounted secrets are), not readable by others, ``min_bytes`` to ``MAX_SECRET_BYTES``
-    long once surrounding whitespace is stripped; ``ValueError`` naming ``option`` otherwise."""
-    try:
-        with open(path, "rb") as f:
-            info = os.fstat(f.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                raise ValueError(_err(option, f"{path} is not a regular file"))
-            if info.st_mode & 0o007:
-                mode = info.st_mode & 0o777
-                raise ValueError(
-                    _err(option, f"{path} is readable by others (mode {mode:o}); use 0600")
-                )
-            data = f.read(MAX_SECRET_BYTES + 1)
-    except OSError as exc:
-        raise ValueError(_err(option, f"cannot read {path}: {exc.strerror or exc}")) from None
-    return check_secret(data, path, option, min_bytes)
-
-
-def check_secret(data: bytes, where: str, option: str, min_bytes: int = MIN_SECRET_BYTES) -> bytes:
-    secret = data.strip()
-    if not min_bytes <= len(secret) <= MAX_SECRET_BYTES:
-        raise ValueError(
-            _err(
-                option,
-                f"{where} holds {len(secret)} bytes; it needs {min_bytes} to {MAX_SECRET_BYTES}"
-                + (" (e.g. `openssl rand -hex 32`)" if option == KEY_OPTION else ""),
-            )
-        )
-    return secret
-
-
 def _stretch(secret: bytes) -> bytes:
     """A 32-byte key from a secret of any accepted length."""
     return hashlib.blake2b(secret, digest_size=32, person=b"hkv-remote-key").digest()
@@ -116,5 +85,9 @@ def _log_once(source: str, message: str, *args: object) -> None:
     log.info(message, *args)
 
 
+def _what(option: str) -> str:
+    return f"OffloadingConnector: {option!r}"
+
+
 def _err(option: str, message: str) -> str:
-    return f"OffloadingConnector: {option!r}: {message}"
+    return f"{_what(option)}: {message}"

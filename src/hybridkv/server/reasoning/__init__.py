@@ -1,0 +1,1 @@
+"""``--reasoning-parser``: the model's thinking split from its answer (``reasoning_content``)."""
