@@ -162,3 +162,19 @@ def test_the_routing_flags_are_checked() -> None:
                 {"tokenize_timeout_seconds": float("nan")}):  # fmt: skip
         with pytest.raises(ValueError):
             RoutingOptions(**bad)  # type: ignore[arg-type]
+
+
+def test_the_prefill_cost_is_read_from_an_engines_metrics_page() -> None:
+    from hybridkv.proxy.routing.costs import read_totals
+
+    page = "\n".join([
+        "# HELP vllm:prompt_tokens_total prompt tokens",
+        'vllm:prompt_tokens_total{model_name="m"} 1000.0',
+        'hybridkv:cached_prompt_tokens_total{model_name="m",source="local"} 300.0',
+        'hybridkv:cached_prompt_tokens_total{model_name="m",source="connector"} 100.0',
+        'vllm:request_prefill_time_seconds_sum{model_name="m"} 1.5',
+        'vllm:request_prefill_time_seconds_sum{model_name="m"} nan',  # skipped
+        'vllm:prompt_tokens_total{model_name="x"} -5',  # skipped
+        "garbage line",
+    ])  # fmt: skip
+    assert read_totals(page) == {"seconds": 1.5, "prompt": 1000.0, "cached": 400.0}

@@ -1,6 +1,7 @@
 """An engine's measured prefill cost, seconds per computed prompt token, from its ``/metrics``:
 
-    (delta request_prefill_time_seconds_sum) / (delta prompt_tokens_total - cached_prompt_tokens_total)
+    (delta vllm:request_prefill_time_seconds_sum)
+        / (delta vllm:prompt_tokens_total - delta hybridkv:cached_prompt_tokens_total)
 
 between two reads, smoothed; below ``MIN_TOKENS`` new computed tokens the last value stays.
 The answer is bounded (``MAX_METRICS_BYTES``) and every number checked: a bad one is skipped.
@@ -17,8 +18,10 @@ from hybridkv.proxy.routing.engines import EngineState
 MAX_METRICS_BYTES = 8 << 20
 MIN_TOKENS = 64
 SMOOTHING = 0.5  # weight of the new measurement
-_NAMES = {
+_NAMES = {  # vLLM's names where they exist (an engine exports one name of each pair)
+    "vllm:request_prefill_time_seconds_sum": "seconds",
     "hybridkv:request_prefill_time_seconds_sum": "seconds",
+    "vllm:prompt_tokens_total": "prompt",
     "hybridkv:prompt_tokens_total": "prompt",
     "hybridkv:cached_prompt_tokens_total": "cached",
 }
