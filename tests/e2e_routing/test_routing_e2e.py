@@ -200,9 +200,9 @@ def test_pd_skips_the_prefill_engine_when_the_decode_engine_holds_the_prompt(
         first = complete(pd.url, prompt, max_tokens=6)
         outcomes = scrape(pd.url)
         assert outcomes["hybridkv_proxy_requests_total{outcome=disaggregated}"] == 1
-        # NOTE: a decode engine that loaded the prompt holds no state checkpoint at a block
-        # end (the state came at the prompt's end), so the router rightly predicts it a miss;
-        # one that computed the prompt itself holds both
+        # NOTE: whether a decode engine that *loaded* the prompt also holds a state
+        # checkpoint at a block end is the engine's business (its events say, the router
+        # follows); one that computed the prompt itself surely holds both
         complete(decode[0].url, prompt, max_tokens=6)
         found: list[int] = []
 
