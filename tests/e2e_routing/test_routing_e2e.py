@@ -57,8 +57,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("routing")
     with ExitStack() as stack:
         engines = [SubprocessServer(engine_args(tmp, i), tmp / f"e{i}.log") for i in range(3)]
-        for e in engines:
-            stack.callback(e.__exit__)
+
+        def stop_engines() -> None:  # the list's engines at the end (a test restarts one)
+            for e in engines:
+                e.__exit__()
+
+        stack.callback(stop_engines)
         with ThreadPoolExecutor(3) as pool:  # start together: the machine's cores load once
             list(pool.map(lambda e: e.__enter__(), engines))
         proxy = ProxyProcess([], [e.url for e in engines], tmp / "proxy.log")
