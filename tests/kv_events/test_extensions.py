@@ -22,7 +22,7 @@ from tests.kv_events.vllm_schema import DECODER, BlockStored
 ENCODER = msgspec.msgpack.Encoder()
 OWN_DECODER = msgspec.msgpack.Decoder(KVEventBatch)
 VLLM_PYTHON_ENV = "HYBRIDKV_VLLM_PYTHON"  # a python with vllm installed (the baseline venv)
-VLLM_VENVS = ("/work/main/.venv-vllm", "/work/main/.venv_vllm", "/work/vllm/.venv")
+VLLM_VENVS = ("/work/vllm-venv", "/work/main/.venv-vllm", "/work/main/.venv_vllm")
 
 
 def stored(capture: Capture) -> list[BlockStored]:
