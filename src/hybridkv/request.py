@@ -84,6 +84,11 @@ class Request:
         return bool(self._hasher.extra)
 
     @property
+    def cache_salt(self) -> str | None:
+        """The salt of block 0's extra keys (KV events publish it as vLLM does)."""
+        return self._hasher.cache_salt
+
+    @property
     def skip_reading_prefix_cache(self) -> bool:
         """Prompt logprobs need every prompt position computed (vLLM's rule too)."""
         return self.sampling_params.prompt_logprobs is not None

@@ -45,6 +45,9 @@ def test_the_cli_flag_comes_back_parsed() -> None:
         ({"hwm": 0}, "hwm=0 must be a positive integer"),
         ({"max_queue_size": True}, "max_queue_size=True must be a int"),
         ({"buffer_steps": 2.5}, "buffer_steps=2.5 must be a int"),
+        ({"heartbeat_seconds": "1"}, "heartbeat_seconds='1' must be a number"),
+        ({"heartbeat_seconds": -1}, "heartbeat_seconds=-1 must be in [0, 3600]"),
+        ({"heartbeat_seconds": float("nan")}, "heartbeat_seconds=nan must be in [0, 3600]"),
     ],
 )
 def test_bad_values_name_the_key(value: object, message: str) -> None:

@@ -138,7 +138,7 @@ def test_a_hostile_replay_request_is_dropped_and_replay_goes_on(
     ctx: zmq.Context[zmq.Socket[bytes]], tmp_path: object
 ) -> None:
     replay = f"tcp://127.0.0.1:{free_port()}"
-    config = KVEventsConfig(True, "zmq", "tcp://127.0.0.1:*", replay)
+    config = KVEventsConfig(True, "zmq", "tcp://127.0.0.1:*", replay, heartbeat_seconds=0)
     publisher = open_publisher(config, ctx)
     try:
         hostile = ctx.socket(zmq.DEALER)

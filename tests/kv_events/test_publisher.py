@@ -37,7 +37,9 @@ def test_frames_are_topic_seq_payload_and_replay_serves_from_a_seq(
     ctx: zmq.Context[zmq.Socket[bytes]], endpoints: tuple[str, str]
 ) -> None:
     pub_ep, replay_ep = endpoints
-    config = KVEventsConfig(True, "zmq", pub_ep, replay_ep, buffer_steps=4, topic="kv")
+    config = KVEventsConfig(
+        True, "zmq", pub_ep, replay_ep, buffer_steps=4, topic="kv", heartbeat_seconds=0
+    )
     publisher = ZmqEventPublisher(config)
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"kv")
@@ -100,7 +102,8 @@ class _BlockingSocket:
 
 
 def test_a_full_queue_drops_the_oldest_and_counts(endpoints: tuple[str, str]) -> None:
-    publisher = ZmqEventPublisher(KVEventsConfig(True, "zmq", endpoints[0], max_queue_size=3))
+    config = KVEventsConfig(True, "zmq", endpoints[0], max_queue_size=3, heartbeat_seconds=0)
+    publisher = ZmqEventPublisher(config)
     real = publisher._pub
     fake: Any = _BlockingSocket()
     publisher._pub = fake
@@ -131,3 +134,23 @@ def test_an_endpoint_that_cannot_bind_is_a_clear_error(endpoints: tuple[str, str
             ZmqEventPublisher(KVEventsConfig(True, "zmq", "ipc:///no/such/dir/x.sock"))
     finally:
         first.shutdown()
+
+
+def test_an_idle_publisher_sends_empty_batches_in_sequence(
+    ctx: zmq.Context[zmq.Socket[bytes]], endpoints: tuple[str, str]
+) -> None:
+    config = KVEventsConfig(True, "zmq", endpoints[0], topic="kv", heartbeat_seconds=0.1)
+    publisher = ZmqEventPublisher(config)
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    sub.connect(endpoints[0])
+    try:
+        frames = [sub.recv_multipart() for _ in range(3) if sub.poll(5000)]
+        assert len(frames) == 3  # without a single publish
+        seqs = [int.from_bytes(f[1], "big") for f in frames]
+        assert seqs == list(range(seqs[0], seqs[0] + 3))
+        assert all(DECODER.decode(f[2]).events == [] for f in frames)
+        assert publisher.stats().published_batches == 0  # heartbeats are not batches
+    finally:
+        publisher.shutdown()
+        sub.close(linger=0)

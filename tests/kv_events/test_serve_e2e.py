@@ -11,11 +11,20 @@ import httpx
 import pytest
 import zmq
 
-from tests.kv_events.vllm_schema import DECODER, AllBlocksCleared, BlockStored
+from tests.kv_events.vllm_schema import DECODER, AllBlocksCleared, BlockStored, KVEventBatch
 from tests.server.harness import SubprocessServer, scrape
 from tests.support.checkpoints import make_hf_checkpoint
 
 pytestmark = pytest.mark.slow
+
+
+def next_batch(sub: zmq.Socket[bytes]) -> KVEventBatch:
+    """The next batch with events (an idle engine's heartbeats are empty)."""
+    while True:
+        assert sub.poll(10000)
+        batch = DECODER.decode(sub.recv_multipart()[2])
+        if batch.events:
+            return batch
 
 
 def test_serve_publishes_and_resets(tmp_path: Path) -> None:
@@ -28,6 +37,11 @@ def test_serve_publishes_and_resets(tmp_path: Path) -> None:
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"kv")
     with SubprocessServer(args, tmp_path / "server.log") as server:
+        info = httpx.get(server.url + "/kv_events", timeout=30).json()  # for a router
+        assert info["kv_events"] == {"enabled": True, "endpoint": endpoint,
+                                     "replay_endpoint": None, "topic": "kv"}  # fmt: skip
+        assert info["block_size"] == 16 and info["hash_algo"] == "sha256" and info["caching"]
+        assert {g["kind"] for g in info["groups"]} == {"full_attention", "mamba"}
         sub.connect(endpoint)
         body = {"model": "g", "prompt": list(range(3, 83)), "max_tokens": 2, "temperature": 0}
         stored: list[BlockStored] = []
@@ -45,14 +59,12 @@ def test_serve_publishes_and_resets(tmp_path: Path) -> None:
         salted = {**body, "prompt": list(range(100, 180)), "cache_salt": "tenant-1"}
         r = httpx.post(server.url + "/v1/completions", json=salted, timeout=120)
         assert r.status_code == 200, r.text
-        assert sub.poll(10000)
-        batch = DECODER.decode(sub.recv_multipart()[2])
+        batch = next_batch(sub)
         news = [ev for ev in batch.events if isinstance(ev, BlockStored)]
         assert news and all(ev.token_ids == [] for ev in news)
         r = httpx.post(server.url + "/reset_prefix_cache", timeout=30)
         assert r.status_code == 200, r.text
-        assert sub.poll(10000)
-        batch = DECODER.decode(sub.recv_multipart()[2])
+        batch = next_batch(sub)
         assert isinstance(batch.events[0], AllBlocksCleared)
         # /metrics shows the engine's snapshot after its newest iteration; the publisher
         # thread counts a batch once sent, so the count shows after the next request

@@ -1,5 +1,6 @@
-"""A subscriber's schema, written from vLLM's event classes (``vllm/distributed/kv_events.py``):
-the struct options and field order a vLLM subscriber decodes with. Kept apart from
+"""A subscriber's schema, written from vLLM 0.32's event classes (``vllm/distributed/kv_events.py``):
+the struct options and field order a vLLM subscriber decodes with (batches ``array_like``,
+events tagged maps, ``omit_defaults``; no field of hybridkv's extension). Kept apart from
 ``hybridkv.kv_events.schema`` on purpose: the tests decode our bytes with this one."""
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ class BlockStored(KVCacheEvent):
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
     locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list[int] | None = None
 
 
 class BlockRemoved(KVCacheEvent):
@@ -39,6 +43,7 @@ class BlockRemoved(KVCacheEvent):
     medium: str | None
     group_idx: int | None = None
     locality: str | None = None
+    ownership: str | None = None
 
 
 class AllBlocksCleared(KVCacheEvent):

@@ -54,7 +54,7 @@ class RawBackend:
                 method = head.split(" ", 1)[0]
                 body = await reader.readexactly(_content_length(head))
                 if method == "GET":
-                    self.num_health_probes += 1
+                    self.num_health_probes += head.split(" ", 2)[1] == "/health"
                     if self.hung_health:
                         await asyncio.sleep(3600)
                     writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
@@ -107,4 +107,12 @@ async def dies_mid_body(body: bytes, writer: asyncio.StreamWriter) -> None:
     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 500\r\n")
     writer.write(b'\r\n{"id": "cmpl-1", "choices": [')
     await writer.drain()
+    writer.transport.abort()
+
+
+async def dies_before_events(body: bytes, writer: asyncio.StreamWriter) -> None:
+    """A stream's headers, then the process dies before its first token."""
+    writer.write(SSE_HEAD)
+    await writer.drain()
+    await asyncio.sleep(0.2)
     writer.transport.abort()

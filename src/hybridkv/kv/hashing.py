@@ -63,11 +63,12 @@ def hash_block(
 class BlockHasher:
     """Extends a request's hash list as its tokens grow; only full blocks are hashed."""
 
-    __slots__ = ("block_size", "hash_fn", "extra")
+    __slots__ = ("block_size", "hash_fn", "cache_salt", "extra")
 
     def __init__(self, block_size: int, hash_fn: HashFn, cache_salt: str | None = None) -> None:
         self.block_size = block_size
         self.hash_fn = hash_fn
+        self.cache_salt = cache_salt
         self.extra = encode_extra_keys(cache_salt)
 
     def extend(self, hashes: list[BlockHash], token_ids: Sequence[int]) -> None:

@@ -31,11 +31,13 @@ from hybridkv.connectors.tier_events import TierEvent
 from hybridkv.kv.block_pool import EventKind
 from hybridkv.kv.events import CacheEvent, HasBlockHashes
 from hybridkv.kv.hashing import BlockHash
-from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec, SpecKind
+from hybridkv.kv.spec import KVCacheLayout, SlidingWindowSpec
 from hybridkv.kv_events.config import KVEventsConfig
 from hybridkv.kv_events.publisher import EventPublisher, create_publisher
 from hybridkv.kv_events.schema import (
+    KIND_STATE,
     MEDIUM_DEVICE,
+    SPEC_KIND,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -43,10 +45,6 @@ from hybridkv.kv_events.schema import (
     WireEvent,
 )
 from hybridkv.kv_events.stats import PublisherStats
-
-# vLLM's spec kinds; its Mamba spec covers every recurrent state (Mamba2, Gated DeltaNet)
-SPEC_KIND = {SpecKind.FULL: "full_attention", SpecKind.SLIDING: "sliding_window",
-             SpecKind.STATE: "mamba"}  # fmt: skip
 
 
 class KVEventCollector:
@@ -153,12 +151,27 @@ class KVEventCollector:
         if isinstance(last, BlockStored) and run is not None and run == self._run:
             last.block_hashes.append(block_hash)
             last.token_ids.extend(tokens)
+            if last.extra_keys is not None:
+                last.extra_keys.append(None)  # a salt keys block 0 only
+            if last.state_checkpoint_ends is not None and index is not None:
+                last.state_checkpoint_ends.append((index + 1) * self.block_size)
         else:
             parent = req.block_hashes[index - 1] if req is not None and index else None
-            out.append(self._stored(block_hash, parent, tokens, group))
+            event = self._stored(block_hash, parent, tokens, group)
+            self._annotate(event, req, index)
+            out.append(event)
         self._run = (
             (group, req.request_id, index) if req is not None and index is not None else None
         )
+
+    def _annotate(self, event: BlockStored, req: HasBlockHashes | None, index: int | None) -> None:
+        """vLLM 0.32's ``extra_keys`` (the salt on block 0; not with ``omit_token_ids``) and,
+        for a state group, the checkpoint's length (hybridkv's extension)."""
+        salt = getattr(req, "cache_salt", None)
+        if index == 0 and isinstance(salt, str) and not self.omit_token_ids:
+            event.extra_keys = [(salt,)]
+        if index is not None and self._kinds[event.group_idx or 0] == KIND_STATE:
+            event.state_checkpoint_ends = [(index + 1) * self.block_size]
 
     def _find(self, req: HasBlockHashes | None, block_hash: BlockHash, group: int) -> int | None:
         """The block's index in ``req``: the one after the last stored block of the same run,

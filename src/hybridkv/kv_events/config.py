@@ -9,7 +9,7 @@ Keys are vLLM's (``vllm/config/kv_events.py``), and so are the defaults but wher
 would leave the host: with no ``endpoint`` the PUB socket binds ``tcp://127.0.0.1:5557``
 (vLLM: ``tcp://*:5557``), and a replay endpoint on another address than loopback needs
 ``allow_remote_replay``. hybridkv's own keys: ``bind``, ``omit_token_ids``,
-``allow_remote_replay``. An unknown key, a value of the wrong type or out of range is an error
+``allow_remote_replay``, ``heartbeat_seconds``. An unknown key, a value of the wrong type or out of range is an error
 naming the key.
 """
 
@@ -41,6 +41,7 @@ class KVEventsConfig:
     bind: bool | None = None
     omit_token_ids: bool = False  # True: no event carries token ids (salted requests': never)
     allow_remote_replay: bool = False  # a replay endpoint off loopback (serves the history)
+    heartbeat_seconds: float = 1.0  # an idle publisher's empty batch, this often (0: never)
 
     def __post_init__(self) -> None:
         for name in ("enable_kv_cache_events", "omit_token_ids", "allow_remote_replay"):
@@ -54,6 +55,11 @@ class KVEventsConfig:
             _check_type(name, value, int)
             if value < 1:
                 raise ValueError(f"kv_events_config: {name}={value!r} must be a positive integer")
+        beat = self.heartbeat_seconds
+        if isinstance(beat, bool) or not isinstance(beat, int | float):
+            raise ValueError(f"kv_events_config: heartbeat_seconds={beat!r} must be a number")
+        if not 0 <= beat <= 3600:  # NaN fails too
+            raise ValueError(f"kv_events_config: heartbeat_seconds={beat!r} must be in [0, 3600]")
         if self.publisher not in PUBLISHERS:
             raise ValueError(
                 f"kv_events_config: publisher={self.publisher!r} is not one of {list(PUBLISHERS)}"

@@ -7,6 +7,9 @@ vLLM's framing, so its subscribers read ours::
             replies  [identity, b"", topic, seq, payload] per buffered batch with seq >= start,
                      then [identity, b"", b"", END_SEQ (-1, 8 bytes signed), b""]
 
+An idle publisher sends an empty batch every ``heartbeat_seconds`` (1 s; 0: never), with
+its own sequence number, so a subscriber tells a quiet engine from a dead stream.
+
 The engine thread only appends to a bounded queue (``publish`` never blocks, never does I/O,
 never wakes the thread, which polls); when the publisher thread falls behind the oldest
 batches are dropped and counted. The
@@ -23,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
@@ -163,11 +167,19 @@ class ZmqEventPublisher:
 
     def _run(self) -> None:
         encoder = msgspec.msgpack.Encoder()
-        seq, idle = 0, 0
+        seq, idle, sent_at = 0, 0, time.monotonic()
         while self._sleep(_POLL_BUSY_SECONDS if idle < 100 else _POLL_IDLE_SECONDS):
             self._call_hook()
             batches = self._take_batches()
             idle = 0 if batches else idle + 1
+            num_real = len(batches)
+            beat = self.config.heartbeat_seconds
+            if not batches and beat > 0 and time.monotonic() - sent_at >= beat:
+                # an idle publisher's empty batch: a subscriber sees it is alive, and a gap
+                # at the stream's tail (the last batch lost) shows at once
+                batches = [KVEventBatch(ts=time.time(), events=[], data_parallel_rank=0)]
+            if batches:
+                sent_at = time.monotonic()
             for batch in batches:
                 payload = encoder.encode(batch)
                 try:
@@ -177,7 +189,7 @@ class ZmqEventPublisher:
                 self._replay_buffer.append((seq, payload))
                 seq += 1
             with self._cond:
-                self._published += len(batches)
+                self._published += num_real  # heartbeats are not counted
                 self._sending = False
                 self._cond.notify_all()  # flush() waits for an empty queue
             if self._replay is not None:

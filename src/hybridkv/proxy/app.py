@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import json
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -30,11 +30,13 @@ from hybridkv.proxy.health import HealthMonitor
 from hybridkv.proxy.metrics import render_metrics
 from hybridkv.proxy.options import ProxyOptions
 from hybridkv.proxy.router import Outcome, Router
+from hybridkv.proxy.routing.service import KVRouting
 from hybridkv.server.app import BearerAuth
 from hybridkv.server.errors import APIError, bad_request, install_error_handlers
 from hybridkv.server.limits import BodyLimit
 
 LARGE_BODY_BYTES = 1 << 20  # parsed on a worker thread from this size
+PREDICT_PATH = "/v1/routing/predict"  # under /v1: behind the proxy's API key
 
 
 def create_proxy_app(router: Router, options: ProxyOptions | None = None) -> FastAPI:
@@ -43,11 +45,15 @@ def create_proxy_app(router: Router, options: ProxyOptions | None = None) -> Fas
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=connect))
     probes = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=connect))  # own pool
     monitor = HealthMonitor(router, probes, options.timeouts)
-    lifespan = _lifespan(monitor, client, probes)
+    kv = KVRouting(router.decode, options.routing)
+    monitor.on_change = kv.on_health
+    background = [monitor.run(), kv.run(probes, options.engine_headers(None))]
+    lifespan = _lifespan(background, client, probes)
     app = FastAPI(title="hybridkv proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.kv_routing = kv
     install_error_handlers(app)
-    _add_generate_routes(app, client, router, options)
-    _add_info_routes(app, client, router, options, monitor)
+    _add_generate_routes(app, client, router, options, kv)
+    _add_info_routes(app, client, router, options, monitor, kv)
     limits = options.limits
     app.add_middleware(
         BodyLimit, max_bytes=limits.max_request_bytes, timeout=limits.body_timeout_seconds
@@ -58,19 +64,24 @@ def create_proxy_app(router: Router, options: ProxyOptions | None = None) -> Fas
 
 
 def _lifespan(
-    monitor: HealthMonitor, client: httpx.AsyncClient, probes: httpx.AsyncClient
+    background: list[Coroutine[Any, Any, None]],
+    client: httpx.AsyncClient,
+    probes: httpx.AsyncClient,
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
-    """The health monitor runs while the app serves; both HTTP pools close with it."""
+    """The health monitor and the KV routing's subscribers run while the app serves; both
+    HTTP pools close with them."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(monitor.run())
+        tasks = [asyncio.create_task(work) for work in background]
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await client.aclose()
             await probes.aclose()
 
@@ -78,12 +89,15 @@ def _lifespan(
 
 
 def _add_generate_routes(
-    app: FastAPI, client: httpx.AsyncClient, router: Router, options: ProxyOptions
+    app: FastAPI, client: httpx.AsyncClient, router: Router, options: ProxyOptions, kv: KVRouting
 ) -> None:
     async def generate(path: str, request: Request) -> Response:
         body = await client_body(request)
-        call = Call(client, router, options, path, options.engine_headers(_auth(request)))
-        return await until_disconnect(request, route(call, body))
+        headers = options.engine_headers(_auth(request))
+        turn = router.decode_order()
+        decision = await kv.decide(client, path, body, headers, turn, router.healthy)
+        call = Call(client, router, options, path, headers, decision)
+        return await until_disconnect(request, route(call, body, kv))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -100,6 +114,7 @@ def _add_info_routes(
     router: Router,
     options: ProxyOptions,
     monitor: HealthMonitor,
+    kv: KVRouting,
 ) -> None:
     @app.get("/health")
     async def health() -> Response:
@@ -116,16 +131,30 @@ def _add_info_routes(
         headers = options.engine_headers(_auth(request))
         return JSONResponse(await _models(client, router, options, headers))
 
+    @app.post(PREDICT_PATH)
+    async def predict(request: Request) -> Response:
+        """What the router would do with this body, without sending it (docs/routing.md)."""
+        body = await client_body(request)
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        headers = options.engine_headers(_auth(request))
+        turn = router.decode_order()
+        decision = await kv.decide(client, path, body, headers, turn, router.healthy, False)
+        return JSONResponse(decision.describe())
+
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(render_metrics(router), media_type="text/plain; version=0.0.4")
+        return Response(render_metrics(router, kv), media_type="text/plain; version=0.0.4")
 
 
-async def route(call: Call, body: dict[str, Any]) -> Response:
-    """Prefill (unless the client's own params are allowed and given), then decode."""
+async def route(call: Call, body: dict[str, Any], kv: KVRouting | None = None) -> Response:
+    """Prefill (unless the client's own params are allowed and given, or the chosen decode
+    engine already holds the prompt), then decode."""
     given = body.pop("kv_transfer_params", None)
     if given is not None and call.options.allow_client_kv_transfer_params:
         return await decode(call, {**body, "kv_transfer_params": given}, Outcome.DISAGGREGATED)
+    decision = call.decision
+    if call.router.prefill and kv is not None and decision and kv.can_skip_prefill(decision):
+        return await decode(call, body, Outcome.PREFILL_SKIPPED)
     try:
         params = await prefill(call, body)
     except Refused as refused:

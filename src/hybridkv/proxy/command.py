@@ -36,7 +36,22 @@ def add_proxy_parser(subs: Any) -> argparse.ArgumentParser:
         "only for clients as trusted as the engines: the decode engine reads where they say)",
     )
     _add_limit_flags(p)
+    _add_routing_flags(p)
     return p
+
+
+def _add_routing_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("KV-aware routing (docs/routing.md)")
+    g.add_argument("--routing", choices=["round_robin", "cache", "cost"], default="cost",
+                   help="round_robin; cache: the longest predicted hit; cost (default): the "
+                   "least queued + uncached prefill time")  # fmt: skip
+    g.add_argument("--events", nargs="+", default=[], metavar="ENDPOINT",
+                   help="each --decode engine's KV events endpoint, in order (tcp://host:port; "
+                   "'auto': read from the engine's /kv_events, the default)")  # fmt: skip
+    g.add_argument("--index-max-blocks", type=int, default=1_000_000,
+                   help="block hashes kept per engine (least recent forgotten past it)")  # fmt: skip
+    g.add_argument("--prefill-skip-tokens", type=int, default=64, help="P/D: no prefill "
+                   "engine when the decode engine misses at most this many prompt tokens")  # fmt: skip
 
 
 def _add_limit_flags(p: argparse.ArgumentParser) -> None:
@@ -84,6 +99,25 @@ def proxy_options(args: argparse.Namespace) -> Any:
             args.backend_api_key, args.backend_api_key_file, BACKEND_KEY_ENV, "--backend-api-key"
         ),
         allow_client_kv_transfer_params=args.allow_client_kv_transfer_params,
+        routing=routing_options(args),
+    )
+
+
+def routing_options(args: argparse.Namespace) -> Any:
+    from hybridkv.proxy.routing.decision import Policy
+    from hybridkv.proxy.routing.options import RoutingOptions
+
+    if args.events and len(args.events) != len(args.decode):
+        raise ValueError(
+            f"--events names {len(args.events)} endpoints for {len(args.decode)} --decode "
+            "engines: give one per engine, in order ('auto' to discover one)"
+        )
+    return RoutingOptions(
+        policy=Policy(args.routing),
+        events=tuple(args.events),
+        index_max_blocks=args.index_max_blocks,
+        prefill_skip_tokens=args.prefill_skip_tokens,
+        cost_interval_seconds=args.health_interval,
     )
 
 

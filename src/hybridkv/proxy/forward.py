@@ -10,7 +10,8 @@ What the client sees when an engine fails:
 | prefill engine unreachable, 5xx, timed out,  | the next one; none left: decode colocated   |
 | or found down (/health) while awaited        |                                             |
 | decode engine unreachable, or found down     | the next one; none left: 503                |
-| (/health) while its answer is awaited        |                                             |
+| (/health) while its answer is awaited, or    |                                             |
+| its stream fails before its first token      |                                             |
 | decode engine fails or times out before its  | 502 (504 for a timeout), OpenAI's error      |
 | answer is whole (not streamed)               | shape                                       |
 | decode engine fails mid-stream               | an ``{"error": ...}`` event, ``[DONE]``     |
@@ -28,9 +29,11 @@ from typing import Any, TypeVar
 
 import httpx
 from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from hybridkv.proxy.options import MAX_ANSWER_BYTES, EngineTimeouts, ProxyOptions
 from hybridkv.proxy.router import Outcome, Router
+from hybridkv.proxy.routing.decision import Decision
 from hybridkv.server.errors import APIError
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,7 @@ class Call:
     options: ProxyOptions
     path: str  # /v1/completions or /v1/chat/completions
     headers: dict[str, str]  # Authorization for the engines
+    decision: Decision | None = None  # the KV-aware order of decode engines (routing/)
 
     @property
     def post_headers(self) -> dict[str, str]:
@@ -112,7 +116,8 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
 async def decode(call: Call, body: dict[str, Any], outcome: Outcome) -> Response:
     """The decode engine's answer: a stream relayed event by event, or a whole body."""
     payload = _encode(body)
-    for url in call.router.decode_order():
+    decision = call.decision
+    for url in call.router.decode_order() if decision is None else decision.order:
         request = call.client.build_request(
             "POST", url + call.path, content=payload, headers=call.post_headers
         )
@@ -125,14 +130,53 @@ async def decode(call: Call, body: dict[str, Any], outcome: Outcome) -> Response
             continue
         except (httpx.HTTPError, TimeoutError) as exc:
             return _failed(call, url, exc)
-        call.router.count(outcome)
+        if decision is not None:
+            decision.dispatched(url)
         if upstream.status_code == 200 and _type_of(upstream).startswith("text/event-stream"):
-            on_failure = _failure_counter(call.router, url)
-            events = relay_events(upstream, call.timeouts, on_failure)
-            return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+            streamed = await _stream_answer(call, url, upstream, outcome)
+            if streamed is None:  # died before its first token: nothing reached the client
+                continue
+            return streamed
+        call.router.count(outcome)
         return await _whole_answer(call, url, upstream)
+    if decision is not None:
+        decision.release()
     call.router.count(Outcome.FAILED)
     return gateway_error(503, "no decode engine answered", "service_unavailable").response()
+
+
+async def _stream_answer(
+    call: Call, url: str, upstream: httpx.Response, outcome: Outcome
+) -> Response | None:
+    """The engine's stream once its first bytes came (its first token: the request is
+    idempotent until then); None when it failed before them (the caller tries the next)."""
+    chunks = upstream.aiter_bytes()
+    try:
+        head = await first_byte(call, url, anext(chunks, b""))
+    except (httpx.HTTPError, TimeoutError) as exc:
+        head, why = b"", _describe(exc)
+    else:
+        why = "the stream ended before its first event"
+    if not head:
+        await upstream.aclose()
+        log.warning("decode engine %s failed before its first token: %s", url, why)
+        call.router.count_failure(url, prefill=False)
+        return None
+    call.router.count(outcome)
+    decision = call.decision
+    on_failure = _failure_counter(call.router, url)
+    events = relay_events(upstream, call.timeouts, on_failure, decision, _chain(head, chunks))
+    # released after the stream, also when the client left before it began
+    done = BackgroundTask(decision.release) if decision is not None else None
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers=SSE_HEADERS, background=done
+    )
+
+
+async def _chain(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield head
+    async for chunk in rest:
+        yield chunk
 
 
 class EngineDown(TimeoutError):
@@ -161,13 +205,17 @@ async def first_byte(call: Call, url: str, answer: Awaitable[T]) -> T:
 
 
 async def relay_events(
-    upstream: httpx.Response, timeouts: EngineTimeouts, on_failure: Callable[[str], None]
+    upstream: httpx.Response,
+    timeouts: EngineTimeouts,
+    on_failure: Callable[[str], None],
+    decision: Decision | None = None,
+    chunks: AsyncIterator[bytes] | None = None,
 ) -> AsyncIterator[bytes]:
     """The engine's events, each sent whole. A stream that fails (the engine died, a chunk
     came too late, or it ended without ``[DONE]``) ends with an error event and ``[DONE]``,
     as the engine's own server ends a failed stream, never cut short."""
     buf, done, failure = bytearray(), False, "the stream ended without [DONE]"
-    chunks = upstream.aiter_bytes()
+    chunks = upstream.aiter_bytes() if chunks is None else chunks
     wait = timeouts.first_byte_seconds
     try:
         while not done:
@@ -181,6 +229,8 @@ async def relay_events(
                 events = bytes(buf[: cut + 2])
                 del buf[: cut + 2]
                 done = events.endswith(DONE_EVENT)
+                if decision is not None:
+                    decision.saw(events)
                 yield events
             if len(buf) > MAX_ANSWER_BYTES:
                 failure = f"an event larger than {MAX_ANSWER_BYTES} bytes"
@@ -189,6 +239,8 @@ async def relay_events(
         failure = _describe(exc)
     finally:
         await upstream.aclose()
+        if decision is not None:
+            decision.release()
     if not done:
         on_failure(failure)
         error = gateway_error(502, f"the decode engine failed mid-stream: {failure}")
@@ -208,6 +260,9 @@ async def _whole_answer(call: Call, url: str, upstream: httpx.Response) -> Respo
         return _failed(call, url, exc)
     finally:
         await upstream.aclose()
+        if call.decision is not None:
+            call.decision.saw(bytes(body[-(1 << 20) :]))
+            call.decision.release()
     return Response(bytes(body), upstream.status_code, media_type=_type_of(upstream))
 
 

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 
 import httpx
 
@@ -30,6 +31,7 @@ class HealthMonitor:
         self.timeouts = timeouts
         self._lock = asyncio.Lock()
         self._probed_at = -math.inf  # when the last round ended (monotonic)
+        self.on_change: Callable[[str, bool], None] | None = None  # (url, healthy)
 
     async def probe_all(self) -> None:
         """Probe every engine at once, unless a round ended within ``FRESH_SECONDS`` (one in
@@ -45,6 +47,8 @@ class HealthMonitor:
         for url, ok in zip(urls, results, strict=True):
             if self.router.healthy[url] != ok:
                 log.warning("engine %s is %s", url, "healthy again" if ok else "unhealthy")
+                if self.on_change is not None:
+                    self.on_change(url, ok)
             self.router.healthy[url] = ok
 
     async def run(self) -> None:

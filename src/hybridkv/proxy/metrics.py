@@ -7,11 +7,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from hybridkv.proxy.router import Router
+from hybridkv.proxy.routing.metrics import routing_families
+from hybridkv.proxy.routing.service import KVRouting
 
 
 class _RouterCollector(Collector):
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, kv: KVRouting | None) -> None:
         self.router = router
+        self.kv = kv
 
     def collect(self):  # type: ignore[no-untyped-def]
         stats = self.router.stats
@@ -38,9 +41,11 @@ class _RouterCollector(Collector):
         for role, url in self.router.engines():
             healthy.add_metric([role, url], float(self.router.healthy[url]))
         yield healthy
+        if self.kv is not None:
+            yield from routing_families(self.kv)
 
 
-def render_metrics(router: Router) -> bytes:
+def render_metrics(router: Router, kv: KVRouting | None = None) -> bytes:
     registry = CollectorRegistry()
-    registry.register(_RouterCollector(router))
+    registry.register(_RouterCollector(router, kv))
     return generate_latest(registry)

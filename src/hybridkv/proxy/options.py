@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from hybridkv.proxy.routing.options import RoutingOptions
 from hybridkv.server.limits import ServerLimits
 
 # a non-streamed answer is read whole before it is sent on (so a failure can still be a 502)
@@ -55,6 +56,7 @@ class ProxyOptions:
     api_key: str | None = None  # clients must send it (/v1/*)
     backend_api_key: str | None = None  # sent to engines; None: the client's Authorization
     allow_client_kv_transfer_params: bool = False
+    routing: RoutingOptions = field(default_factory=RoutingOptions)  # docs/routing.md
 
     def engine_headers(self, client_authorization: str | None) -> dict[str, str]:
         """The headers of a call to an engine on behalf of a client."""

@@ -16,6 +16,7 @@ UNHEALTHY_POLL_SECONDS = 0.25
 class Outcome(str, Enum):
     DISAGGREGATED = "disaggregated"  # prefilled on a prefill engine, decoded on a decode engine
     COLOCATED = "colocated"  # no prefill engine could: the decode engine did it all
+    PREFILL_SKIPPED = "prefill_skipped"  # the decode engine held (almost) the whole prompt
     REFUSED = "refused"  # the prefill engine refused the request: its 4xx went to the client
     FAILED = "failed"  # no decode engine answered, or it failed before its answer was whole
 

@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from hybridkv.server.admin import RESET_PATH, reset_prefix_cache
 from hybridkv.server.compat import add_compat_routes
 from hybridkv.server.errors import APIError, install_error_handlers
+from hybridkv.server.kv_info import INFO_PATH, kv_events_info
 from hybridkv.server.limits import BodyLimit
 from hybridkv.server.routes import router
 from hybridkv.server.state import ServerState
@@ -43,6 +44,7 @@ def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
     app.add_api_route(RESET_PATH, reset_prefix_cache, methods=["POST"])
     app.add_api_route(TOKENIZE_PATH, tokenize, methods=["POST"])
     app.add_api_route(DETOKENIZE_PATH, detokenize, methods=["POST"])
+    app.add_api_route(INFO_PATH, kv_events_info, methods=["GET"])  # for KV-aware routers
     limits = state.limits
     app.add_middleware(
         BodyLimit,
@@ -88,7 +90,12 @@ class BearerAuth:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"] if scope["type"] == "http" else ""
-        guarded = path.startswith("/v1") or path in (RESET_PATH, TOKENIZE_PATH, DETOKENIZE_PATH)
+        guarded = path.startswith("/v1") or path in (
+            RESET_PATH,
+            TOKENIZE_PATH,
+            DETOKENIZE_PATH,
+            INFO_PATH,
+        )
         if not guarded or self._ok(scope):
             await self.app(scope, receive, send)
             return

@@ -1,0 +1,192 @@
+"""B7 — KV-aware routing: N ``hybridkv serve`` engines behind ``hybridkv proxy``, B3's chat
+trace replayed for each ``--routing`` policy.
+
+The engines (the embedded tiny hybrid, or ``--model``: a full-attention group and a Mamba2
+state group) run once with KV events on and a small ``--kv-cache-memory`` (eviction
+happens); before each policy every engine's prefix cache is reset and a fresh proxy starts.
+The trace is ``prefix_trace_workload.py``'s (24 conversations x 4 turns, shared system
+prompts, token ids folded into the model's vocabulary); each conversation sends its turns in
+order, ``--concurrency`` requests in flight at most, each turn's message ends as
+``cache_boundaries`` (what the chat route passes), streamed with usage, ``--max-tokens``
+tokens. A last run, ``single``, sends the whole trace to one engine through the proxy: the
+single-cache floor of prompt tokens computed.
+
+Per policy: prompt tokens computed (prompt - cached, from usage), the proxy's prediction
+accuracy (predicted == actual cached tokens, from its /metrics), TTFT p50/p90 (first content
+event, client side), throughput (requests and prompt tokens per second). One JSON object on
+stdout, with the machine and its CPU flags.
+
+    .venv/bin/python benchmarks/routing.py              # 4 engines, the whole trace
+    .venv/bin/python benchmarks/routing.py --quick      # 2 engines, 4 x 2 turns
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench_common import cpu_flags, machine_info
+from prefix_trace_workload import Turn, make_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.e2e_pd.harness import ProxyProcess  # noqa: E402
+from tests.server.harness import SubprocessServer  # noqa: E402
+
+POLICIES = ("round_robin", "cache", "cost")
+VOCAB = 1024  # the embedded tiny model's
+
+
+def engine_args(args: argparse.Namespace, tmp: Path, i: int) -> list[str]:
+    events = {"enable_kv_cache_events": True, "endpoint": f"ipc://{tmp}/ev{i}",
+              "replay_endpoint": f"ipc://{tmp}/rp{i}", "topic": "kv"}  # fmt: skip
+    model = ["--model", args.model] if args.model else []
+    return [*model, "--served-model-name", "m", "--kv-cache-memory", args.kv_memory,
+            "--max-num-seqs", "4", "--kv-events-config", json.dumps(events)]  # fmt: skip
+
+
+async def one_turn(
+    client: httpx.AsyncClient, url: str, turn: Turn, max_tokens: int
+) -> dict[str, Any]:
+    prompt = [3 + t % (VOCAB - 3) for t in turn.prompt]
+    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True},
+            "cache_boundaries": list(turn.message_ends)}  # fmt: skip
+    start = time.perf_counter()
+    ttft, cached = None, None
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if ttft is None and event.get("choices"):
+                ttft = time.perf_counter() - start
+            usage = event.get("usage")
+            if usage:
+                cached = usage["prompt_tokens_details"]["cached_tokens"]
+    return {"prompt": len(prompt), "cached": cached or 0, "ttft": ttft or 0.0}
+
+
+async def replay(url: str, trace: list[Turn], concurrency: int, max_tokens: int) -> dict[str, Any]:
+    gate = asyncio.Semaphore(concurrency)
+    by_conversation: dict[int, list[Turn]] = {}
+    for turn in trace:
+        by_conversation.setdefault(turn.conversation, []).append(turn)
+    rows: list[dict[str, Any]] = []
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600)) as client:
+
+        async def conversation(turns: list[Turn]) -> None:
+            for turn in turns:  # a turn follows its predecessor's answer
+                async with gate:
+                    rows.append(await one_turn(client, url, turn, max_tokens))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(conversation(t) for t in by_conversation.values()))
+        wall = time.perf_counter() - start
+    return summarize(rows, wall)
+
+
+def summarize(rows: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    ttfts = sorted(r["ttft"] for r in rows)
+    prompt = sum(r["prompt"] for r in rows)
+    return {
+        "requests": len(rows),
+        "prompt_tokens": prompt,
+        "computed_tokens": prompt - sum(r["cached"] for r in rows),
+        "ttft_p50": ttfts[len(ttfts) // 2],
+        "ttft_p90": ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))],
+        "wall_s": wall,
+        "requests_per_s": len(rows) / wall,
+        "prompt_tokens_per_s": prompt / wall,
+    }
+
+
+def predictions(proxy_url: str) -> dict[str, int]:
+    text = httpx.get(proxy_url + "/metrics", timeout=10).text
+    out = {"exact": 0, "over": 0, "under": 0}
+    for line in text.splitlines():
+        if line.startswith("hybridkv_proxy_predictions_total{"):
+            result = line.split('result="', 1)[1].split('"', 1)[0]
+            out[result] += int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
+def run_policy(
+    args: argparse.Namespace,
+    tmp: Path,
+    engines: list[SubprocessServer],
+    policy: str,
+    trace: list[Turn],
+) -> dict[str, Any]:
+    for e in engines:
+        assert httpx.post(e.url + "/reset_prefix_cache", timeout=60).status_code == 200
+    proxy = ProxyProcess([], [e.url for e in engines], tmp / f"proxy-{policy}.log")
+    proxy.cmd += ["--routing", "cost" if policy == "single" else policy]
+    with proxy:
+        time.sleep(3.0)  # the subscribers connect (a late start is replayed anyway)
+        result = asyncio.run(replay(proxy.url, trace, args.concurrency, args.max_tokens))
+        if policy != "single":
+            result["predictions"] = predictions(proxy.url)
+            seen = sum(result["predictions"].values())
+            result["prediction_accuracy"] = result["predictions"]["exact"] / max(1, seen)
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="2 engines, 4 conversations x 2 turns")
+    p.add_argument("--engines", type=int, default=4)
+    p.add_argument("--conversations", type=int, default=24)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=4)
+    p.add_argument("--kv-memory", default="48MiB")
+    p.add_argument("--model", default=None, help="checkpoint (default: the embedded tiny hybrid)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.engines, args.conversations, args.turns, args.concurrency = 2, 4, 2, 4
+    trace = make_trace(args.conversations, args.turns)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="routing-bench-") as name, ExitStack() as stack:
+        tmp = Path(name)
+        engines = [SubprocessServer(engine_args(args, tmp, i), tmp / f"e{i}.log", timeout=600)
+                   for i in range(args.engines)]  # fmt: skip
+        for e in engines:
+            stack.callback(e.__exit__)
+        with ThreadPoolExecutor(len(engines)) as pool:  # start together
+            list(pool.map(lambda e: e.__enter__(), engines))
+        for policy in POLICIES:
+            results[policy] = run_policy(args, tmp, engines, policy, trace)
+        results["single"] = run_policy(args, tmp, engines[:1], "single", trace)
+    rr = results["round_robin"]
+    for r in results.values():
+        r["computed_vs_round_robin"] = r["computed_tokens"] / max(1, rr["computed_tokens"])
+        r["computed_vs_single"] = r["computed_tokens"] / max(
+            1, results["single"]["computed_tokens"]
+        )
+        r["ttft_p90_vs_round_robin"] = r["ttft_p90"] / max(1e-9, rr["ttft_p90"])
+    report = {
+        "benchmark": "routing",
+        "quick": args.quick,
+        "config": {k: v for k, v in vars(args).items() if k != "quick"},
+        "machine": machine_info(cpu_flags=cpu_flags(), loadavg=os.getloadavg()),
+        "results": results,
+    }
+    print(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""One request's routing: which decode engines to try in which order, why, what each was
+predicted to hold -- and, once answered, what it did hold.
+
+::
+
+    round_robin  the router's turn (healthy engines first)
+    cache        the longest predicted hit; ties by fewer requests in flight, then the turn
+    cost         the least expected time to first token:
+                 (queued uncached tokens + this prompt's uncached tokens) x prefill s/token
+                 (the engine's measured cost, within 2x of the fleet's median);
+                 ties by fewer requests in flight, then the turn
+
+Unhealthy engines come last in every order (tried only when no other answered).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+
+from hybridkv.kv.hashing import BlockHash
+from hybridkv.proxy.routing.engines import EngineState
+
+MAX_USAGE_SCAN_BYTES = 1 << 20  # an answer's tail searched for its usage
+
+
+class Policy(str, Enum):
+    ROUND_ROBIN = "round_robin"
+    CACHE = "cache"
+    COST = "cost"
+
+
+class Reason(str, Enum):
+    ROUND_ROBIN = "round_robin"
+    CACHE_HIT = "cache_hit"  # the chosen engine holds part of the prompt
+    LOAD = "load"  # no engine holds any of it (or it was not indexed): least loaded
+    NO_PROMPT = "no_prompt"  # the prompt could not be read: least loaded
+    PREFILL_SKIPPED = "prefill_skipped"  # P/D: the decode engine holds the prompt
+
+
+@dataclass(slots=True)
+class Decision:
+    order: list[str]
+    reason: Reason
+    num_prompt_tokens: int = 0
+    predicted: dict[str, int] = field(default_factory=dict)  # url -> predicted hit tokens
+    engines: dict[str, EngineState] = field(default_factory=dict)
+    # url -> what routing expects: the prediction, or more where requests in flight there
+    # compute this prompt's prefix (their blocks are not announced yet)
+    expected: dict[str, int] = field(default_factory=dict)
+    hashes: dict[str, list[BlockHash]] = field(default_factory=dict)  # url -> prompt blocks
+    _sent_to: str | None = None
+    _actual: int | None = None
+    _queued: int = 0  # uncached tokens booked on the engine until its first answer bytes
+
+    @property
+    def chosen(self) -> str:
+        return self.order[0]
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "order": self.order,
+            "reason": self.reason.value,
+            "num_prompt_tokens": self.num_prompt_tokens,
+            "predicted_cached_tokens": self.predicted,
+            "expected_cached_tokens": self.expected,
+        }
+
+    def uncached(self, url: str) -> int:
+        hit = max(self.predicted.get(url, 0), self.expected.get(url, 0))
+        return max(0, self.num_prompt_tokens - hit)
+
+    def dispatched(self, url: str) -> None:
+        """The decode engine ``url`` accepted the request (its first byte came)."""
+        self.release()
+        engine = self.engines.get(url)
+        if engine is not None:
+            engine.num_inflight += 1
+            self._queued = self.uncached(url)
+            engine.queued_tokens += self._queued
+            engine.hold_pending(self.hashes.get(url, []))
+        self._sent_to = url
+
+    def saw(self, data: bytes) -> None:
+        """An answer's bytes (a whole body, or stream events): its prefill is done (the
+        first token came), so its work leaves the queue; keep its cached tokens."""
+        self._prefilled()
+        if b'"usage"' not in data:
+            return
+        for line in reversed(data[-MAX_USAGE_SCAN_BYTES:].split(b"\n")):
+            cached = _cached_tokens(line.removeprefix(b"data: ").strip())
+            if cached is not None:
+                self._actual = cached
+                return
+
+    def release(self) -> None:
+        """The request is done with its engine: its work leaves the queue, its hit counts."""
+        self._prefilled()
+        url, self._sent_to = self._sent_to, None
+        engine = self.engines.get(url) if url is not None else None
+        if engine is None:
+            return
+        engine.num_inflight -= 1
+        if self._actual is not None and engine.indexed:
+            stats, predicted = engine.predictions, self.predicted.get(engine.url, 0)
+            stats.num_observed += 1
+            stats.num_exact += predicted == self._actual
+            stats.num_over += predicted > self._actual
+            stats.predicted_tokens += predicted
+            stats.actual_tokens += self._actual
+            stats.prompt_tokens += self.num_prompt_tokens
+
+    def _prefilled(self) -> None:
+        engine = self.engines.get(self._sent_to) if self._sent_to is not None else None
+        if engine is not None and self._queued >= 0:
+            engine.queued_tokens -= self._queued
+            engine.drop_pending(self.hashes.get(engine.url, []))
+            self._queued = -1  # once
+
+
+def _cached_tokens(raw: bytes) -> int | None:
+    if not raw.startswith(b"{"):
+        return None
+    try:
+        usage = json.loads(raw).get("usage") or {}
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    except (ValueError, AttributeError):
+        return None
+    return cached if isinstance(cached, int) and cached >= 0 else None
+
+
+def order_engines(
+    policy: Policy,
+    turn: list[str],
+    healthy: dict[str, bool],
+    engines: dict[str, EngineState],
+    predicted: dict[str, int],
+    num_prompt_tokens: int,
+) -> list[str]:
+    """Every decode engine once, best first. ``turn`` is the round-robin order."""
+    position = {url: i for i, url in enumerate(turn)}
+    costs = sorted(e.token_seconds for e in engines.values())
+    median = costs[len(costs) // 2] if costs else None
+
+    def load(url: str) -> int:
+        state = engines.get(url)
+        return state.num_inflight if state is not None else 0
+
+    def key(url: str) -> tuple[float, ...]:
+        sick = 0.0 if healthy.get(url, True) else 1.0
+        hit = predicted.get(url, 0)
+        if policy is Policy.CACHE:
+            return (sick, -hit, load(url), position[url])
+        if policy is Policy.COST and url in engines:
+            cost = engines[url].expected_seconds(num_prompt_tokens - hit, median)
+            return (sick, cost, load(url), position[url])
+        return (sick, position[url])
+
+    return sorted(turn, key=key)

@@ -1,0 +1,93 @@
+"""``EngineState``: what the proxy knows of one decode engine -- its info, its index, the
+work the proxy sent it, its measured prefill cost -- and the prediction counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hybridkv.kv.hashing import BlockHash, BlockHasher
+from hybridkv.proxy.routing.engine_info import EngineInfo
+from hybridkv.proxy.routing.index import EngineIndex
+from hybridkv.proxy.routing.scoring import predict_hit_tokens
+from hybridkv.proxy.routing.subscriber import EventSubscriber
+
+DEFAULT_TOKEN_SECONDS = 1e-3  # a prefill token's cost until the engine's /metrics say
+
+
+@dataclass(slots=True)
+class PredictionStats:
+    num_observed: int = 0  # answers whose usage said how many prompt tokens were cached
+    num_exact: int = 0  # predicted == actual
+    num_over: int = 0  # predicted more than the engine hit (the costly mistake)
+    predicted_tokens: int = 0
+    actual_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+@dataclass(slots=True)
+class EngineState:
+    url: str
+    index: EngineIndex
+    events_url: str | None = None  # --events, or found by the info route
+    info: EngineInfo | None = None
+    subscriber: EventSubscriber | None = None
+    num_inflight: int = 0
+    queued_tokens: int = 0  # uncached prompt tokens of requests sent and not finished
+    token_seconds: float = DEFAULT_TOKEN_SECONDS  # measured prefill seconds per token
+    metric_totals: dict[str, float] | None = None  # the last /metrics read (costs.py)
+    predictions: PredictionStats = field(default_factory=PredictionStats)
+    # the block hashes of prompts sent here and not answered yet, with their counts: what
+    # the engine is computing now (routing only: never in the reported prediction)
+    pending: dict[BlockHash, int] = field(default_factory=dict)
+
+    @property
+    def indexed(self) -> bool:
+        """Whether predictions mean anything: info known, events flowing, caching on."""
+        sub = self.subscriber
+        info_ok = self.info is not None and self.info.caching
+        return info_ok and sub is not None and not sub.is_silent
+
+    def predict(
+        self, token_ids: tuple[int, ...], hashes: list[BlockHash], peers: list[EngineIndex]
+    ) -> int:
+        if not self.indexed or self.info is None:
+            return 0
+        info = self.info
+        n = len(token_ids)
+        return predict_hit_tokens(self.index, info.groups, hashes, n, info.block_size, peers)
+
+    def pending_hit_tokens(self, hashes: list[BlockHash], num_tokens: int) -> int:
+        """The prefix that requests in flight here are computing (their block chains)."""
+        if self.info is None:
+            return 0
+        max_blocks = min((num_tokens - 1) // self.info.block_size, len(hashes))
+        k = 0
+        while k < max_blocks and hashes[k] in self.pending:
+            k += 1
+        return k * self.info.block_size
+
+    def hold_pending(self, hashes: list[BlockHash]) -> None:
+        for h in hashes:
+            self.pending[h] = self.pending.get(h, 0) + 1
+
+    def drop_pending(self, hashes: list[BlockHash]) -> None:
+        for h in hashes:
+            n = self.pending.pop(h, 0) - 1
+            if n > 0:
+                self.pending[h] = n
+
+    def expected_seconds(self, uncached: int, fleet_token_seconds: float | None = None) -> float:
+        """Expected time to first token: queued work plus this prompt's uncached tokens, at
+        this engine's measured cost kept within 2x of the fleet's median (``fleet_...``):
+        engines of one model differ less than one loaded machine's measurements do."""
+        cost = self.token_seconds
+        if fleet_token_seconds is not None:
+            cost = min(max(cost, fleet_token_seconds / 2), fleet_token_seconds * 2)
+        return (self.queued_tokens + uncached) * cost
+
+
+def block_hashes(info: EngineInfo, token_ids: tuple[int, ...], salt: str | None) -> list[BlockHash]:
+    """The prompt's chained block hashes exactly as this engine computes them."""
+    hashes: list[BlockHash] = []
+    BlockHasher(info.block_size, info.hash_fn, salt).extend(hashes, token_ids)
+    return hashes

@@ -1,0 +1,36 @@
+"""``RoutingOptions``: the proxy's ``--routing``, ``--events`` and index flags, checked once."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hybridkv.proxy.routing.decision import Policy
+
+MAX_INDEX_BLOCKS = 1 << 26
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingOptions:
+    policy: Policy = Policy.COST  # --routing
+    # --events: one per --decode engine, in order; "auto": found by the engine's /kv_events
+    events: tuple[str, ...] = ()
+    index_max_blocks: int = 1_000_000  # --index-max-blocks: keys per engine (LRU past it)
+    prefill_skip_tokens: int = 64  # --prefill-skip-tokens: P/D skips prefill at <= this uncached
+    tokenize_timeout_seconds: float = 5.0
+    cost_interval_seconds: float = 5.0  # between two reads of the engines' /metrics
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.policy, Policy):
+            raise ValueError(f"--routing must be one of {[p.value for p in Policy]}")
+        if not 1 <= self.index_max_blocks <= MAX_INDEX_BLOCKS:
+            raise ValueError(f"--index-max-blocks must be in 1..{MAX_INDEX_BLOCKS}")
+        if not 0 <= self.prefill_skip_tokens <= 1 << 20:
+            raise ValueError("--prefill-skip-tokens must be in 0..1048576")
+        for name in ("tokenize_timeout_seconds", "cost_interval_seconds"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"routing: {name} must be a finite number > 0, got {value!r}")
+        for events in self.events:
+            if events not in ("", "auto") and not events.startswith(("tcp://", "ipc://")):
+                raise ValueError(f"--events {events!r}: a tcp:// or ipc:// endpoint, or auto")

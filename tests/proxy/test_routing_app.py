@@ -1,0 +1,53 @@
+"""The proxy app's book of work per engine: a streamed answer the client abandons gives its
+engine's request back (no phantom queue for the cost policy); a stream that dies before its
+first token is retried on the next engine (the request is idempotent until then)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+
+from hybridkv.proxy.app import create_proxy_app
+from hybridkv.proxy.router import Router
+from tests.proxy.backends import RawBackend, dies_after_events, dies_before_events
+from tests.server.fake_engine import expected_text
+from tests.server.harness import ThreadedServer
+from tests.server.test_fake_server import MODEL, make_app
+
+
+def test_an_abandoned_stream_gives_its_engine_back() -> None:
+    with RawBackend(dies_after_events(3, then_hang=True)) as engine:
+        app = create_proxy_app(Router([], [engine.url]))
+        state = app.state.kv_routing.engines[engine.url]
+        with ThreadedServer(app) as px:
+            body = {"model": "m", "prompt": "abc", "max_tokens": 4, "stream": True}
+            with httpx.stream("POST", px.url + "/v1/completions", json=body, timeout=10) as r:
+                assert r.status_code == 200
+                chunks = r.iter_bytes()  # held: a dropped iterator closes the response
+                next(chunks)  # the first event came: the engine holds the request
+                assert state.num_inflight == 1
+            deadline = time.monotonic() + 10
+            while state.num_inflight and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert state.num_inflight == 0 and state.queued_tokens == 0
+
+
+def test_a_stream_that_dies_before_its_first_token_is_retried_on_the_next_engine() -> None:
+    app, _ = make_app()
+    with RawBackend(dies_before_events) as dying, ThreadedServer(app) as healthy:
+        router = Router([], [dying.url, healthy.url])
+        with ThreadedServer(create_proxy_app(router)) as px:
+            for _ in range(2):  # the dying engine comes first once in the turn
+                body = {"model": MODEL, "prompt": "abc", "max_tokens": 4, "stream": True}
+                r = httpx.post(px.url + "/v1/completions", json=body, timeout=30)
+                assert r.status_code == 200
+                texts = [
+                    json.loads(e[6:])["choices"][0]["text"]
+                    for e in r.text.split("\n\n")
+                    if e.startswith("data: {")
+                ]
+                assert "".join(texts) == expected_text("abc", 4) and "error" not in r.text
+            failures = router.stats.decode_failures
+            assert failures == {dying.url: 1}
