@@ -94,3 +94,14 @@ def set_quantized_weight(linear: QuantizableLinear, data: torch.Tensor, fmt: Qua
         )
     linear._parameters["weight"] = nn.Parameter(data.contiguous(), requires_grad=False)
     linear.quant = fmt
+
+
+def dequantize_linear_(linear: QuantizableLinear) -> None:
+    """Give a quantized ``linear`` its float32 weight (the quality gate's reference: the same
+    values through the float32 path); a float one is left as it is."""
+    fmt, weight = linear.quant, linear._parameters["weight"]
+    if fmt is None or weight is None:
+        return
+    values = dequantize_weight(weight.detach(), fmt, linear.in_features, load_quant())
+    linear._parameters["weight"] = nn.Parameter(values, requires_grad=False)
+    linear.quant = None
