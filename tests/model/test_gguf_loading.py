@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from hybridkv import LLM, SamplingParams
+from hybridkv.engine.weights_id import weights_identity
 from hybridkv.model.config.errors import ModelLoadError
 from hybridkv.model.layers.linear import Linear
 from hybridkv.model.loading.gguf_view import view_dir
@@ -144,3 +145,11 @@ def test_forged_metadata_refused(tmp_path: Path) -> None:
     ):
         resolve_model_dir(str(no_vocab))
     assert not any(view_dir(tmp_path / f"{n}.gguf").exists() for n in "abc")  # nothing half-made
+
+
+def test_weights_identity_covers_the_gguf_bytes(files: dict) -> None:
+    """A Q8_0 and a Q4_K file of one model have the same config and tokenizer: only the
+    tensors tell their KV apart."""
+    q8, q4 = (resolve_model_dir(str(files["qwen3", name][0])) for name in ("Q8_0", "Q4_K"))
+    assert (q8 / "config.json").read_text() == (q4 / "config.json").read_text()
+    assert weights_identity(q8, None) != weights_identity(q4, None)
