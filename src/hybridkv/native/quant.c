@@ -19,7 +19,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__FMA__) || defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__FMA__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -52,7 +52,39 @@ static inline vf madd(vf a, vf b, vf c) { /* c + a * b, rounded once where the C
 static inline vf splat(float s) { return (vf){0} + s; }
 static inline vf loadf(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
 static inline vu loadu(const uint8_t *p) { vu v; memcpy(&v, p, sizeof v); return v; }
-static inline vf tof(vu v) { return __builtin_convertvector(v, vf); }
+/* bytes to floats, unsigned (tof) and signed (tof_signed). NOTE: not __builtin_convertvector:
+ * GCC 12 turns that into one scalar conversion per lane. */
+static inline vf tof(vu v) {
+#if VW == 16
+    __m128i b;
+    memcpy(&b, &v, sizeof b);
+    return (vf)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
+#elif defined(__AVX2__)
+    __m128i b = _mm_setzero_si128();
+    memcpy(&b, &v, sizeof v);
+    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+#else
+    float f[VW];
+    for (int l = 0; l < VW; l++) f[l] = (float)v[l];
+    return loadf(f);
+#endif
+}
+
+static inline vf tof_signed(vb v) {
+#if VW == 16
+    __m128i b;
+    memcpy(&b, &v, sizeof b);
+    return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+#elif defined(__AVX2__)
+    __m128i b = _mm_setzero_si128();
+    memcpy(&b, &v, sizeof v);
+    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+#else
+    float f[VW];
+    for (int l = 0; l < VW; l++) f[l] = (float)v[l];
+    return loadf(f);
+#endif
+}
 
 static float half_to_float(const uint8_t *p) { /* IEEE fp16, little-endian, exact */
     const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
@@ -76,7 +108,7 @@ static void deq_q8_0(const uint8_t *b, float *out) {
     for (int c = 0; c < 32; c += VW) {
         vb q;
         memcpy(&q, b + 2 + c, sizeof q);
-        const vf w = __builtin_convertvector(q, vf) * d;
+        const vf w = tof_signed(q) * d;
         memcpy(out + c, &w, sizeof w);
     }
 }
