@@ -56,9 +56,11 @@ def weights_identity(model_dir: str | Path, cache_dir: Path | None) -> str:
     """A digest of every identity file of ``model_dir`` (names and contents); ``cache_dir``
     keeps per-file digests between runs (None: hash everything every time)."""
     root = Path(model_dir)
-    files = sorted(root.glob("*.safetensors")) + sorted(root.glob("*.gguf")) + [
-        root / name for name in IDENTITY_FILES if (root / name).is_file()
-    ]
+    files = (
+        sorted(root.glob("*.safetensors"))
+        + sorted(root.glob("*.gguf"))
+        + [root / name for name in IDENTITY_FILES if (root / name).is_file()]
+    )
     cache = _DigestCache(cache_dir / DIGEST_CACHE if cache_dir is not None else None)
     h = hashlib.sha256(b"hybridkv/weights-identity/v2")
     for path in files:
