@@ -32,6 +32,7 @@
 #endif
 #define NR 4                 /* weight rows per panel and tile */
 #define PARALLEL_WORK 262144 /* N * K below this: one thread */
+#define PF_ROWS (2 * NR)     /* a panel's rows are prefetched while the panel 2 before computes */
 
 enum { Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
 
@@ -157,9 +158,16 @@ static void deq_q6_k(const uint8_t *b, float *out) {
 _Static_assert(16 % VW == 0, "a Q6_K scale covers whole vectors");
 #endif
 
-static void dequantize_row(int fmt, const uint8_t *row, int64_t K, float *out) {
+/* One row of K values into out; meanwhile the row at pf (the same row of a later panel, or
+ * NULL) is prefetched into L2 a block at a time: memory streams it while this one computes. */
+static void dequantize_row(int fmt, const uint8_t *row, int64_t K, float *out,
+                           const uint8_t *pf) {
     const int64_t qk = block_values(fmt), bytes = block_bytes(fmt);
     for (int64_t k = 0; k < K; k += qk, row += bytes, out += qk) {
+        if (pf) {
+            for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(pf + o, 0, 2);
+            pf += bytes;
+        }
         if (fmt == Q8_0) deq_q8_0(row, out);
         else if (fmt == Q4_K) deq_q4_k(row, out);
         else deq_q6_k(row, out);
@@ -232,7 +240,8 @@ int hk_quant_gemm(int fmt, const float *x, int64_t M, int64_t ldx, const uint8_t
             const int64_t n = pi * NR, nr = N - n < NR ? N - n : NR;
             if (!panel) continue;
             for (int64_t j = 0; j < nr; j++)
-                dequantize_row(fmt, W + (n + j) * row_bytes, K, panel + j * K);
+                dequantize_row(fmt, W + (n + j) * row_bytes, K, panel + j * K,
+                               n + PF_ROWS + j < N ? W + (n + PF_ROWS + j) * row_bytes : NULL);
             const float *b = bias ? bias + n : NULL;
             if (nr == NR) {
                 rows(x, M, ldx, panel, K, b, y + n, N, NR);
@@ -251,5 +260,7 @@ void hk_quant_dequantize(int fmt, const uint8_t *W, int64_t N, int64_t K, float 
                          int threads) {
     const int64_t row_bytes = K / block_values(fmt) * block_bytes(fmt);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && N * K >= PARALLEL_WORK)
-    for (int64_t n = 0; n < N; n++) dequantize_row(fmt, W + n * row_bytes, K, out + n * K);
+    for (int64_t n = 0; n < N; n++)
+        dequantize_row(fmt, W + n * row_bytes, K, out + n * K,
+                       n + 1 < N ? W + (n + 1) * row_bytes : NULL);
 }
