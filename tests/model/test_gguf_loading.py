@@ -27,7 +27,7 @@ from hybridkv.model.loading.loader import load_model, load_model_config
 from hybridkv.model.loading.tokenizer import Tokenizer
 from hybridkv.native.quant_blocks import QuantFormat
 from tests.support.gguf_checkpoints import make_gguf_checkpoint, make_gguf_hf_checkpoint
-from tests.support.quant_gate import quality_gate
+from tests.support.quant_gate import quality_gate, teacher_forced_logits
 
 ARCHS = ("qwen3", "gemma3")
 # the quality gate (docs/quantization.md): against the same weights dequantized, float32
@@ -153,3 +153,16 @@ def test_weights_identity_covers_the_gguf_bytes(files: dict) -> None:
     q8, q4 = (resolve_model_dir(str(files["qwen3", name][0])) for name in ("Q8_0", "Q4_K"))
     assert (q8 / "config.json").read_text() == (q4 / "config.json").read_text()
     assert weights_identity(q8, None) != weights_identity(q4, None)
+
+
+@pytest.mark.parametrize("bf16_matmul", ["float32", "native"])
+def test_bfloat16_model_keeps_blocks(files: dict, bf16_matmul: str) -> None:
+    """A bfloat16 model (norms, embedding, KV) keeps its blocks whatever ``bf16_matmul`` does
+    to float weights, and runs."""
+    view = resolve_model_dir(str(files["qwen3", "mixed"][0]))
+    model, cfg = load_model(view, "bfloat16", bf16_matmul)
+    quantized = [m for m in model.modules() if isinstance(m, Linear) and m.quant is not None]
+    assert quantized and all(m.weight.dtype == torch.uint8 for m in quantized)
+    with torch.inference_mode():
+        logits = teacher_forced_logits(model, cfg, [5, 6, 7, 8, 9, 10], "bfloat16")
+    assert logits.shape == (6, cfg.vocab_size) and torch.isfinite(logits).all()

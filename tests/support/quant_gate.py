@@ -30,9 +30,11 @@ class GateResult:
     num_positions: int
 
 
-def teacher_forced_logits(model: CausalLM, cfg: ModelConfig, ids: list[int]) -> torch.Tensor:
+def teacher_forced_logits(
+    model: CausalLM, cfg: ModelConfig, ids: list[int], dtype: str = "float32"
+) -> torch.Tensor:
     """Logits ``[len(ids), V]``: half the tokens prefilled in one step, then one per step."""
-    layout = create_layout(cfg.layer_specs(16, "float32"))
+    layout = create_layout(cfg.layer_specs(16, dtype))
     runner = ModelRunner(model, cfg, layout, 64, 4, keep_logits=True)
     driver = RunnerDriver(runner)
     driver.add("r", ids)
