@@ -1,7 +1,8 @@
 """The project's packer and dequantizer (``native/quant_blocks.py``) against the ``gguf``
 package's: Q8_0 packs bit for bit as GGUF's reference does; Q4_K blocks (gguf has no Q4_K
 packer) dequantize to the same values under gguf's reader, within the format's rounding of
-the original weights; Q6_K (read only) dequantizes as gguf does; rows concatenate as bytes."""
+the original weights; Q6_K (random and packed blocks) dequantizes as gguf does; rows
+concatenate as bytes."""
 
 from __future__ import annotations
 
@@ -59,8 +60,14 @@ def test_q6_k_dequantizes_as_gguf() -> None:
     data = blocks.reshape(2, 4 * 210)
     theirs = quants.dequantize(data, _ggml(QuantFormat.Q6_K))
     assert np.array_equal(dequantize(data, QuantFormat.Q6_K, 1024), theirs)
-    with pytest.raises(ValueError, match="no packer"):
-        pack(np.zeros((1, 256), np.float32), QuantFormat.Q6_K)
+    w = _weights(4, 512)
+    packed = pack(w, QuantFormat.Q6_K)  # gguf has no Q6_K packer: it reads ours back
+    ours = dequantize(packed, QuantFormat.Q6_K, 512)
+    assert np.array_equal(quants.dequantize(packed, _ggml(QuantFormat.Q6_K)), ours)
+    # half a step (max|w| / 31 per 16 values) plus the 8-bit scale's rounding
+    sub = w.reshape(-1, 16)
+    err = np.abs(ours - w).reshape(-1, 16).max(1)
+    assert (err <= np.abs(sub).max(1) / 31 * 0.75 + 1e-7).all()
 
 
 def test_rows_concatenate_as_bytes() -> None:

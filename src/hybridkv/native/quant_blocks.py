@@ -18,7 +18,8 @@ is its parts' rows one after another). fp16 scales are little-endian.
   ``ql[64 h + v % 64]``, its high bits are bits ``2 (v // 32)`` of ``qh[32 h + v % 32]``.
 
 The packer (Q8_0 rounds as GGUF's reference does, half away from zero; Q4_K picks each
-sub-block's scale and min from its range) is tested against the ``gguf`` package's helpers; the
+sub-block's scale and min from its range, Q6_K each sub-block's scale from its largest
+magnitude) is tested against the ``gguf`` package's helpers; the
 dequantizer is the native kernels' reference (``hybridkv.native.quant``) and their fallback.
 """
 
@@ -89,7 +90,7 @@ def pack(weight: Array, fmt: QuantFormat) -> Array:
     elif fmt is QuantFormat.Q4_K:
         packed = _pack_q4_k(blocks)
     else:
-        raise ValueError(f"no packer for {fmt.name} (it is read from GGUF files only)")
+        packed = _pack_q6_k(blocks)
     return packed.reshape(weight.shape[0], fmt.row_bytes(weight.shape[1]))
 
 
@@ -120,6 +121,23 @@ def _pack_q4_k(blocks: Array) -> Array:
     scales[:, 8:12] = (sc[:, 4:] & 15) | (mn[:, 4:] & 15) << 4
     nibbles = (q[:, 0::2] | q[:, 1::2] << 4).reshape(-1, 128)  # [n, 4 * 32]
     return np.concatenate([d_raw, dmin_raw, scales, nibbles], axis=1)
+
+
+def _pack_q6_k(blocks: Array) -> Array:
+    sub = blocks.reshape(-1, 16, 16)
+    scale = np.abs(sub).max(axis=2) / 31  # [n, 16]: q - 32 in [-31, 31]
+    d_raw = _half_bytes(scale.max(axis=1) / 127)
+    d = _halves(d_raw)[:, None]  # [n, 1], as stored
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(d > 0, np.clip(_round_away(scale / d), 0, 127), 0)
+        ds = (d * sc).astype(np.float32)  # [n, 16]
+        q = np.where(ds[..., None] > 0, _round_away(sub / ds[..., None]), 0)
+    q = (np.clip(q, -32, 31) + 32).astype(np.uint8).reshape(-1, 2, 4, 32)  # [n, half, 4, 32]
+    ql = (q[:, :, 0:2] & 15) | (q[:, :, 2:4] & 15) << 4  # [n, 2, 2, 32]: byte 64 h + v % 64
+    qh = (q >> 4) << np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    qh = np.bitwise_or.reduce(qh, axis=2)  # [n, 2, 32]: byte 32 h + v % 32
+    scales = sc.astype(np.int8).view(np.uint8)
+    return np.concatenate([ql.reshape(-1, 128), qh.reshape(-1, 64), scales, d_raw], axis=1)
 
 
 def dequantize(data: Array, fmt: QuantFormat, k: int) -> Array:
