@@ -21,6 +21,7 @@ from hybridkv import LLM, SamplingParams
 from hybridkv.engine.weights_id import weights_identity
 from hybridkv.model.config.errors import ModelLoadError
 from hybridkv.model.layers.linear import Linear
+from hybridkv.model.layers.quant_linear import QuantEmbedding
 from hybridkv.model.loading.gguf_view import view_dir
 from hybridkv.model.loading.hub import resolve_model_dir
 from hybridkv.model.loading.loader import load_model, load_model_config
@@ -42,6 +43,7 @@ ROUNDING_GATE = {
     QuantFormat.Q4_K: (0.5, 0.4),
 }
 MIXED = {  # like llama.cpp's Q4_K_M: v and down in Q6_K (q/k/v then fuse part by part)
+    "token_embd": QuantFormat.Q6_K,  # Gemma's tied lm_head shares it
     "attn_v": QuantFormat.Q6_K,
     "ffn_down": QuantFormat.Q6_K,
     "attn_q": QuantFormat.Q4_K,
@@ -92,7 +94,8 @@ def test_projections_stay_quantized_and_generate(arch: str, files: dict) -> None
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     formats = {m.quant for m in linears}
     assert formats - {None} == {QuantFormat.Q4_K, QuantFormat.Q6_K, QuantFormat.Q8_0}
-    assert (None in formats) == (arch == "gemma3")  # its lm_head is the (float) embedding
+    assert None not in formats  # Gemma's tied lm_head: the embedding's Q6_K blocks
+    assert isinstance(model.embedding(), QuantEmbedding)
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     assert param_bytes <= path.stat().st_size  # no float32 copy of any quantized weight
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -174,3 +177,12 @@ def test_bfloat16_model_keeps_blocks(files: dict, bf16_matmul: str) -> None:
     with torch.inference_mode():
         logits = teacher_forced_logits(model, cfg, [5, 6, 7, 8, 9, 10], "bfloat16")
     assert logits.shape == (6, cfg.vocab_size) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_mixed_formats_match_their_dequantized_weights(arch: str, files: dict) -> None:
+    """Q4_K / Q6_K / Q8_0 side by side, a quantized embedding (and Gemma's lm_head tied to it):
+    only float32 summation order differs from the same weights in float32."""
+    ids = torch.randint(3, 1000, (16,), generator=torch.Generator().manual_seed(3)).tolist()
+    result = quality_gate(resolve_model_dir(str(files[arch, "mixed"][0])), ids)
+    assert result.top1_agreement == 1.0 and result.mean_abs_delta_logprob <= KERNEL_MAX_DELTA

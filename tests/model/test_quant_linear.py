@@ -93,3 +93,20 @@ def test_wrong_blocks_refused() -> None:
             Linear(100, 8), torch.zeros(8, 1, dtype=torch.uint8), QuantFormat.Q4_K
         )
     assert layer.quant is None and layer.weight.dtype == torch.float32  # left as it was
+
+
+def test_quantized_embedding_dequantizes_the_rows_looked_up() -> None:
+    table = torch.randn(50, 256) * 0.1
+    data = torch.from_numpy(pack(table.numpy(), QuantFormat.Q6_K))
+    emb = ql.QuantEmbedding(data, QuantFormat.Q6_K, 256, torch.bfloat16)
+    ids = torch.tensor([[3, 49], [0, 3]])
+    with torch.inference_mode():
+        got = emb(ids)
+    full = torch.from_numpy(dequantize(data.numpy(), QuantFormat.Q6_K, 256))
+    assert got.shape == (2, 2, 256) and got.dtype == torch.bfloat16
+    assert torch.equal(got, full[ids].to(torch.bfloat16))
+    assert emb.weight.dtype == torch.uint8  # the table stays blocks
+    with pytest.raises(IndexError):
+        emb(torch.tensor([50]))
+    with pytest.raises(ValueError, match="uint8"):
+        ql.QuantEmbedding(data[:, :100], QuantFormat.Q6_K, 256, torch.float32)

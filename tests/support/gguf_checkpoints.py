@@ -2,8 +2,8 @@
 llama.cpp's converter writes them (names from ``gguf``'s ``TensorNameMap``, Gemma norms + 1,
 byte-level BPE vocabulary, merges and token types, the chat template), from a tiny
 transformers checkpoint (``checkpoints.make_hf_checkpoint``). Projections are packed by the
-project's packer (``native/quant_blocks.py``) in the format asked for; norms and the
-embedding stay float32. ``GGUF_SIZES`` are the config overrides that make every projection's
+project's packer (``native/quant_blocks.py``) in the format asked for; norms stay float32,
+and so does the embedding unless ``formats`` names ``token_embd``. ``GGUF_SIZES`` are the config overrides that make every projection's
 input a multiple of Q4_K's 256-value blocks.
 """
 
@@ -54,7 +54,8 @@ def make_gguf_checkpoint(
         theirs = names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert theirs is not None, name
         fmt = next((f for key, f in formats.items() if key in theirs), None)
-        if tensor.ndim == 2 and "token_embd" not in theirs and fmt is not None:
+        embedding = "token_embd" in theirs  # quantized only when named: {"token_embd": fmt}
+        if tensor.ndim == 2 and fmt is not None and (not embedding or "token_embd" in formats):
             writer.add_tensor(
                 theirs, pack(tensor, fmt), raw_dtype=gguf.GGMLQuantizationType(fmt.layout.ggml_type)
             )

@@ -105,3 +105,23 @@ def dequantize_linear_(linear: QuantizableLinear) -> None:
     values = dequantize_weight(weight.detach(), fmt, linear.in_features, load_quant())
     linear._parameters["weight"] = nn.Parameter(values, requires_grad=False)
     linear.quant = None
+
+
+class QuantEmbedding(nn.Embedding):
+    """An embedding whose table stays block-quantized (a GGUF ``token_embd`` in Q8_0 / Q4_K /
+    Q6_K): a lookup gathers the ids' rows of blocks and dequantizes only those. ``quant`` and
+    the uint8 ``weight`` are what a tied ``lm_head`` (a ``Linear``) shares."""
+
+    def __init__(self, data: torch.Tensor, fmt: QuantFormat, dim: int, dtype: torch.dtype) -> None:
+        super().__init__(data.shape[0], dim, device="meta")
+        self.quant: QuantFormat | None = fmt
+        self.out_dtype = dtype
+        if data.dtype != torch.uint8 or tuple(data.shape) != (data.shape[0], fmt.row_bytes(dim)):
+            raise ValueError(f"{fmt.name} embedding must be uint8 [V, {fmt.row_bytes(dim)}]")
+        self.weight = nn.Parameter(data, requires_grad=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        assert self.quant is not None
+        rows = self.weight.index_select(0, ids.reshape(-1))  # [T, row_bytes]
+        values = dequantize_weight(rows, self.quant, self.embedding_dim, load_quant())  # [T, dim]
+        return values.to(self.out_dtype).reshape(*ids.shape, self.embedding_dim)

@@ -8,7 +8,8 @@ Values:
   (Q8_0, Q4_K, Q6_K) keeps its blocks: the parameter is the memory-mapped uint8 rows, nothing
   is dequantized (``layers/quant_linear.py``);
 - everything else (norms, the embedding, float32 / float16 / bfloat16 projections) becomes a
-  float tensor of the model's dtype; a block-quantized embedding is dequantized (logged);
+  float tensor of the model's dtype;
+- a block-quantized embedding becomes a ``QuantEmbedding`` (a lookup dequantizes its rows);
 - the converter's changes are undone: Gemma's norm weights lose the 1 it added
   (``gguf_config.NORM_SHIFT``).
 """
@@ -26,7 +27,7 @@ from torch import nn
 
 from hybridkv.model.config.errors import ModelLoadError
 from hybridkv.model.layers.linear import Linear
-from hybridkv.model.layers.quant_linear import set_quantized_weight
+from hybridkv.model.layers.quant_linear import QuantEmbedding, set_quantized_weight
 from hybridkv.model.loading.gguf_config import NORM_SHIFT
 from hybridkv.model.loading.gguf_file import GgufFile, GgufTensor
 from hybridkv.native.quant_blocks import QuantFormat, dequantize
@@ -37,13 +38,15 @@ F32, F16, BF16 = 0, 1, 30
 
 def fill_from_gguf(
     file: GgufFile,
+    model: nn.Module,
     params: Iterable[tuple[str, nn.Module, str]],
     num_layers: int,
     dtype: torch.dtype,
     skip: frozenset[str] = frozenset(),
 ) -> None:
-    """Replace each ``(name, module, attr)`` parameter (names in ``skip`` left alone) by
-    ``file``'s tensor; ``ModelLoadError`` for a missing tensor or a shape that differs."""
+    """Replace each ``(name, module, attr)`` parameter of ``model`` (names in ``skip`` left
+    alone) by ``file``'s tensor; ``ModelLoadError`` for a missing tensor or a shape that
+    differs."""
     import gguf
 
     arch = next((a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == file.architecture), None)
@@ -66,6 +69,10 @@ def fill_from_gguf(
         fmt = QuantFormat.of_ggml_type(tensor.ggml_type)
         if fmt is not None and isinstance(module, Linear) and attr == "weight":
             set_quantized_weight(module, _mapped(tensor.data), fmt)
+            continue
+        if fmt is not None and isinstance(module, nn.Embedding):  # stays quantized too
+            table = QuantEmbedding(_mapped(tensor.data), fmt, shape[1], dtype)
+            model.set_submodule(name.removesuffix(".weight"), table)
             continue
         values = _float_values(file, tensor)
         if shift and name.endswith("norm.weight"):
@@ -92,5 +99,5 @@ def _float_values(file: GgufFile, tensor: GgufTensor) -> torch.Tensor:
     fmt = QuantFormat.of_ggml_type(tensor.ggml_type)
     if fmt is None or len(tensor.shape) != 2:
         raise ModelLoadError(f"{file.path}: {tensor.name} has unsupported type {tensor.ggml_type}")
-    log.info("%s: %s (%s) dequantized to float32", file.path, tensor.name, fmt.name)
+    log.info("%s: %s (%s) dequantized to float", file.path, tensor.name, fmt.name)
     return torch.from_numpy(dequantize(np.asarray(tensor.data), fmt, tensor.shape[1]))

@@ -72,11 +72,12 @@ def load_model(
     if (model_dir / GGUF_FILE).exists():  # a GGUF file's view (``gguf_view``)
         tied = frozenset({"lm_head.weight"} if cfg.tie_word_embeddings else ())
         gguf = GgufFile(model_dir / GGUF_FILE)
-        fill_from_gguf(gguf, _parameters(model), cfg.num_hidden_layers, target, skip=tied)
+        fill_from_gguf(gguf, model, list(_parameters(model)), cfg.num_hidden_layers, target, tied)
     else:
         _fill_from_safetensors(model, cfg, model_dir, target)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embedding().weight
+        model.lm_head.quant = getattr(model.embedding(), "quant", None)  # GGUF blocks
     if compute != target:
         upcast_matmuls(model, compute)
     return model.eval(), cfg
