@@ -14,6 +14,8 @@
  * fused multiply-adds where the CPU has them), the lanes then added in a fixed pairwise tree,
  * then the bias; so a row alone and the same row in any batch give the same bits, on 1 or 2
  * threads. Dequantizing is the same code for every tile, and hk_quant_dequantize runs it too.
+ * Up to MR rows of Q8_0 / Q4_K skip the scratch: the weights are dequantized in registers by
+ * the same arithmetic, in the same order along K (quant_fused.h).
  * Callers (hybridkv/native/quant.py) check shapes, strides and dtypes. */
 
 #include <stdint.h>
@@ -114,18 +116,25 @@ static void deq_q8_0(const uint8_t *b, float *out) {
     }
 }
 
-static void deq_q4_k(const uint8_t *b, float *out) {
+/* A Q4_K block's 8 sub-block scales d * sc[t] and negated mins -(dmin * m[t]). */
+static inline void q4_k_scales(const uint8_t *b, float ds[8], float dm[8]) {
     const float d = half_to_float(b), dmin = half_to_float(b + 2);
-    const uint8_t *s = b + 4, *qs = b + 16;
+    const uint8_t *s = b + 4;
+    for (int t = 0; t < 8; t++) {
+        const int sc = t < 4 ? s[t] & 63 : (s[t + 4] & 15) | (s[t - 4] >> 6) << 4;
+        const int mn = t < 4 ? s[t + 4] & 63 : (s[t + 4] >> 4) | (s[t] >> 6) << 4;
+        ds[t] = d * (float)sc;
+        dm[t] = -(dmin * (float)mn);
+    }
+}
+
+static void deq_q4_k(const uint8_t *b, float *out) {
+    const uint8_t *qs = b + 16;
+    float sc[8], mn[8];
+    q4_k_scales(b, sc, mn);
     for (int j = 0; j < 4; j++) { /* 64 values: sub-block 2j low nibbles, 2j+1 high ones */
-        vf ds[2], dm[2];
-        for (int h = 0; h < 2; h++) {
-            const int t = 2 * j + h;
-            const int sc = t < 4 ? s[t] & 63 : (s[t + 4] & 15) | (s[t - 4] >> 6) << 4;
-            const int mn = t < 4 ? s[t + 4] & 63 : (s[t + 4] >> 4) | (s[t] >> 6) << 4;
-            ds[h] = splat(d * (float)sc);
-            dm[h] = splat(-(dmin * (float)mn));
-        }
+        const vf ds[2] = {splat(sc[2 * j]), splat(sc[2 * j + 1])};
+        const vf dm[2] = {splat(mn[2 * j]), splat(mn[2 * j + 1])};
         for (int c = 0; c < 32; c += VW) {
             const vu q = loadu(qs + 32 * j + c);
             const vf lo = madd(tof(q & 15), ds[0], dm[0]), hi = madd(tof(q >> 4), ds[1], dm[1]);
@@ -182,6 +191,19 @@ static float hsum(vf v) { /* lanes added pairwise: (0+1)+(2+3), ...: one fixed t
     return a[0];
 }
 
+/* y[i][j] = the sum of acc[i * NR + j]'s lanes (+ bias[j]) */
+static inline __attribute__((always_inline)) void finish(const vf *acc, const float *bias,
+                                                         float *y, int64_t ldy, const int mr,
+                                                         const int nr) {
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            const float s = hsum(acc[i * NR + j]);
+            y[i * ldy + j] = bias ? s + bias[j] : s;
+        }
+}
+
+#include "quant_fused.h"
+
 /* y[i][j] = x_i . p_j (+ bias[j]) for i < mr, j < nr (constants once inlined); p: the panel,
  * nr rows of K floats. */
 static inline __attribute__((always_inline)) void tile(const float *x, int64_t ldx,
@@ -198,11 +220,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t l
             for (int j = 0; j < nr; j++) acc[i * NR + j] = madd(xv, wv[j], acc[i * NR + j]);
         }
     }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) {
-            const float s = hsum(acc[i * NR + j]);
-            y[i * ldy + j] = bias ? s + bias[j] : s;
-        }
+    finish(acc, bias, y, ldy, mr, nr);
 }
 
 /* Every x row against panel rows [0, nr) (y: their first output column). */
@@ -238,11 +256,14 @@ int hk_quant_gemm(int fmt, const float *x, int64_t M, int64_t ldx, const uint8_t
 #pragma omp for schedule(static)
         for (int64_t pi = 0; pi < panels; pi++) {
             const int64_t n = pi * NR, nr = N - n < NR ? N - n : NR;
+            const float *b = bias ? bias + n : NULL;
+            const uint8_t *pf = n + PF_ROWS < N ? W + (n + PF_ROWS) * row_bytes : NULL;
+            if (fused(fmt, x, M, ldx, W + n * row_bytes, row_bytes, K, b, y + n, N, nr, pf))
+                continue;
             if (!panel) continue;
             for (int64_t j = 0; j < nr; j++)
                 dequantize_row(fmt, W + (n + j) * row_bytes, K, panel + j * K,
                                n + PF_ROWS + j < N ? W + (n + PF_ROWS + j) * row_bytes : NULL);
-            const float *b = bias ? bias + n : NULL;
             if (nr == NR) {
                 rows(x, M, ldx, panel, K, b, y + n, N, NR);
             } else {
