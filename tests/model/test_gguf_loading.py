@@ -131,10 +131,12 @@ def test_broken_files_refused(files: dict, tmp_path: Path) -> None:
         resolve_model_dir(str(junk))
 
 
-def _header_only(path: Path, arch: str, **ints: int) -> Path:
+def _header_only(path: Path, arch: str, eos: int | None = None, **ints: int) -> Path:
     writer = gguf.GGUFWriter(str(path), arch)
     for key, value in ints.items():
         writer.add_uint32(f"{arch}.{key}", value)
+    if eos is not None:
+        writer.add_eos_token_id(eos)
     writer.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -150,12 +152,15 @@ def test_forged_metadata_refused(tmp_path: Path) -> None:
     huge = _header_only(tmp_path / "b.gguf", "qwen3", block_count=10**9, **sizes)
     with pytest.raises(ModelLoadError, match="'qwen3.block_count' must be an integer in"):
         resolve_model_dir(str(huge))
+    bad_eos = _header_only(tmp_path / "d.gguf", "qwen3", eos=8, block_count=2, **sizes)
+    with pytest.raises(ModelLoadError, match="'tokenizer.ggml.eos_token_id' must be an integer"):
+        resolve_model_dir(str(bad_eos))  # the vocabulary has 8 rows: ids 0-7
     no_vocab = _header_only(tmp_path / "c.gguf", "qwen3", block_count=2, **sizes)
     with pytest.raises(
         ModelLoadError, match="'tokenizer.ggml.model' must be a string, got missing"
     ):
         resolve_model_dir(str(no_vocab))
-    assert not any(view_dir(tmp_path / f"{n}.gguf").exists() for n in "abc")  # nothing half-made
+    assert not any(view_dir(tmp_path / f"{n}.gguf").exists() for n in "abcd")  # nothing half-made
 
 
 def test_weights_identity_covers_the_gguf_bytes(files: dict) -> None:

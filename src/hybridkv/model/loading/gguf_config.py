@@ -52,15 +52,15 @@ def _common(file: GgufFile) -> dict[str, Any]:
         "rope_theta": file.get_float(f"{a}.rope.freq_base", 10000.0),
         "tie_word_embeddings": "output.weight" not in file.tensors,
         "torch_dtype": "float32",
-        **_special_ids(file),
+        **_special_ids(file, embed.shape[0]),
     }
 
 
-def _special_ids(file: GgufFile) -> dict[str, Any]:
+def _special_ids(file: GgufFile, vocab_size: int) -> dict[str, Any]:
     ids: dict[str, Any] = {}
     for ours, theirs in (("bos", "bos"), ("eos", "eos"), ("pad", "padding")):
         key = f"tokenizer.ggml.{theirs}_token_id"
-        ids[f"{ours}_token_id"] = file.get_int(key, high=1 << 31) if file.has(key) else None
+        ids[f"{ours}_token_id"] = file.get_int(key, high=vocab_size - 1) if file.has(key) else None
     return ids
 
 
