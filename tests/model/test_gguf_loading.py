@@ -34,12 +34,13 @@ ARCHS = ("qwen3", "gemma3")
 # the quality gate (docs/quantization.md): against the same weights dequantized, float32
 # summation order alone; against the float32 original, per format (minimum top-1 agreement,
 # maximum mean |delta logprob|) from its rounding: on Gaussian weights Q8_0's error is ~0.5% of
-# the weights' spread, Q4_K's ~8% (17x); measured on these tiny models (seeds 7, 8) Q8_0
-# 0.009-0.013 and Q4_K 0.17-0.23, top-1 0.97-1.0 and 0.56-0.81 (flat random logits tie often)
+# the weights' spread, Q4_K's ~8% (17x); measured on these tiny models (seeds 7, 8; 32 and 64
+# tokens) Q8_0 0.009-0.013 and Q4_K 0.17-0.23, top-1 0.94-1.0 and 0.56-0.81 (flat random
+# logits tie often)
 KERNEL_MAX_DELTA = 1e-4
 ROUNDING_GATE = {
     QuantFormat.Q8_0: (0.9, 0.03),
-    QuantFormat.Q6_K: (0.8, 0.1),  # ~1.6% (3.4x Q8_0): measured 0.04-0.05, top-1 0.94-1.0
+    QuantFormat.Q6_K: (0.8, 0.1),  # ~1.6% (3.4x Q8_0): measured 0.04-0.05, top-1 0.89-1.0
     QuantFormat.Q4_K: (0.5, 0.4),
 }
 MIXED = {  # like llama.cpp's Q4_K_M: v and down in Q6_K (q/k/v then fuse part by part)
@@ -110,7 +111,7 @@ def test_projections_stay_quantized_and_generate(arch: str, files: dict) -> None
 def test_quality_gate(arch: str, fmt: QuantFormat, files: dict) -> None:
     path, hf_dir = files[arch, fmt.name]
     view = resolve_model_dir(str(path))
-    ids = torch.randint(3, 1000, (32,), generator=torch.Generator().manual_seed(7)).tolist()
+    ids = torch.randint(3, 1000, (64,), generator=torch.Generator().manual_seed(7)).tolist()
     same = quality_gate(view, ids)  # the kernels: only summation order differs
     assert same.top1_agreement == 1.0 and same.mean_abs_delta_logprob <= KERNEL_MAX_DELTA
     rounded = quality_gate(view, ids, original_dir=hf_dir)  # what the format's rounding costs
@@ -180,14 +181,14 @@ def test_bfloat16_model_keeps_blocks(files: dict, bf16_matmul: str) -> None:
     quantized = [m for m in model.modules() if isinstance(m, Linear) and m.quant is not None]
     assert quantized and all(m.weight.dtype == torch.uint8 for m in quantized)
     with torch.inference_mode():
-        logits = teacher_forced_logits(model, cfg, [5, 6, 7, 8, 9, 10], "bfloat16")
-    assert logits.shape == (6, cfg.vocab_size) and torch.isfinite(logits).all()
+        logits = teacher_forced_logits(model, cfg, list(range(3, 63)), "bfloat16")
+    assert logits.shape == (60, cfg.vocab_size) and torch.isfinite(logits).all()
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_mixed_formats_match_their_dequantized_weights(arch: str, files: dict) -> None:
     """Q4_K / Q6_K / Q8_0 side by side, a quantized embedding (and Gemma's lm_head tied to it):
     only float32 summation order differs from the same weights in float32."""
-    ids = torch.randint(3, 1000, (16,), generator=torch.Generator().manual_seed(3)).tolist()
+    ids = torch.randint(3, 1000, (60,), generator=torch.Generator().manual_seed(3)).tolist()
     result = quality_gate(resolve_model_dir(str(files[arch, "mixed"][0])), ids)
     assert result.top1_agreement == 1.0 and result.mean_abs_delta_logprob <= KERNEL_MAX_DELTA

@@ -1,8 +1,8 @@
 """The quantization quality gate: a quantized model under teacher forcing against the same
 weights dequantized to float32 through the float32 path (the reference).
 
-Both models read one token sequence: its first half in one prefill step (the dequantized-panel
-path), the rest one token per step (the native decode kernel). At every position: does the
+Both models read one token sequence: all but its last ``DECODE_STEPS`` tokens in one prefill
+step (the dequantized-panel path), the rest one token per step (the native decode kernel). At every position: does the
 quantized model's top token equal the reference's (top-1 agreement), and how far apart are
 the two log-probabilities of the reference's top token (mean |delta logprob|)."""
 
@@ -16,11 +16,13 @@ import torch
 from hybridkv.kv.spec import create_layout
 from hybridkv.model.config.model_config import ModelConfig
 from hybridkv.model.layers.linear import Linear
-from hybridkv.model.layers.quant_linear import dequantize_linear_
+from hybridkv.model.layers.quant_linear import QUANT_MAX_ROWS, dequantize_linear_
 from hybridkv.model.loading.loader import load_model
 from hybridkv.model.models.common import CausalLM
 from hybridkv.model.step.runner import ModelRunner
 from tests.support.driver import RunnerDriver
+
+DECODE_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -33,13 +35,16 @@ class GateResult:
 def teacher_forced_logits(
     model: CausalLM, cfg: ModelConfig, ids: list[int], dtype: str = "float32"
 ) -> torch.Tensor:
-    """Logits ``[len(ids), V]``: half the tokens prefilled in one step, then one per step."""
+    """Logits ``[len(ids), V]``: all but the last ``DECODE_STEPS`` tokens prefilled in one
+    step (more rows than ``QUANT_MAX_ROWS``: dequantized panels), then one per step (the
+    decode kernel)."""
     layout = create_layout(cfg.layer_specs(16, dtype))
     runner = ModelRunner(model, cfg, layout, 64, 4, keep_logits=True)
     driver = RunnerDriver(runner)
     driver.add("r", ids)
-    driver.step({"r": len(ids) // 2})
-    driver.decode_all(["r"], len(ids) - len(ids) // 2)
+    assert len(ids) - DECODE_STEPS > QUANT_MAX_ROWS, "the prefill would not take the panels"
+    driver.step({"r": len(ids) - DECODE_STEPS})
+    driver.decode_all(["r"], DECODE_STEPS)
     return driver.all_logits("r")[: len(ids)]
 
 
