@@ -1,6 +1,7 @@
 """The identity of a checkpoint: KV computed from other bytes must never be loaded.
 
-It covers every byte of every ``*.safetensors`` file, ``config.json`` (every field: any of them
+It covers every byte of every ``*.safetensors`` file (a GGUF view's ``model.gguf``: the file
+it links to), ``config.json`` (every field: any of them
 may change the numbers) and the tokenizer files, each hashed whole with SHA-256.
 
 Reading a checkpoint of 10 GB takes 20 s at SHA-256's ~0.5 GB/s, so each file's digest is kept
@@ -69,9 +70,11 @@ def weights_identity(model_dir: str | Path, cache_dir: Path | None) -> str:
     """A digest of every identity file of ``model_dir`` (names and contents); ``cache_dir``
     keeps per-file digests between runs (None: hash everything every time)."""
     root = Path(model_dir)
-    files = sorted(root.glob("*.safetensors")) + [
-        root / name for name in IDENTITY_FILES if (root / name).is_file()
-    ]
+    files = (
+        sorted(root.glob("*.safetensors"))
+        + sorted(root.glob("*.gguf"))
+        + [root / name for name in IDENTITY_FILES if (root / name).is_file()]
+    )
     cache = _DigestCache(cache_dir / DIGEST_CACHE if cache_dir is not None else None)
     h = hashlib.sha256(b"hybridkv/weights-identity/v2")
     for path in files:

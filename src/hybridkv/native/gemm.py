@@ -25,6 +25,19 @@ from hybridkv.native import load_library
 SOURCE = Path(__file__).with_name("gemm.c")
 
 
+def gemm_rows(x: torch.Tensor, k: int, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x [..., k]`` as ``[M, k]`` rows with contiguous elements (copied if they are not), once
+    ``bias`` is checked to be None or contiguous float32 ``[n]``."""
+    if bias is not None and (
+        bias.dtype != torch.float32 or not bias.is_contiguous() or bias.shape != (n,)
+    ):
+        raise ValueError(f"bias must be contiguous float32 [{n}], got {tuple(bias.shape)}")
+    rows = x.reshape(-1, k) if x.dim() != 2 else x
+    if rows.stride(-1) != 1 or (rows.shape[0] > 1 and rows.stride(0) < k):
+        rows = rows.contiguous()
+    return rows
+
+
 class SkinnyGemm:
     """The C kernel with the checks that keep it inside its buffers."""
 
@@ -48,13 +61,7 @@ class SkinnyGemm:
                 f"x {tuple(x.shape)}"
             )
         n, k = weight.shape
-        if bias is not None and (
-            bias.dtype != torch.float32 or not bias.is_contiguous() or bias.shape != (n,)
-        ):
-            raise ValueError(f"bias must be contiguous float32 [{n}], got {tuple(bias.shape)}")
-        rows = x.reshape(-1, k) if x.dim() != 2 else x
-        if rows.stride(-1) != 1 or (rows.shape[0] > 1 and rows.stride(0) < k):
-            rows = rows.contiguous()
+        rows = gemm_rows(x, k, n, bias)
         out = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
         self._gemm(
             rows.data_ptr(),

@@ -34,8 +34,11 @@ class FusedLinear:
         self._gemm = ProjectionGemm()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        weight, bias = self._cache.get()
-        return self._gemm(x, weight, bias)
+        formats = {getattr(p, "quant", None) for p in self.parts}  # GGUF blocks: Linear.quant
+        if len(formats) > 1:  # e.g. Q4_K q/k with a Q6_K v: no common layout to fuse
+            return torch.cat([p(x) for p in self.parts], dim=-1)
+        weight, bias = self._cache.get()  # quantized rows concatenate as bytes
+        return self._gemm(x, weight, bias, formats.pop())
 
 
 class _Concat:

@@ -28,7 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridkv.model.layers.quant_linear import quant_linear
 from hybridkv.native.gemm import SkinnyGemm, load_gemm
+from hybridkv.native.quant_blocks import QuantFormat
 
 # rows up to which the skinny kernel clearly beats F.linear (one thread, CPU time, a step of
 # qwen3_full-small's weights, load 9: 48 rows 74 vs 105 ms; at 64 rows the two runs disagreed,
@@ -71,8 +73,14 @@ class ProjectionGemm:
         self.max_rows, self.min_elements = max_rows, min_elements
 
     def __call__(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        quant: QuantFormat | None = None,
     ) -> torch.Tensor:
+        if quant is not None:  # weight: uint8 blocks (``layers/quant_linear.py``)
+            return quant_linear(x, weight, quant, bias)
         if not self.takes(x, weight, bias):
             return torch_linear(x, weight, bias)
         assert self.kernel is not None
@@ -109,7 +117,12 @@ def tensor_version(t: torch.Tensor) -> int:
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters and checkpoint names) through ``ProjectionGemm``."""
+    """``nn.Linear`` (same parameters and checkpoint names) through ``ProjectionGemm``.
+
+    ``quant`` None: ``weight`` is ``[out, in]`` floats. Else a GGUF block format, and
+    ``weight`` is its uint8 ``[out, row_bytes(in)]`` blocks (set by the GGUF loader)."""
+
+    quant: QuantFormat | None = None
 
     def __init__(
         self,
@@ -123,4 +136,4 @@ class Linear(nn.Linear):
         self.gemm = ProjectionGemm()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.gemm(x, self.weight, self.bias)
+        return self.gemm(x, self.weight, self.bias, self.quant)

@@ -1,4 +1,5 @@
-"""Models by name: ``org/name`` resolves to a snapshot already in the local Hugging Face cache.
+"""Models by name: ``org/name`` resolves to a snapshot already in the local Hugging Face cache;
+a ``*.gguf`` file to its view directory (``gguf_view``).
 
 Nothing is downloaded. The cache root is ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
 ``~/.cache/huggingface/hub`` (read at every call, so a changed environment is honoured);
@@ -14,6 +15,7 @@ import re
 from pathlib import Path
 
 from hybridkv.model.config.errors import ModelLoadError
+from hybridkv.model.loading.gguf_view import gguf_model_dir, is_gguf_path
 
 _REPO_ID = re.compile(r"^[\w.\-]+/[\w.\-]+(@[\w.\-/]+)?$")
 
@@ -35,6 +37,8 @@ def resolve_model_dir(model: str) -> Path:
     path = Path(model).expanduser()
     if path.is_dir():
         return path
+    if is_gguf_path(model):  # a GGUF file: its metadata as a checkpoint directory
+        return gguf_model_dir(path)
     if not _REPO_ID.match(model) or model.startswith((".", "/")):
         raise ModelLoadError(f"model directory {model!r} does not exist")
     repo_id, _, revision = model.partition("@")

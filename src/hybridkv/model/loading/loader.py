@@ -1,4 +1,6 @@
-"""Load a checkpoint: config.json + safetensors (single file or sharded index) -> our model.
+"""Load a checkpoint: config.json + safetensors (single file or sharded index) -> our model;
+or a GGUF file's view directory (``gguf_view``: config.json + a ``model.gguf`` link), whose
+tensors ``gguf_weights`` maps, block-quantized projections kept quantized.
 
 The model is built on the ``meta`` device and each parameter is replaced by the checkpoint's
 tensor (shape-checked, cast to the requested dtype), so nothing is initialised twice.
@@ -22,6 +24,9 @@ from hybridkv.model.config.errors import ModelLoadError
 from hybridkv.model.config.json_fields import read_config_json, read_generation_eos
 from hybridkv.model.config.model_config import ModelConfig, build_model_config
 from hybridkv.model.families.registry import check_architecture, get_family_of
+from hybridkv.model.loading.gguf_file import GgufFile
+from hybridkv.model.loading.gguf_view import GGUF_FILE
+from hybridkv.model.loading.gguf_weights import fill_from_gguf
 from hybridkv.model.loading.matmul import matmul_dtype, upcast_matmuls
 from hybridkv.model.models.common import CausalLM
 
@@ -67,6 +72,23 @@ def load_model(
     cfg = load_model_config(model_dir)
     with torch.device("meta"):
         model = get_model_class(cfg.architecture)(cfg)
+    if (model_dir / GGUF_FILE).exists():  # a GGUF file's view (``gguf_view``)
+        tied = frozenset({"lm_head.weight"} if cfg.tie_word_embeddings else ())
+        gguf = GgufFile(model_dir / GGUF_FILE)
+        fill_from_gguf(gguf, model, list(_parameters(model)), cfg.num_hidden_layers, target, tied)
+    else:
+        _fill_from_safetensors(model, cfg, model_dir, target)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embedding().weight
+        model.lm_head.quant = getattr(model.embedding(), "quant", None)  # GGUF blocks
+    if compute != target:
+        upcast_matmuls(model, compute)
+    return model.eval(), cfg
+
+
+def _fill_from_safetensors(
+    model: CausalLM, cfg: ModelConfig, model_dir: Path, target: torch.dtype
+) -> None:
     renames = get_family_of(cfg.architecture).renames
     with ExitStack() as stack:
         index = _tensor_index(model_dir, stack)
@@ -77,11 +99,6 @@ def load_model(
             tensor = _read(index, _spellings(name, renames, model.checkpoint_prefixes), shape)
             module._parameters[attr] = nn.Parameter(tensor.to(target), requires_grad=False)
         _log_ignored(index, model.ignored_prefixes, cfg.architecture)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.embedding().weight
-    if compute != target:
-        upcast_matmuls(model, compute)
-    return model.eval(), cfg
 
 
 def _parameters(model: nn.Module) -> Iterator[tuple[str, nn.Module, str]]:

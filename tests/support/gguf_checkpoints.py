@@ -1,0 +1,100 @@
+"""Tiny GGUF files in the real format, written by the ``gguf`` package's writer the way
+llama.cpp's converter writes them (names from ``gguf``'s ``TensorNameMap``, Gemma norms + 1,
+byte-level BPE vocabulary, merges and token types, the chat template), from a tiny
+transformers checkpoint (``checkpoints.make_hf_checkpoint``). Projections are packed by the
+project's packer (``native/quant_blocks.py``) in the format asked for; norms stay float32,
+and so does the embedding unless ``formats`` names ``token_embd``. ``GGUF_SIZES`` are the config overrides that make every projection's
+input a multiple of Q4_K's 256-value blocks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+from safetensors.numpy import load_file
+
+from hybridkv.model.loading.tiny_tokenizer import CHAT_TEMPLATE, EOS_TOKEN, PAD_TOKEN
+from hybridkv.native.quant_blocks import QuantFormat, pack
+from tests.support.checkpoints import hf_config_dict, make_hf_checkpoint
+
+GGUF_SIZES: dict[str, dict[str, Any]] = {
+    "qwen3": {
+        "hidden_size": 256, "intermediate_size": 512, "head_dim": 64, "num_hidden_layers": 2,
+        "use_sliding_window": False, "layer_types": ["full_attention"] * 2,
+    },
+    "gemma3": {
+        "hidden_size": 256, "intermediate_size": 512, "head_dim": 64, "query_pre_attn_scalar": 64,
+        "final_logit_softcapping": None,
+    },
+}  # fmt: skip
+_ARCH = {"qwen3": gguf.MODEL_ARCH.QWEN3, "gemma3": gguf.MODEL_ARCH.GEMMA3}
+
+
+def make_gguf_hf_checkpoint(arch: str, out_dir: Path) -> Path:
+    """The transformers checkpoint ``make_gguf_checkpoint`` converts."""
+    return make_hf_checkpoint(arch, out_dir, **GGUF_SIZES[arch])
+
+
+def make_gguf_checkpoint(
+    arch: str, hf_dir: Path, path: Path, formats: dict[str, QuantFormat]
+) -> Path:
+    """``path``: the tiny ``arch`` model at ``hf_dir`` (``make_gguf_hf_checkpoint``) as GGUF,
+    each projection whose GGUF name contains a key of ``formats`` packed in that format
+    (``{"": fmt}``: every one)."""
+    config = hf_config_dict(arch, **GGUF_SIZES[arch])  # legacy key names (rope_theta)
+    writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[_ARCH[arch]])
+    _write_hparams(writer, arch, config)
+    _write_tokenizer(writer, hf_dir)
+    names = gguf.get_tensor_name_map(_ARCH[arch], config["num_hidden_layers"])
+    for name, tensor in sorted(load_file(str(hf_dir / "model.safetensors")).items()):
+        theirs = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert theirs is not None, name
+        fmt = next((f for key, f in formats.items() if key in theirs), None)
+        embedding = "token_embd" in theirs  # quantized only when named: {"token_embd": fmt}
+        if tensor.ndim == 2 and fmt is not None and (not embedding or "token_embd" in formats):
+            writer.add_tensor(
+                theirs, pack(tensor, fmt), raw_dtype=gguf.GGMLQuantizationType(fmt.layout.ggml_type)
+            )
+        else:
+            shift = 1.0 if arch == "gemma3" and theirs.endswith("norm.weight") else 0.0
+            writer.add_tensor(theirs, (tensor + shift).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _write_hparams(writer: gguf.GGUFWriter, arch: str, config: dict[str, Any]) -> None:
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_key_length(config["head_dim"])
+    writer.add_value_length(config["head_dim"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_freq_base(config["rope_theta"])
+    if arch == "gemma3":
+        writer.add_sliding_window(config["sliding_window"])
+
+
+def _write_tokenizer(writer: gguf.GGUFWriter, hf_dir: Path) -> None:
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    vocab: dict[str, int] = tok["model"]["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    special = {a["content"] for a in tok["added_tokens"] if a["special"]}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in special else 1 for t in tokens])
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(vocab[EOS_TOKEN])
+    writer.add_pad_token_id(vocab[PAD_TOKEN])
+    writer.add_chat_template(CHAT_TEMPLATE)
