@@ -56,6 +56,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         self.error: str | None = None
+        self.error_is_client = False  # the request's own options failed it (a 400)
         self.num_preemptions = 0
         self.cached_tokens: dict[str, int] = {}  # prompt tokens not computed, by source
         # in: the client's (sampling_params.extra_args); out: the connector's at finish

@@ -210,6 +210,9 @@ class RunnerOutput:
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    # the ids in ``errors`` failed by their own options (nothing left to sample): a client's
+    # error (HTTP 400), not the engine's
+    client_errors: set[str] = field(default_factory=set)
     logprobs: dict[str, PositionLogprobs] = field(default_factory=dict)  # where params.logprobs
     prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
     logits: dict[str, list[float]] = field(default_factory=dict)  # only if the runner keeps logits

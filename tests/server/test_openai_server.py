@@ -181,5 +181,13 @@ def test_bad_input_keeps_serving(client: openai.OpenAI, server: SubprocessServer
         client.completions.create(model=NAME, prompt="hi", max_tokens=0)
     r = httpx.post(server.url + "/v1/completions", content=b"{", headers={"content-type": "application/json"})  # fmt: skip
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    # options that leave the sampler nothing to pick (only EOS allowed, EOS banned by
+    # min_tokens) fail in the engine, as the client's error: a 400 it must not retry
+    eos = min(llm.engine.model_config.eos_token_ids)
+    body = {"model": NAME, "prompt": "hi", "max_tokens": 4, "min_tokens": 2,
+            "allowed_token_ids": [eos]}  # fmt: skip
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 400 and "leave no token to sample" in r.json()["error"]["message"]
+    assert r.json()["error"]["type"] == "invalid_request_error"
     assert client.completions.create(model=NAME, prompt="hi", max_tokens=2).usage.completion_tokens >= 1  # fmt: skip
     assert httpx.get(server.url + "/health").status_code == 200

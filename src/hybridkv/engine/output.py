@@ -38,6 +38,7 @@ class RequestOutput:
     num_prompt_tokens: int
     cached_tokens: dict[str, int] = field(default_factory=dict)  # by source: local, cpu, disk...
     error: str | None = None
+    client_error: bool = False  # ``error`` is the request's own fault (HTTP 400), not the engine's
     metrics: dict[str, float] = field(default_factory=dict)
     logits: list[list[float]] | None = None  # per generated token, only if the engine keeps them
     kv_transfer_params: dict[str, object] | None = None  # the connector's, once finished
@@ -147,6 +148,7 @@ def make_output(req: Request, state: TextState, keep_logits: bool) -> RequestOut
         num_prompt_tokens=req.num_prompt_tokens,
         cached_tokens=dict(req.cached_tokens),
         error=req.error,
+        client_error=req.error_is_client,
         metrics=metrics,
         logits=list(state.logits) if keep_logits else None,
         kv_transfer_params=req.kv_transfer_params if finished else None,
@@ -166,4 +168,5 @@ def error_output(
         finished=True,
         num_prompt_tokens=len(prompt_ids),
         error=message,
+        client_error=True,
     )

@@ -73,8 +73,8 @@ class Scheduler:
         if self.transfer is None or self.transfer.release(req):
             self.kv.free(req)
 
-    def _fail(self, req: Request, message: str) -> None:
-        req.error = message
+    def _fail(self, req: Request, message: str, client: bool = False) -> None:
+        req.error, req.error_is_client = message, client
         self.finish_request(req.request_id, RequestStatus.FINISHED_ERROR)
 
     def has_unfinished_requests(self) -> bool:
@@ -245,7 +245,7 @@ class Scheduler:
             if req is None or req.status is not running or request_id in discarded:
                 continue  # finished (aborted) while the step ran, or its KV failed to load
             if errors and request_id in errors:  # its KV of this step is not cached either
-                self._fail(req, errors[request_id])
+                self._fail(req, errors[request_id], request_id in result.client_errors)
                 updated.append(req)
                 continue
             req.num_computed_tokens = s.start_pos + len(s.token_ids)

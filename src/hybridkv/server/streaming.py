@@ -134,7 +134,7 @@ async def stream_events(
                 if isinstance(item, EngineDead):
                     failure = engine_error(item).body()
                 elif item.error is not None:
-                    failure = request_failed(item.error).body()
+                    failure = request_failed(item.error, item.client_error).body()
                 if failure is not None:
                     break
                 assert isinstance(item, RequestOutput)
@@ -220,7 +220,7 @@ async def wait_for_final(
     except EngineDead as exc:
         raise engine_error(exc) from None
     if out.error is not None:
-        raise request_failed(out.error)
+        raise request_failed(out.error, out.client_error)
     return out
 
 
@@ -228,9 +228,12 @@ def engine_error(exc: EngineDead) -> APIError:
     return APIError(503, str(exc), type="service_unavailable", code="engine_unavailable")
 
 
-def request_failed(message: str) -> APIError:
-    """The engine finished this request with an error (e.g. a KV load failed under policy
-    ``fail``): a server-side failure of this request only."""
+def request_failed(message: str, client: bool = False) -> APIError:
+    """The engine finished this request with an error: its own options left nothing to sample
+    (``client``: a 400 the client must not retry), else a server-side failure of this request
+    only (e.g. a KV load failed under policy ``fail``)."""
+    if client:
+        return APIError(400, message, type="invalid_request_error", code="invalid_request")
     return APIError(500, message, type="server_error", code="request_failed")
 
 

@@ -124,6 +124,7 @@ class ModelRunner:
         sampled = self.sampler.sample(logits, reqs)
         for i, message in sampled.errors.items():
             result.errors[sampling[i].request_id] = message
+            result.client_errors.add(sampling[i].request_id)
         for i in sampled.invalid_rows:
             result.errors[sampling[i].request_id] = (
                 "the model produced non-finite logits (NaN or infinity) for this request: "
