@@ -168,7 +168,7 @@ class CheckpointBook:
 
     def _forget(self, slot: int, reason: EvictReason) -> None:
         entry = self.entries.pop(slot)
-        del self.by_hash[entry.key[0]]
+        self._unmap(entry.key[0], slot)
         for h in entry.prefix:
             slots = self.through[h]
             slots.discard(slot)
@@ -182,6 +182,16 @@ class CheckpointBook:
         self.counters.count_evicted(reason)
         if self.record_evictions:
             self.evictions.append(entry)
+
+    def _unmap(self, h: BlockHash, slot: int) -> None:
+        """Drop ``slot`` from ``by_hash``: the pool may key two slots alike (a stale entry's
+        key keyed again on another slot), so the hash then maps to the other one."""
+        if self.by_hash.get(h) != slot:
+            return
+        del self.by_hash[h]
+        other = next((s for s, e in self.entries.items() if e.key[0] == h), None)
+        if other is not None:
+            self.by_hash[h] = other
 
     def count(self) -> int:
         self.prune()
