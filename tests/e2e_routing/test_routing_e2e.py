@@ -159,10 +159,11 @@ def test_attention_cached_but_checkpoint_evicted_is_predicted_a_miss(fleet: Flee
     prompt = prompt_of(11, 4 * B + 3)
     complete(fleet.proxy.url, prompt)
     url = holder(fleet, prompt, 4 * B)
-    # other prompts on the same engine take its few state slots: the checkpoints go, the
-    # attention blocks (32 MiB of them) stay
+    # longer prompts on the same engine take its few state slots (each checkpoint saves more
+    # work, so the scan-resistant book lets it displace the shorter one): the checkpoints go,
+    # the attention blocks (32 MiB of them) stay
     for i in range(6):
-        complete(url, prompt_of(500 + i, 2 * B + 1))
+        complete(url, prompt_of(500 + i, 8 * B + 1))
     wait_until(lambda: predict(fleet, prompt)["predicted_cached_tokens"][url] == 0)
     before = scrape(url)
     answer = complete(url, prompt)  # straight to the engine: what does it hold?

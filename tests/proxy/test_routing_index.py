@@ -98,9 +98,12 @@ def test_a_hybrid_with_its_checkpoint_evicted_is_predicted_a_miss() -> None:
     assert (
         predict(index, info, again) == coord.find_cache_hit(FakeRequest("x", again)).num_tokens > 0
     )
-    # other requests take the few state slots: "a"'s checkpoints go, its attention blocks stay
-    for i in range(6):
-        serve(coord, collector, FakeRequest(f"o{i}", [900 + i] * (2 * B + 1)))
+    # "a"'s checkpoints go (the book evicts them: one-shot requests no longer flush them, the
+    # policy is scan resistant), its attention blocks stay
+    for sm in coord.state:
+        while sm.book.evict_one():
+            pass
+    collector.publish_step(coord.take_events())
     full = coord.layout.attention_group_ids[0]
     hashes = block_hashes(info, tuple(again), None)
     assert all(index.holds("GPU", full, h) for h in hashes[:4])  # attention: all there
