@@ -188,7 +188,7 @@ def test_a_hung_prefill_engine_shows_in_health_and_is_routed_around(
             scrape(px.url)[f"hybridkv_proxy_engine_healthy{{engine={hung.url},role=prefill}}"] == 0
         )
     # an engine whose /health answers but whose requests hang: the first-byte timeout
-    timeouts = EngineTimeouts(first_byte_seconds=1, health_seconds=0.5)
+    timeouts = EngineTimeouts(first_byte_seconds=1, health_seconds=5)  # honest /health: 5 s
     with RawBackend(hang) as stuck, proxy([stuck.url], [d.url], timeouts=timeouts) as px:
         assert httpx.get(px.url + "/health", timeout=10).status_code == 200
         r = post(px.url)
@@ -277,7 +277,7 @@ def test_the_cli_wires_keys_and_limits(engines: list[Engine], tmp_path: Path) ->
     port = free_port()
     cmd = [sys.executable, "-m", "hybridkv", "proxy", "--prefill", p.url, "--decode", d.url,
            "--port", str(port), "--api-key-file", str(key_file), "--max-request-bytes", "4KiB",
-           "--health-timeout", "0.5"]  # fmt: skip
+           "--health-timeout", "5"]  # fmt: skip
     env = {**os.environ, "HYBRIDKV_BACKEND_API_KEY": "unused-by-fake-engines"}
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
     try:
