@@ -14,8 +14,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.ports import free_port
+from tests.support.waits import wait_for
 
-__all__ = ["free_port"]  # tests import it from here
+__all__ = ["free_port", "wait_for"]  # tests import them from here
 
 
 class ThreadedServer:
@@ -104,10 +105,3 @@ def parse_metrics(text: str) -> dict[str, float]:
             labels = ",".join(f"{k}={v}" for k, v in sorted(named.items()))
             values[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
     return values
-
-
-def wait_for(predicate: Any, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
