@@ -29,7 +29,10 @@ from tests.server.fake_engine import FakeEngine, expected_text
 from tests.server.harness import ThreadedServer, free_port, scrape, wait_for
 from tests.server.test_fake_server import MODEL, make_app
 
-FAST = EngineTimeouts(first_byte_seconds=10, idle_seconds=1, health_seconds=0.5)
+# honest engines answer /health within 5 s on a loaded machine (0.5 s did not: a busy CI
+# judged them down); HUNG is for the tests whose engine never answers it
+FAST = EngineTimeouts(first_byte_seconds=10, idle_seconds=1, health_seconds=5)
+HUNG = EngineTimeouts(first_byte_seconds=10, idle_seconds=1, health_seconds=0.5)
 Engine = tuple[ThreadedServer, FakeEngine]
 
 
@@ -171,7 +174,10 @@ def test_a_hung_prefill_engine_shows_in_health_and_is_routed_around(
     engines: list[Engine],
 ) -> None:
     _, (d, _) = engines
-    with RawBackend(hang, hung_health=True) as hung, proxy([hung.url], [d.url]) as px:
+    with (
+        RawBackend(hang, hung_health=True) as hung,
+        proxy([hung.url], [d.url], timeouts=HUNG) as px,
+    ):
         r = httpx.get(px.url + "/health", timeout=10)
         assert (
             r.status_code == 503 and "no prefill engine is healthy" in r.json()["error"]["message"]
@@ -191,7 +197,7 @@ def test_a_hung_prefill_engine_shows_in_health_and_is_routed_around(
         assert (
             values[f"hybridkv_proxy_engine_failures_total{{engine={stuck.url},role=prefill}}"] == 1
         )
-    with RawBackend(hang, hung_health=True) as hung, proxy([], [hung.url]) as px:
+    with RawBackend(hang, hung_health=True) as hung, proxy([], [hung.url], timeouts=HUNG) as px:
         r = httpx.get(px.url + "/health", timeout=10)
         assert r.status_code == 503 and "no decode engine is healthy" in r.text
 
