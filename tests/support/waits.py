@@ -19,9 +19,12 @@ T = TypeVar("T")
 POLL_SECONDS = 0.005
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 10.0, *, what: str) -> T:
-    """``predicate()``'s first truthy value, polled every few milliseconds; fails the test with
-    ``timed out after N s waiting for <what>`` if none comes within ``timeout`` seconds."""
+def wait_for(
+    predicate: Callable[[], T], timeout: float = 10.0, *, what: str, every: float = POLL_SECONDS
+) -> T:
+    """``predicate()``'s first truthy value, polled every ``every`` seconds (a few ms: a cheap
+    check; longer for one that costs, like an HTTP call); fails the test with ``timed out
+    after N s waiting for <what>`` if none comes within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -29,7 +32,7 @@ def wait_for(predicate: Callable[[], T], timeout: float = 10.0, *, what: str) ->
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(POLL_SECONDS)
+        time.sleep(every)
 
 
 class Gate:
