@@ -24,16 +24,11 @@ from hybridkv.engine.core import EngineCore
 from hybridkv.engine.output import RequestOutput
 from tests.support.checkpoints import hf_model
 from tests.support.lifetimes import track
+from tests.support.prompts import random_ids as random_ids  # many tests import it from here
 
 TOL = 1e-4  # |logit difference| allowed against transformers, float32
 MAX_TOKENS = 8
 SMALL_KV = "64MiB"
-
-
-def random_ids(n: int, seed: int) -> list[int]:
-    """``n`` token ids in [3, 1000): no special tokens, inside every tiny vocab."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(3, 1000, (n,), generator=gen).tolist()
 
 
 def make_prompt_set() -> list[list[int]]:
