@@ -22,12 +22,13 @@ import pytest
 from hybridkv.native import PageCopy, load_pagecopy
 from tests.support import lifetimes
 from tests.support.checkpoints import SharedCheckpoints
+from tests.support.families import FamilyCheckpoints
 
 TESTS = Path(__file__).resolve().parent
 TIER_OF_FOLDER = {"benchmarks": "bench", "model": "model", "engine": "model", "cli": "e2e"}
 CHECKPOINT_FIXTURES = frozenset(
     {"checkpoints", "checkpoint", "hf_checkpoints", "model_dir", "tiny", "model", "served",
-     "wide_checkpoints", "shared_checkpoints"}
+     "wide_checkpoints", "shared_checkpoints", "family_checkpoints"}
 )  # fmt: skip
 
 
@@ -101,6 +102,13 @@ def native() -> PageCopy:
 def shared_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> SharedCheckpoints:
     """Tiny transformers-built checkpoints, each built once per session for every folder."""
     return SharedCheckpoints(tmp_path_factory.mktemp("checkpoints"))
+
+
+@pytest.fixture(scope="session")
+def family_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> FamilyCheckpoints:
+    """Every registered family's tiny checkpoint, built on first use, once per session (so
+    the transformers references memoised per checkpoint are shared by every folder too)."""
+    return FamilyCheckpoints(tmp_path_factory.mktemp("families"))
 
 
 @pytest.fixture(autouse=True, scope="session")
