@@ -22,11 +22,12 @@ lint: setup
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 
+# --durations: the slowest tests in every log, so a test that eats the budget shows
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=20
 
 test-fast: setup
-	$(PY) -m pytest -m "not slow and not model and not e2e and not bench"
+	$(PY) -m pytest -m "not slow and not model and not e2e and not bench" --durations=10
 
 # Serves the embedded default model at http://127.0.0.1:8000 with the CPU and disk offload
 # tiers on (disk tier in ./kv-cache, kept across restarts), and prints a curl example.

@@ -10,7 +10,9 @@ and scheduler control plane, connector units, the fake-engine server, the kernel
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,25 +21,60 @@ import pytest
 
 from hybridkv.native import PageCopy, load_pagecopy
 from tests.support import lifetimes
+from tests.support.checkpoints import SharedCheckpoints
+from tests.support.families import FamilyCheckpoints
 
 TESTS = Path(__file__).resolve().parent
 TIER_OF_FOLDER = {"benchmarks": "bench", "model": "model", "engine": "model", "cli": "e2e"}
 CHECKPOINT_FIXTURES = frozenset(
     {"checkpoints", "checkpoint", "hf_checkpoints", "model_dir", "tiny", "model", "served",
-     "wide_checkpoints"}
+     "wide_checkpoints", "shared_checkpoints", "family_checkpoints"}
 )  # fmt: skip
+
+
+def folder_tier(path: Path) -> str | None:
+    """The tier of every test under ``path`` by its folder (None: decided test by test)."""
+    parts = path.relative_to(TESTS).parts if path.is_relative_to(TESTS) else ()
+    if not parts:
+        return None
+    return "e2e" if parts[0].startswith("e2e_") else TIER_OF_FOLDER.get(parts[0])
 
 
 def tier_of(item: pytest.Item) -> str | None:
     """The tier marker ``item`` gets (None: the fast tier)."""
-    folder = item.path.relative_to(TESTS).parts[0]
-    if folder.startswith("e2e_"):
-        return "e2e"
-    if folder in TIER_OF_FOLDER:
-        return TIER_OF_FOLDER[folder]
-    if CHECKPOINT_FIXTURES & set(getattr(item, "fixturenames", ())):
+    tier = folder_tier(item.path)
+    if tier is None and CHECKPOINT_FIXTURES & set(getattr(item, "fixturenames", ())):
         return "model"
-    return None
+    return tier
+
+
+def can_select(markexpr: str, tier: str) -> bool:
+    """Whether ``-m markexpr`` can select some test marked ``tier`` (whatever other markers
+    it carries); True whenever unsure."""
+    names = set(re.split(r"[\s()]+", markexpr)) - {"", "and", "or", "not", tier}
+    if "(" in markexpr.replace("not (", "") or len(names) > 8:
+        return True  # marker arguments, or too many names to try every combination
+    try:
+        from _pytest.mark.expression import Expression  # pytest's own parser (not public)
+
+        expr = Expression.compile(markexpr)
+    except Exception:
+        return True
+    for on in itertools.product((False, True), repeat=len(names)):
+        marked = {tier} | {n for n, set_ in zip(sorted(names), on, strict=True) if set_}
+        if expr.evaluate(marked.__contains__):
+            return True
+    return False
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A folder whose tier ``-m`` deselects (``make test-fast``) is not even imported: its
+    modules pull in transformers and the engine for tests that would not run."""
+    tier = folder_tier(collection_path)
+    markexpr = config.option.markexpr
+    if tier is None or not markexpr or can_select(markexpr, tier):
+        return None
+    return True
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -59,6 +96,19 @@ def native() -> PageCopy:
     if shutil.which(os.environ.get("CC", "cc")) is None:
         pytest.skip("no C compiler: the native kernels cannot be built here")
     pytest.fail("a C compiler is present but the native kernels did not build (see the log)")
+
+
+@pytest.fixture(scope="session")
+def shared_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> SharedCheckpoints:
+    """Tiny transformers-built checkpoints, each built once per session for every folder."""
+    return SharedCheckpoints(tmp_path_factory.mktemp("checkpoints"))
+
+
+@pytest.fixture(scope="session")
+def family_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> FamilyCheckpoints:
+    """Every registered family's tiny checkpoint, built on first use, once per session (so
+    the transformers references memoised per checkpoint are shared by every folder too)."""
+    return FamilyCheckpoints(tmp_path_factory.mktemp("families"))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -6,6 +6,7 @@ rules below hold. A node is a subpackage (``kv``, ``sched``...) or a top-level m
 from __future__ import annotations
 
 import ast
+import functools
 from collections import defaultdict
 from pathlib import Path
 
@@ -57,10 +58,16 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path, module: str) -> set[str]:
+@functools.cache  # each source is parsed once per session, not once per rule
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+@functools.cache
+def _imports(path: Path, module: str) -> frozenset[str]:
     found: set[str] = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -69,7 +76,7 @@ def _imports(path: Path, module: str) -> set[str]:
                 found.add(f"{base}.{node.module}" if node.module else base)
             elif node.module:
                 found.add(node.module)
-    return {m for m in found if m == "hybridkv" or m.startswith("hybridkv.")}
+    return frozenset(m for m in found if m == "hybridkv" or m.startswith("hybridkv."))
 
 
 def package_graph(root: Path = ROOT) -> dict[str, set[str]]:
@@ -173,7 +180,7 @@ def file_graph(root: Path = ROOT) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for module, path in paths.items():
         found = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 found.update(f"{node.module}.{a.name}" for a in node.names)
         found = {m for m in found | _imports(path, module) if m in paths and m != module}

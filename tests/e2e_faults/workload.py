@@ -13,14 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from hybridkv import LLM, SamplingParams
 from hybridkv.connectors.fault.connector import FaultInjectionWorker
 from hybridkv.connectors.fault.plan import TIMEOUT, plan_faults
 from hybridkv.engine.output import RequestOutput
 from hybridkv.step_io import ConnectorMetadata, LoadSpec
 from tests.support.lifetimes import track
+from tests.support.prompts import random_ids
 
 OPTIONS: dict[str, Any] = {"dtype": "float32", "block_size": 16, "kv_cache_memory": "32MiB"}
 MAX_TOKENS = 8
@@ -28,12 +27,6 @@ MAX_TOKENS = 8
 
 def greedy(max_tokens: int = MAX_TOKENS) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-
-
-def random_ids(n: int, seed: int) -> list[int]:
-    """``n`` token ids in [3, 1000): no special tokens, inside every tiny vocab."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(3, 1000, (n,), generator=gen).tolist()
 
 
 def make_prompts() -> list[list[int]]:

@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.checkpoints import make_hf_checkpoint
+from tests.support.checkpoints import SharedCheckpoints
 
 ARCHS = ("qwen3", "gemma3", "granitemoehybrid")
 
 
 @pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("offload_ckpts")
-    return {arch: make_hf_checkpoint(arch, root / arch) for arch in ARCHS}
+def checkpoints(shared_checkpoints: SharedCheckpoints) -> dict[str, Path]:
+    return {arch: shared_checkpoints.get(arch) for arch in ARCHS}

@@ -9,13 +9,13 @@ import functools
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from hybridkv import LLM, SamplingParams
 from hybridkv.connectors.offloading.scheduler import OffloadingScheduler
 from hybridkv.connectors.offloading.units import UnitGeometry
 from hybridkv.connectors.offloading.worker import OffloadingWorker
+from tests.support.configs import offload_config
 from tests.support.lifetimes import keep, track
+from tests.support.prompts import random_ids
 from tests.support.stats import flat_counters
 
 C = 32  # chunk_tokens
@@ -24,9 +24,7 @@ KV_MEMORY = "16MiB"
 PARAMS = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
-def ids(n: int, seed: int) -> list[int]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(3, 1000, (n,), generator=gen).tolist()
+ids = random_ids
 
 
 PREFIX = ids(128, 1)
@@ -37,15 +35,7 @@ OTHER = ids(170, 99)  # an unrelated prompt of 5 units
 def offload(
     cpu: int | str | None = None, disk: Path | None = None, remote: str | None = None, **extra: Any
 ) -> dict[str, Any]:
-    options: dict[str, Any] = {"chunk_tokens": C, **extra}
-    if remote is not None:
-        options["remote_url"] = remote
-    if cpu is not None:
-        options["cpu_bytes"] = cpu
-    if disk is not None:
-        options["disk_path"] = str(disk)
-        options.setdefault("disk_bytes", "64MiB")
-    return {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": options}
+    return offload_config(cpu, disk, remote, **{"chunk_tokens": C, **extra})
 
 
 def make_llm(model: Path, kv_transfer_config: dict[str, Any] | None, **kw: Any) -> LLM:

@@ -20,9 +20,9 @@ from .helpers import (
 from .test_load_and_faults import faulty, shared_prompts
 
 
-@pytest.fixture(scope="module")
-def families(tmp_path_factory: pytest.TempPathFactory) -> FamilyCheckpoints:
-    return FamilyCheckpoints(tmp_path_factory.mktemp("offload_families"))
+@pytest.fixture(scope="session")
+def families(family_checkpoints: FamilyCheckpoints) -> FamilyCheckpoints:
+    return family_checkpoints
 
 
 @pytest.mark.timeout(600)

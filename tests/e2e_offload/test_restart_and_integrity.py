@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from hybridkv.connectors.offloading.tiers.disk.tier import DiskTier
+from tests.support.waits import wait_for
 
 from .helpers import (
     PROMPTS,
@@ -147,7 +148,6 @@ def test_slow_disk_times_out_into_recompute(
     assert c["timeouts"] == 1 and c["load_failures:timeout"] == 1
     disk = sched(llm).disk
     assert disk is not None
-    deadline = time.monotonic() + 5.0
-    while disk.index.num_pinned() and time.monotonic() < deadline:
-        time.sleep(0.05)  # the abandoned read stops after its current part and unpins
+    # the abandoned read stops after its current part and unpins
+    wait_for(lambda: not disk.index.num_pinned(), 5, what="the abandoned read to unpin")
     assert_clean(llm)

@@ -4,22 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support.checkpoints import make_hf_checkpoint
+from tests.support.checkpoints import SharedCheckpoints
 
 
 @pytest.fixture(scope="session")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    root = tmp_path_factory.mktemp("e2e_pd_ckpts")
-    built: dict[str, Path] = {}
-
-    def build(arch: str, name: str | None = None, seed: int = 0, **overrides: Any) -> Path:
-        key = name or arch
-        if key not in built:
-            built[key] = make_hf_checkpoint(arch, root / key, seed=seed, **overrides)
-        return built[key]
-
-    return build
+def checkpoint(shared_checkpoints: SharedCheckpoints) -> Callable[..., Path]:
+    """``checkpoint(arch, name=None, seed=0, **overrides)`` (memoised for the session)."""
+    return shared_checkpoints.get

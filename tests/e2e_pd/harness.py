@@ -4,10 +4,7 @@ NixlConnector) and a ``hybridkv proxy``, all on free loopback ports, all stopped
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +13,7 @@ from typing import Any
 import httpx
 
 from tests.server.harness import SubprocessServer, free_port
+from tests.support.served import ServedProcess
 
 ENGINE_FLAGS = [
     "--served-model-name",
@@ -53,44 +51,12 @@ def engine(
     return SubprocessServer(args, log)
 
 
-class ProxyProcess:
+class ProxyProcess(ServedProcess):
     """``python -m hybridkv proxy`` on a free port; waits for /health."""
 
     def __init__(self, prefill: list[str], decode: list[str], log: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.cmd = [sys.executable, "-m", "hybridkv", "proxy", "--port", str(self.port)]
-        self.cmd += ["--prefill", *prefill, "--decode", *decode]
-        self.log_path = log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> ProxyProcess:
-        self._log = open(self.log_path, "wb")  # noqa: SIM115
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 60
-        while not self._healthy():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.__exit__()
-                raise RuntimeError(f"proxy did not come up:\n{self.log_path.read_text()}")
-            time.sleep(0.2)
-        return self
-
-    def _healthy(self) -> bool:
-        try:
-            return httpx.get(self.url + "/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+        cmd = [sys.executable, "-m", "hybridkv", "proxy", "--prefill", *prefill]
+        super().__init__([*cmd, "--decode", *decode], log, timeout=60)
 
 
 @dataclass

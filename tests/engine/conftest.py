@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.helpers import build_checkpoints
+from tests.support.checkpoints import HF_ARCHS, SharedCheckpoints
 
 
 @pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return build_checkpoints(tmp_path_factory.mktemp("engine_ckpts"))
+def checkpoints(shared_checkpoints: SharedCheckpoints) -> dict[str, Path]:
+    return {arch: shared_checkpoints.get(arch) for arch in HF_ARCHS}

@@ -1,6 +1,6 @@
 """Shared builders for engine acceptance tests: checkpoints, prompt sets, engines, references.
 
-Checkpoints are built once per session (``build_checkpoints``) and transformers references are
+Checkpoints are built once per session (``tests/conftest.py``'s ``shared_checkpoints``) and transformers references are
 memoised per (checkpoint, prompt, length), so many engine configurations can be checked against
 one reference run.
 """
@@ -22,28 +22,13 @@ from hybridkv import LLM, SamplingParams
 from hybridkv.config import EngineConfig
 from hybridkv.engine.core import EngineCore
 from hybridkv.engine.output import RequestOutput
-from tests.support.checkpoints import HF_ARCHS, hf_model, make_hf_checkpoint
+from tests.support.checkpoints import hf_model
 from tests.support.lifetimes import track
+from tests.support.prompts import random_ids as random_ids  # many tests import it from here
 
 TOL = 1e-4  # |logit difference| allowed against transformers, float32
 MAX_TOKENS = 8
 SMALL_KV = "64MiB"
-
-_BUILT: dict[str, Path] = {}
-
-
-def build_checkpoints(root: Path) -> dict[str, Path]:
-    """Every test architecture's tiny checkpoint, built once per process under ``root``."""
-    for arch in HF_ARCHS:
-        if arch not in _BUILT:
-            _BUILT[arch] = make_hf_checkpoint(arch, root / arch)
-    return dict(_BUILT)
-
-
-def random_ids(n: int, seed: int) -> list[int]:
-    """``n`` token ids in [3, 1000): no special tokens, inside every tiny vocab."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(3, 1000, (n,), generator=gen).tolist()
 
 
 def make_prompt_set() -> list[list[int]]:

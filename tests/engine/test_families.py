@@ -31,8 +31,8 @@ CHUNKED = {"block_size": 8, "max_num_batched_tokens": 20, "state_checkpoint_inte
 
 
 @pytest.fixture(scope="session")
-def families(tmp_path_factory: pytest.TempPathFactory) -> FamilyCheckpoints:
-    return FamilyCheckpoints(tmp_path_factory.mktemp("family_ckpts"))
+def families(family_checkpoints: FamilyCheckpoints) -> FamilyCheckpoints:
+    return family_checkpoints
 
 
 @pytest.mark.timeout(300)

@@ -17,9 +17,9 @@ from tests.support.families import STATE_FAMILIES, FamilyCheckpoints
 ONE_STEP = {"block_size": 16, "max_num_batched_tokens": 512}  # the prompt in one step
 
 
-@pytest.fixture(scope="module")
-def families(tmp_path_factory: pytest.TempPathFactory) -> FamilyCheckpoints:
-    return FamilyCheckpoints(tmp_path_factory.mktemp("first_sharer"))
+@pytest.fixture(scope="session")
+def families(family_checkpoints: FamilyCheckpoints) -> FamilyCheckpoints:
+    return family_checkpoints
 
 
 def _model(family: str, families: FamilyCheckpoints, checkpoints: dict[str, Path]) -> Path:

@@ -20,7 +20,7 @@ import pytest
 
 from hybridkv import LLM, SamplingParams
 from hybridkv.engine.lifetime import EngineClosedError
-from tests.support.checkpoints import make_hf_checkpoint
+from tests.support.checkpoints import SharedCheckpoints
 from tests.support.ports import free_port
 from tests.support.valkey_server import ValkeyProcess, running_valkey
 
@@ -76,8 +76,8 @@ CONFIGS: dict[str, Config] = {
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_hf_checkpoint("qwen3", tmp_path_factory.mktemp("lifetimes") / "q")
+def model(shared_checkpoints: SharedCheckpoints) -> Path:
+    return shared_checkpoints.get("qwen3")
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 
 from hybridkv import LLM, SamplingParams
 from hybridkv.connectors.tier_events import NoTiersError
-from tests.support.checkpoints import make_hf_checkpoint
+from tests.support.checkpoints import SharedCheckpoints
 from tests.support.lifetimes import track
 
 pytestmark = pytest.mark.slow
@@ -20,8 +20,8 @@ PROMPT = [(7 * i) % 500 + 3 for i in range(70)]
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_hf_checkpoint("granitemoehybrid", tmp_path_factory.mktemp("reset") / "g")
+def model(shared_checkpoints: SharedCheckpoints) -> Path:
+    return shared_checkpoints.get("granitemoehybrid")
 
 
 def make(model: Path, **kw: object) -> LLM:

@@ -8,6 +8,7 @@ another structure uses (live, trailing, pending, held), and the least valuable f
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant
@@ -98,10 +99,22 @@ class PressureMachine(KVMachine):
             assert cap is None or sm.book.count() + sm.num_pending() <= cap
 
 
-PressureMachine.TestCase.settings = settings(
+DEEP = settings(
     max_examples=150,
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-TestPressureMachine = PressureMachine.TestCase
+
+
+class TestPressureMachine(PressureMachine.TestCase):
+    """The fast tier's run: the same machine and invariants over fewer programs."""
+
+    settings = settings(DEEP, max_examples=40)
+
+
+@pytest.mark.slow
+class TestPressureMachineDeep(PressureMachine.TestCase):
+    """The full budget (150 programs of up to 50 steps), in ``make test``."""
+
+    settings = DEEP

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -349,10 +350,22 @@ class KVMachine(RuleBasedStateMachine):
         assert self.coord.is_idle()
 
 
-KVMachine.TestCase.settings = settings(
+DEEP = settings(
     max_examples=400,
     stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-TestKVMachine = KVMachine.TestCase
+
+
+class TestKVMachine(KVMachine.TestCase):
+    """The fast tier's run: the same machine and invariants over fewer programs."""
+
+    settings = settings(DEEP, max_examples=60)
+
+
+@pytest.mark.slow
+class TestKVMachineDeep(KVMachine.TestCase):
+    """The full budget (400 programs of up to 60 steps), in ``make test``."""
+
+    settings = DEEP

@@ -13,7 +13,7 @@ import zmq
 
 from tests.kv_events.vllm_schema import DECODER, AllBlocksCleared, BlockStored, KVEventBatch
 from tests.server.harness import SubprocessServer, scrape
-from tests.support.checkpoints import make_hf_checkpoint
+from tests.support.checkpoints import SharedCheckpoints
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +27,8 @@ def next_batch(sub: zmq.Socket[bytes]) -> KVEventBatch:
             return batch
 
 
-def test_serve_publishes_and_resets(tmp_path: Path) -> None:
-    model = make_hf_checkpoint("granitemoehybrid", tmp_path / "g")
+def test_serve_publishes_and_resets(tmp_path: Path, shared_checkpoints: SharedCheckpoints) -> None:
+    model = shared_checkpoints.get("granitemoehybrid")
     endpoint = f"ipc://{tmp_path}/events.sock"
     events = {"enable_kv_cache_events": True, "endpoint": endpoint, "topic": "kv"}
     args = ["--model", str(model), "--served-model-name", "g", "--dtype", "float32",

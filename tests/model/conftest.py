@@ -9,13 +9,12 @@ import pytest
 from hybridkv.kv.spec import create_layout
 from hybridkv.model.loading.loader import load_model
 from hybridkv.model.step.runner import ModelRunner
-from tests.support.checkpoints import HF_ARCHS, make_hf_checkpoint
+from tests.support.checkpoints import HF_ARCHS, SharedCheckpoints
 
 
 @pytest.fixture(scope="session")
-def hf_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("hf_ckpts")
-    return {arch: make_hf_checkpoint(arch, root / arch) for arch in HF_ARCHS}
+def hf_checkpoints(shared_checkpoints: SharedCheckpoints) -> dict[str, Path]:
+    return {arch: shared_checkpoints.get(arch) for arch in HF_ARCHS}
 
 
 def make_runner(

@@ -36,15 +36,19 @@ HUNG = EngineTimeouts(first_byte_seconds=10, idle_seconds=1, health_seconds=0.5)
 Engine = tuple[ThreadedServer, FakeEngine]
 
 
+def start_engines(stack: ExitStack) -> list[Engine]:
+    """A prefill engine and a decode engine, stopped with ``stack``."""
+    out = []
+    for _ in range(2):
+        app, fake = make_app(max_model_len=1 << 20)
+        out.append((stack.enter_context(ThreadedServer(app)), fake))
+    return out
+
+
 @pytest.fixture
 def engines() -> Iterator[list[Engine]]:
-    """A prefill engine and a decode engine."""
     with ExitStack() as stack:
-        out = []
-        for _ in range(2):
-            app, fake = make_app(max_model_len=1 << 20)
-            out.append((stack.enter_context(ThreadedServer(app)), fake))
-        yield out
+        yield start_engines(stack)
 
 
 def proxy(prefill: list[str], decode: list[str], **kw: object) -> ThreadedServer:
@@ -75,6 +79,16 @@ def test_body_limit_is_413_before_the_body_is_read(engines: list[Engine]) -> Non
     assert fp.num_queries == fd.num_queries == 1  # only the first request reached them
 
 
+@pytest.fixture(scope="module")
+def shared_proxy() -> Iterator[tuple[ThreadedServer, list[Engine]]]:
+    """A proxy over two engines, for tests that never reach the engines (their counters stay
+    0 across the module, so each test still shows it sent nothing on)."""
+    with ExitStack() as stack:
+        engines = start_engines(stack)
+        (p, _), (d, _) = engines
+        yield stack.enter_context(proxy([p.url], [d.url])), engines
+
+
 @pytest.mark.parametrize(
     "raw",
     [
@@ -87,13 +101,14 @@ def test_body_limit_is_413_before_the_body_is_read(engines: list[Engine]) -> Non
         b"\xff\xfe{}",
     ],
 )
-def test_malformed_bodies_are_400_in_openai_shape(engines: list[Engine], raw: bytes) -> None:
-    (p, fp), (d, fd) = engines
-    with proxy([p.url], [d.url]) as px:
-        headers = {"content-type": "application/json"}
-        r = httpx.post(px.url + "/v1/completions", content=raw, headers=headers, timeout=30)
-        assert r.status_code == 400, r.text
-        assert r.json()["error"]["type"] == "invalid_request_error"
+def test_malformed_bodies_are_400_in_openai_shape(
+    shared_proxy: tuple[ThreadedServer, list[Engine]], raw: bytes
+) -> None:
+    px, ((_, fp), (_, fd)) = shared_proxy
+    headers = {"content-type": "application/json"}
+    r = httpx.post(px.url + "/v1/completions", content=raw, headers=headers, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
     assert fp.num_queries == fd.num_queries == 0
 
 

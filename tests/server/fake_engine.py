@@ -18,17 +18,21 @@ from hybridkv.engine.stats import EngineStats, GroupCacheStats
 from hybridkv.model.loading.chat_template import text_messages
 from hybridkv.sampling.logprobs import Logprob
 from hybridkv.sampling.params import SamplingParams
+from tests.support.waits import Gate
 
 BLOCK = 4
 NUM_BLOCKS = 64
 
 
 class CharTokenizer:
+    def __init__(self) -> None:
+        self.slow = Gate()  # holds a SLOWTOKENS prompt's tokenizing
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if "BUG" in text:
             raise KeyError("a bug in the tokenizer")
         if "SLOWTOKENS" in text:
-            time.sleep(1.5)  # a prompt that takes long to tokenize
+            self.slow.hold()  # a prompt that takes long to tokenize
         return [min(ord(c), 255) for c in text]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -73,7 +77,7 @@ class FakeEngine:
         self.tokenizer = CharTokenizer()
         self.max_model_len = max_model_len
         self.step_delay = step_delay
-        self.stall_seconds = 1.5
+        self.stall = Gate()  # holds the first step of a STALL prompt
         self.num_queries = 0
         self.queried_tokens = 0
         self.reqs: dict[str, _Req] = {}
@@ -115,7 +119,7 @@ class FakeEngine:
             if "CRASH" in prompt:
                 raise RuntimeError("the fake engine crashed")
             if "STALL" in prompt and not req.out_ids:
-                time.sleep(self.stall_seconds)  # one stuck step (a disk that does not answer)
+                self.stall.hold()  # one stuck step (a disk that does not answer)
             if "FAIL" in prompt and req.out_ids:
                 req.status, req.error = "error", "KV load failed (fake)"
                 del self.reqs[req.request_id]

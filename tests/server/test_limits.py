@@ -22,6 +22,7 @@ from hybridkv.server.limits import ServerLimits
 from hybridkv.server.state import ServerState
 from tests.server.fake_engine import FakeEngine
 from tests.server.harness import ThreadedServer, scrape
+from tests.support.waits import Gate, wait_for
 
 MODEL = "fake-model"
 LIMITS = ServerLimits(
@@ -33,8 +34,12 @@ LIMITS = ServerLimits(
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[ThreadedServer]:
-    fake = FakeEngine(max_model_len=1 << 20)
+def fake() -> FakeEngine:
+    return FakeEngine(max_model_len=1 << 20)
+
+
+@pytest.fixture(scope="module")
+def server(fake: FakeEngine) -> Iterator[ThreadedServer]:
     metrics = ServerMetrics()
     engine = AsyncEngine(fake, metrics)  # type: ignore[arg-type]
     state = ServerState(engine, metrics, fake.tokenizer, MODEL, fake.max_model_len, LIMITS)
@@ -78,8 +83,9 @@ def test_slow_body_and_slow_headers_are_cut_off(server: ThreadedServer) -> None:
     assert completion(server, "abc").status_code == 200
 
 
-def test_health_fails_while_a_step_is_stuck(server: ThreadedServer) -> None:
+def test_health_fails_while_a_step_is_stuck(server: ThreadedServer, fake: FakeEngine) -> None:
     assert httpx.get(server.url + "/health").status_code == 200
+    fake.stall = Gate()
     with httpx.Client(timeout=30) as client:
         stuck = client.build_request(
             "POST", server.url + "/v1/completions", json={"model": MODEL, "prompt": "STALL"}
@@ -88,23 +94,34 @@ def test_health_fails_while_a_step_is_stuck(server: ThreadedServer) -> None:
         done: list[httpx.Response] = []
         worker = threading.Thread(target=lambda: done.append(client.send(stuck)))
         worker.start()
-        time.sleep(1.0)  # the step sleeps 1.5 s; the limit is 0.5 s
-        r = httpx.get(server.url + "/health", timeout=5)
-        assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stalled"
-        worker.join(30)
+        try:
+            assert fake.stall.entered.wait(10), "the STALL step never started"
+            health = server.url + "/health"  # the limit is 0.5 s: 503 once the step is over it
+            wait_for(lambda: httpx.get(health).status_code == 503, what="/health to say 503")
+            r = httpx.get(health)  # the step is still held
+            assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stalled"
+        finally:
+            fake.stall.release()
+            worker.join(30)
     assert done and done[0].status_code == 200
     assert httpx.get(server.url + "/health").status_code == 200  # it recovered
 
 
-def test_tokenizing_runs_off_the_event_loop(server: ThreadedServer) -> None:
+def test_tokenizing_runs_off_the_event_loop(server: ThreadedServer, fake: FakeEngine) -> None:
+    fake.tokenizer.slow = Gate(limit=10.0)
     slow: list[httpx.Response] = []
     worker = threading.Thread(target=lambda: slow.append(completion(server, "SLOWTOKENS")))
     worker.start()
-    time.sleep(0.3)  # the slow prompt is being tokenized now
-    start = time.monotonic()
-    assert completion(server, "abc").json()["choices"][0]["text"] == "de"
-    assert time.monotonic() - start < 1.0  # not queued behind the 1.5 s tokenization
-    worker.join(30)
+    try:
+        assert fake.tokenizer.slow.entered.wait(10), "the slow prompt was never tokenized"
+        # its tokenizing is held until this answer arrives: were it on the event loop, this
+        # request would be served only once the gate gave up (10 s) and let it through
+        fast = completion(server, "abc")
+        assert fake.tokenizer.slow.num_passed == 0
+        assert fast.json()["choices"][0]["text"] == "de"
+    finally:
+        fake.tokenizer.slow.release()
+        worker.join(30)
     assert slow and slow[0].status_code == 200
 
 

@@ -17,7 +17,7 @@ from hybridkv.server.app import create_app
 from hybridkv.server.async_engine import AsyncEngine
 from hybridkv.server.state import ServerState
 from tests.server.harness import ThreadedServer
-from tests.support.checkpoints import make_hf_checkpoint
+from tests.support.checkpoints import SharedCheckpoints
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +28,8 @@ PROMPT = [(5 * i) % 400 + 3 for i in range(80)]
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, EngineCore]]:
-    ckpt = make_hf_checkpoint("qwen3", tmp_path_factory.mktemp("reset_srv") / "q")
+def served(shared_checkpoints: SharedCheckpoints) -> Iterator[tuple[str, EngineCore]]:
+    ckpt = shared_checkpoints.get("qwen3")
     config = EngineConfig.create(str(ckpt), dtype="float32", kv_cache_memory="8MiB",
                                  block_size=16, max_model_len=512)  # fmt: skip
     engine = EngineCore(config)

@@ -57,6 +57,27 @@ def make_hf_checkpoint(arch: str, out_dir: Path, seed: int = 0, **config_overrid
     return out_dir
 
 
+class SharedCheckpoints:
+    """The session's checkpoints, each built once under ``root`` whichever test folder asks:
+    ``get(arch, seed=0, name=None, **overrides)`` -> its directory (``name`` only names the
+    directory; the same arch, seed and overrides give the same one). Read-only: a test that
+    edits a checkpoint copies it first (``tests/engine/helpers.copy_checkpoint``)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.built: dict[str, Path] = {}
+
+    def get(self, arch: str, seed: int = 0, name: str | None = None, **overrides: Any) -> Path:
+        key = json.dumps([arch, seed, overrides], sort_keys=True)
+        if key not in self.built:
+            default = arch if seed == 0 and not overrides else f"{arch}-{len(self.built)}"
+            folder = self.root / (name or default)
+            if folder.exists():  # the name was taken by another arch, seed or overrides
+                folder = self.root / f"{folder.name}-{len(self.built)}"
+            self.built[key] = make_hf_checkpoint(arch, folder, seed=seed, **overrides)
+        return self.built[key]
+
+
 @functools.lru_cache(maxsize=8)
 def hf_model(model_dir: Path) -> Any:
     from transformers import AutoModelForCausalLM

@@ -7,18 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.checkpoints import make_hf_checkpoint
+from tests.support.checkpoints import SharedCheckpoints
 
 
 @pytest.fixture(scope="session")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    root = tmp_path_factory.mktemp("nixl_ckpts")
-    built: dict[str, Path] = {}
-
-    def build(arch: str, seed: int = 0) -> Path:
-        key = f"{arch}-{seed}"
-        if key not in built:
-            built[key] = make_hf_checkpoint(arch, root / key, seed=seed)
-        return built[key]
-
-    return build
+def checkpoint(shared_checkpoints: SharedCheckpoints) -> Callable[..., Path]:
+    """``checkpoint(arch, seed=0)`` (memoised for the session)."""
+    return shared_checkpoints.get

@@ -63,18 +63,20 @@ block_sizes = st.sampled_from([1, 2, 3, 4, 5, 8, 12, 16])
 ratios = st.sampled_from([1, 2, 3, 4, 8, 0.5, 0.25, 0.125])
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    window=st.integers(2, 80),
-    bp=block_sizes,
-    ratio=ratios,
-    length=st.integers(2, 220),
-    warm=st.floats(0, 1),
-    prefix=st.floats(0, 1),
-    num_new=st.integers(1, 40),
-    seed=st.integers(0, 1 << 16),
-)
-def test_no_block_is_hashed_without_its_bytes(
+PROGRAMS = {
+    "window": st.integers(2, 80),
+    "bp": block_sizes,
+    "ratio": ratios,
+    "length": st.integers(2, 220),
+    "warm": st.floats(0, 1),
+    "prefix": st.floats(0, 1),
+    "num_new": st.integers(1, 40),
+    "seed": st.integers(0, 1 << 16),
+}
+QUICK = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def no_block_is_hashed_without_its_bytes(
     window: int,
     bp: int,
     ratio: float,
@@ -94,6 +96,15 @@ def test_no_block_is_hashed_without_its_bytes(
     later(consumer, "whole", prompt + [5] * num_new)
     consumer.kv.check_integrity()
     assert consumer.kv.is_idle()
+
+
+# the fast tier's run, and the full budget (120 programs) in ``make test``
+test_no_block_is_hashed_without_its_bytes = QUICK(
+    given(**PROGRAMS)(no_block_is_hashed_without_its_bytes)
+)
+test_no_block_is_hashed_without_its_bytes_deep = pytest.mark.slow(
+    settings(QUICK, max_examples=120)(given(**PROGRAMS)(no_block_is_hashed_without_its_bytes))
+)
 
 
 @pytest.mark.parametrize("ratio", [4, 8])

@@ -18,6 +18,7 @@ from hybridkv.connectors.offloading.tiers.disk.tier import DiskTier
 from hybridkv.connectors.offloading.worker import OffloadingWorker
 from hybridkv.kv.spec import KVCacheLayout
 from tests.connectors.helpers import Engine, FakeRequest
+from tests.support import configs
 from tests.support.stats import flat_counters
 
 C = 8
@@ -32,15 +33,9 @@ def offload_config(
     remote: str | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    options: dict[str, Any] = {"chunk_tokens": C, **extra}
-    if remote is not None:
-        options["remote_url"] = remote
-    if cpu is not None:
-        options["cpu_bytes"] = cpu
-    if disk is not None:
-        options["disk_path"] = str(disk)
-        options.setdefault("disk_bytes", "4MiB")
-    return {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": options}
+    return configs.offload_config(
+        cpu, disk, remote, default_disk_bytes="4MiB", **{"chunk_tokens": C, **extra}
+    )
 
 
 class OffloadEngine(Engine):

@@ -5,7 +5,6 @@ write-behind has not run yet is never evicted (its buffers would be overwritten)
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from hybridkv.connectors.offloading.tier import UnitState
 from hybridkv.connectors.offloading.tiers.cpu import entry as cpu_entry
 from hybridkv.native import PageCopy
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, table
+from tests.support.waits import wait_for
 
 from .helpers import OffloadEngine, offload_config
 
@@ -84,10 +84,10 @@ def test_a_unit_waiting_for_its_disk_write_is_not_evicted(tmp_path: Path) -> Non
     a, b = make_request("a", 18, first_token=1), make_request("b", 18, first_token=500)
     a_bytes = engine.blocks_bytes([1, 2, 3, 4]).clone()
     save(engine, a, first_block=1, wait=False)
-    deadline = time.monotonic() + 5.0
-    while engine.cpu.index.state_of(a.block_hashes[3]) is not UnitState.READY:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for(
+        lambda: engine.cpu.index.state_of(a.block_hashes[3]) is UnitState.READY,
+        what="A's last unit to be ready in the CPU tier",
+    )
     save(engine, b, first_block=10, wait=False)  # no room but A's units: pinned, kept
     assert engine.cpu.index.state_of(a.block_hashes[1]) is UnitState.READY
     release.set()

@@ -16,6 +16,7 @@ from hybridkv.connectors.offloading.tiers.remote.key import ENV_KEY
 from hybridkv.connectors.offloading.tiers.remote.tier import RemoteTier
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, table
 from tests.support.valkey_server import ValkeyProcess, running_valkey
+from tests.support.waits import wait_for
 
 from .helpers import DST, SRC, OffloadEngine, offload_config
 
@@ -54,12 +55,14 @@ def lookup(e: OffloadEngine, req: FakeRequest) -> tuple[int, bool] | None:
 
 def settle(e: OffloadEngine, req: FakeRequest) -> tuple[int, bool]:
     """Lookups until the tiers answer (remote probes run on a worker), a step between each."""
-    deadline = time.monotonic() + 5
-    while (found := lookup(e, req)) is None:
-        assert time.monotonic() < deadline, "the lookup never settled"
-        e.scheduler.build_connector_meta([])
-        time.sleep(0.01)
-    return found
+
+    def answered() -> tuple[int, bool] | None:
+        found = lookup(e, req)
+        if found is None:
+            e.scheduler.build_connector_meta([])
+        return found
+
+    return wait_for(answered, 5, what="the remote tier to answer the lookup")
 
 
 def load(b: OffloadEngine, req: FakeRequest, expect: int) -> dict[str, float]:

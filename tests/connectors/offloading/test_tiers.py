@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from hybridkv.connectors.offloading.policies import ARCPolicy, LRUPolicy
 from hybridkv.connectors.offloading.tiers.disk.tier import DiskTier
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, stored_files, table
 from tests.support.lifetimes import track
+from tests.support.waits import Gate, wait_for
 
 from .helpers import DST, SRC, OffloadEngine, offload_config
 
@@ -217,21 +217,20 @@ def test_slow_disk_times_out_and_late_bytes_are_dropped(
     engine = full_engine(cpu=None, disk=tmp_path, load_timeout_seconds=0.1)
     a = make_request("a", 18)
     store(engine, a)
-    slow_read = DiskTier.read
+    slow_read, disk = DiskTier.read, Gate()
 
     def read(self: DiskTier, *args: object) -> torch.Tensor:
-        time.sleep(0.4)
+        disk.hold()  # until the load has timed out
         return slow_read(self, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(DiskTier, "read", read)
     before = engine.blocks_bytes([40, 41, 42, 43]).clone()
     engine.load(FakeRequest("l", a.all_token_ids), table(engine.layout, {0: [40, 41, 42, 43, 44]}))
     out = engine.finish("l", timeout=2.0)
-    assert out.failed_recving == {"l": "timeout"}
+    assert out.failed_recving == {"l": "timeout"} and disk.num_passed == 0
+    disk.release()  # the late bytes arrive now
     assert engine.offload_worker.wait_for_saves(2.0)
-    deadline = time.monotonic() + 3.0
-    while engine.disk.index.num_pinned() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: not engine.disk.index.num_pinned(), what="the late reads to unpin")
     assert torch.equal(engine.blocks_bytes([40, 41, 42, 43]), before)  # never written
     counters = engine.counters()
     assert counters["timeouts"] == 1 and counters["load_failures:timeout"] == 1
@@ -244,11 +243,12 @@ def test_sync_load_timeout_is_a_request_failure(
     engine = full_engine(cpu=None, disk=tmp_path, load_timeout_seconds=0.1, load_mode="sync")
     a = make_request("a", 18)
     store(engine, a)
-    monkeypatch.setattr(DiskTier, "read", lambda *args: time.sleep(0.3))
-    began = time.monotonic()
+    disk = Gate()
+    monkeypatch.setattr(DiskTier, "read", lambda *args: disk.hold())
     engine.load(FakeRequest("l", a.all_token_ids), table(engine.layout, {0: [40, 41, 42, 43, 44]}))
-    assert time.monotonic() - began < 0.3
+    assert disk.num_passed == 0  # the step stopped waiting at the timeout, not for the read
     out = engine.worker.get_finished([])
+    disk.release()
     assert out.failed_recving == {"l": "timeout"} and not out.finished_recving
 
 

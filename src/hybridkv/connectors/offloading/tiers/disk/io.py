@@ -196,7 +196,8 @@ class IOPool:
             with self._cond:  # idle pools cost no wake-ups
                 while not self._running and not self._closed:
                     self._cond.wait()
-            time.sleep(period)
+            with self._cond:  # a period, cut short by a shutdown with nothing running
+                self._cond.wait_for(lambda: self._closed and not self._running, period)
             now = time.monotonic()
             with self._cond:
                 if self._closed and not self._running:
