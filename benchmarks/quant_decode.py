@@ -49,7 +49,7 @@ def make_weights(shapes: list[tuple[int, int]]) -> dict[str, list[torch.Tensor]]
     gen = np.random.default_rng(0)
     floats = [(gen.standard_normal((n, k), dtype=np.float32) * 0.05) for n, k in shapes]
     out = {"float32": [torch.from_numpy(w) for w in floats]}
-    for fmt in (QuantFormat.Q8_0, QuantFormat.Q4_K):
+    for fmt in QuantFormat:
         out[fmt.name] = [torch.from_numpy(pack(w, fmt)) for w in floats]
     return out
 
@@ -101,6 +101,10 @@ def main() -> None:
         "float32": gemm.linear,
         "Q8_0": lambda x, w: quant.linear(x, w, QuantFormat.Q8_0),
         "Q4_K": lambda x, w: quant.linear(x, w, QuantFormat.Q4_K),
+        "Q6_K": lambda x, w: quant.linear(x, w, QuantFormat.Q6_K),
+        "Q8_0 int8": lambda x, w: quant.linear(x, w, QuantFormat.Q8_0, int8_activations=True),
+        "Q4_K int8": lambda x, w: quant.linear(x, w, QuantFormat.Q4_K, int8_activations=True),
+        "Q6_K int8": lambda x, w: quant.linear(x, w, QuantFormat.Q6_K, int8_activations=True),
     }
     step_bytes = {
         name: sum(w.numel() * w.element_size() for w in ws) for name, ws in weights.items()
@@ -112,11 +116,12 @@ def main() -> None:
         clock = time.thread_time if threads == 1 else time.perf_counter
         for rows in args.rows:
             for name, run in runs.items():
-                secs = step_seconds(run, weights[name], ks, rows, args.repeats, clock)
-                floor = step_bytes[name] / bandwidth
+                weight_name = name.split()[0]
+                secs = step_seconds(run, weights[weight_name], ks, rows, args.repeats, clock)
+                floor = step_bytes[weight_name] / bandwidth
                 results.append({
                     "threads": threads, "rows": rows, "weights": name, "step_ms": secs * 1e3,
-                    "weight_mb": step_bytes[name] / 1e6, "floor_ms": floor * 1e3,
+                    "weight_mb": step_bytes[weight_name] / 1e6, "floor_ms": floor * 1e3,
                     "x_floor": secs / floor, "read_gb_s": bandwidth / 1e9,
                 })  # fmt: skip
     report = {

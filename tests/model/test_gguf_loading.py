@@ -20,12 +20,14 @@ import torch
 from hybridkv import LLM, SamplingParams
 from hybridkv.engine.weights_id import weights_identity
 from hybridkv.model.config.errors import ModelLoadError
+from hybridkv.model.layers import quant_linear
 from hybridkv.model.layers.linear import Linear
 from hybridkv.model.layers.quant_linear import QuantEmbedding
 from hybridkv.model.loading.gguf_view import view_dir
 from hybridkv.model.loading.hub import resolve_model_dir
 from hybridkv.model.loading.loader import load_model, load_model_config
 from hybridkv.model.loading.tokenizer import Tokenizer
+from hybridkv.native.quant import QuantGemm
 from hybridkv.native.quant_blocks import QuantFormat
 from tests.support.gguf_checkpoints import make_gguf_checkpoint, make_gguf_hf_checkpoint
 from tests.support.quant_gate import quality_gate, teacher_forced_logits
@@ -38,6 +40,10 @@ ARCHS = ("qwen3", "gemma3")
 # tokens) Q8_0 0.009-0.013 and Q4_K 0.17-0.23, top-1 0.94-1.0 and 0.56-0.81 (flat random
 # logits tie often)
 KERNEL_MAX_DELTA = 1e-4
+# decode with int8 activations (``INT8_DECODE_FORMATS``) against the same weights dequantized,
+# over 40 decode positions: x's int8 rounding, measured 0.010-0.020 (seeds 7, 8; Q4_K, Q6_K,
+# Q8_0; both families), top-1 0.90-1.0
+INT8_DECODE_GATE = (0.85, 0.04)
 ROUNDING_GATE = {
     QuantFormat.Q8_0: (0.9, 0.03),
     QuantFormat.Q6_K: (0.8, 0.1),  # ~1.6% (3.4x Q8_0): measured 0.04-0.05, top-1 0.89-1.0
@@ -112,7 +118,7 @@ def test_quality_gate(arch: str, fmt: QuantFormat, files: dict) -> None:
     path, hf_dir = files[arch, fmt.name]
     view = resolve_model_dir(str(path))
     ids = torch.randint(3, 1000, (64,), generator=torch.Generator().manual_seed(7)).tolist()
-    same = quality_gate(view, ids)  # the kernels: only summation order differs
+    same = quality_gate(view, ids, int8_decode=False)  # only summation order differs
     assert same.top1_agreement == 1.0 and same.mean_abs_delta_logprob <= KERNEL_MAX_DELTA
     rounded = quality_gate(view, ids, original_dir=hf_dir)  # what the format's rounding costs
     min_agree, max_delta = ROUNDING_GATE[fmt]
@@ -185,10 +191,54 @@ def test_bfloat16_model_keeps_blocks(files: dict, bf16_matmul: str) -> None:
     assert logits.shape == (60, cfg.vocab_size) and torch.isfinite(logits).all()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", list(ROUNDING_GATE), ids=[f.name for f in ROUNDING_GATE])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_int8_decode_gate(arch: str, fmt: QuantFormat, files: dict) -> None:
+    """Decode steps with int8 activations (the default for ``INT8_DECODE_FORMATS``; forced
+    here for every format) against the same weights dequantized: x's rounding alone."""
+    view = resolve_model_dir(str(files[arch, fmt.name][0]))
+    ids = torch.randint(3, 1000, (89,), generator=torch.Generator().manual_seed(7)).tolist()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quant_linear, "INT8_DECODE_FORMATS", frozenset({fmt}))
+        result = quality_gate(view, ids, decode_steps=40)
+    min_agree, max_delta = INT8_DECODE_GATE
+    assert result.decode_mean_abs_delta_logprob > KERNEL_MAX_DELTA  # int8 did run
+    assert result.decode_top1_agreement >= min_agree
+    assert result.decode_mean_abs_delta_logprob <= max_delta
+
+
+def test_generate_decodes_k_quants_with_int8_activations(
+    files: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through ``LLM.generate``: Q4_K decode steps take the int8 kernel; Q8_0 keeps float32
+    activations, so its greedy output is the same as with int8 switched off everywhere."""
+    calls: list[tuple[QuantFormat, bool]] = []
+    linear = QuantGemm.linear
+
+    def spy(self: QuantGemm, x: torch.Tensor, data: torch.Tensor, fmt: QuantFormat, *args, **kw):  # type: ignore[no-untyped-def]
+        calls.append((fmt, kw.get("int8_activations", False)))
+        return linear(self, x, data, fmt, *args, **kw)
+
+    monkeypatch.setattr(QuantGemm, "linear", spy)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+    def generate(name: str) -> list[int]:
+        with LLM(str(files["qwen3", name][0]), kv_cache_memory="16MiB", max_model_len=512) as llm:
+            return list(llm.generate(["Hello there, how"], params, use_tqdm=False)[0].token_ids)
+
+    assert len(generate("Q4_K")) == 6 and (QuantFormat.Q4_K, True) in calls
+    calls.clear()
+    q8_0 = generate("Q8_0")
+    assert calls and all(not int8 for _, int8 in calls)
+    monkeypatch.setattr(quant_linear, "INT8_DECODE_FORMATS", frozenset())
+    assert generate("Q8_0") == q8_0
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_mixed_formats_match_their_dequantized_weights(arch: str, files: dict) -> None:
     """Q4_K / Q6_K / Q8_0 side by side, a quantized embedding (and Gemma's lm_head tied to it):
     only float32 summation order differs from the same weights in float32."""
     ids = torch.randint(3, 1000, (60,), generator=torch.Generator().manual_seed(3)).tolist()
-    result = quality_gate(resolve_model_dir(str(files[arch, "mixed"][0])), ids)
+    result = quality_gate(resolve_model_dir(str(files[arch, "mixed"][0])), ids, int8_decode=False)
     assert result.top1_agreement == 1.0 and result.mean_abs_delta_logprob <= KERNEL_MAX_DELTA

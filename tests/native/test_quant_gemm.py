@@ -2,7 +2,9 @@
 (``isa`` fixture): against a float64 product with the numpy-dequantized weight (the reference),
 for Q8_0, Q4_K and Q6_K, row counts off the register tile, weight rows off the panel, biases,
 strided inputs; its dequantizer against numpy's; bitwise the same for a row alone or in any
-batch, on 1 or 2 threads; bad inputs refused; without a compiler the loader returns None."""
+batch, on 1 or 2 threads; bad inputs refused; without a compiler the loader returns None.
+The int8-activation path (``quant_int8.h``) the same way, its reference the numpy-quantized
+activations (``quantize_activations``) times the dequantized weight."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 
 from hybridkv.native import quant
 from hybridkv.native.quant import QuantGemm
-from hybridkv.native.quant_blocks import QuantFormat, dequantize, pack
+from hybridkv.native.quant_blocks import QuantFormat, dequantize, pack, quantize_activations
 from tests.native.no_compiler import assert_unavailable_without_compiler, built_or_skip
 from tests.native.test_batch_invariance import threads  # noqa: F401 (a fixture)
 
@@ -42,6 +44,11 @@ def reference(x: torch.Tensor, data: torch.Tensor, fmt: QuantFormat) -> torch.Te
     return x.double() @ w.T
 
 
+def int8_values(x: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
+    """The activations the int8 path multiplies (``dx * xq`` per block), float32."""
+    return torch.from_numpy(quantize_activations(x.contiguous().numpy(), fmt))
+
+
 def assert_close(got: torch.Tensor, x: torch.Tensor, data: torch.Tensor, fmt: QuantFormat) -> None:
     ref = reference(x, data, fmt)
     w = torch.from_numpy(dequantize(data.numpy(), fmt, x.shape[-1])).double()
@@ -59,6 +66,40 @@ def test_matches_dequantized_reference(
     data = random_packed(fmt, n, k, seed=m + n)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     assert_close(kernel.linear(x, data, fmt), x, data, fmt)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=[f.name for f in FORMATS])
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 9])
+@pytest.mark.parametrize(("n", "k"), [(1, 256), (7, 512), (130, 768)])
+def test_int8_path_matches_quantized_reference(
+    kernel: QuantGemm, fmt: QuantFormat, m: int, n: int, k: int
+) -> None:
+    data = random_packed(fmt, n, k, seed=m + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
+    x[0, :32] *= 100  # one block far larger than the rest: its own scale
+    got = kernel.linear(x, data, fmt, int8_activations=True)
+    assert_close(got, int8_values(x, fmt), data, fmt)
+    # and the int8 rounding stays small against float32 activations (rows without outliers)
+    ref = reference(x[1:], data, fmt)
+    w = torch.from_numpy(dequantize(data.numpy(), fmt, k)).double()
+    assert ((got[1:].double() - ref).abs() <= 0.01 * (x[1:].double().abs() @ w.abs().T)).all()
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=[f.name for f in FORMATS])
+def test_int8_path_bias_strides_and_hostile_rows(kernel: QuantGemm, fmt: QuantFormat) -> None:
+    data = random_packed(fmt, 33, 512, seed=4)
+    fused = torch.randn(6, 3 * 512, generator=torch.Generator().manual_seed(4))
+    x = fused[:, 512:1024]  # a view: row stride 1536
+    x[1, 7], x[2, 300], x[3, :] = float("nan"), float("inf"), 0.0
+    x[4, :] = 1e30  # huge, and the product still finite
+    bias = torch.randn(33)
+    got = kernel.linear(x, data, fmt, bias, int8_activations=True)
+    assert got[1:3].isnan().all() and got[[0, 3, 4, 5]].isfinite().all()  # only its own row
+    assert torch.equal(got[3], bias)  # zero activations: the bias alone
+    rows = [0, 5]
+    assert_close(got[rows] - bias, int8_values(x[rows], fmt), data, fmt)
+    alone = kernel.linear(x[5:6], data, fmt, bias, int8_activations=True)
+    assert torch.equal(alone, got[5:6])
 
 
 def test_q8_0_short_rows_bias_and_strides(kernel: QuantGemm) -> None:
@@ -88,15 +129,17 @@ def test_dequantize_matches_numpy(kernel: QuantGemm, fmt: QuantFormat) -> None:
 
 
 @pytest.mark.usefixtures("threads")  # 1, then 2 threads
+@pytest.mark.parametrize("int8", [False, True], ids=["f32", "int8"])
 @pytest.mark.parametrize("fmt", FORMATS, ids=[f.name for f in FORMATS])
-def test_batch_invariance(kernel: QuantGemm, fmt: QuantFormat) -> None:
+def test_batch_invariance(kernel: QuantGemm, fmt: QuantFormat, int8: bool) -> None:
     data = random_packed(fmt, 514, 1024, seed=5)  # 514 x 1024: the OpenMP branch, a short panel
     x = torch.randn(13, 1024, generator=torch.Generator().manual_seed(6))
-    batch = kernel.linear(x, data, fmt)
+    batch = kernel.linear(x, data, fmt, int8_activations=int8)
     for r in (0, 5, 12):
-        assert torch.equal(kernel.linear(x[r : r + 1], data, fmt), batch[r : r + 1])
+        alone = kernel.linear(x[r : r + 1], data, fmt, int8_activations=int8)
+        assert torch.equal(alone, batch[r : r + 1])
     torch.set_num_threads(3 - torch.get_num_threads())  # and the other count
-    assert torch.equal(kernel.linear(x, data, fmt), batch)
+    assert torch.equal(kernel.linear(x, data, fmt, int8_activations=int8), batch)
 
 
 def test_bad_inputs_refused(kernel: QuantGemm) -> None:

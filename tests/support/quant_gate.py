@@ -1,10 +1,12 @@
 """The quantization quality gate: a quantized model under teacher forcing against the same
 weights dequantized to float32 through the float32 path (the reference).
 
-Both models read one token sequence: all but its last ``DECODE_STEPS`` tokens in one prefill
-step (the dequantized-panel path), the rest one token per step (the native decode kernel). At every position: does the
-quantized model's top token equal the reference's (top-1 agreement), and how far apart are
-the two log-probabilities of the reference's top token (mean |delta logprob|)."""
+Both models read one token sequence: all but its last ``decode_steps`` tokens in one prefill
+step (the dequantized-panel path), the rest one token per step (the native decode kernel:
+int8 activations for ``INT8_DECODE_FORMATS``). At every position: does the quantized model's
+top token equal the reference's (top-1 agreement), and how far apart are the two
+log-probabilities of the reference's top token (mean |delta logprob|); the same over the
+decode positions alone (``decode_*``: what the decode kernel's numerics cost)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 
 from hybridkv.kv.spec import create_layout
 from hybridkv.model.config.model_config import ModelConfig
+from hybridkv.model.layers import quant_linear
 from hybridkv.model.layers.linear import Linear
 from hybridkv.model.layers.quant_linear import QUANT_MAX_ROWS, dequantize_linear_
 from hybridkv.model.loading.loader import load_model
@@ -30,28 +33,42 @@ class GateResult:
     top1_agreement: float
     mean_abs_delta_logprob: float
     num_positions: int
+    decode_top1_agreement: float
+    decode_mean_abs_delta_logprob: float
 
 
 def teacher_forced_logits(
-    model: CausalLM, cfg: ModelConfig, ids: list[int], dtype: str = "float32"
+    model: CausalLM,
+    cfg: ModelConfig,
+    ids: list[int],
+    dtype: str = "float32",
+    decode_steps: int = DECODE_STEPS,
 ) -> torch.Tensor:
-    """Logits ``[len(ids), V]``: all but the last ``DECODE_STEPS`` tokens prefilled in one
+    """Logits ``[len(ids), V]``: all but the last ``decode_steps`` tokens prefilled in one
     step (more rows than ``QUANT_MAX_ROWS``: dequantized panels), then one per step (the
     decode kernel)."""
     layout = create_layout(cfg.layer_specs(16, dtype))
     runner = ModelRunner(model, cfg, layout, 64, 4, keep_logits=True)
     driver = RunnerDriver(runner)
     driver.add("r", ids)
-    assert len(ids) - DECODE_STEPS > QUANT_MAX_ROWS, "the prefill would not take the panels"
-    driver.step({"r": len(ids) - DECODE_STEPS})
-    driver.decode_all(["r"], DECODE_STEPS)
+    assert len(ids) - decode_steps > QUANT_MAX_ROWS, "the prefill would not take the panels"
+    driver.step({"r": len(ids) - decode_steps})
+    driver.decode_all(["r"], decode_steps)
     return driver.all_logits("r")[: len(ids)]
 
 
-def quality_gate(model_dir: Path, ids: list[int], original_dir: Path | None = None) -> GateResult:
+def quality_gate(
+    model_dir: Path,
+    ids: list[int],
+    original_dir: Path | None = None,
+    decode_steps: int = DECODE_STEPS,
+    int8_decode: bool = True,
+) -> GateResult:
     """The quantized model at ``model_dir`` against its weights dequantized (``original_dir``
     None), or against the float checkpoint it was quantized from (``original_dir``: what the
-    format's rounding costs)."""
+    format's rounding costs). ``int8_decode`` False: decode steps with float32 activations
+    whatever ``quant_linear.INT8_DECODE_FORMATS`` says (then only summation order differs
+    from the dequantized reference)."""
     quant, cfg = load_model(model_dir)
     num_quantized = sum(isinstance(m, Linear) and m.quant is not None for m in quant.modules())
     assert num_quantized > 0, "nothing in this model is quantized"
@@ -59,10 +76,27 @@ def quality_gate(model_dir: Path, ids: list[int], original_dir: Path | None = No
     for module in reference.modules():
         if isinstance(module, Linear):
             dequantize_linear_(module)
-    with torch.inference_mode():
-        got = torch.log_softmax(teacher_forced_logits(quant, cfg, ids).double(), -1)
-        ref = torch.log_softmax(teacher_forced_logits(reference, cfg, ids).double(), -1)
+    saved = quant_linear.INT8_DECODE_FORMATS
+    if not int8_decode:
+        quant_linear.INT8_DECODE_FORMATS = frozenset()
+    try:
+        with torch.inference_mode():
+            got, ref = (
+                torch.log_softmax(
+                    teacher_forced_logits(m, cfg, ids, "float32", decode_steps).double(), -1
+                )
+                for m in (quant, reference)
+            )
+    finally:
+        quant_linear.INT8_DECODE_FORMATS = saved
     top = ref.argmax(-1)  # [L]
-    agree = (got.argmax(-1) == top).double().mean().item()
-    delta = (got.gather(-1, top[:, None]) - ref.gather(-1, top[:, None])).abs().mean().item()
-    return GateResult(agree, delta, len(ids))
+    agree = got.argmax(-1) == top  # [L]
+    delta = (got.gather(-1, top[:, None]) - ref.gather(-1, top[:, None])).abs()[:, 0]  # [L]
+    tail = slice(len(ids) - decode_steps, None)
+    return GateResult(
+        agree.double().mean().item(),
+        delta.mean().item(),
+        len(ids),
+        agree[tail].double().mean().item(),
+        delta[tail].mean().item(),
+    )

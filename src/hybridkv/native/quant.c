@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX2__) || defined(__FMA__) || defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__FMA__) || defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -89,7 +89,12 @@ static inline vf tof_signed(vb v) {
 #endif
 }
 
-static float half_to_float(const uint8_t *p) { /* IEEE fp16, little-endian, exact */
+static inline float half_to_float(const uint8_t *p) { /* IEEE fp16, little-endian, exact */
+#if defined(__F16C__)
+    uint16_t f16;
+    memcpy(&f16, p, sizeof f16);
+    return _cvtsh_ss(f16);
+#else
     const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
     const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
     uint32_t bits;
@@ -101,6 +106,7 @@ static float half_to_float(const uint8_t *p) { /* IEEE fp16, little-endian, exac
     float v;
     memcpy(&v, &bits, sizeof v);
     return v;
+#endif
 }
 
 static int64_t block_values(int fmt) { return fmt == Q8_0 ? 32 : 256; }
@@ -285,3 +291,5 @@ void hk_quant_dequantize(int fmt, const uint8_t *W, int64_t N, int64_t K, float 
         dequantize_row(fmt, W + n * row_bytes, K, out + n * K,
                        n + 1 < N ? W + (n + 1) * row_bytes : NULL);
 }
+
+#include "quant_int8.h"

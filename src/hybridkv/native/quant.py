@@ -47,6 +47,9 @@ class QuantGemm:
         self._gemm = lib.hk_quant_gemm
         self._gemm.argtypes = [c_int, ptr, i64, i64, ptr, i64, i64, ptr, ptr, c_int]
         self._gemm.restype = c_int
+        self._gemm_i8 = lib.hk_quant_gemm_i8
+        self._gemm_i8.argtypes = self._gemm.argtypes
+        self._gemm_i8.restype = c_int
         self._dequantize = lib.hk_quant_dequantize
         self._dequantize.argtypes = [c_int, ptr, i64, i64, ptr, c_int]
         self._dequantize.restype = None
@@ -57,10 +60,14 @@ class QuantGemm:
         data: torch.Tensor,
         fmt: QuantFormat,
         bias: torch.Tensor | None = None,
+        int8_activations: bool = False,
     ) -> torch.Tensor:
         """``F.linear(x, W, bias)`` for float32 ``x`` ``[..., K]`` (rows with any stride,
         elements contiguous; else copied), ``W`` = ``data`` (``[N, row_bytes(K)]`` in ``fmt``)
-        and float32 ``bias`` ``[N]``, on ``torch.get_num_threads()`` threads."""
+        and float32 ``bias`` ``[N]``, on ``torch.get_num_threads()`` threads.
+        ``int8_activations``: each x row quantized to int8 per block of 32 (Q8_0) or 256
+        (Q4_K, Q6_K) values and multiplied in integers (``quant_int8.h``; numerics as
+        ``quantize_activations``)."""
         if x.dtype != torch.float32:
             raise ValueError(f"quantized GEMM takes float32 activations, got {x.dtype}")
         k = x.shape[-1]
@@ -69,7 +76,8 @@ class QuantGemm:
         out = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
         if rows.shape[0] == 0 or n == 0:
             return out
-        status = self._gemm(
+        gemm = self._gemm_i8 if int8_activations else self._gemm
+        status = gemm(
             fmt.layout.ggml_type,
             rows.data_ptr(),
             rows.shape[0],
@@ -82,7 +90,7 @@ class QuantGemm:
             torch.get_num_threads(),
         )
         if status != 0:
-            raise MemoryError("quantized GEMM: no memory for its dequantized panels")
+            raise MemoryError("quantized GEMM: no memory for its scratch")
         return out
 
     def dequantize(self, data: torch.Tensor, fmt: QuantFormat, k: int) -> torch.Tensor:

@@ -174,3 +174,26 @@ def _dequantize_q6_k(blocks: Array) -> Array:
     sc = blocks[:, 192:208].view(np.int8).astype(np.float32)  # [n, 16]
     ds = (_halves(blocks[:, 208:210])[:, None] * sc).astype(np.float32)
     return (ds.reshape(-1, 16, 1) * q.reshape(-1, 16, 16)).reshape(-1, 256)
+
+
+def activation_block(fmt: QuantFormat) -> int:
+    """Values per int8 block of activations multiplied by ``fmt`` weights (as llama.cpp's
+    Q8_0 / Q8_K): 32 for Q8_0, 256 for the K-quants."""
+    return 32 if fmt is QuantFormat.Q8_0 else 256
+
+
+def quantize_activations(x: Array, fmt: QuantFormat) -> Array:
+    """float32 ``[M, K]`` -> the values the int8-activation kernel multiplies (``[M, K]``
+    float32 ``dx * xq``): per block, ``dx = max|x| / 127`` and ``xq = rint(x * (127 /
+    max|x|))`` (ties to even), all in float32; a block with NaN / inf becomes NaN."""
+    qb = activation_block(fmt)
+    blocks = np.asarray(x, dtype=np.float32).reshape(-1, qb)
+    amax = np.abs(blocks).max(axis=1)  # [n]
+    finite: Array = np.asarray(np.isfinite(blocks).all(axis=1))  # [n]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ok = finite & (amax >= np.float32(1e-30))
+        inv = np.where(ok, np.float32(127) / np.where(ok, amax, 1), 0).astype(np.float32)
+        q = np.rint(np.where(finite[:, None], blocks, 0) * inv[:, None])
+        dx = np.where(finite, amax / np.float32(127), np.nan).astype(np.float32)
+    values: Array = (q.astype(np.float32) * dx[:, None]).astype(np.float32)
+    return values.reshape(np.shape(x))

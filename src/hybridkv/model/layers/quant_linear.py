@@ -4,8 +4,10 @@ A quantized ``Linear`` (``layers/linear.py``) holds its weight as the file has i
 ``[N, row_bytes]`` parameter (``native/quant_blocks.py`` has the layouts) and its format in
 ``Linear.quant``; nothing is dequantized to float32 in memory for good. Products are float32:
 
-- up to ``QUANT_MAX_ROWS`` rows (decode steps): the native kernel (``native/quant.c``), which
-  dequantizes panels of 4 weight rows into L2 scratch and multiplies them in registers;
+- up to ``QUANT_MAX_ROWS`` rows (decode steps): the native kernel (``native/quant.c``); for
+  the formats in ``INT8_DECODE_FORMATS`` with each x row quantized to int8 per block and
+  integer dot products (``native/quant_int8.h``), else with float32 activations (weights
+  dequantized in registers or L2 panels);
 - more rows (prefill, mixed steps): ``PANEL_ROWS`` weight rows at a time dequantized to a
   float32 scratch (by the kernel's own code, so the same values) and multiplied by
   ``F.linear``: each weight is read once per call and the scratch stays small;
@@ -29,6 +31,11 @@ from hybridkv.native.quant_blocks import QuantFormat, dequantize
 # 128 rows 108 vs 81 ms)
 QUANT_MAX_ROWS = 48
 PANEL_ROWS = 256  # weight rows per dequantized panel: 2 MB of float32 at K = 2048
+# decode steps of these formats take int8 activations (llama.cpp's Q8_K): 2.5-3x faster than
+# float32 activations at one row, within the quality gate (docs/quantization.md); Q8_0 keeps
+# float32 activations: its float kernel is already at the weight-read floor and the int8 one
+# is slower (one reduction per 32 values)
+INT8_DECODE_FORMATS = frozenset({QuantFormat.Q4_K, QuantFormat.Q6_K})
 
 
 def quant_linear(
@@ -45,7 +52,7 @@ def quant_linear(
     xf = x if x.dtype == torch.float32 else x.to(torch.float32)
     bias = None if bias is None else bias.to(torch.float32)
     if kernel is not None and xf.numel() <= QUANT_MAX_ROWS * xf.shape[-1]:
-        out = kernel.linear(xf, data, fmt, bias)
+        out = kernel.linear(xf, data, fmt, bias, int8_activations=fmt in INT8_DECODE_FORMATS)
     else:
         out = _by_panels(xf, data, fmt, bias, kernel)
     return out if x.dtype == torch.float32 else out.to(x.dtype)

@@ -1,0 +1,420 @@
+/* The int8-activation path of quant.c (hk_quant_gemm_i8): y = x W^T with x quantized per row.
+ *
+ * Each x row is cut in blocks of QB values (Q8_0 weights: 32, Q4_K / Q6_K: 256, as llama.cpp's
+ * Q8_0 / Q8_K activations), each block quantized on its own: dx = max|x| / 127,
+ * xq = rint(x * (127 / max|x|)) in [-127, 127], and the sum of every 16 xq kept. A weight
+ * block's product with xq is then an exact int32, the same integer on every ISA variant:
+ *   AVX2:           vpmaddubsw (u8 x s8 -> s16 pairs) + vpmaddwd (x the sub-block scale);
+ *   AVX-VNNI / AVX-512 VNNI: vpmaddubsw + vpdpwssd (K-quants), vpdpbusd (Q8_0);
+ *   scalar:         plain C loops.
+ * and becomes float once per weight block, with one rounding per multiply-add:
+ *   Q8_0:  y += (d dx) * sum q xq
+ *   Q4_K:  y += [(d dx) * sum_s sc[s] sum q xq  -  (dmin dx) * sum_s m[s] sum xq]  (s: 8 x 32)
+ *   Q6_K:  y += (d dx) * sum_t sc[t] (sum q xq - 32 sum xq)                      (t: 16 x 16)
+ * in block order: a row's result does not depend on the other rows or on the thread count.
+ * int16 bounds of vpmaddubsw's pair sums: Q4_K 2*15*127, Q6_K 2*63*127, Q8_0 (|q| with x's sign
+ * moved to it) 2*128*127 -- all < 32767, so nothing saturates. Included by quant.c only. */
+
+#include <float.h>
+#include <math.h>
+
+#if defined(__AVX2__)
+#define I8_SIMD 1
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define I8_VNNI 1
+#define DPWSSD _mm256_dpwssd_epi32
+#define DPBUSD _mm256_dpbusd_epi32
+#elif defined(__AVXVNNI__)
+#define I8_VNNI 1
+#define DPWSSD _mm256_dpwssd_avx_epi32
+#define DPBUSD _mm256_dpbusd_avx_epi32
+#endif
+#endif
+#define I8_MR 4 /* x rows per weight row pass: each weight block is unpacked once for them */
+#ifndef I8_PF_BYTES
+#define I8_PF_BYTES 6144 /* weight bytes prefetched ahead into L2 (rows are contiguous) */
+#endif
+
+typedef struct { /* quantized x rows, from a tile's first row */
+    const int8_t *q;   /* [rows][K] */
+    const float *d;    /* [rows][K / QB] */
+    const int16_t *s;  /* [rows][K / 16]: sums of 16 q */
+    int64_t K, nd, ns; /* row strides of q, d, s */
+} XRows;
+
+static inline float fmadd1(float a, float b, float c) { /* c + a b, one rounding where FMA */
+#if defined(__FMA__)
+    return __builtin_fmaf(a, b, c);
+#else
+    return c + a * b;
+#endif
+}
+
+/* x rows [M][K] (row stride ldx) into xq / dx / xs; a block holding NaN or inf gets dx = NaN
+ * (its outputs are NaN, as the float path's would be) and xq = 0. */
+static void quantize_rows(const float *x, int64_t M, int64_t ldx, int64_t K, int64_t qb,
+                          int8_t *xq, float *dx, int16_t *xs) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t k = 0; k < K; k += qb) {
+            const float *v = x + i * ldx + k;
+            float amax = 0.0f;
+            int finite = 1;
+            for (int64_t l = 0; l < qb; l++) {
+                const float a = fabsf(v[l]);
+                amax = a > amax ? a : amax;
+                finite &= a <= FLT_MAX;
+            }
+            const float inv = finite && amax >= 1e-30f ? 127.0f / amax : 0.0f;
+            dx[i * (K / qb) + k / qb] = finite ? amax / 127.0f : NAN;
+            int8_t *q = xq + i * K + k;
+            for (int64_t l = 0; l < qb; l++) q[l] = (int8_t)rintf(v[l] * inv);
+            for (int64_t l = 0; l < qb; l += 16) {
+                int s = 0;
+                for (int u = 0; u < 16; u++) s += q[l + u];
+                xs[i * (K / 16) + (k + l) / 16] = (int16_t)s;
+            }
+        }
+}
+
+/* A Q4_K block's 6-bit scales and mins as bytes (layout: quant_blocks.py). */
+static inline void q4_k_scale_bytes(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t a[3], o[4];
+    memcpy(a, s, sizeof a);
+    o[0] = a[0] & 0x3f3f3f3fu;
+    o[1] = (a[2] & 0x0f0f0f0fu) | (a[0] >> 6 & 0x03030303u) << 4;
+    o[2] = a[1] & 0x3f3f3f3fu;
+    o[3] = (a[2] >> 4 & 0x0f0f0f0fu) | (a[1] >> 6 & 0x03030303u) << 4;
+    memcpy(sc, o, 8);
+    memcpy(mn, o + 2, 8);
+}
+
+#if I8_SIMD
+static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+static inline int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* acc + (pairs of u * x) * s: u unsigned bytes, x signed bytes, s int16 scales */
+static inline __m256i dot_scaled(__m256i acc, __m256i u, __m256i x, __m256i s) {
+#if defined(I8_VNNI)
+    return DPWSSD(acc, _mm256_maddubs_epi16(u, x), s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), s));
+#endif
+}
+#endif
+
+#if defined(__AVX512BW__)
+/* 64-byte forms for the K-quants: one vector holds a Q4_K byte run's two sub-blocks (low
+ * nibbles | high nibbles, x's values in order) or four Q6_K sub-blocks of 16. */
+static inline __m512i join(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+static inline __m512i dot_scaled64(__m512i acc, __m512i u, __m512i x, __m512i s) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u, x), s);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), s));
+#endif
+}
+
+/* int16 lane l of the result = s16[first + l / width] (s16: the block's scales as int16) */
+static inline __m512i spread(__m512i s16, int first, int width) {
+    int16_t idx[32];
+    for (int l = 0; l < 32; l++) idx[l] = (int16_t)(first + l / width);
+    __m512i v;
+    memcpy(&v, idx, sizeof v);
+    return _mm512_permutexvar_epi16(v, s16);
+}
+#endif
+
+/* A K-quant block's integer results for one x row, kept as vectors (lanes summed at the end of
+ * the row, not per block): tot (lanes: parts of sum sc sum q xq) and aux (8 lanes: Q4_K's
+ * m[s] sum xq, Q6_K's sc[t] sum xq), in float y += (d dx) sum tot + (c dx) sum aux with
+ * c = -dmin (Q4_K), -32 d (Q6_K). Scalar build: plain int32. */
+#if defined(__AVX512BW__)
+typedef __m512i I8T;
+typedef __m512 I8F;
+static inline I8F i8f_madd(I8T t, float s, I8F a) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(s), a);
+}
+static inline float i8f_sum(I8F a) { return _mm512_reduce_add_ps(a); }
+#define I8F_ZERO _mm512_setzero_ps()
+#elif I8_SIMD
+typedef __m256i I8T;
+typedef __m256 I8F;
+static inline I8F i8f_madd(I8T t, float s, I8F a) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(s), a);
+}
+#define I8F_ZERO _mm256_setzero_ps()
+#else
+typedef int32_t I8T;
+#endif
+#if I8_SIMD
+typedef __m256i I8A;
+static inline float sum8(__m256 a) { /* fixed tree */
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#if !defined(__AVX512BW__)
+static inline float i8f_sum(I8F a) { return sum8(a); }
+#endif
+#else
+typedef int32_t I8A;
+#endif
+
+/* tot[i] = sum q xq of a Q8_0 block b with x row i (i < mi) */
+static inline __attribute__((always_inline)) void i8_q8_0(const uint8_t *blk, const XRows *xr,
+                                                          int64_t b, const int mi,
+                                                          int32_t *tot) {
+#if I8_SIMD
+    const __m256i q = load32(blk + 2), aq = _mm256_abs_epi8(q);
+    for (int i = 0; i < mi; i++) {
+        const __m256i sx = _mm256_sign_epi8(load32(xr->q + i * xr->K + 32 * b), q);
+#if defined(I8_VNNI)
+        tot[i] = hsum_i32(DPBUSD(_mm256_setzero_si256(), aq, sx));
+#else
+        tot[i] = hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(aq, sx), _mm256_set1_epi16(1)));
+#endif
+    }
+#else
+    for (int i = 0; i < mi; i++) {
+        const int8_t *x = xr->q + i * xr->K + 32 * b, *q = (const int8_t *)(blk + 2);
+        int32_t t = 0;
+        for (int l = 0; l < 32; l++) t += q[l] * x[l];
+        tot[i] = t;
+    }
+#endif
+}
+
+/* tot[i] / mins[i] = sum_s sc[s] sum q xq / sum_s m[s] sum xq of a Q4_K block b, x row i */
+static inline __attribute__((always_inline)) void i8_q4_k(const uint8_t *blk, const XRows *xr,
+                                                          int64_t b, const int mi,
+                                                          I8T *tot, I8A *mins) {
+    uint8_t sc[8], mn[8];
+    q4_k_scale_bytes(blk + 4, sc, mn);
+#if defined(__AVX512BW__)
+    const __m256i nib = _mm256_set1_epi8(15);
+    const __m512i sc16 = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)sc)));
+    __m512i s[I8_MR];
+    for (int i = 0; i < mi; i++) s[i] = _mm512_setzero_si512();
+    for (int j = 0; j < 4; j++) { /* bytes 32 j..: sub-block 2j low nibbles, 2j + 1 high */
+        const __m256i q = load32(blk + 16 + 32 * j);
+        const __m512i u = join(_mm256_and_si256(q, nib), _mm256_and_si256(_mm256_srli_epi16(q, 4), nib));
+        const __m512i sv = spread(sc16, 2 * j, 16);
+        for (int i = 0; i < mi; i++)
+            s[i] = dot_scaled64(s[i], u, _mm512_loadu_si512(xr->q + i * xr->K + 256 * b + 64 * j), sv);
+    }
+#elif I8_SIMD
+    const __m256i nib = _mm256_set1_epi8(15);
+    __m256i s[I8_MR];
+    for (int i = 0; i < mi; i++) s[i] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) { /* bytes 32 j..: sub-block 2j low nibbles, 2j + 1 high */
+        const __m256i q = load32(blk + 16 + 32 * j), lo = _mm256_and_si256(q, nib);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nib);
+        const __m256i slo = _mm256_set1_epi16(sc[2 * j]), shi = _mm256_set1_epi16(sc[2 * j + 1]);
+        for (int i = 0; i < mi; i++) {
+            const int8_t *x = xr->q + i * xr->K + 256 * b + 64 * j;
+            s[i] = dot_scaled(s[i], lo, load32(x), slo);
+            s[i] = dot_scaled(s[i], hi, load32(x + 32), shi);
+        }
+    }
+#endif
+#if I8_SIMD
+    __m128i m8;
+    memcpy(&m8, mn, 8);
+    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* m[s] twice: per 16 */
+    for (int i = 0; i < mi; i++) {
+        tot[i] = s[i];
+        mins[i] = _mm256_madd_epi16(m16, load32(xr->s + i * xr->ns + 16 * b));
+    }
+#else
+    for (int i = 0; i < mi; i++) {
+        const int8_t *x = xr->q + i * xr->K + 256 * b;
+        const int16_t *xs = xr->s + i * xr->ns + 16 * b;
+        int32_t t = 0, m = 0;
+        for (int u = 0; u < 8; u++) {
+            int32_t p = 0;
+            for (int l = 0; l < 32; l++)
+                p += (blk[16 + 32 * (u / 2) + l] >> 4 * (u % 2) & 15) * x[32 * u + l];
+            t += sc[u] * p;
+            m += mn[u] * (xs[2 * u] + xs[2 * u + 1]);
+        }
+        tot[i] = t;
+        mins[i] = m;
+    }
+#endif
+}
+
+/* tot[i] / offs[i] = sum_t sc[t] sum q xq / sum_t sc[t] sum xq of a Q6_K block b, x row i */
+static inline __attribute__((always_inline)) void i8_q6_k(const uint8_t *blk, const XRows *xr,
+                                                          int64_t b, const int mi,
+                                                          I8T *tot, I8A *offs) {
+    const int8_t *sc = (const int8_t *)(blk + 192);
+#if I8_SIMD
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(0x30);
+#if defined(__AVX512BW__)
+    const __m512i sc512 = _mm512_cvtepi8_epi16(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)sc)));
+    __m512i s[I8_MR];
+    for (int i = 0; i < mi; i++) s[i] = _mm512_setzero_si512();
+#else
+    __m256i s[I8_MR];
+    for (int i = 0; i < mi; i++) s[i] = _mm256_setzero_si256();
+#endif
+    for (int h = 0; h < 2; h++) { /* values 128 h + 32 r + l, r < 4: sub-blocks 8h + 2r (+1) */
+        const __m256i l0 = load32(blk + 64 * h), l1 = load32(blk + 64 * h + 32);
+        const __m256i hb = load32(blk + 128 + 32 * h);
+        const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m2)),
+            _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                            _mm256_and_si256(_mm256_srli_epi16(hb, 2), m2))};
+#if defined(__AVX512BW__)
+        for (int r = 0; r < 4; r += 2) {
+            const __m512i u = join(q[r], q[r + 1]), sv = spread(sc512, 8 * h + 2 * r, 8);
+            for (int i = 0; i < mi; i++)
+                s[i] = dot_scaled64(s[i], u, _mm512_loadu_si512(xr->q + i * xr->K + 256 * b + 128 * h + 32 * r), sv);
+        }
+#else
+        for (int r = 0; r < 4; r++) {
+            const int t = 8 * h + 2 * r;
+            const __m256i sv = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_set1_epi16(sc[t])), _mm_set1_epi16(sc[t + 1]), 1);
+            for (int i = 0; i < mi; i++)
+                s[i] = dot_scaled(s[i], q[r], load32(xr->q + i * xr->K + 256 * b + 128 * h + 32 * r), sv);
+        }
+#endif
+    }
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+    for (int i = 0; i < mi; i++) {
+        tot[i] = s[i];
+        offs[i] = _mm256_madd_epi16(sc16, load32(xr->s + i * xr->ns + 16 * b));
+    }
+#else
+    for (int i = 0; i < mi; i++) {
+        const int8_t *x = xr->q + i * xr->K + 256 * b;
+        const int16_t *xs = xr->s + i * xr->ns + 16 * b;
+        int32_t t = 0, o = 0;
+        for (int u = 0; u < 16; u++) {
+            int32_t p = 0;
+            for (int l = 0; l < 16; l++) {
+                const int v = 16 * u + l, h = v / 128, w = v % 128;
+                const int lo = blk[64 * h + w % 64] >> 4 * (w / 64) & 15;
+                const int hi = blk[128 + 32 * h + w % 32] >> 2 * (w / 32) & 3;
+                p += (lo | hi << 4) * x[v];
+            }
+            t += sc[u] * p;
+            o += sc[u] * xs[u];
+        }
+        tot[i] = t;
+        offs[i] = o;
+    }
+#endif
+}
+
+#if I8_SIMD
+#define KQ_ACC I8F av[I8_MR]; __m256 am[I8_MR]
+#define KQ_ZERO(i) (av[i] = I8F_ZERO, am[i] = _mm256_setzero_ps())
+#define KQ_ADD(i, st, sa) \
+    (av[i] = i8f_madd(tot[i], st, av[i]), am[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(aux[i]), _mm256_set1_ps(sa), am[i]))
+#define KQ_SUM(i) (i8f_sum(av[i]) + sum8(am[i]))
+#else
+#define KQ_ACC float av[I8_MR]
+#define KQ_ZERO(i) (av[i] = 0.0f)
+#define KQ_ADD(i, st, sa) (av[i] += fmadd1(st, (float)tot[i], (sa) * (float)aux[i]))
+#define KQ_SUM(i) av[i]
+#endif
+
+/* acc[i] = row w (K values of Q4_K / Q6_K) . x row i, for i < mi: the block results' lanes
+ * accumulate in float vectors, summed once at the end (no reduction per block). */
+static inline __attribute__((always_inline)) void i8_row_k(int fmt, const uint8_t *w,
+                                                           const XRows *xr, const int mi,
+                                                           float *acc) {
+    const int64_t bytes = block_bytes(fmt);
+    I8T tot[I8_MR];
+    I8A aux[I8_MR];
+    KQ_ACC;
+    for (int i = 0; i < mi; i++) KQ_ZERO(i);
+    for (int64_t b = 0; b < xr->nd; b++) {
+        const uint8_t *blk = w + bytes * b;
+        /* NOTE: may reach past W's end: a prefetch does not fault */
+        for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(blk + I8_PF_BYTES + o, 0, 2);
+        float d, c;
+        if (fmt == Q4_K) {
+            d = half_to_float(blk), c = -half_to_float(blk + 2);
+            i8_q4_k(blk, xr, b, mi, tot, aux);
+        } else {
+            d = half_to_float(blk + 208), c = -32.0f * d;
+            i8_q6_k(blk, xr, b, mi, tot, aux);
+        }
+        for (int i = 0; i < mi; i++) {
+            const float dx = xr->d[i * xr->nd + b];
+            KQ_ADD(i, d * dx, c * dx);
+        }
+    }
+    for (int i = 0; i < mi; i++) acc[i] = KQ_SUM(i);
+}
+
+/* acc[i] = row w (K values of Q8_0) . x row i, for i < mi: one multiply-add per block */
+static inline __attribute__((always_inline)) void i8_row_q8_0(const uint8_t *w, const XRows *xr,
+                                                              const int mi, float *acc) {
+    int32_t tot[I8_MR];
+    float a[I8_MR];
+    for (int i = 0; i < mi; i++) a[i] = 0.0f;
+    for (int64_t b = 0; b < xr->nd; b++) {
+        const uint8_t *blk = w + 34 * b;
+        __builtin_prefetch(blk + I8_PF_BYTES, 0, 2);
+        const float d = half_to_float(blk);
+        i8_q8_0(blk, xr, b, mi, tot);
+        for (int i = 0; i < mi; i++) a[i] = fmadd1(d * xr->d[i * xr->nd + b], (float)tot[i], a[i]);
+    }
+    for (int i = 0; i < mi; i++) acc[i] = a[i];
+}
+
+#define I8_ROWS(MI)                                                                             \
+    case MI:                                                                                    \
+        if (fmt == Q8_0) i8_row_q8_0(w, xr, MI, acc);                                          \
+        else i8_row_k(fmt, w, xr, MI, acc);                                                     \
+        break;
+
+static void i8_rows(int fmt, const uint8_t *w, const XRows *xr, int64_t mi, float *acc) {
+    switch (mi) {
+        I8_ROWS(1)
+        I8_ROWS(2)
+        I8_ROWS(3)
+        I8_ROWS(4)
+    default: break;
+    }
+}
+
+/* hk_quant_gemm with x quantized to int8 per row (above). Returns 0, or -1 without memory. */
+int hk_quant_gemm_i8(int fmt, const float *x, int64_t M, int64_t ldx, const uint8_t *W,
+                     int64_t N, int64_t K, const float *bias, float *y, int threads) {
+    const int64_t qb = fmt == Q8_0 ? 32 : 256, row_bytes = K / block_values(fmt) * block_bytes(fmt);
+    int8_t *xq = malloc((size_t)(M * K));
+    float *dx = malloc((size_t)(M * (K / qb)) * sizeof(float));
+    int16_t *xs = malloc((size_t)(M * (K / 16)) * sizeof(int16_t));
+    if (!xq || !dx || !xs) {
+        free(xq), free(dx), free(xs);
+        return -1;
+    }
+    quantize_rows(x, M, ldx, K, qb, xq, dx, xs);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && N * K >= PARALLEL_WORK)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m += I8_MR) {
+            const int64_t mi = M - m < I8_MR ? M - m : I8_MR;
+            const XRows xr = {xq + m * K, dx + m * (K / qb), xs + m * (K / 16), K, K / qb, K / 16};
+            float acc[I8_MR];
+            i8_rows(fmt, W + n * row_bytes, &xr, mi, acc);
+            for (int64_t i = 0; i < mi; i++) y[(m + i) * N + n] = bias ? acc[i] + bias[n] : acc[i];
+        }
+    free(xq), free(dx), free(xs);
+    return 0;
+}
