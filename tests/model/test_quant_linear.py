@@ -1,6 +1,7 @@
 """Projections with block-quantized weights (``layers/quant_linear.py``): a quantized
 ``Linear`` equals ``F.linear`` with its dequantized weight at decode rows (native kernel) and
-prefill rows (dequantized panels), with and without the native library; fused q/k/v with one
+prefill rows (dequantized panels), with and without the native library (decode rows of
+``INT8_DECODE_FORMATS``: with the activations as the int8 kernel rounds them); fused q/k/v with one
 format fuse the bytes, with mixed formats run part by part; the weight stays uint8."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from hybridkv.model.layers import quant_linear as ql
 from hybridkv.model.layers.fused import FusedLinear
 from hybridkv.model.layers.linear import Linear
-from hybridkv.native.quant_blocks import QuantFormat, dequantize, pack
+from hybridkv.native.quant_blocks import QuantFormat, dequantize, pack, quantize_activations
 
 
 def quantized_linear(n: int, k: int, fmt: QuantFormat, bias: bool = False, seed: int = 0) -> Linear:
@@ -33,6 +34,9 @@ def float_weight(layer: Linear) -> torch.Tensor:
 def assert_matches_float(layer: Linear, x: torch.Tensor) -> None:
     with torch.inference_mode():
         got = layer(x)
+    assert layer.quant is not None
+    if layer.quant in ql.INT8_DECODE_FORMATS and x.shape[0] <= ql.QUANT_MAX_ROWS:
+        x = torch.from_numpy(quantize_activations(x.numpy(), layer.quant))
     ref = F.linear(
         x.double(),
         float_weight(layer).double(),
