@@ -5,13 +5,20 @@ projections, 3 attention layers' qkv/o, 12 shared MLPs, the lm_head), and the we
 floor: the step's weight bytes / this machine's read bandwidth, measured in the same run
 (``torch.sum`` of a 512 MiB float32 tensor on the step's threads and clock).
 
-Weights are distinct tensors (none warm in L3 from the previous pass). One thread: CPU time of
-the calling thread (``time.thread_time``, meaningful under load); two threads: wall time (only
-meaningful on a quiet machine: the load average is printed). Best of ``--repeats``.
+Weights are distinct tensors, and before every timed pass a 512 MiB tensor is summed, so the
+weights come from memory, not from a (large, shared) L3. The read bandwidth of the floor is
+the faster of that ``torch.sum`` and the float32 step at one row (its 383 MB of weights, also
+cold): no kernel reads faster than memory delivers. Columns: float32 (``gemm.c``), Q8_0 /
+Q4_K / Q6_K with float32 activations, ``int8``: the int8-activation path (``quant_int8.h``,
+what decode runs for Q4_K / Q6_K), ``panels``: past ``QUANT_MAX_ROWS`` rows, the prefill path
+(dequantized panels + ``F.linear``). One thread: CPU time of the calling thread
+(``time.thread_time``, meaningful under load); two threads: wall time (only meaningful on a
+quiet machine: the load average is printed). Best of ``--repeats``.
 
     PYTHONPATH=src .venv/bin/python benchmarks/quant_decode.py                # ~2 min
     PYTHONPATH=src .venv/bin/python benchmarks/quant_decode.py --rows 1 --threads 1
     PYTHONPATH=src .venv/bin/python benchmarks/quant_decode.py --quick        # seconds
+    PYTHONPATH=src .venv/bin/python benchmarks/quant_decode.py --rows 64 128 --threads 1  # prefill
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import numpy as np
 import torch
 
 from bench_common import cpu_flags, machine_info
+from hybridkv.model.layers.quant_linear import QUANT_MAX_ROWS, linear_by_panels
 from hybridkv.native.gemm import load_gemm
 from hybridkv.native.quant import load_quant
 from hybridkv.native.quant_blocks import QuantFormat, pack
@@ -56,10 +64,11 @@ def make_weights(shapes: list[tuple[int, int]]) -> dict[str, list[torch.Tensor]]
 
 def step_seconds(run: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                  weights: list[torch.Tensor], ks: list[int], rows: int, repeats: int,
-                 clock: Callable[[], float]) -> float:  # fmt: skip
+                 clock: Callable[[], float], evict: torch.Tensor) -> float:  # fmt: skip
     inputs = {k: torch.randn(rows, k) for k in set(ks)}
     best = float("inf")
     for _ in range(repeats + 1):  # the first pass warms up
+        evict.sum()  # the weights out of the caches
         start = clock()
         for w, k in zip(weights, ks, strict=True):
             run(inputs[k], w)
@@ -88,6 +97,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--quick", action="store_true", help="2 layers, 1 row, 1 repeat")
+    parser.add_argument("--only", nargs="+", help="these columns only (e.g. 'Q4_K int8')")
     args = parser.parse_args()
     if args.quick:
         args.rows, args.threads, args.repeats, args.layers = [1], [1], 1, 2
@@ -105,24 +115,33 @@ def main() -> None:
         "Q8_0 int8": lambda x, w: quant.linear(x, w, QuantFormat.Q8_0, int8_activations=True),
         "Q4_K int8": lambda x, w: quant.linear(x, w, QuantFormat.Q4_K, int8_activations=True),
         "Q6_K int8": lambda x, w: quant.linear(x, w, QuantFormat.Q6_K, int8_activations=True),
+        "Q4_K panels": lambda x, w: linear_by_panels(x, w, QuantFormat.Q4_K, None, quant),
     }
     step_bytes = {
         name: sum(w.numel() * w.element_size() for w in ws) for name, ws in weights.items()
     }
+    evict = torch.ones((64 if args.quick else 512) * (1 << 20) // 4)
     results = []
     for threads in args.threads:
-        bandwidth = read_bandwidth(threads, args.repeats, 64 if args.quick else 512)
+        sum_bandwidth = read_bandwidth(threads, args.repeats, 64 if args.quick else 512)
         torch.set_num_threads(threads)
         clock = time.thread_time if threads == 1 else time.perf_counter
+        probe = step_seconds(gemm.linear, weights["float32"], ks, 1, args.repeats, clock, evict)
+        bandwidth = max(sum_bandwidth, step_bytes["float32"] / probe)
         for rows in args.rows:
             for name, run in runs.items():
+                if name.endswith("panels") and rows <= QUANT_MAX_ROWS:
+                    continue  # decode steps never take the panels
+                if args.only and name not in args.only:
+                    continue
                 weight_name = name.split()[0]
-                secs = step_seconds(run, weights[weight_name], ks, rows, args.repeats, clock)
+                secs = step_seconds(run, weights[weight_name], ks, rows, args.repeats, clock, evict)
                 floor = step_bytes[weight_name] / bandwidth
                 results.append({
                     "threads": threads, "rows": rows, "weights": name, "step_ms": secs * 1e3,
                     "weight_mb": step_bytes[weight_name] / 1e6, "floor_ms": floor * 1e3,
                     "x_floor": secs / floor, "read_gb_s": bandwidth / 1e9,
+                    "sum_read_gb_s": sum_bandwidth / 1e9,
                 })  # fmt: skip
     report = {
         "benchmark": "quant_decode",

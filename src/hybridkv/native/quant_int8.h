@@ -32,7 +32,7 @@
 #endif
 #define I8_MR 4 /* x rows per weight row pass: each weight block is unpacked once for them */
 #ifndef I8_PF_BYTES
-#define I8_PF_BYTES 6144 /* weight bytes prefetched ahead into L2 (rows are contiguous) */
+#define I8_PF_BYTES 16384 /* weight bytes prefetched ahead into L2 (rows are contiguous) */
 #endif
 
 typedef struct { /* quantized x rows, from a tile's first row */
@@ -76,17 +76,20 @@ static void quantize_rows(const float *x, int64_t M, int64_t ldx, int64_t K, int
         }
 }
 
-/* A Q4_K block's 6-bit scales and mins as bytes (layout: quant_blocks.py). */
-static inline void q4_k_scale_bytes(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
-    uint32_t a[3], o[4];
+/* A Q4_K block's 6-bit scales and mins, byte s of sc8 / mn8 for sub-block s (layout:
+ * quant_blocks.py). NOTE: kept in registers: bytes stored as two 32-bit halves and reloaded as
+ * one 64-bit vector would stall on store forwarding. */
+static inline void q4_k_scale_bytes(const uint8_t *s, uint64_t *sc8, uint64_t *mn8) {
+    uint32_t a[3];
     memcpy(a, s, sizeof a);
-    o[0] = a[0] & 0x3f3f3f3fu;
-    o[1] = (a[2] & 0x0f0f0f0fu) | (a[0] >> 6 & 0x03030303u) << 4;
-    o[2] = a[1] & 0x3f3f3f3fu;
-    o[3] = (a[2] >> 4 & 0x0f0f0f0fu) | (a[1] >> 6 & 0x03030303u) << 4;
-    memcpy(sc, o, 8);
-    memcpy(mn, o + 2, 8);
+    const uint32_t sc_lo = a[0] & 0x3f3f3f3fu, mn_lo = a[1] & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (a[2] & 0x0f0f0f0fu) | (a[0] >> 6 & 0x03030303u) << 4;
+    const uint32_t mn_hi = (a[2] >> 4 & 0x0f0f0f0fu) | (a[1] >> 6 & 0x03030303u) << 4;
+    *sc8 = (uint64_t)sc_hi << 32 | sc_lo;
+    *mn8 = (uint64_t)mn_hi << 32 | mn_lo;
 }
+
+static inline int byte_of(uint64_t v, int s) { return (int)(v >> 8 * s & 0xff); }
 
 #if I8_SIMD
 static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
@@ -197,11 +200,11 @@ static inline __attribute__((always_inline)) void i8_q8_0(const uint8_t *blk, co
 static inline __attribute__((always_inline)) void i8_q4_k(const uint8_t *blk, const XRows *xr,
                                                           int64_t b, const int mi,
                                                           I8T *tot, I8A *mins) {
-    uint8_t sc[8], mn[8];
-    q4_k_scale_bytes(blk + 4, sc, mn);
+    uint64_t sc8, mn8;
+    q4_k_scale_bytes(blk + 4, &sc8, &mn8);
 #if defined(__AVX512BW__)
     const __m256i nib = _mm256_set1_epi8(15);
-    const __m512i sc16 = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)sc)));
+    const __m512i sc16 = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_cvtsi64_si128((long long)sc8)));
     __m512i s[I8_MR];
     for (int i = 0; i < mi; i++) s[i] = _mm512_setzero_si512();
     for (int j = 0; j < 4; j++) { /* bytes 32 j..: sub-block 2j low nibbles, 2j + 1 high */
@@ -218,7 +221,8 @@ static inline __attribute__((always_inline)) void i8_q4_k(const uint8_t *blk, co
     for (int j = 0; j < 4; j++) { /* bytes 32 j..: sub-block 2j low nibbles, 2j + 1 high */
         const __m256i q = load32(blk + 16 + 32 * j), lo = _mm256_and_si256(q, nib);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nib);
-        const __m256i slo = _mm256_set1_epi16(sc[2 * j]), shi = _mm256_set1_epi16(sc[2 * j + 1]);
+        const __m256i slo = _mm256_set1_epi16((short)byte_of(sc8, 2 * j));
+        const __m256i shi = _mm256_set1_epi16((short)byte_of(sc8, 2 * j + 1));
         for (int i = 0; i < mi; i++) {
             const int8_t *x = xr->q + i * xr->K + 256 * b + 64 * j;
             s[i] = dot_scaled(s[i], lo, load32(x), slo);
@@ -227,8 +231,7 @@ static inline __attribute__((always_inline)) void i8_q4_k(const uint8_t *blk, co
     }
 #endif
 #if I8_SIMD
-    __m128i m8;
-    memcpy(&m8, mn, 8);
+    const __m128i m8 = _mm_cvtsi64_si128((long long)mn8);
     const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* m[s] twice: per 16 */
     for (int i = 0; i < mi; i++) {
         tot[i] = s[i];
@@ -243,8 +246,8 @@ static inline __attribute__((always_inline)) void i8_q4_k(const uint8_t *blk, co
             int32_t p = 0;
             for (int l = 0; l < 32; l++)
                 p += (blk[16 + 32 * (u / 2) + l] >> 4 * (u % 2) & 15) * x[32 * u + l];
-            t += sc[u] * p;
-            m += mn[u] * (xs[2 * u] + xs[2 * u + 1]);
+            t += byte_of(sc8, u) * p;
+            m += byte_of(mn8, u) * (xs[2 * u] + xs[2 * u + 1]);
         }
         tot[i] = t;
         mins[i] = m;
@@ -319,47 +322,51 @@ static inline __attribute__((always_inline)) void i8_q6_k(const uint8_t *blk, co
 #endif
 }
 
+#define I8_NJ 2 /* weight rows interleaved when x has at most I8_NJ rows: independent chains */
 #if I8_SIMD
-#define KQ_ACC I8F av[I8_MR]; __m256 am[I8_MR]
-#define KQ_ZERO(i) (av[i] = I8F_ZERO, am[i] = _mm256_setzero_ps())
-#define KQ_ADD(i, st, sa) \
-    (av[i] = i8f_madd(tot[i], st, av[i]), am[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(aux[i]), _mm256_set1_ps(sa), am[i]))
-#define KQ_SUM(i) (i8f_sum(av[i]) + sum8(am[i]))
+#define KQ_ACC I8F av[I8_NJ * I8_MR]; __m256 am[I8_NJ * I8_MR]
+#define KQ_ZERO(t) (av[t] = I8F_ZERO, am[t] = _mm256_setzero_ps())
+#define KQ_ADD(t, i, st, sa) \
+    (av[t] = i8f_madd(tot[i], st, av[t]), am[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(aux[i]), _mm256_set1_ps(sa), am[t]))
+#define KQ_SUM(t) (i8f_sum(av[t]) + sum8(am[t]))
 #else
-#define KQ_ACC float av[I8_MR]
-#define KQ_ZERO(i) (av[i] = 0.0f)
-#define KQ_ADD(i, st, sa) (av[i] += fmadd1(st, (float)tot[i], (sa) * (float)aux[i]))
-#define KQ_SUM(i) av[i]
+#define KQ_ACC float av[I8_NJ * I8_MR]
+#define KQ_ZERO(t) (av[t] = 0.0f)
+#define KQ_ADD(t, i, st, sa) (av[t] += fmadd1(st, (float)tot[i], (sa) * (float)aux[i]))
+#define KQ_SUM(t) av[t]
 #endif
 
-/* acc[i] = row w (K values of Q4_K / Q6_K) . x row i, for i < mi: the block results' lanes
- * accumulate in float vectors, summed once at the end (no reduction per block). */
+/* acc[j * mi + i] = weight row j (at w + j * row_bytes; K values of Q4_K / Q6_K) . x row i,
+ * for j < nj, i < mi: the block results' lanes accumulate in float vectors, summed once at the
+ * end (no reduction per block); each (j, i) the same operations whatever nj and mi. */
 static inline __attribute__((always_inline)) void i8_row_k(int fmt, const uint8_t *w,
-                                                           const XRows *xr, const int mi,
+                                                           int64_t row_bytes, const XRows *xr,
+                                                           const int mi, const int nj,
                                                            float *acc) {
     const int64_t bytes = block_bytes(fmt);
     I8T tot[I8_MR];
     I8A aux[I8_MR];
     KQ_ACC;
-    for (int i = 0; i < mi; i++) KQ_ZERO(i);
-    for (int64_t b = 0; b < xr->nd; b++) {
-        const uint8_t *blk = w + bytes * b;
-        /* NOTE: may reach past W's end: a prefetch does not fault */
-        for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(blk + I8_PF_BYTES + o, 0, 2);
-        float d, c;
-        if (fmt == Q4_K) {
-            d = half_to_float(blk), c = -half_to_float(blk + 2);
-            i8_q4_k(blk, xr, b, mi, tot, aux);
-        } else {
-            d = half_to_float(blk + 208), c = -32.0f * d;
-            i8_q6_k(blk, xr, b, mi, tot, aux);
+    for (int t = 0; t < nj * mi; t++) KQ_ZERO(t);
+    for (int64_t b = 0; b < xr->nd; b++)
+        for (int j = 0; j < nj; j++) {
+            const uint8_t *blk = w + j * row_bytes + bytes * b;
+            /* NOTE: may reach past W's end: a prefetch does not fault */
+            for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(blk + I8_PF_BYTES + o, 0, 2);
+            float d, c;
+            if (fmt == Q4_K) {
+                d = half_to_float(blk), c = -half_to_float(blk + 2);
+                i8_q4_k(blk, xr, b, mi, tot, aux);
+            } else {
+                d = half_to_float(blk + 208), c = -32.0f * d;
+                i8_q6_k(blk, xr, b, mi, tot, aux);
+            }
+            for (int i = 0; i < mi; i++) {
+                const float dx = xr->d[i * xr->nd + b];
+                KQ_ADD(j * mi + i, i, d * dx, c * dx);
+            }
         }
-        for (int i = 0; i < mi; i++) {
-            const float dx = xr->d[i * xr->nd + b];
-            KQ_ADD(i, d * dx, c * dx);
-        }
-    }
-    for (int i = 0; i < mi; i++) acc[i] = KQ_SUM(i);
+    for (int t = 0; t < nj * mi; t++) acc[t] = KQ_SUM(t);
 }
 
 /* acc[i] = row w (K values of Q8_0) . x row i, for i < mi: one multiply-add per block */
@@ -381,10 +388,13 @@ static inline __attribute__((always_inline)) void i8_row_q8_0(const uint8_t *w, 
 #define I8_ROWS(MI)                                                                             \
     case MI:                                                                                    \
         if (fmt == Q8_0) i8_row_q8_0(w, xr, MI, acc);                                          \
-        else i8_row_k(fmt, w, xr, MI, acc);                                                     \
+        else if (MI <= I8_NJ && nj == I8_NJ) i8_row_k(fmt, w, row_bytes, xr, MI, I8_NJ, acc);  \
+        else i8_row_k(fmt, w, row_bytes, xr, MI, 1, acc);                                       \
         break;
 
-static void i8_rows(int fmt, const uint8_t *w, const XRows *xr, int64_t mi, float *acc) {
+/* acc[j * mi + i] for weight rows j < nj (nj: 1, or I8_NJ for K-quants and mi <= I8_NJ) */
+static void i8_rows(int fmt, const uint8_t *w, int64_t row_bytes, const XRows *xr, int64_t mi,
+                    int64_t nj, float *acc) {
     switch (mi) {
         I8_ROWS(1)
         I8_ROWS(2)
@@ -406,15 +416,22 @@ int hk_quant_gemm_i8(int fmt, const float *x, int64_t M, int64_t ldx, const uint
         return -1;
     }
     quantize_rows(x, M, ldx, K, qb, xq, dx, xs);
+    const int64_t pair = fmt != Q8_0 && M <= I8_NJ ? I8_NJ : 1; /* weight rows per pass */
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && N * K >= PARALLEL_WORK)
-    for (int64_t n = 0; n < N; n++)
+    for (int64_t p = 0; p < (N + pair - 1) / pair; p++) {
+        const int64_t n = p * pair, nj = N - n < pair ? N - n : pair;
         for (int64_t m = 0; m < M; m += I8_MR) {
             const int64_t mi = M - m < I8_MR ? M - m : I8_MR;
             const XRows xr = {xq + m * K, dx + m * (K / qb), xs + m * (K / 16), K, K / qb, K / 16};
-            float acc[I8_MR];
-            i8_rows(fmt, W + n * row_bytes, &xr, mi, acc);
-            for (int64_t i = 0; i < mi; i++) y[(m + i) * N + n] = bias ? acc[i] + bias[n] : acc[i];
+            float acc[I8_NJ * I8_MR];
+            i8_rows(fmt, W + n * row_bytes, row_bytes, &xr, mi, nj, acc);
+            for (int64_t j = 0; j < nj; j++)
+                for (int64_t i = 0; i < mi; i++) {
+                    const float v = acc[j * mi + i];
+                    y[(m + i) * N + n + j] = bias ? v + bias[n + j] : v;
+                }
         }
+    }
     free(xq), free(dx), free(xs);
     return 0;
 }

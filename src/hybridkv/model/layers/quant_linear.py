@@ -54,7 +54,7 @@ def quant_linear(
     if kernel is not None and xf.numel() <= QUANT_MAX_ROWS * xf.shape[-1]:
         out = kernel.linear(xf, data, fmt, bias, int8_activations=fmt in INT8_DECODE_FORMATS)
     else:
-        out = _by_panels(xf, data, fmt, bias, kernel)
+        out = linear_by_panels(xf, data, fmt, bias, kernel)
     return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
@@ -67,13 +67,15 @@ def dequantize_weight(
     return torch.from_numpy(dequantize(data.contiguous().numpy(), fmt, k))
 
 
-def _by_panels(
+def linear_by_panels(
     x: torch.Tensor,
     data: torch.Tensor,
     fmt: QuantFormat,
     bias: torch.Tensor | None,
     kernel: QuantGemm | None,
 ) -> torch.Tensor:
+    """float32 ``x @ W^T (+ bias)``, ``PANEL_ROWS`` weight rows at a time dequantized (by
+    ``kernel``, else numpy) and multiplied by ``F.linear``: the prefill path."""
     n, k = data.shape[0], x.shape[-1]
     fmt.row_bytes(k)  # checks K before any slicing
     out = torch.empty(*x.shape[:-1], n, dtype=torch.float32)  # [..., N]
