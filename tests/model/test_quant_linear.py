@@ -1,7 +1,7 @@
 """Projections with block-quantized weights (``layers/quant_linear.py``): a quantized
 ``Linear`` equals ``F.linear`` with its dequantized weight at decode rows (native kernel) and
 prefill rows (dequantized panels), with and without the native library (decode rows of
-``INT8_DECODE_FORMATS``: with the activations as the int8 kernel rounds them); fused q/k/v with one
+``INT8_FORMATS``: with the activations as the int8 kernel rounds them); fused q/k/v with one
 format fuse the bytes, with mixed formats run part by part; the weight stays uint8."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def assert_matches_float(layer: Linear, x: torch.Tensor) -> None:
     with torch.inference_mode():
         got = layer(x)
     assert layer.quant is not None
-    if layer.quant in ql.INT8_DECODE_FORMATS and x.shape[0] <= ql.QUANT_MAX_ROWS:
+    if layer.quant in ql.INT8_FORMATS and x.shape[0] <= ql.INT8_MAX_ROWS:
         x = torch.from_numpy(quantize_activations(x.numpy(), layer.quant))
     ref = F.linear(
         x.double(),
@@ -47,7 +47,7 @@ def assert_matches_float(layer: Linear, x: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("fmt", [QuantFormat.Q8_0, QuantFormat.Q4_K], ids=["Q8_0", "Q4_K"])
-@pytest.mark.parametrize("rows", [1, 5, ql.QUANT_MAX_ROWS + 1, 70])
+@pytest.mark.parametrize("rows", [1, 5, ql.QUANT_MAX_ROWS + 1, 70, ql.INT8_MAX_ROWS + 1])
 def test_matches_dequantized_float(fmt: QuantFormat, rows: int) -> None:
     layer = quantized_linear(ql.PANEL_ROWS + 44, 512, fmt, bias=True)  # two panels
     assert layer.weight.dtype == torch.uint8 and layer.weight.numel() == (

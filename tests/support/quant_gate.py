@@ -2,8 +2,9 @@
 weights dequantized to float32 through the float32 path (the reference).
 
 Both models read one token sequence: all but its last ``decode_steps`` tokens in one prefill
-step (the dequantized-panel path), the rest one token per step (the native decode kernel:
-int8 activations for ``INT8_DECODE_FORMATS``). At every position: does the quantized model's
+step (the dequantized-panel path; for ``INT8_FORMATS`` up to ``INT8_MAX_ROWS`` rows the int8
+kernel), the rest one token per step (the native decode kernel: int8 activations for
+``INT8_FORMATS``). At every position: does the quantized model's
 top token equal the reference's (top-1 agreement), and how far apart are the two
 log-probabilities of the reference's top token (mean |delta logprob|); the same over the
 decode positions alone (``decode_*``: what the decode kernel's numerics cost)."""
@@ -67,8 +68,8 @@ def quality_gate(
     """The quantized model at ``model_dir`` against its weights dequantized (``original_dir``
     None), or against the float checkpoint it was quantized from (``original_dir``: what the
     format's rounding costs). ``int8_decode`` False: decode steps with float32 activations
-    whatever ``quant_linear.INT8_DECODE_FORMATS`` says (then only summation order differs
-    from the dequantized reference)."""
+    whatever ``quant_linear.INT8_FORMATS`` says (then only summation order differs
+    from the dequantized reference); prefill steps of up to ``INT8_MAX_ROWS`` rows too."""
     quant, cfg = load_model(model_dir)
     num_quantized = sum(isinstance(m, Linear) and m.quant is not None for m in quant.modules())
     assert num_quantized > 0, "nothing in this model is quantized"
@@ -76,9 +77,9 @@ def quality_gate(
     for module in reference.modules():
         if isinstance(module, Linear):
             dequantize_linear_(module)
-    saved = quant_linear.INT8_DECODE_FORMATS
+    saved = quant_linear.INT8_FORMATS
     if not int8_decode:
-        quant_linear.INT8_DECODE_FORMATS = frozenset()
+        quant_linear.INT8_FORMATS = frozenset()
     try:
         with torch.inference_mode():
             got, ref = (
@@ -88,7 +89,7 @@ def quality_gate(
                 for m in (quant, reference)
             )
     finally:
-        quant_linear.INT8_DECODE_FORMATS = saved
+        quant_linear.INT8_FORMATS = saved
     top = ref.argmax(-1)  # [L]
     agree = got.argmax(-1) == top  # [L]
     delta = (got.gather(-1, top[:, None]) - ref.gather(-1, top[:, None])).abs()[:, 0]  # [L]

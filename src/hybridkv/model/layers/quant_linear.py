@@ -5,9 +5,9 @@ A quantized ``Linear`` (``layers/linear.py``) holds its weight as the file has i
 ``Linear.quant``; nothing is dequantized to float32 in memory for good. Products are float32:
 
 - up to ``QUANT_MAX_ROWS`` rows (decode steps): the native kernel (``native/quant.c``); for
-  the formats in ``INT8_DECODE_FORMATS`` with each x row quantized to int8 per block and
-  integer dot products (``native/quant_int8.h``), else with float32 activations (weights
-  dequantized in registers or L2 panels);
+  the formats in ``INT8_FORMATS`` up to ``INT8_MAX_ROWS`` rows, with each x row quantized to
+  int8 per block and integer dot products (``native/quant_int8.h``), else with float32
+  activations (weights dequantized in registers or L2 panels);
 - more rows (prefill, mixed steps): ``PANEL_ROWS`` weight rows at a time dequantized to a
   float32 scratch (by the kernel's own code, so the same values) and multiplied by
   ``F.linear``: each weight is read once per call and the scratch stays small;
@@ -31,11 +31,14 @@ from hybridkv.native.quant_blocks import QuantFormat, dequantize
 # 128 rows 108 vs 81 ms)
 QUANT_MAX_ROWS = 48
 PANEL_ROWS = 256  # weight rows per dequantized panel: 2 MB of float32 at K = 2048
-# decode steps of these formats take int8 activations (llama.cpp's Q8_K): 2.5-3x faster than
-# float32 activations at one row, within the quality gate (docs/quantization.md); Q8_0 keeps
-# float32 activations: its float kernel is already at the weight-read floor and the int8 one
-# is slower (one reduction per 32 values)
-INT8_DECODE_FORMATS = frozenset({QuantFormat.Q4_K, QuantFormat.Q6_K})
+# steps of up to INT8_MAX_ROWS rows of these formats take int8 activations (llama.cpp's Q8_K):
+# at one row 1.5-1.7x faster than float32 activations, within the quality gate
+# (docs/quantization.md); and up to 128 rows faster than the panels (one thread, CPU time,
+# Granite-small's projections: 64 rows 233 vs 307 ms, 128 rows 346 vs 409; 256 rows 696 vs
+# 648, 512 rows 1830 vs 1069). Q8_0 keeps float32 activations: its float kernel is faster
+# than its int8 one (one reduction per 32 values) and int8 adds 20-40 % to its rounding loss
+INT8_FORMATS = frozenset({QuantFormat.Q4_K, QuantFormat.Q6_K})
+INT8_MAX_ROWS = 128
 
 
 def quant_linear(
@@ -51,8 +54,10 @@ def quant_linear(
     kernel = kernel if kernel is not None else load_quant()
     xf = x if x.dtype == torch.float32 else x.to(torch.float32)
     bias = None if bias is None else bias.to(torch.float32)
-    if kernel is not None and xf.numel() <= QUANT_MAX_ROWS * xf.shape[-1]:
-        out = kernel.linear(xf, data, fmt, bias, int8_activations=fmt in INT8_DECODE_FORMATS)
+    int8 = fmt in INT8_FORMATS
+    max_rows = INT8_MAX_ROWS if int8 else QUANT_MAX_ROWS
+    if kernel is not None and xf.numel() <= max_rows * xf.shape[-1]:
+        out = kernel.linear(xf, data, fmt, bias, int8_activations=int8)
     else:
         out = linear_by_panels(xf, data, fmt, bias, kernel)
     return out if x.dtype == torch.float32 else out.to(x.dtype)
