@@ -32,11 +32,11 @@ from hybridkv.native.quant_blocks import QuantFormat, dequantize
 QUANT_MAX_ROWS = 48
 PANEL_ROWS = 256  # weight rows per dequantized panel: 2 MB of float32 at K = 2048
 # steps of up to INT8_MAX_ROWS rows of these formats take int8 activations (llama.cpp's Q8_K):
-# at one row 1.5-1.7x faster than float32 activations, within the quality gate
-# (docs/quantization.md); and up to 128 rows faster than the panels (one thread, CPU time,
-# Granite-small's projections: 64 rows 233 vs 307 ms, 128 rows 346 vs 409; 256 rows 696 vs
-# 648, 512 rows 1830 vs 1069). Q8_0 keeps float32 activations: its float kernel is faster
-# than its int8 one (one reduction per 32 values) and int8 adds 20-40 % to its rounding loss
+# decode 1.35-2.2x (Q4_K) and 1.7x (Q6_K) faster than float32 activations (docs/benchmarks.md),
+# within the quality gate (docs/quantization.md); and up to 128 rows faster than the panels
+# (one thread, CPU time, Granite-small's projections: 64 rows 233 vs 307 ms, 128 rows 346 vs
+# 409; 256 rows 696 vs 648, 512 rows 1830 vs 1069). Q8_0 keeps float32 activations: faster at
+# one row, and int8 adds 20-40 % to its rounding loss
 INT8_FORMATS = frozenset({QuantFormat.Q4_K, QuantFormat.Q6_K})
 INT8_MAX_ROWS = 128
 
