@@ -1,0 +1,216 @@
+/* MXFP4 GEMM for decode steps: y[M][N] = x[M][K] W[N][K]^T (+ bias), M small, x and y float32,
+ * W in the OCP MX FP4 layout gpt-oss checkpoints store (kept as the file has it):
+ *   blocks [N][K / 32][16] uint8: 32 e2m1 values a block, value 2i in byte i's low nibble,
+ *                                 value 2i + 1 in its high nibble;
+ *   scales [N][K / 32] uint8:     e8m0 exponents, w = e2m1 * 2^(scale - 127).
+ * e2m1 codes 0..7 are +{0, 0.5, 1, 1.5, 2, 3, 4, 6}, 8..15 the same negated. Doubled they are
+ * small integers, so a block dequantizes exactly as int8(2 * e2m1) * 2^(scale - 128): a byte
+ * shuffle (pshufb) of a 16-entry table, widened to floats, times one power of two.
+ *
+ * Threads split the N rows in panels of NR. Up to MR x rows multiply a panel a block at a time
+ * (the NR rows' block dequantized into an L1 buffer, then MR x NR register accumulators); more
+ * rows dequantize the whole panel into an L2-resident scratch once and multiply every x row
+ * against it. Both sum every output in one order: VW lane-wise partial sums along K (fused
+ * multiply-adds where the CPU has them), the lanes added in a fixed pairwise tree, then the
+ * bias; so a row alone and the same row in any batch give the same bits, on 1 or 2 threads.
+ * Callers (hybridkv/native/mxfp4.py) check shapes, dtypes and that every scale is <= 252. */
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__) || defined(__FMA__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__)
+#define VW 16 /* floats per vector */
+#define MR 4  /* x rows per register tile */
+#else
+#define VW 8
+#define MR 2
+#endif
+#define NR 4 /* weight rows per panel */
+#define QK 32
+#define QB 16
+#define PARALLEL_WORK 262144 /* N * K below this: one thread */
+
+typedef float vf __attribute__((vector_size(VW * sizeof(float))));
+
+static const int8_t LUT2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static inline vf fma_v(vf a, vf b, vf c) { /* c + a * b, rounded once where the CPU has FMA */
+#if VW == 16
+    return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+    return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    return c + a * b;
+#endif
+}
+
+static inline vf load_v(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
+
+/* 2^(e - 128), exact: a normal float from e = 2, the subnormals 2^-127 and 2^-128 below. */
+static inline float half_scale(uint8_t e) {
+    const uint32_t bits = e >= 2 ? (uint32_t)(e - 1) << 23 : 0x00400000u >> (1 - e);
+    float s;
+    memcpy(&s, &bits, sizeof s);
+    return s;
+}
+
+/* One block's 32 values, in order, into out. */
+static inline void deq_block(const uint8_t *b, uint8_t e, float *out) {
+    const float s = half_scale(e);
+#if defined(__AVX2__)
+    const __m128i lut = _mm_loadu_si128((const __m128i *)LUT2), low = _mm_set1_epi8(15);
+    const __m128i q = _mm_loadu_si128((const __m128i *)b);
+    const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(q, low));
+    const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), low));
+    const __m128i v0 = _mm_unpacklo_epi8(lo, hi), v1 = _mm_unpackhi_epi8(lo, hi); /* 0-15, 16-31 */
+#if VW == 16
+    const __m512 sv = _mm512_set1_ps(s);
+    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v0)), sv));
+    _mm512_storeu_ps(out + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v1)), sv));
+#else
+    const __m256 sv = _mm256_set1_ps(s);
+    const __m128i parts[4] = {v0, _mm_srli_si128(v0, 8), v1, _mm_srli_si128(v1, 8)};
+    for (int p = 0; p < 4; p++)
+        _mm256_storeu_ps(out + 8 * p,
+                         _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[p])), sv));
+#endif
+#else
+    for (int i = 0; i < QB; i++) {
+        out[2 * i] = (float)LUT2[b[i] & 15] * s;
+        out[2 * i + 1] = (float)LUT2[b[i] >> 4] * s;
+    }
+#endif
+}
+
+static void deq_row(const uint8_t *blocks, const uint8_t *scales, int64_t K, float *out) {
+    for (int64_t g = 0; g < K / QK; g++) deq_block(blocks + g * QB, scales[g], out + g * QK);
+}
+
+static float lanes_sum(vf v) { /* lanes added pairwise: (0+1)+(2+3), ...: one fixed tree */
+    float a[VW];
+    memcpy(a, &v, sizeof a);
+    for (int width = VW / 2; width >= 1; width /= 2)
+        for (int l = 0; l < width; l++) a[l] = a[2 * l] + a[2 * l + 1];
+    return a[0];
+}
+
+static inline __attribute__((always_inline)) void store_tile(const vf *acc, const float *bias,
+                                                             float *y, int64_t ldy, int mr,
+                                                             int nr) {
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            const float s = lanes_sum(acc[i * NR + j]);
+            y[i * ldy + j] = bias ? s + bias[j] : s;
+        }
+}
+
+/* acc[i][j] += x_i[k0 .. k0 + QK) . w_j[0 .. QK) for i < mr, j < NR; w rows ldw floats apart. */
+static inline __attribute__((always_inline)) void fma_block(vf *acc, const float *x, int64_t ldx,
+                                                            const float *w, int64_t ldw,
+                                                            const int mr) {
+    for (int c = 0; c < QK; c += VW) {
+        vf wv[NR];
+        for (int j = 0; j < NR; j++) wv[j] = load_v(w + j * ldw + c);
+        for (int i = 0; i < mr; i++) {
+            const vf xv = load_v(x + i * ldx + c);
+            for (int j = 0; j < NR; j++) acc[i * NR + j] = fma_v(xv, wv[j], acc[i * NR + j]);
+        }
+    }
+}
+
+/* mr <= MR x rows against NR weight rows, each block dequantized into L1 just before use. */
+static inline __attribute__((always_inline)) void tile_fused(
+    const float *x, int64_t ldx, const uint8_t *blocks, const uint8_t *scales, int64_t K,
+    const float *bias, float *y, int64_t ldy, const int mr) {
+    const int64_t groups = K / QK;
+    vf acc[MR * NR];
+    float wb[NR * QK];
+    for (int t = 0; t < MR * NR; t++) acc[t] = (vf){0};
+    for (int64_t g = 0; g < groups; g++) {
+        for (int j = 0; j < NR; j++)
+            deq_block(blocks + (j * groups + g) * QB, scales[j * groups + g], wb + j * QK);
+        fma_block(acc, x + g * QK, ldx, wb, QK, mr);
+    }
+    store_tile(acc, bias, y, ldy, mr, NR);
+}
+
+/* mr <= MR x rows against nr <= NR rows of a dequantized panel (rows K floats apart). */
+static inline __attribute__((always_inline)) void tile_panel(const float *x, int64_t ldx,
+                                                             const float *p, int64_t K,
+                                                             const float *bias, float *y,
+                                                             int64_t ldy, const int mr,
+                                                             const int nr) {
+    vf acc[MR * NR];
+    float pad[NR * QK];
+    for (int t = 0; t < MR * NR; t++) acc[t] = (vf){0};
+    memset(pad, 0, sizeof pad);
+    for (int64_t k = 0; k < K; k += QK) {
+        const float *w = p + k;
+        int64_t ldw = K;
+        if (nr < NR) { /* the last panel: its missing rows read zeros */
+            for (int j = 0; j < nr; j++) memcpy(pad + j * QK, p + j * K + k, QK * sizeof(float));
+            w = pad, ldw = QK;
+        }
+        fma_block(acc, x + k, ldx, w, ldw, mr);
+    }
+    store_tile(acc, bias, y, ldy, mr, nr);
+}
+
+#define FUSED(MRC) tile_fused(x + m * ldx, ldx, bl, sc, K, b, y + m * ldy, ldy, MRC)
+#define PANEL(MRC) tile_panel(x + m * ldx, ldx, panel, K, b, y + m * ldy, ldy, MRC, nr)
+
+/* One panel of nr rows (blocks bl, scales sc) against all M x rows. panel: NR x K scratch. */
+static void panel_rows(const float *x, int64_t M, int64_t ldx, const uint8_t *bl,
+                       const uint8_t *sc, int64_t K, const float *b, float *y, int64_t ldy,
+                       int64_t nr, float *panel) {
+    int64_t m = 0;
+    if (nr == NR && M <= MR) {
+        if (M == 1) FUSED(1);
+        else if (M == 2) FUSED(2);
+#if MR > 2
+        else if (M == 3) FUSED(3);
+        else FUSED(4);
+#endif
+        return;
+    }
+    for (int64_t j = 0; j < nr; j++) deq_row(bl + j * (K / 2), sc + j * (K / QK), K, panel + j * K);
+    for (; m + MR <= M; m += MR) PANEL(MR);
+    for (; m < M; m++) PANEL(1);
+}
+
+/* x: rows of K floats at x + m * ldx; blocks / scales: N rows of K / 32 blocks; bias: [N] or
+ * NULL; y: [M][N] contiguous. threads: the OpenMP team size. 0, or -1 without scratch memory. */
+int hk_mxfp4_gemm(const float *x, int64_t M, int64_t ldx, const uint8_t *blocks,
+                  const uint8_t *scales, int64_t N, int64_t K, const float *bias, float *y,
+                  int threads) {
+    const int64_t panels = (N + NR - 1) / NR;
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1 && N * K >= PARALLEL_WORK)
+    {
+        float *panel = M > MR || N % NR ? aligned_alloc(64, (size_t)(NR * K) * sizeof(float)) : NULL;
+        if (!panel && (M > MR || N % NR)) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t pi = 0; pi < panels; pi++) {
+            const int64_t n = pi * NR, nr = N - n < NR ? N - n : NR;
+            if (!panel && (M > MR || nr < NR)) continue;
+            panel_rows(x, M, ldx, blocks + n * (K / 2), scales + n * (K / QK), K,
+                       bias ? bias + n : NULL, y + n, N, nr, panel);
+        }
+        free(panel);
+    }
+    return failed ? -1 : 0;
+}
+
+/* out[N][K] = the float32 values of the N rows (the kernel's own code), rows split over threads. */
+void hk_mxfp4_dequantize(const uint8_t *blocks, const uint8_t *scales, int64_t N, int64_t K,
+                         float *out, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && N * K >= PARALLEL_WORK)
+    for (int64_t n = 0; n < N; n++) deq_row(blocks + n * (K / 2), scales + n * (K / QK), K, out + n * K);
+}
