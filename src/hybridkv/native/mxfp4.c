@@ -30,6 +30,7 @@
 #define MR 2
 #endif
 #define NR 4 /* weight rows per panel */
+#define PF_ROWS (2 * NR) /* a panel's blocks are prefetched while the panel 2 before computes */
 #define QK 32
 #define QB 16
 #define PARALLEL_WORK 262144 /* N * K below this: one thread */
@@ -37,6 +38,7 @@
 typedef float vf __attribute__((vector_size(VW * sizeof(float))));
 
 static const int8_t LUT2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+static const float LUT2F[16] = {0, 1, 2, 3, 4, 6, 8, 12, -0.0f, -1, -2, -3, -4, -6, -8, -12};
 
 static inline vf fma_v(vf a, vf b, vf c) { /* c + a * b, rounded once where the CPU has FMA */
 #if VW == 16
@@ -58,32 +60,43 @@ static inline float half_scale(uint8_t e) {
     return s;
 }
 
-/* One block's 32 values, in order, into out. */
-static inline void deq_block(const uint8_t *b, uint8_t e, float *out) {
+/* One block's 32 values, in order, as QK / VW vectors. */
+static inline __attribute__((always_inline)) void deq_vecs(const uint8_t *b, uint8_t e,
+                                                           vf out[QK / VW]) {
     const float s = half_scale(e);
-#if defined(__AVX2__)
+#if VW == 16 /* value l of 16: table entry (byte l / 2) >> (4 * (l % 2)), low 4 bits */
+    const __m512 table = _mm512_mul_ps(_mm512_loadu_ps(LUT2F), _mm512_set1_ps(s)); /* exact */
+    const __m512i shifts = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
+    const __m128i q = _mm_loadu_si128((const __m128i *)b);
+    const __m128i pairs[2] = {_mm_unpacklo_epi8(q, q), _mm_unpackhi_epi8(q, q)};
+    for (int h = 0; h < 2; h++) {
+        const __m512i idx = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(pairs[h]), shifts);
+        out[h] = (vf)_mm512_permutexvar_ps(idx, table); /* vpermps reads idx's low 4 bits */
+    }
+#elif defined(__AVX2__)
     const __m128i lut = _mm_loadu_si128((const __m128i *)LUT2), low = _mm_set1_epi8(15);
     const __m128i q = _mm_loadu_si128((const __m128i *)b);
     const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(q, low));
     const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), low));
     const __m128i v0 = _mm_unpacklo_epi8(lo, hi), v1 = _mm_unpackhi_epi8(lo, hi); /* 0-15, 16-31 */
-#if VW == 16
-    const __m512 sv = _mm512_set1_ps(s);
-    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v0)), sv));
-    _mm512_storeu_ps(out + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v1)), sv));
-#else
     const __m256 sv = _mm256_set1_ps(s);
     const __m128i parts[4] = {v0, _mm_srli_si128(v0, 8), v1, _mm_srli_si128(v1, 8)};
     for (int p = 0; p < 4; p++)
-        _mm256_storeu_ps(out + 8 * p,
-                         _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[p])), sv));
-#endif
+        out[p] = (vf)_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[p])), sv);
 #else
+    float f[QK];
     for (int i = 0; i < QB; i++) {
-        out[2 * i] = (float)LUT2[b[i] & 15] * s;
-        out[2 * i + 1] = (float)LUT2[b[i] >> 4] * s;
+        f[2 * i] = (float)LUT2[b[i] & 15] * s;
+        f[2 * i + 1] = (float)LUT2[b[i] >> 4] * s;
     }
+    for (int c = 0; c < QK / VW; c++) out[c] = load_v(f + c * VW);
 #endif
+}
+
+static inline void deq_block(const uint8_t *b, uint8_t e, float *out) {
+    vf v[QK / VW];
+    deq_vecs(b, e, v);
+    memcpy(out, v, sizeof v);
 }
 
 static void deq_row(const uint8_t *blocks, const uint8_t *scales, int64_t K, float *out) {
@@ -122,18 +135,25 @@ static inline __attribute__((always_inline)) void fma_block(vf *acc, const float
     }
 }
 
-/* mr <= MR x rows against NR weight rows, each block dequantized into L1 just before use. */
+/* mr <= MR x rows against NR weight rows, each block dequantized in registers just before
+ * use (the panel path's values and order along K). pf: the rows PF_ROWS on, or NULL. */
 static inline __attribute__((always_inline)) void tile_fused(
     const float *x, int64_t ldx, const uint8_t *blocks, const uint8_t *scales, int64_t K,
-    const float *bias, float *y, int64_t ldy, const int mr) {
+    const float *bias, float *y, int64_t ldy, const int mr, const uint8_t *pf) {
     const int64_t groups = K / QK;
     vf acc[MR * NR];
-    float wb[NR * QK];
     for (int t = 0; t < MR * NR; t++) acc[t] = (vf){0};
     for (int64_t g = 0; g < groups; g++) {
-        for (int j = 0; j < NR; j++)
-            deq_block(blocks + (j * groups + g) * QB, scales[j * groups + g], wb + j * QK);
-        fma_block(acc, x + g * QK, ldx, wb, QK, mr);
+        vf wv[NR][QK / VW];
+        for (int j = 0; j < NR; j++) {
+            if (pf && g % 4 == 0) __builtin_prefetch(pf + (j * groups + g) * QB, 0, 2);
+            deq_vecs(blocks + (j * groups + g) * QB, scales[j * groups + g], wv[j]);
+        }
+        for (int c = 0; c < QK / VW; c++)
+            for (int i = 0; i < mr; i++) {
+                const vf xv = load_v(x + i * ldx + g * QK + c * VW);
+                for (int j = 0; j < NR; j++) acc[i * NR + j] = fma_v(xv, wv[j][c], acc[i * NR + j]);
+            }
     }
     store_tile(acc, bias, y, ldy, mr, NR);
 }
@@ -160,13 +180,13 @@ static inline __attribute__((always_inline)) void tile_panel(const float *x, int
     store_tile(acc, bias, y, ldy, mr, nr);
 }
 
-#define FUSED(MRC) tile_fused(x + m * ldx, ldx, bl, sc, K, b, y + m * ldy, ldy, MRC)
+#define FUSED(MRC) tile_fused(x + m * ldx, ldx, bl, sc, K, b, y + m * ldy, ldy, MRC, pf)
 #define PANEL(MRC) tile_panel(x + m * ldx, ldx, panel, K, b, y + m * ldy, ldy, MRC, nr)
 
 /* One panel of nr rows (blocks bl, scales sc) against all M x rows. panel: NR x K scratch. */
 static void panel_rows(const float *x, int64_t M, int64_t ldx, const uint8_t *bl,
                        const uint8_t *sc, int64_t K, const float *b, float *y, int64_t ldy,
-                       int64_t nr, float *panel) {
+                       int64_t nr, float *panel, const uint8_t *pf) {
     int64_t m = 0;
     if (nr == NR && M <= MR) {
         if (M == 1) FUSED(1);
@@ -200,8 +220,9 @@ int hk_mxfp4_gemm(const float *x, int64_t M, int64_t ldx, const uint8_t *blocks,
         for (int64_t pi = 0; pi < panels; pi++) {
             const int64_t n = pi * NR, nr = N - n < NR ? N - n : NR;
             if (!panel && (M > MR || nr < NR)) continue;
+            const uint8_t *pf = n + PF_ROWS + NR <= N ? blocks + (n + PF_ROWS) * (K / 2) : NULL;
             panel_rows(x, M, ldx, blocks + n * (K / 2), scales + n * (K / QK), K,
-                       bias ? bias + n : NULL, y + n, N, nr, panel);
+                       bias ? bias + n : NULL, y + n, N, nr, panel, pf);
         }
         free(panel);
     }
