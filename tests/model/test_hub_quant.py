@@ -20,14 +20,16 @@ from hybridkv.model.config.errors import ModelLoadError
 from hybridkv.model.loading.hub_quant import parse_hub_quant
 from hybridkv.model.loading.loader import load_model
 from hybridkv.model.models.gpt_oss import Mxfp4Experts
+from tests.model.conftest import make_runner
 from tests.support.checkpoints import SharedCheckpoints
+from tests.support.driver import RunnerDriver
 from tests.support.families import FamilyCheckpoints
 from tests.support.hub_checkpoints import (
     gpt_oss_original,
     make_fp8_checkpoint,
     make_mxfp4_checkpoint,
 )
-from tests.support.quant_gate import compare_models
+from tests.support.quant_gate import compare_models, teacher_forced_logits
 
 # the quality gate (docs/quantization.md "Hub formats"): against the same weights dequantized,
 # float32 summation order alone; against the float32 original, from the format's rounding:
@@ -82,6 +84,24 @@ def test_mxfp4_experts_stay_quantized_and_generate(hub_files: dict[str, Pair]) -
     )
     assert expert_bytes * 6 < float_bytes  # 4.25 bits a weight (+ float biases) against 32
     assert _generate(quant) == _generate(twin)  # greedy: the same tokens as the float32 twin
+
+
+@pytest.mark.parametrize("bf16_matmul", ["native", "float32"])
+def test_mxfp4_in_a_bfloat16_model(bf16_matmul: str, hub_files: dict[str, Pair]) -> None:
+    quant, twin, _ = hub_files["gpt_oss-mxfp4"]
+    ids = torch.randint(3, 1000, (64,), generator=torch.Generator().manual_seed(5)).tolist()
+    runner = make_runner(quant, dtype="bfloat16", bf16_matmul=bf16_matmul)
+    experts = runner.model.model.layers[0].mlp.experts
+    assert isinstance(experts, Mxfp4Experts) and experts.down_proj_blocks.dtype == torch.uint8
+    driver = RunnerDriver(runner)
+    driver.add("r", ids)
+    driver.step({"r": 56})
+    driver.decode_all(["r"], 8)
+    ours = driver.all_logits("r")[:64].float()
+    ref_model, cfg = load_model(twin)
+    ref = teacher_forced_logits(ref_model, cfg, ids)  # float32, the same weights
+    cos = torch.nn.functional.cosine_similarity(ours, ref, dim=-1)
+    assert torch.isfinite(ours).all() and cos.min().item() > 0.98
 
 
 @pytest.mark.parametrize("name", ["qwen3-fp8", "qwen3_next-fp8"])
