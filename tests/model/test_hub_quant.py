@@ -233,6 +233,13 @@ def test_forged_mxfp4_and_unconfigured_float8_refused(
     )
     with pytest.raises(ModelLoadError, match="has shape"):
         load_model(cut)
+    floats = _forge(
+        hub_files["gpt_oss-mxfp4"][0],
+        tmp_path / "floats",
+        lambda t: t.update({blocks: t[blocks].float()}),
+    )
+    with pytest.raises(ModelLoadError, match="expected uint8"):
+        load_model(floats)
     no_config = tmp_path / "no-config"
     shutil.copytree(hub_files["qwen3-fp8"][0], no_config)
     config = json.loads((no_config / "config.json").read_text())

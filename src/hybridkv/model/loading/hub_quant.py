@@ -117,10 +117,15 @@ def _fp8_block(spec: Mapping[str, Any]) -> tuple[int, int]:
     return block[0], block[1]
 
 
-def as_parameter(name: str, tensor: torch.Tensor, target: torch.dtype) -> torch.Tensor:
-    """A checkpoint tensor as the parameter ``name``: floats in ``target``; MXFP4 blocks and
-    scales (uint8) as they are, scales checked; anything else refused."""
-    if tensor.dtype == torch.uint8 and name.endswith(("_blocks", "_scales")):
+def as_parameter(
+    name: str, tensor: torch.Tensor, target: torch.dtype, expected: torch.dtype
+) -> torch.Tensor:
+    """A checkpoint tensor as the parameter ``name`` the model declared as ``expected``: MXFP4
+    blocks and scales (``uint8``) as they are, scales checked; floats in ``target``; any other
+    pairing refused."""
+    if expected == torch.uint8:
+        if tensor.dtype != torch.uint8:
+            raise ModelLoadError(f"weight {name!r} is {tensor.dtype}, expected uint8 (MXFP4)")
         if name.endswith("_scales"):
             try:
                 check_scales(tensor)

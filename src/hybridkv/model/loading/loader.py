@@ -97,9 +97,10 @@ def _fill_from_safetensors(
         for name, module, attr in _parameters(model):
             if cfg.tie_word_embeddings and name == "lm_head.weight":
                 continue
-            shape = tuple(getattr(module, attr).shape)
-            tensor = _read(index, _spellings(name, renames, model.checkpoint_prefixes), shape)
-            param = as_parameter(name, tensor, target)
+            declared = getattr(module, attr)
+            names = _spellings(name, renames, model.checkpoint_prefixes)
+            tensor = _read(index, names, tuple(declared.shape))
+            param = as_parameter(name, tensor, target, declared.dtype)
             module._parameters[attr] = nn.Parameter(param, requires_grad=False)
         _log_ignored(index, model.ignored_prefixes, cfg.architecture)
 
