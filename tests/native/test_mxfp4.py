@@ -132,3 +132,13 @@ def test_unavailable_without_compiler(
     assert_unavailable_without_compiler(
         mxfp4.load_mxfp4.__wrapped__, "native MXFP4 GEMM unavailable", tmp_path, monkeypatch, caplog
     )
+
+
+def test_mxfp4_linear_without_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks, scales = random_mxfp4(12, 64, seed=9)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(9))
+    monkeypatch.setattr(mxfp4, "load_mxfp4", lambda: None)  # no compiler, HYBRIDKV_NATIVE=0
+    got = mxfp4.mxfp4_linear(x, blocks, scales, None)
+    assert_close(got, x, blocks, scales)
+    with pytest.raises(ValueError, match="do not match"):
+        mxfp4.mxfp4_linear(x, blocks, scales[:, :1].contiguous(), None)
