@@ -59,6 +59,13 @@ def quality_gate(model_dir: Path, ids: list[int], original_dir: Path | None = No
     for module in reference.modules():
         if isinstance(module, Linear):
             dequantize_linear_(module)
+    return compare_models(quant, reference, cfg, ids)
+
+
+def compare_models(
+    quant: CausalLM, reference: CausalLM, cfg: ModelConfig, ids: list[int]
+) -> GateResult:
+    """The gate's numbers of ``quant`` against ``reference`` (same config) over ``ids``."""
     with torch.inference_mode():
         got = torch.log_softmax(teacher_forced_logits(quant, cfg, ids).double(), -1)
         ref = torch.log_softmax(teacher_forced_logits(reference, cfg, ids).double(), -1)
