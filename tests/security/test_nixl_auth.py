@@ -53,3 +53,12 @@ def test_the_file_then_the_environment_and_several_hosts_need_one(
     with pytest.raises(ValueError, match="auth_key_file: cannot read"):
         load_auth_key(str(cache / "missing"), single_host=True)
     assert not (cache / KEY_FILE).exists()  # nothing generated when a key is given
+
+
+@pytest.mark.parametrize("value", ["short", "   ", "x" * 5000])
+def test_an_environment_key_out_of_bounds_is_refused_naming_the_variable(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv(ENV, value)
+    with pytest.raises(ValueError, match=f"NixlConnector: the key: {ENV} .* it needs 16 to"):
+        load_auth_key(None, single_host=True)

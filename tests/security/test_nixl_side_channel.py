@@ -12,6 +12,7 @@ import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from functools import partial
 
 import pytest
 
@@ -34,6 +35,7 @@ from hybridkv.connectors.nixl.stats import NixlStats
 from hybridkv.connectors.stats import StatsCounter
 from tests.connectors.nixl.signing import TEST_KEY
 from tests.server.harness import free_port
+from tests.support.waits import wait_for
 
 SECRET = b'{"agent_metadata": "the producer\'s UCX worker address and rkeys"}'
 
@@ -210,24 +212,29 @@ def test_dripping_producers_do_not_hold_an_honest_handshake() -> None:
     port = free_port()
     server = SideChannelServer("127.0.0.1", port, descriptor("p").encode(), TEST_KEY)
     agent = NamedAgent()
-    peers = Peers(agent, local, 1.0, StatsCounter(NixlStats), TEST_KEY)  # type: ignore[arg-type]
+    peers = Peers(agent, local, 2.0, StatsCounter(NixlStats), TEST_KEY)  # type: ignore[arg-type]
     try:
         with listener(drip) as a, listener(drip) as b:
             slow = [source("s1", a), source("s2", b)]
             for src in slow:
                 assert peers.get(src) is None
             honest = source("p", port)
-            peer = None
-            deadline = time.monotonic() + 0.9
-            while peer is None and time.monotonic() < deadline:
-                peer = peers.get(honest)
-                time.sleep(0.01)
-            assert peer is not None and agent.added == [b"meta"]
-            time.sleep(1.2)
+            peer = wait_for(lambda: peers.get(honest), what="the honest handshake")
+            assert agent.added == [b"meta"]
+            # done while the dripping ones still wait (not queued behind their deadline)
+            assert [peers.get(src) for src in slow] == [None, None]
             for src in slow:
-                with pytest.raises(HandshakeFailed):
-                    peers.get(src)
+                wait_for(partial(failed, peers, src), what=f"{src.engine_id} to fail")
             assert peers.get(honest) is peer  # kept: others' failures forget nothing
     finally:
         peers.close()
         server.close()
+
+
+def failed(peers: Peers, src: RemoteSource) -> bool:
+    """Whether ``src``'s handshake has failed (``get`` raises), without waiting."""
+    try:
+        peers.get(src)
+    except HandshakeFailed:
+        return True
+    return False

@@ -77,6 +77,19 @@ def quality_gate(
     for module in reference.modules():
         if isinstance(module, Linear):
             dequantize_linear_(module)
+    return compare_models(quant, reference, cfg, ids, decode_steps, int8_decode)
+
+
+def compare_models(
+    quant: CausalLM,
+    reference: CausalLM,
+    cfg: ModelConfig,
+    ids: list[int],
+    decode_steps: int = DECODE_STEPS,
+    int8_decode: bool = True,
+) -> GateResult:
+    """The gate's numbers of ``quant`` against ``reference`` (same config) over ``ids``
+    (``decode_steps``, ``int8_decode``: as ``quality_gate``)."""
     saved = quant_linear.INT8_FORMATS
     if not int8_decode:
         quant_linear.INT8_FORMATS = frozenset()

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from hybridkv.paths import cache_dir
 from hybridkv.sampling.transfer_params import TransferFields
-from hybridkv.secret_file import read_secret_file
+from hybridkv.secret_file import check_secret, read_secret_file
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def load_auth_key(path: str | None, single_host: bool) -> AuthKey:
         return AuthKey(key, f"auth_key_file {path}")
     env = os.environ.get(ENV)
     if env is not None:
-        return AuthKey(_checked(env.strip(), ENV), ENV)
+        return AuthKey(check_secret(env.encode(), ENV, "NixlConnector: the key", MIN_KEY_LEN), ENV)
     if not single_host:
         raise ValueError(
             "NixlConnector: engines on several hosts need a shared key: set "
@@ -118,13 +118,6 @@ def load_auth_key(path: str | None, single_host: bool) -> AuthKey:
     except OSError as exc:
         raise ValueError(f"NixlConnector: cannot create the single-host key in {cache_dir()} "
                          f"({exc}); set auth_key_file or {ENV}") from None  # fmt: skip
-
-
-def _checked(text: str, name: str) -> bytes:
-    if len(text) < MIN_KEY_LEN:
-        raise ValueError(f"NixlConnector: the key in {name} must have at least {MIN_KEY_LEN} "
-                         f"characters (it has {len(text)})")  # fmt: skip
-    return text.encode()
 
 
 def _generated(path: Path) -> AuthKey:

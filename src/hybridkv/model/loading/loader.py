@@ -27,6 +27,7 @@ from hybridkv.model.families.registry import check_architecture, get_family_of
 from hybridkv.model.loading.gguf_file import GgufFile
 from hybridkv.model.loading.gguf_view import GGUF_FILE
 from hybridkv.model.loading.gguf_weights import fill_from_gguf
+from hybridkv.model.loading.hub_quant import as_parameter, dequantizing_index, parse_hub_quant
 from hybridkv.model.loading.matmul import matmul_dtype, upcast_matmuls
 from hybridkv.model.models.common import CausalLM
 
@@ -90,14 +91,17 @@ def _fill_from_safetensors(
     model: CausalLM, cfg: ModelConfig, model_dir: Path, target: torch.dtype
 ) -> None:
     renames = get_family_of(cfg.architecture).renames
+    quant = parse_hub_quant(cfg.raw, cfg.architecture)  # the Hub's MXFP4 / FP8 checkpoints
     with ExitStack() as stack:
-        index = _tensor_index(model_dir, stack)
+        index = dequantizing_index(_tensor_index(model_dir, stack), quant)
         for name, module, attr in _parameters(model):
             if cfg.tie_word_embeddings and name == "lm_head.weight":
                 continue
-            shape = tuple(getattr(module, attr).shape)
-            tensor = _read(index, _spellings(name, renames, model.checkpoint_prefixes), shape)
-            module._parameters[attr] = nn.Parameter(tensor.to(target), requires_grad=False)
+            declared = getattr(module, attr)
+            names = _spellings(name, renames, model.checkpoint_prefixes)
+            tensor = _read(index, names, tuple(declared.shape))
+            param = as_parameter(name, tensor, target, declared.dtype)
+            module._parameters[attr] = nn.Parameter(param, requires_grad=False)
         _log_ignored(index, model.ignored_prefixes, cfg.architecture)
 
 
