@@ -21,7 +21,8 @@ Mamba "align" mode), once with vLLM's default hash granularity and once with
 The checkpoint policy against the offline optimum (``checkpoint_oracle.py``, issue 29):
 three traces (the chat trace; a re-sent batch, 32 prompts twice then 64 twice; an agentic
 trace on a shared 2,000-token preamble), each at 1/4, 1 and 4 times the default budget;
-hybridkv's saved prompt tokens over the oracle's (``policy_vs_oracle`` in the JSON).
+hybridkv's saved prompt tokens over the oracle's (``policy_vs_oracle`` in the JSON); with
+``--vllm``, vLLM's manager on each trace too (``vllm_saved_tokens``, ``vllm_ratio``).
 
     .venv/bin/python benchmarks/prefix_trace.py --vllm /work/vllm-venv/bin/python
     .venv/bin/python benchmarks/prefix_trace.py --quick    # seconds, no vLLM
@@ -226,15 +227,23 @@ def policy_traces(quick: bool) -> dict[str, list[Turn]]:
     return {"chat": make_trace(24, 4), "resend": make_resend_trace(), "agentic": make_agentic_trace()}  # fmt: skip
 
 
-def policy_vs_oracle(name: str, memory: int, quick: bool) -> list[dict[str, Any]]:
+def policy_vs_oracle(
+    name: str, memory: int, quick: bool, vllm: str | None = None
+) -> list[dict[str, Any]]:
     """hybridkv's saved prompt tokens (``messages`` mode) against the offline optimum's, per
-    trace, at 1/4, 1 and 4 times the default budget."""
+    trace, at 1/4, 1 and 4 times the default budget; with ``vllm`` (its python), vLLM's
+    manager on the same trace and KV memory, as it configures itself (no checkpoint budget:
+    its states share the pool with attention pages, so one run per trace)."""
     import checkpoint_oracle as oracle
 
     rows = []
     for trace, turns in policy_traces(quick).items():
         computed = [(t.prompt + t.reply[:-1], len(t.prompt)) for t in turns]
         chains = oracle.chains_of(computed, BLOCK)
+        theirs = None
+        if vllm:
+            v = run_vllm(vllm, name, turns, memory, None)
+            theirs = v["prompt_tokens"] - v["computed_tokens"]
         for factor in (1.0,) if quick else (0.25, 1.0, 4.0):
             r = run(name, "messages", turns, memory, BUDGET * factor)
             best = oracle.saved_tokens(chains, r["checkpoint_capacity"] or 0, BLOCK)
@@ -245,6 +254,8 @@ def policy_vs_oracle(name: str, memory: int, quick: bool) -> list[dict[str, Any]
                 "computed_tokens": r["computed_tokens"], "saved_tokens": saved,
                 "oracle_saved_tokens": best.saved, "oracle_feasible_tokens": best.feasible,
                 "ratio": saved / best.saved if best.saved else 1.0,
+                "vllm_saved_tokens": theirs,
+                "vllm_ratio": None if theirs is None else theirs / best.saved if best.saved else 1.0,
             })  # fmt: skip
             print(
                 f"{name:14} {trace:8} x{factor:<4} {r['checkpoint_capacity']:4d} checkpoints: "
@@ -298,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "policy_vs_oracle": [
             row
             for name, memory in zip(args.layouts, memories, strict=True)
-            for row in policy_vs_oracle(name, memory, args.quick)
+            for row in policy_vs_oracle(name, memory, args.quick, args.vllm)
         ],
     }
     print(json.dumps(out, indent=2))

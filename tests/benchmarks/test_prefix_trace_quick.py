@@ -50,6 +50,21 @@ def test_prefix_trace_quick_against_vllm() -> None:
         assert r["config"]["block_size_used"] > 16  # one attention page holds a Mamba state
         assert r["computed_tokens"] > by_mode["messages"]["computed_tokens"]
     assert by_mode["vllm_match_unit_16"]["config"]["hash_block_size"] == 16
+    for r in out["policy_vs_oracle"]:  # vLLM's manager on every trace of the oracle table
+        assert 0 <= r["vllm_saved_tokens"] <= r["prompt_tokens"]
+        assert r["vllm_ratio"] == r["vllm_saved_tokens"] / r["oracle_saved_tokens"]
+
+
+@pytest.mark.slow
+def test_prefix_trace_resend_quick() -> None:
+    """B1's batch sent twice through the engine (tiny Granite): caching off hits nothing,
+    caching on hits on the second pass, and the outputs are the same."""
+    out = run_quick("prefix_trace_resend.py", timeout=600)
+    off, on = out["results"]["caching off"], out["results"]["branch"]
+    assert off["hit_tokens_second_pass"] == 0 < on["hit_tokens_second_pass"]
+    assert on["hit_tokens_second_pass"] <= on["prompt_tokens"]
+    assert on["outputs_equal_caching_off"] and off["outputs_equal_caching_off"]
+    assert "cpu_flags" in out["machine"]
 
 
 @pytest.mark.slow

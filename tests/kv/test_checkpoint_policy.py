@@ -10,7 +10,7 @@ import pytest
 
 from hybridkv.kv.checkpoint_counters import EvictReason
 from hybridkv.kv.checkpoint_value import PRIOR_REUSE, recompute_cost
-from hybridkv.kv.checkpoints import CheckpointKind
+from hybridkv.kv.checkpoints import CheckpointKind, CheckpointPolicy
 from hybridkv.kv.coordinator import KVCacheCoordinator
 from tests.kv.builders import FakeRequest, make_coordinator
 
@@ -22,14 +22,19 @@ def _scan(max_checkpoints: int) -> KVCacheCoordinator:
     )  # fmt: skip
 
 
-def _serve(coord: KVCacheCoordinator, req: FakeRequest) -> int:
-    """Admit and prefill in one step, free; returns the hit."""
+def _serve(coord: KVCacheCoordinator, req: FakeRequest, reply: tuple[int, ...] = ()) -> int:
+    """Admit and prefill in one step, then the reply token by token (a chat turn), free;
+    returns the hit."""
     hit = coord.find_cache_hit(req)
     assert coord.allocate(req, req.num_tokens - hit.num_tokens, hit)
-    coord.take_state_copies()
-    req.num_computed_tokens = req.num_tokens
-    coord.cache(req, req.num_tokens)
-    coord.end_step()
+    for token in [None, *reply]:
+        if token is not None:
+            req.append(token)
+            assert coord.allocate(req, 1)
+        coord.take_state_copies()
+        req.num_computed_tokens = req.num_tokens
+        coord.cache(req, req.num_tokens)
+        coord.end_step()
     coord.free(req)
     coord.check_integrity()
     return hit.num_tokens
@@ -179,3 +184,34 @@ def test_a_request_naming_every_block_keeps_few_of_them() -> None:
     mine = [e for e in book.entries.values() if e.key[0] in flood.block_hashes]
     assert len(mine) <= 3 and book.count() <= 4  # of its 10 boundaries
     assert book.counters.refused[CheckpointKind.CALLER] >= 7
+
+
+def test_conversations_move_their_checkpoint_forward_past_the_budget() -> None:
+    """Three interleaved conversations, two checkpoints: each turn end supersedes the one
+    its turn resumed from (and its own prompt end), so two conversations keep resuming at
+    their last turn; the third does not take their slots round after round."""
+    coord = _scan(max_checkpoints=2)
+    book = coord.state[0].book
+    history = {c: _prompt(c + 1, 6) for c in range(3)}
+    hits: dict[int, list[int]] = {c: [] for c in range(3)}
+    for rnd in range(4):
+        for c in range(3):
+            prompt = history[c] + [50 + rnd, 60 + c]
+            named = (len(history[c]), len(prompt))
+            req = FakeRequest(f"c{c}t{rnd}", prompt, cache_boundaries=named)
+            reply = (70 + rnd, 80 + c, 90, 91, 92)
+            hits[c].append(_serve(coord, req, reply))
+            history[c] = prompt + list(reply)
+    resumed = [c for c in range(3) if all(h >= 4 * (rnd + 2) for rnd, h in enumerate(hits[c][1:]))]
+    assert len(resumed) == 2, hits  # two conversations resume at every turn's end
+    assert book.counters.evicted.get(EvictReason.SUPERSEDED, 0) >= 6
+
+
+def test_a_named_boundary_at_the_prompt_end_is_a_prompt_end() -> None:
+    """A chat's last message ends where its prompt does: that checkpoint serves the same
+    prompt sent again (a prompt end), not the heads other requests share (caller)."""
+    policy = CheckpointPolicy(block_size=4, interval=0)
+    extra = policy.request_boundaries(10, 0, caller=(4, 10))
+    assert policy.kind(4, extra) is CheckpointKind.CALLER
+    assert policy.kind(8, extra) is CheckpointKind.PROMPT
+    assert policy.kind(8, policy.request_boundaries(10, 8, caller=(10,))) is CheckpointKind.JUNCTION

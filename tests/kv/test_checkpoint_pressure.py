@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant
 
+from hybridkv.kv.checkpoint_admission import supersedable
 from hybridkv.kv.checkpoint_book import CheckpointBook
 from hybridkv.kv.checkpoint_counters import EvictReason
 from hybridkv.kv.state_manager import StateManager
@@ -73,16 +74,21 @@ class PressureMachine(KVMachine):
 
         def checked(slot: int, reason: EvictReason) -> None:
             if reason is not EvictReason.LOST:
-                self._check_victim(book, sm, slot)
+                self._check_victim(book, sm, slot, reason)
                 self.evictions += 1
             forget(slot, reason)
 
         book._forget = checked  # type: ignore[method-assign]
 
-    def _check_victim(self, book: CheckpointBook, sm: StateManager, slot: int) -> None:
+    def _check_victim(
+        self, book: CheckpointBook, sm: StateManager, slot: int, reason: EvictReason
+    ) -> None:
         assert book.pool.ref_cnt[slot] == 0, f"evicted slot {slot}, referenced"
         assert slot not in sm.held_refs(), f"evicted slot {slot}, which a request uses"
         assert slot not in sm.held.values()
+        if reason is EvictReason.SUPERSEDED:  # a finishing request's own: any worth
+            assert supersedable(book, slot), f"superseded slot {slot} of the wrong kind"
+            return
         free = [s for s in book.entries if book.pool.ref_cnt[s] == 0]
         worth = book.value(book.entries[slot])
         assert all(worth <= book.value(book.entries[s]) for s in free), (

@@ -17,15 +17,18 @@ at its last turn's end, a first sharer at the shared head, and that a checkpoint
 its one hit (a turn end, a resent prompt) is rarely used again.
 
 Eviction takes the unreferenced checkpoint of least value (oldest first among equals).
-Admission compares: a new checkpoint enters only if it is worth strictly more than that
-victim, so a scan of one-shot prompt tails (their kind's reuse learned low) never flushes
-checkpoints that get reused, and equals never churn (what keeps a budget's worth of a
-re-sent batch); a turn end or caller boundary must beat it by ``ADMIT_MARGIN``, so the turn
-ends of interleaved conversations do not displace each other. A ghost made again comes back
-with the hits it had (second-hit admission); caller boundaries and junctions (heads other
-requests share) start with high priors, so a first sharer finds them. Checkpoints referenced by a running request (the one it resumed from, held
-until it finishes; a restore in flight) are never evicted; when nothing can be evicted a due
-save is skipped and counted (``CheckpointCounters.refused``), the request runs on.
+Admission compares (``checkpoint_admission``): a new checkpoint enters only if the book is
+worth more with it, so a scan of one-shot prompt tails (their kind's reuse learned low) never
+flushes checkpoints that get reused, and equals never churn (what keeps a budget's worth of a
+re-sent batch); a turn end, caller boundary or finished state must beat its victim by
+``ADMIT_MARGIN`` (Belady's rule for a cycle of conversations longer than the budget), and a
+request's last state may supersede its own prompt end or the turn end it resumed from (a
+conversation moves its checkpoint forward). A ghost made again comes back with the hits it
+had (second-hit admission); caller boundaries and junctions (heads other requests share)
+start with high priors, so a first sharer finds them. Checkpoints referenced by a running
+request (the one it resumed from, held until it finishes; a restore in flight) are never
+evicted; when nothing can be evicted a due save is skipped and counted
+(``CheckpointCounters.refused``), the request runs on.
 
 The book never touches tensors nor ref counts; it mirrors the pool's keys and drops an entry
 whose slot lost its key by other means (reset, the pool's own eviction, a failed load).
@@ -34,33 +37,21 @@ whose slot lost its key by other means (reset, the pool's own eviction, a failed
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from hybridkv.kv.block_pool import BlockPool, CacheKey
+from hybridkv.kv.checkpoint_admission import Newcomer, admission_victim, supersedable
 from hybridkv.kv.checkpoint_counters import CheckpointCounters, EvictReason
-from hybridkv.kv.checkpoint_value import Ghosts, ReuseRates, recompute_cost
+from hybridkv.kv.checkpoint_value import (
+    MIN_LINK_SHARE,
+    CheckpointEntry,
+    Ghosts,
+    ReuseRates,
+    recompute_cost,
+)
 from hybridkv.kv.checkpoints import CheckpointKind
 from hybridkv.kv.hashing import BlockHash
 
-MIN_LINK_SHARE = 0.1  # of a link's expected reuse (a head shared two ways is not a link)
-# A new turn end or caller boundary must be worth half again its victim: their values drift
-# as the ancestors below them come and go, and turn ends of different conversations, each to
-# be resumed once, must not displace each other round after round (a cycle of conversations
-# longer than the budget; B3's chat at 1/4x and qwen35's at 1x). Prompt ends compare as they
-# are (a re-sent batch keeps its most valuable).
-ADMIT_MARGIN = 1.5
 GHOSTS_PER_CHECKPOINT = 8  # ghosts remembered per checkpoint of the budget (at least 256)
-
-
-@dataclass(slots=True)
-class CheckpointEntry:
-    key: CacheKey
-    boundary: int
-    kind: CheckpointKind
-    prefix: tuple[BlockHash, ...]  # the block hashes before the boundary's own
-    hits: int = 0  # requests that resumed here (or would have: the deepest within overlap)
-    stamp: int = 0  # last registration or hit (a clock of arrivals, not time)
-    ancestor: int = 0  # boundary of the deepest other cached checkpoint on the prefix
 
 
 class CheckpointBook:
@@ -148,11 +139,8 @@ class CheckpointBook:
         self.counters.count_admitted(kind)
 
     def _ancestor(self, prefix: tuple[BlockHash, ...]) -> int:
-        for h in reversed(prefix):
-            slot = self.by_hash.get(h)
-            if slot is not None:
-                return self.entries[slot].boundary
-        return 0
+        slot = self.parent(prefix)
+        return 0 if slot is None else self.entries[slot].boundary
 
     def live_entry(self, slot: int) -> CheckpointEntry | None:
         entry = self.entries.get(slot)
@@ -226,10 +214,12 @@ class CheckpointBook:
         boundary: int,
         key_hash: BlockHash,
         pending_below: int = 0,
+        supersedes: frozenset[int] = frozenset(),
     ) -> tuple[CheckpointKind, int] | None:
         """Make room for a new checkpoint at ``boundary`` (``prefix``: the hashes of the blocks
         before it; ``key_hash``: its own; ``pending_below``: the deepest save of the same
-        request below it, not keyed yet), evicting only checkpoints worth strictly less.
+        request below it, not keyed yet; ``supersedes``: checkpoints it may replace), evicting
+        only what leaves the book worth more (``checkpoint_admission``).
         Returns the kind and hits it starts with (a ghost's: what it was made as first), or
         None when it is refused (counted)."""
         ghost = self.ghosts.take(key_hash)
@@ -240,19 +230,31 @@ class CheckpointBook:
             kind, hits = ghost.kind, ghost.hits
         if self.capacity is None or self.count() + num_pending < self.capacity:
             return kind, hits
-        gain = recompute_cost(max(self._ancestor(prefix), pending_below), boundary)
-        worth = self.rates.expected(kind, hits) * gain
-        if kind in (CheckpointKind.TURN_END, CheckpointKind.CALLER):
-            worth /= ADMIT_MARGIN
+        new = Newcomer(
+            kind, self.rates.expected(kind, hits), prefix, boundary, pending_below, supersedes
+        )
         while self.count() + num_pending >= self.capacity:
-            slot = self.victim()
-            if slot is None or self.value(self.entries[slot]) >= worth:
+            slot = admission_victim(self, new)
+            if slot is None:
                 self.counters.count_refused(kind)
                 self.ghosts.remember(key_hash, kind, hits)
                 return None
-            self._forget(slot, EvictReason.VALUE)
+            own = slot in supersedes and supersedable(self, slot)
+            reason = EvictReason.SUPERSEDED if own else EvictReason.VALUE
+            self._forget(slot, reason)
             self.pool.evict(slot)
         return kind, hits
+
+    def parent(self, prefix: tuple[BlockHash, ...]) -> int | None:
+        """The slot of the deepest cached checkpoint on ``prefix`` (None: none)."""
+        for h in reversed(prefix):
+            slot = self.by_hash.get(h)
+            if slot is not None:
+                return slot
+        return None
+
+    def is_free(self, slot: int) -> bool:
+        return self.pool.ref_cnt[slot] == 0
 
     def free_unkeyed(self, n: int) -> None:
         """Make ``n`` free slots carry no key, evicting by value (not the pool's LRU)."""

@@ -13,6 +13,7 @@ from hybridkv.kv.checkpoints import CheckpointKind
 class EvictReason(Enum):
     VALUE = "value"  # displaced by a newcomer worth more
     SLOT = "slot"  # a live or trailing state needed the slot
+    SUPERSEDED = "superseded"  # replaced by its request's newer state (checkpoint_admission)
     LOST = "lost"  # its key went by other means (reset, a failed load, an explicit evict)
 
 

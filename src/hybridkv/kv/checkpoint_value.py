@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hybridkv.kv.block_pool import CacheKey
 from hybridkv.kv.checkpoints import CheckpointKind
 from hybridkv.kv.hashing import BlockHash
 
@@ -40,6 +41,20 @@ PRIOR_REUSE = {
 }
 PRIOR_WEIGHT = 4.0  # the priors count as this many observed checkpoints
 MAX_BUCKET = 2  # hits counted 0, 1, 2 or more
+MIN_LINK_SHARE = 0.1  # of a link's expected reuse (a head shared two ways is not a link)
+
+
+@dataclass(slots=True)
+class CheckpointEntry:
+    """The book's record of one checkpoint (``CheckpointBook.entries``, by slot)."""
+
+    key: CacheKey
+    boundary: int
+    kind: CheckpointKind
+    prefix: tuple[BlockHash, ...]  # the block hashes before the boundary's own
+    hits: int = 0  # requests that resumed here (or would have: the deepest within overlap)
+    stamp: int = 0  # last registration or hit (a clock of arrivals, not time)
+    ancestor: int = 0  # boundary of the deepest other cached checkpoint on the prefix
 
 
 @dataclass(slots=True)

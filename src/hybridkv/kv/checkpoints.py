@@ -45,6 +45,7 @@ class RequestBoundaries:
     due: tuple[int, ...] = ()
     caller: frozenset[int] = frozenset()
     junction: int = 0  # 0: none
+    prompt_ends: frozenset[int] = frozenset()  # a named one here is a PROMPT, not CALLER
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,17 +65,19 @@ class CheckpointPolicy:
     ) -> RequestBoundaries:
         """The request-specific due boundaries: prompt ends, the junction, the caller's."""
         b = self.block_size
-        found = {(num_prompt_tokens - 1) // b * b, num_prompt_tokens // b * b, junction // b * b}
+        ends = frozenset(
+            t for t in ((num_prompt_tokens - 1) // b * b, num_prompt_tokens // b * b) if t
+        )
         named = frozenset(t // b * b for t in caller if 0 < t // b * b <= num_prompt_tokens)
-        due = tuple(sorted(t for t in found | named if t > 0))
-        return RequestBoundaries(due, named, junction // b * b)
+        due = tuple(sorted(t for t in ends | named | {junction // b * b} if t > 0))
+        return RequestBoundaries(due, named, junction // b * b, ends)
 
     def is_due(self, boundary: int, extra: RequestBoundaries) -> bool:
         periodic = self.interval > 0 and boundary % self.interval == 0
         return periodic or boundary in extra.due
 
     def kind(self, boundary: int, extra: RequestBoundaries) -> CheckpointKind:
-        if boundary in extra.caller:
+        if boundary in extra.caller and boundary not in extra.prompt_ends:
             return CheckpointKind.CALLER
         if boundary == extra.junction:
             return CheckpointKind.JUNCTION

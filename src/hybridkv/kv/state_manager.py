@@ -79,6 +79,7 @@ class StateManager:
         self.pending: dict[str, list[_Pending]] = {}
         self.trailing: dict[str, _Trailing] = {}
         self.held: dict[str, int] = {}
+        self.latest: dict[str, tuple[int, CacheKey]] = {}  # a request's deepest own save
         self._warned_budget = False
 
     def _key(self, hashes: list[BlockHash], boundary: int) -> CacheKey:
@@ -203,11 +204,12 @@ class StateManager:
 
     def _register(
         self, slot: int, hashes: list[BlockHash], boundary: int, kind: CheckpointKind, hits: int
-    ) -> None:
+    ) -> CacheKey:
         key = self._key(hashes, boundary)
         self.pool.cache(slot, key)
         prefix = tuple(hashes[: boundary // self.block_size - 1])
         self.book.add(slot, key, boundary, kind, prefix, hits)
+        return key
 
     def confirm(self, req_id: str, hashes: list[BlockHash], num_tokens: int) -> None:
         """The request's state is final up to ``num_tokens``: publish the saves it covers."""
@@ -216,7 +218,8 @@ class StateManager:
             if p.boundary > num_tokens:
                 keep.append(p)
                 continue
-            self._register(p.slot, hashes, p.boundary, p.kind, p.hits)
+            key = self._register(p.slot, hashes, p.boundary, p.kind, p.hits)
+            self.latest[req_id] = (p.slot, key)
             self.pool.free([p.slot])
         if keep:
             self.pending[req_id] = keep
@@ -231,24 +234,42 @@ class StateManager:
         (``turn``: of a request that named boundaries, a chat turn's end)."""
         self.pool.free([p.slot for p in self.pending.pop(req_id, [])])
         trailing = self.trailing.pop(req_id, None)
+        supersedes = self._superseded(req_id)
+        if req_id in self.held:  # first: the checkpoint it resumed from may make way
+            self.pool.free([self.held.pop(req_id)])
         if trailing is not None:
             kind = CheckpointKind.TURN_END if turn else CheckpointKind.FINISHED
-            self._keep_trailing(trailing, hashes, kind)
+            self._keep_trailing(trailing, hashes, kind, supersedes)
             self.pool.free([trailing.slot])
         if req_id in self.live:
             self.pool.free([self.live.pop(req_id)])
+
+    def _superseded(self, req_id: str) -> frozenset[int]:
+        """The checkpoints a request's last state may replace: its own deepest save (still
+        keyed as it saved it) and the one it resumed from (``checkpoint_admission``)."""
+        slots = set()
+        latest = self.latest.pop(req_id, None)
+        if latest is not None and self.pool.key[latest[0]] == latest[1]:
+            slots.add(latest[0])
         if req_id in self.held:
-            self.pool.free([self.held.pop(req_id)])
+            slots.add(self.held[req_id])
+        return frozenset(slots)
 
     def _keep_trailing(
-        self, trailing: _Trailing, hashes: list[BlockHash], kind: CheckpointKind
+        self,
+        trailing: _Trailing,
+        hashes: list[BlockHash],
+        kind: CheckpointKind,
+        supersedes: frozenset[int],
     ) -> None:
         """A finished request's last state becomes a checkpoint if the book admits it."""
         key = self._key(hashes, trailing.boundary)
         if not trailing.final or self.pool.get_cached(key) is not None:
             return
         prefix = tuple(hashes[: trailing.boundary // self.block_size - 1])
-        admitted = self.book.admit(self.num_pending(), kind, prefix, trailing.boundary, key[0])
+        admitted = self.book.admit(
+            self.num_pending(), kind, prefix, trailing.boundary, key[0], 0, supersedes
+        )
         if admitted is not None:
             self._register(trailing.slot, hashes, trailing.boundary, *admitted)
 
