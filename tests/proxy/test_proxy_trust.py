@@ -31,6 +31,7 @@ from tests.proxy.backends import (
     dies_after_events,
     dies_mid_body,
     hang,
+    nested_too_deep,
 )
 from tests.server.fake_engine import FakeEngine, expected_text
 from tests.server.harness import ThreadedServer, free_port, scrape, wait_for
@@ -281,7 +282,9 @@ def test_decode_failing_mid_stream_ends_with_an_error_event(then_hang: bool) -> 
         )
 
 
-@pytest.mark.parametrize("answer", [dies_mid_body, cut_without_length], ids=["reset", "close"])
+@pytest.mark.parametrize(
+    "answer", [dies_mid_body, cut_without_length, nested_too_deep], ids=["reset", "close", "deep"]
+)
 def test_decode_failing_mid_body_is_502_naming_the_engine(answer: Answer) -> None:
     with RawBackend(answer) as dying, proxy([], [dying.url]) as px:
         r = post(px.url)

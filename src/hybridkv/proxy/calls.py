@@ -78,8 +78,8 @@ def describe(exc: BaseException) -> str:
         return f"the engine went down ({exc})"
     if isinstance(exc, TimeoutError):
         return "timed out"
-    if isinstance(exc, ValueError):
-        return "its JSON answer was cut short"
+    if isinstance(exc, ValueError | RecursionError):
+        return "its JSON answer does not parse (cut short?)"
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 

@@ -234,7 +234,7 @@ async def _whole_answer(call: Call, url: str, upstream: httpx.Response) -> Respo
                 raise TooLarge(f"an answer larger than {MAX_ANSWER_BYTES} bytes")
         if type_of(upstream).startswith("application/json"):
             json.loads(body)
-    except (httpx.HTTPError, TimeoutError, TooLarge, ValueError) as exc:
+    except (httpx.HTTPError, TimeoutError, TooLarge, ValueError, RecursionError) as exc:
         return exc
     finally:
         await upstream.aclose()
