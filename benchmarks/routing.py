@@ -29,7 +29,6 @@ import os
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,24 @@ from tests.e2e_pd.harness import ProxyProcess  # noqa: E402
 from tests.server.harness import SubprocessServer  # noqa: E402
 
 POLICIES = ("round_robin", "cache", "cost")
-VOCAB = 1024  # the embedded tiny model's
+TINY_VOCAB = 1024  # the embedded tiny model's
+
+
+def resolve_model(name: str | None) -> tuple[str | None, int]:
+    """``--model``: a checkpoint directory, or a make-model ``arch-size`` name (built once
+    under the bench-checkpoints cache); returns it and its vocabulary size."""
+    if name is None:
+        return None, TINY_VOCAB
+    path = Path(name)
+    if not path.exists():
+        from hybridkv.model.loading.make_model import ensure_model
+        from hybridkv.paths import cache_dir
+
+        arch, _, size = name.rpartition("-")
+        path = cache_dir() / "bench-checkpoints" / name
+        ensure_model(arch, path, size=size, seed=0)
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    return str(path), min(vocab, 32000)
 
 
 def engine_args(args: argparse.Namespace, tmp: Path, i: int) -> list[str]:
@@ -53,13 +69,15 @@ def engine_args(args: argparse.Namespace, tmp: Path, i: int) -> list[str]:
               "replay_endpoint": f"ipc://{tmp}/rp{i}", "topic": "kv"}  # fmt: skip
     model = ["--model", args.model] if args.model else []
     return [*model, "--served-model-name", "m", "--kv-cache-memory", args.kv_memory,
-            "--max-num-seqs", "4", "--kv-events-config", json.dumps(events)]  # fmt: skip
+            "--max-num-seqs", "4", "--kv-events-config", json.dumps(events),
+            # a step of a small model on a loaded machine can take a minute: not a stall
+            "--engine-stall-seconds", "600"]  # fmt: skip
 
 
 async def one_turn(
-    client: httpx.AsyncClient, url: str, turn: Turn, max_tokens: int
+    client: httpx.AsyncClient, url: str, turn: Turn, max_tokens: int, vocab: int
 ) -> dict[str, Any]:
-    prompt = [3 + t % (VOCAB - 3) for t in turn.prompt]
+    prompt = [3 + t % (vocab - 3) for t in turn.prompt]
     body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True},
             "cache_boundaries": list(turn.message_ends)}  # fmt: skip
@@ -79,7 +97,9 @@ async def one_turn(
     return {"prompt": len(prompt), "cached": cached or 0, "ttft": ttft or 0.0}
 
 
-async def replay(url: str, trace: list[Turn], concurrency: int, max_tokens: int) -> dict[str, Any]:
+async def replay(
+    url: str, trace: list[Turn], concurrency: int, max_tokens: int, vocab: int
+) -> dict[str, Any]:
     gate = asyncio.Semaphore(concurrency)
     by_conversation: dict[int, list[Turn]] = {}
     for turn in trace:
@@ -90,7 +110,7 @@ async def replay(url: str, trace: list[Turn], concurrency: int, max_tokens: int)
         async def conversation(turns: list[Turn]) -> None:
             for turn in turns:  # a turn follows its predecessor's answer
                 async with gate:
-                    rows.append(await one_turn(client, url, turn, max_tokens))
+                    rows.append(await one_turn(client, url, turn, max_tokens, vocab))
 
         start = time.perf_counter()
         await asyncio.gather(*(conversation(t) for t in by_conversation.values()))
@@ -134,9 +154,13 @@ def run_policy(
         assert httpx.post(e.url + "/reset_prefix_cache", timeout=60).status_code == 200
     proxy = ProxyProcess([], [e.url for e in engines], tmp / f"proxy-{policy}.log")
     proxy.cmd += ["--routing", "cost" if policy == "single" else policy]
+    # a loaded machine's engines answer /health slowly; one judged down loses its index
+    proxy.cmd += ["--health-timeout", "60", "--first-byte-timeout", "3600"]
     with proxy:
         time.sleep(3.0)  # the subscribers connect (a late start is replayed anyway)
-        result = asyncio.run(replay(proxy.url, trace, args.concurrency, args.max_tokens))
+        result = asyncio.run(
+            replay(proxy.url, trace, args.concurrency, args.max_tokens, args.vocab)
+        )
         if policy != "single":
             result["predictions"] = predictions(proxy.url)
             seen = sum(result["predictions"].values())
@@ -144,7 +168,7 @@ def run_policy(
     return result
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="2 engines, 4 conversations x 2 turns")
     p.add_argument("--engines", type=int, default=4)
@@ -153,35 +177,67 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=4)
     p.add_argument("--kv-memory", default="48MiB")
-    p.add_argument("--model", default=None, help="checkpoint (default: the embedded tiny hybrid)")
+    p.add_argument("--model", default=None,
+                   help="a checkpoint directory or a make-model name such as "
+                        "granitemoehybrid-small (default: the embedded tiny hybrid)")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=1, help="policies alternate, round by round")
+    p.add_argument("--policies", nargs="+", default=[*POLICIES, "single"])
+    p.add_argument("--log-dir", type=Path, default=None, help="keep the engines' logs here")
     args = p.parse_args(argv)
     if args.quick:
         args.engines, args.conversations, args.turns, args.concurrency = 2, 4, 2, 4
+    args.model, args.vocab = resolve_model(args.model)
+    return args
+
+
+def run_rounds(args: argparse.Namespace, tmp: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every policy once per round, in order, on the same engines (caches reset each time)."""
     trace = make_trace(args.conversations, args.turns)
-    results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="routing-bench-") as name, ExitStack() as stack:
-        tmp = Path(name)
+    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in args.policies}
+    with ExitStack() as stack:
         engines = [SubprocessServer(engine_args(args, tmp, i), tmp / f"e{i}.log", timeout=600)
                    for i in range(args.engines)]  # fmt: skip
-        for e in engines:
-            stack.callback(e.__exit__)
-        with ThreadPoolExecutor(len(engines)) as pool:  # start together
-            list(pool.map(lambda e: e.__enter__(), engines))
-        for policy in POLICIES:
-            results[policy] = run_policy(args, tmp, engines, policy, trace)
-        results["single"] = run_policy(args, tmp, engines[:1], "single", trace)
-    rr = results["round_robin"]
+        for e in engines:  # NOTE: from this thread: an engine dies with its starting thread
+            stack.enter_context(e)
+        for r in range(args.rounds):
+            for policy in args.policies:
+                fleet = engines[:1] if policy == "single" else engines
+                runs[policy].append(run_policy(args, tmp, fleet, policy, trace))
+                print(f"round {r} {policy}: {json.dumps(runs[policy][-1])}", file=sys.stderr)
+    return runs
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median computed tokens, with every run's tokens and TTFT p90 beside it."""
+    ordered = sorted(runs, key=lambda r: r["computed_tokens"])
+    out = dict(ordered[len(ordered) // 2])
+    out["computed_tokens_runs"] = [r["computed_tokens"] for r in runs]
+    out["ttft_p90_runs"] = [round(r["ttft_p90"], 4) for r in runs]
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="routing-bench-") as name:
+        tmp = args.log_dir or Path(name)
+        tmp.mkdir(parents=True, exist_ok=True)
+        runs = run_rounds(args, tmp)
+    results = {policy: median_run(r) for policy, r in runs.items()}
+    rr, single = results.get("round_robin"), results.get("single")
     for r in results.values():
-        r["computed_vs_round_robin"] = r["computed_tokens"] / max(1, rr["computed_tokens"])
-        r["computed_vs_single"] = r["computed_tokens"] / max(
-            1, results["single"]["computed_tokens"]
-        )
-        r["ttft_p90_vs_round_robin"] = r["ttft_p90"] / max(1e-9, rr["ttft_p90"])
+        if rr is not None:
+            r["computed_vs_round_robin"] = r["computed_tokens"] / max(1, rr["computed_tokens"])
+            r["ttft_p90_vs_round_robin"] = r["ttft_p90"] / max(1e-9, rr["ttft_p90"])
+        if single is not None:
+            r["computed_vs_single"] = r["computed_tokens"] / max(1, single["computed_tokens"])
     report = {
         "benchmark": "routing",
         "quick": args.quick,
-        "config": {k: v for k, v in vars(args).items() if k != "quick"},
-        "machine": machine_info(cpu_flags=cpu_flags(), loadavg=os.getloadavg()),
+        "config": {k: str(v) for k, v in vars(args).items() if k != "quick"},
+        "machine": machine_info(
+            cpu_flags=cpu_flags(), loadavg_before=load_before, loadavg=os.getloadavg()
+        ),
         "results": results,
     }
     print(json.dumps(report, indent=1))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,10 +62,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 e.__exit__()
 
         stack.callback(stop_engines)
-        with ThreadPoolExecutor(3) as pool:  # start together: the machine's cores load once
-            list(pool.map(lambda e: e.__enter__(), engines))
+        for e in engines:  # NOTE: from this thread: an engine dies with its starting thread
+            e.__enter__()
         proxy = ProxyProcess([], [e.url for e in engines], tmp / "proxy.log")
-        proxy.cmd += ["--routing", "cost", "--health-interval", "0.5", "--health-timeout", "1"]
+        proxy.cmd += ["--routing", "cost", "--health-interval", "0.5", "--health-timeout", "5"]
         stack.enter_context(proxy)
         fleet = Fleet(engines, proxy, tmp)
         wait_until(lambda: all(n > 0 for n in predict(fleet, [1] * 40)["order_indexed"]))
@@ -173,15 +172,19 @@ def test_attention_cached_but_checkpoint_evicted_is_predicted_a_miss(fleet: Flee
     assert attention and any(after[k] - before.get(k, 0) >= 4 * B for k in attention)
 
 
-def test_a_restarted_engine_is_resynced_and_routed_to_again(fleet: Fleet) -> None:
+def test_a_killed_and_restarted_engine_is_resynced_and_routed_to_again(fleet: Fleet) -> None:
     prompt = prompt_of(21, 3 * B + 2)
     complete(fleet.proxy.url, prompt)
     url = holder(fleet, prompt, 3 * B)
     i = [e.url for e in fleet.engines].index(url)
     old = fleet.engines[i]
+    assert old.proc is not None
+    old.proc.kill()  # SIGKILL: no goodbye on its event stream
+    old.proc.wait()
     old.__exit__()
     new = SubprocessServer(engine_args(fleet.tmp, i), fleet.tmp / f"e{i}-restarted.log")
     new.port, new.url = old.port, old.url
+    new.cmd[-1] = str(old.port)  # the same address: the proxy knows it by its URL
     fleet.engines[i] = new.__enter__()
     # its index was dropped when it went down: nothing is predicted from the old process
     wait_until(lambda: predict(fleet, prompt)["predicted_cached_tokens"].get(url, -1) == 0)

@@ -116,3 +116,20 @@ async def dies_before_events(body: bytes, writer: asyncio.StreamWriter) -> None:
     await writer.drain()
     await asyncio.sleep(0.2)
     writer.transport.abort()
+
+
+async def cut_without_length(body: bytes, writer: asyncio.StreamWriter) -> None:
+    """A JSON answer with neither a length nor chunks (it ends where the connection closes),
+    closed half-way: only the body itself shows that it is cut."""
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n")
+    writer.write(b'\r\n{"id": "cmpl-1", "choices": [')
+    await writer.drain()
+    writer.close()
+
+
+async def nested_too_deep(body: bytes, writer: asyncio.StreamWriter) -> None:
+    """A whole answer, but JSON nested deeper than a parser recurses."""
+    answer = b"[" * 100_000 + b"]" * 100_000
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
+    writer.write(b"content-length: %d\r\n\r\n%s" % (len(answer), answer))
+    await writer.drain()

@@ -24,7 +24,15 @@ from hybridkv.proxy.health import FRESH_SECONDS
 from hybridkv.proxy.options import EngineTimeouts, ProxyOptions
 from hybridkv.proxy.router import Router
 from hybridkv.server.limits import ServerLimits
-from tests.proxy.backends import RawBackend, dies_after_events, dies_mid_body, hang
+from tests.proxy.backends import (
+    Answer,
+    RawBackend,
+    cut_without_length,
+    dies_after_events,
+    dies_mid_body,
+    hang,
+    nested_too_deep,
+)
 from tests.server.fake_engine import FakeEngine, expected_text
 from tests.server.harness import ThreadedServer, free_port, scrape, wait_for
 from tests.server.test_fake_server import MODEL, make_app
@@ -274,12 +282,48 @@ def test_decode_failing_mid_stream_ends_with_an_error_event(then_hang: bool) -> 
         )
 
 
-def test_decode_failing_mid_body_is_502() -> None:
-    with RawBackend(dies_mid_body) as dying, proxy([], [dying.url]) as px:
+@pytest.mark.parametrize(
+    "answer", [dies_mid_body, cut_without_length, nested_too_deep], ids=["reset", "close", "deep"]
+)
+def test_decode_failing_mid_body_is_502_naming_the_engine(answer: Answer) -> None:
+    with RawBackend(answer) as dying, proxy([], [dying.url]) as px:
+        r = post(px.url)
+        assert r.status_code == 502  # never a cut 200
+        error = r.json()["error"]
+        assert error["code"] == "upstream_failed" and dying.url in error["message"]
+        values = scrape(px.url)
+        assert values["hybridkv_proxy_requests_total{outcome=failed}"] == 1
+        failures = f"hybridkv_proxy_engine_failures_total{{engine={dying.url},role=decode}}"
+        assert values[failures] == 1 and dying.num_posts == 1
+
+
+def test_a_body_cut_before_it_reached_the_client_is_retried_on_another_engine(
+    engines: list[Engine],
+) -> None:
+    (_, _), (honest, fake) = engines
+    with RawBackend(dies_mid_body) as dying, proxy([], [dying.url, honest.url]) as px:
+        answers = [post(px.url) for _ in range(2)]  # at least one starts on the dying one
+        assert [r.status_code for r in answers] == [200, 200]
+        assert [r.json()["choices"][0]["text"] for r in answers] == [expected_text("abc", 4)] * 2
+        assert dying.num_posts >= 1 and fake.num_queries == 2
+        values = scrape(px.url)
+        failures = f"hybridkv_proxy_engine_failures_total{{engine={dying.url},role=decode}}"
+        assert values[failures] == dying.num_posts
+        assert values["hybridkv_proxy_requests_total{outcome=failed}"] == 0
+
+
+def test_a_body_is_retried_once_then_502_names_both_engines() -> None:
+    with (
+        RawBackend(dies_mid_body) as first,
+        RawBackend(cut_without_length) as second,
+        RawBackend(dies_mid_body) as third,
+        proxy([], [first.url, second.url, third.url]) as px,
+    ):
         r = post(px.url)
         assert r.status_code == 502
-        assert r.json()["error"]["code"] == "upstream_failed"
-        assert scrape(px.url)["hybridkv_proxy_requests_total{outcome=failed}"] == 1
+        message = r.json()["error"]["message"]
+        assert f"{first.url}, {second.url}" in message and third.url not in message
+        assert (first.num_posts, second.num_posts, third.num_posts) == (1, 1, 0)
 
 
 @pytest.mark.slow

@@ -49,6 +49,25 @@ def test_one_noisy_cost_measurement_does_not_undo_a_hit() -> None:
     assert order_engines(Policy.COST, URLS, healthy, engines, predicted, 100)[0] == "http://b"
 
 
+def test_a_conversation_sticks_to_its_state_unless_that_engine_is_overloaded() -> None:
+    """a holds 1,000 of 1,100 tokens. Busy fleet: moving to idle b costs b the 1,100 tokens
+    and costs the requests after it the 1,000 recomputed, so a wins until its queue is
+    more than twice the history ahead; an idle fleet is scored by time to first token."""
+    healthy = dict.fromkeys(URLS, True)
+    predicted = {"http://a": 1000}
+
+    def first(queued_a: int, inflight: int) -> str:
+        engines = states(a=queued_a, c=5000)
+        for e in engines.values():
+            e.num_inflight = inflight
+        return order_engines(Policy.COST, URLS, healthy, engines, predicted, 1100)[0]
+
+    assert first(1500, inflight=1) == "http://a"  # was b: 1,100 < 1,600 before
+    assert first(1900, inflight=1) == "http://a"
+    assert first(2100, inflight=1) == "http://b"  # overloaded: 2,200 > 1,100 + 1,000
+    assert first(1500, inflight=0) == "http://b"  # an idle fleet: the first token sooner
+
+
 def test_ties_go_to_the_least_loaded_then_the_turn() -> None:
     engines = states()
     engines["http://a"].num_inflight = 2

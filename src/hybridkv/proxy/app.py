@@ -25,7 +25,8 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from hybridkv.proxy.forward import Call, Refused, decode, prefill
+from hybridkv.proxy.calls import Call
+from hybridkv.proxy.forward import Refused, decode, prefill
 from hybridkv.proxy.health import HealthMonitor
 from hybridkv.proxy.metrics import render_metrics
 from hybridkv.proxy.options import ProxyOptions

@@ -12,8 +12,11 @@ What the client sees when an engine fails:
 | decode engine unreachable, or found down     | the next one; none left: 503                |
 | (/health) while its answer is awaited, or    |                                             |
 | its stream fails before its first token      |                                             |
-| decode engine fails or times out before its  | 502 (504 for a timeout), OpenAI's error      |
-| answer is whole (not streamed)               | shape                                       |
+| decode engine's connection breaks before its | the next one, once (nothing reached the      |
+| answer is whole (not streamed; a cut JSON    | client); then 502 naming the engines         |
+| body too)                                    |                                             |
+| decode engine times out before its answer is | 504 naming the engine, OpenAI's error shape  |
+| whole, or sends one too large                | (502)                                        |
 | decode engine fails mid-stream               | an ``{"error": ...}`` event, ``[DONE]``     |
 """
 
@@ -22,49 +25,32 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from asyncio import FIRST_COMPLETED
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import httpx
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from hybridkv.proxy.options import MAX_ANSWER_BYTES, EngineTimeouts, ProxyOptions
+from hybridkv.proxy.calls import (
+    Call,
+    EngineDown,
+    TooLarge,
+    describe,
+    first_byte,
+    gateway_error,
+    type_of,
+)
+from hybridkv.proxy.options import MAX_ANSWER_BYTES, EngineTimeouts
 from hybridkv.proxy.router import Outcome, Router
 from hybridkv.proxy.routing.decision import Decision
-from hybridkv.server.errors import APIError
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 DONE_EVENT = b"data: [DONE]\n\n"
+MAX_BODY_RETRIES = 1  # a non-streamed answer cut by its engine: tries on another engine
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """What every engine call of one client request shares."""
-
-    client: httpx.AsyncClient
-    router: Router
-    options: ProxyOptions
-    path: str  # /v1/completions or /v1/chat/completions
-    headers: dict[str, str]  # Authorization for the engines
-    decision: Decision | None = None  # the KV-aware order of decode engines (routing/)
-
-    @property
-    def post_headers(self) -> dict[str, str]:
-        return {**self.headers, "content-type": "application/json"}
-
-    @property
-    def timeouts(self) -> EngineTimeouts:
-        return self.options.timeouts
-
-
-class TooLarge(Exception):
-    """An engine's answer (or one event of it) is larger than ``MAX_ANSWER_BYTES``."""
 
 
 class Refused(Exception):
@@ -85,10 +71,10 @@ async def prefill(call: Call, body: dict[str, Any]) -> dict[str, Any] | None:
             post = call.client.post(url + call.path, content=payload, headers=call.post_headers)
             r = await first_byte(call, url, post)
         except (httpx.HTTPError, TimeoutError) as exc:
-            log.warning("prefill engine %s failed: %s", url, _describe(exc))
+            log.warning("prefill engine %s failed: %s", url, describe(exc))
         else:
             if 400 <= r.status_code < 500:
-                raise Refused(Response(r.content, r.status_code, media_type=_type_of(r)))
+                raise Refused(Response(r.content, r.status_code, media_type=type_of(r)))
             if r.status_code == 200:
                 return _params_of(r, url)
             log.warning("prefill engine %s answered %d", url, r.status_code)
@@ -117,6 +103,8 @@ async def decode(call: Call, body: dict[str, Any], outcome: Outcome) -> Response
     """The decode engine's answer: a stream relayed event by event, or a whole body."""
     payload = _encode(body)
     decision = call.decision
+    cut: list[str] = []  # engines whose non-streamed answer broke off, and the last why
+    why: Exception = ConnectionError()
     for url in call.router.decode_order() if decision is None else decision.order:
         request = call.client.build_request(
             "POST", url + call.path, content=payload, headers=call.post_headers
@@ -125,22 +113,33 @@ async def decode(call: Call, body: dict[str, Any], outcome: Outcome) -> Response
             sent = call.client.send(request, stream=True)
             upstream = await first_byte(call, url, sent)
         except (httpx.ConnectError, httpx.ConnectTimeout, EngineDown) as exc:
-            log.warning("decode engine %s unreachable: %s", url, _describe(exc))
+            log.warning("decode engine %s unreachable: %s", url, describe(exc))
             call.router.count_failure(url, prefill=False)
             continue
         except (httpx.HTTPError, TimeoutError) as exc:
+            call.router.count_failure(url, prefill=False)
             return _failed(call, url, exc)
         if decision is not None:
             decision.dispatched(url)
-        if upstream.status_code == 200 and _type_of(upstream).startswith("text/event-stream"):
+        if upstream.status_code == 200 and type_of(upstream).startswith("text/event-stream"):
             streamed = await _stream_answer(call, url, upstream, outcome)
             if streamed is None:  # died before its first token: nothing reached the client
                 continue
             return streamed
-        call.router.count(outcome)
-        return await _whole_answer(call, url, upstream)
+        whole = await _whole_answer(call, url, upstream)
+        if isinstance(whole, Response):
+            call.router.count(outcome)
+            return whole
+        cut.append(url)
+        why = whole
+        call.router.count_failure(url, prefill=False)
+        if not _can_retry(whole) or len(cut) > MAX_BODY_RETRIES:
+            return _failed(call, ", ".join(cut), whole)
+        log.warning("decode engine %s broke off its answer (%s): retried", url, describe(whole))
     if decision is not None:
         decision.release()
+    if cut:  # nothing answered after the cut one
+        return _failed(call, ", ".join(cut), why)
     call.router.count(Outcome.FAILED)
     return gateway_error(503, "no decode engine answered", "service_unavailable").response()
 
@@ -154,7 +153,7 @@ async def _stream_answer(
     try:
         head = await first_byte(call, url, anext(chunks, b""))
     except (httpx.HTTPError, TimeoutError) as exc:
-        head, why = b"", _describe(exc)
+        head, why = b"", describe(exc)
     else:
         why = "the stream ended before its first event"
     if not head:
@@ -177,31 +176,6 @@ async def _chain(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes
     yield head
     async for chunk in rest:
         yield chunk
-
-
-class EngineDown(TimeoutError):
-    """A /health probe found the engine unhealthy while a call to it waited."""
-
-
-async def first_byte(call: Call, url: str, answer: Awaitable[T]) -> T:
-    """``answer`` (an engine call up to its headers), raising ``TimeoutError`` past
-    ``first_byte_seconds``, or ``EngineDown`` as soon as a /health probe finds the engine
-    unhealthy (a hung engine does not hold its requests for the whole timeout). An engine
-    already unhealthy when the call begins (tried last: no other answered) is not watched."""
-    task = asyncio.ensure_future(answer)
-    watched: set[asyncio.Future[Any]] = {task}
-    if call.router.healthy[url]:
-        watched.add(asyncio.ensure_future(call.router.wait_unhealthy(url)))
-    try:
-        done, _ = await asyncio.wait(
-            watched, timeout=call.timeouts.first_byte_seconds, return_when=FIRST_COMPLETED
-        )
-    finally:
-        for t in watched:
-            t.cancel()  # a no-op on the done one
-    if task in done:
-        return task.result()
-    raise EngineDown("its /health probe failed") if done else TimeoutError()
 
 
 async def relay_events(
@@ -236,7 +210,7 @@ async def relay_events(
                 failure = f"an event larger than {MAX_ANSWER_BYTES} bytes"
                 break
     except (httpx.HTTPError, TimeoutError) as exc:
-        failure = _describe(exc)
+        failure = describe(exc)
     finally:
         await upstream.aclose()
         if decision is not None:
@@ -247,8 +221,10 @@ async def relay_events(
         yield b"data: " + json.dumps(error.body()).encode() + b"\n\n" + DONE_EVENT
 
 
-async def _whole_answer(call: Call, url: str, upstream: httpx.Response) -> Response:
-    """A non-streamed answer, read whole so that a failure is a 502, not a cut body."""
+async def _whole_answer(call: Call, url: str, upstream: httpx.Response) -> Response | Exception:
+    """A non-streamed answer, read whole (nothing reaches the client before), or why it is
+    not: the connection broke, the engine went quiet, the answer is too large, or a JSON
+    answer does not parse (a body cut where its length was not announced)."""
     body = bytearray()
     try:
         chunks = upstream.aiter_bytes()
@@ -256,28 +232,33 @@ async def _whole_answer(call: Call, url: str, upstream: httpx.Response) -> Respo
             body += chunk
             if len(body) > MAX_ANSWER_BYTES:
                 raise TooLarge(f"an answer larger than {MAX_ANSWER_BYTES} bytes")
-    except (httpx.HTTPError, TimeoutError, TooLarge) as exc:
-        return _failed(call, url, exc)
+        if type_of(upstream).startswith("application/json"):
+            json.loads(body)
+    except (httpx.HTTPError, TimeoutError, TooLarge, ValueError, RecursionError) as exc:
+        return exc
     finally:
         await upstream.aclose()
         if call.decision is not None:
             call.decision.saw(bytes(body[-(1 << 20) :]))
             call.decision.release()
-    return Response(bytes(body), upstream.status_code, media_type=_type_of(upstream))
+    return Response(bytes(body), upstream.status_code, media_type=type_of(upstream))
+
+
+def _can_retry(exc: Exception) -> bool:
+    """A broken connection or a cut body: another engine may answer. Not a timeout (the
+    client has waited already) nor a too-large answer (another engine's would be too)."""
+    timed_out = isinstance(exc, TimeoutError | httpx.TimeoutException)
+    return not timed_out and not isinstance(exc, TooLarge)
 
 
 def _failed(call: Call, url: str, exc: BaseException) -> Response:
-    """The decode engine failed before its answer was whole: 504 for a timeout, else 502."""
-    log.warning("decode engine %s failed: %s", url, _describe(exc))
-    call.router.count_failure(url, prefill=False)
+    """The decode engine ``url`` (or engines) failed before its answer was whole: 504 for a
+    timeout, else 502, naming it."""
+    log.warning("decode engine %s failed: %s", url, describe(exc))
     call.router.count(Outcome.FAILED)
     timed_out = isinstance(exc, TimeoutError | httpx.TimeoutException)
-    message = f"the decode engine failed before its answer was complete: {_describe(exc)}"
+    message = f"decode engine {url} failed before its answer was complete: {describe(exc)}"
     return gateway_error(504 if timed_out else 502, message).response()
-
-
-def gateway_error(status: int, message: str, type_: str = "server_error") -> APIError:
-    return APIError(status, message, type=type_, code="upstream_failed")
 
 
 def _failure_counter(router: Router, url: str) -> Callable[[str], None]:
@@ -297,18 +278,6 @@ def _params_of(r: httpx.Response, url: str) -> dict[str, Any] | None:
         log.warning("prefill engine %s gave no kv_transfer_params (is it a kv_producer?)", url)
         return None
     return params
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, EngineDown):
-        return f"the engine went down ({exc})"
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-def _type_of(r: httpx.Response) -> str:
-    return str(r.headers.get("content-type", "application/json"))
 
 
 def _encode(body: dict[str, Any]) -> bytes:

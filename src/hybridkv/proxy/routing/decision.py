@@ -5,9 +5,16 @@ predicted to hold -- and, once answered, what it did hold.
 
     round_robin  the router's turn (healthy engines first)
     cache        the longest predicted hit; ties by fewer requests in flight, then the turn
-    cost         the least expected time to first token:
-                 (queued uncached tokens + this prompt's uncached tokens) x prefill s/token
-                 (the engine's measured cost, within 2x of the fleet's median);
+    cost         the least expected time to first token, plus what recomputing costs the
+                 requests after it:
+                   (queued uncached tokens + this prompt's uncached tokens
+                    + busy x tokens another engine holds that this one would recompute)
+                   x prefill s/token (the engine's measured cost, within 1.25x of the median)
+                 busy: the fraction of engines with requests in flight. An idle fleet is
+                 scored by time to first token alone; a saturated one charges a recomputed
+                 token twice (this request waits for it, and so does every request queued
+                 behind it), so a conversation stays where its state is unless that
+                 engine's queue exceeds the other's by twice its history (overloaded);
                  ties by fewer requests in flight, then the turn
 
 Unhealthy engines come last in every order (tried only when no other answered).
@@ -142,6 +149,8 @@ def order_engines(
     position = {url: i for i, url in enumerate(turn)}
     costs = sorted(e.token_seconds for e in engines.values())
     median = costs[len(costs) // 2] if costs else None
+    best_hit = max((predicted.get(url, 0) for url in turn if healthy.get(url, True)), default=0)
+    busy = sum(e.num_inflight > 0 for e in engines.values()) / max(1, len(engines))
 
     def load(url: str) -> int:
         state = engines.get(url)
@@ -153,7 +162,8 @@ def order_engines(
         if policy is Policy.CACHE:
             return (sick, -hit, load(url), position[url])
         if policy is Policy.COST and url in engines:
-            cost = engines[url].expected_seconds(num_prompt_tokens - hit, median)
+            recomputed = busy * max(0, best_hit - hit)
+            cost = engines[url].expected_seconds(num_prompt_tokens - hit, median, recomputed)
             return (sick, cost, load(url), position[url])
         return (sick, position[url])
 

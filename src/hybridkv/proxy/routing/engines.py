@@ -12,6 +12,10 @@ from hybridkv.proxy.routing.scoring import predict_hit_tokens
 from hybridkv.proxy.routing.subscriber import EventSubscriber
 
 DEFAULT_TOKEN_SECONDS = 1e-3  # a prefill token's cost until the engine's /metrics say
+# an engine's measured cost is kept within this factor of the fleet's median: engines of one
+# model differ less than one loaded machine's measurements do, and the measurement (first
+# scheduled to first token) grows with the engine's own queue, which the cost counts already
+MAX_COST_SPREAD = 1.25
 
 
 @dataclass(slots=True)
@@ -76,14 +80,16 @@ class EngineState:
             if n > 0:
                 self.pending[h] = n
 
-    def expected_seconds(self, uncached: int, fleet_token_seconds: float | None = None) -> float:
-        """Expected time to first token: queued work plus this prompt's uncached tokens, at
-        this engine's measured cost kept within 2x of the fleet's median (``fleet_...``):
-        engines of one model differ less than one loaded machine's measurements do."""
+    def expected_seconds(
+        self, uncached: int, fleet_token_seconds: float | None = None, extra_tokens: float = 0.0
+    ) -> float:
+        """Queued work plus this prompt's uncached tokens (plus ``extra_tokens``), at this
+        engine's measured cost kept within ``MAX_COST_SPREAD`` of the fleet's median."""
         cost = self.token_seconds
         if fleet_token_seconds is not None:
-            cost = min(max(cost, fleet_token_seconds / 2), fleet_token_seconds * 2)
-        return (self.queued_tokens + uncached) * cost
+            low, high = fleet_token_seconds / MAX_COST_SPREAD, fleet_token_seconds * MAX_COST_SPREAD
+            cost = min(max(cost, low), high)
+        return (self.queued_tokens + uncached + extra_tokens) * cost
 
 
 def block_hashes(info: EngineInfo, token_ids: tuple[int, ...], salt: str | None) -> list[BlockHash]:
