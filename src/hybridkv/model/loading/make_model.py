@@ -43,7 +43,7 @@ def make_model(arch: str, out_dir: Path, size: str = "tiny", seed: int = 0) -> P
         raise AssertionError(
             f"tokenizer has {tokenizer_vocab} tokens, model {config['vocab_size']}"
         )
-    _reserve_tokens(out_dir / "tokenizer.json", config["vocab_size"])
+    reserve_tokens(out_dir / "tokenizer.json", config["vocab_size"])
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     eos = config["eos_token_id"]
     generation = {"eos_token_id": eos, "pad_token_id": config["pad_token_id"]}
@@ -52,7 +52,7 @@ def make_model(arch: str, out_dir: Path, size: str = "tiny", seed: int = 0) -> P
     return out_dir
 
 
-def _reserve_tokens(path: Path, vocab_size: int) -> None:
+def reserve_tokens(path: Path, vocab_size: int) -> None:
     """Give the tokenizer one token per embedding row: ``<|reserved_N|>`` entries (no merge
     makes them) after the trained ones. Every id the model can emit then decodes, and
     llama.cpp's converter, which sizes the vocabulary by the tokenizer (Gemma's trims the
