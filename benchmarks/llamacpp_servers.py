@@ -113,8 +113,10 @@ def hybridkv_server(path: Path, threads: int, max_seqs: int, ctx: int) -> Iterat
 def llama_server(bin_dir: Path, path: Path, threads: int, slots: int, ctx: int) -> Iterator[Server]:
     """``slots`` parallel sequences, each with ``ctx`` tokens of context."""
     port = _free_port()
+    # -nr: no weight repacking (with it this build stops with SIGILL at start on this machine)
     cmd = [str(bin_dir / "llama-server"), "-m", str(path), "--host", "127.0.0.1",
            "--port", str(port), "-np", str(slots), "-c", str(slots * ctx), "-t", str(threads),
-           "-tb", str(threads), "-b", "2048", "-ub", "512", "--no-webui"]  # fmt: skip
+           "-tb", str(threads), "-b", "2048", "-ub", "512", "--no-webui",
+           "-nr"]  # fmt: skip
     with _process("llama.cpp", cmd, port, dict(os.environ)) as server:
         yield server
