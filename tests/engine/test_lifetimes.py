@@ -131,7 +131,9 @@ def test_ended_engines_give_back_threads_fds_and_memory(
     for _ in range(NUM_ENGINES):
         run_once(model, config(), by_close)
     threads_after, fds_after, clients_after, rss_after = snapshot(valkey_for)
-    assert (threads_after, fds_after, clients_after) == (threads, fds, clients)
+    # no more threads than before (one started by an earlier test may have ended meanwhile)
+    assert threads_after <= threads
+    assert (fds_after, clients_after) == (fds, clients)
     grown = rss_after - rss
     assert grown < RSS_TOLERANCE, f"RSS grew {grown >> 20} MiB over {NUM_ENGINES} engines"
 

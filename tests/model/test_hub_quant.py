@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from hybridkv import LLM, SamplingParams
 from hybridkv.model.config.errors import ModelLoadError
-from hybridkv.model.loading.hub_quant import parse_hub_quant
+from hybridkv.model.config.quant_config import parse_hub_quant
 from hybridkv.model.loading.loader import load_model
 from hybridkv.model.models.gpt_oss import Mxfp4Experts
 from tests.model.conftest import make_runner

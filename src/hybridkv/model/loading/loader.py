@@ -23,11 +23,12 @@ from torch import nn
 from hybridkv.model.config.errors import ModelLoadError
 from hybridkv.model.config.json_fields import read_config_json, read_generation_eos
 from hybridkv.model.config.model_config import ModelConfig, build_model_config
+from hybridkv.model.config.quant_config import parse_hub_quant
 from hybridkv.model.families.registry import check_architecture, get_family_of
 from hybridkv.model.loading.gguf_file import GgufFile
 from hybridkv.model.loading.gguf_view import GGUF_FILE
 from hybridkv.model.loading.gguf_weights import fill_from_gguf
-from hybridkv.model.loading.hub_quant import as_parameter, dequantizing_index, parse_hub_quant
+from hybridkv.model.loading.hub_quant import as_parameter, dequantizing_index
 from hybridkv.model.loading.matmul import matmul_dtype, upcast_matmuls
 from hybridkv.model.models.common import CausalLM
 

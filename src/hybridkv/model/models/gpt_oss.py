@@ -2,7 +2,7 @@
 with biases and per-head attention sinks, YaRN RoPE, and a top-k MoE on every layer whose
 experts use a clamped SwiGLU: ``(clamp(up, ±limit) + 1) * g * sigmoid(alpha * g)`` with
 ``g = min(gate, limit)``, gate and up interleaved in ``gate_up_proj``. The experts of an MXFP4
-checkpoint (``quantization_config``, ``model/loading/hub_quant.py``) stay MXFP4
+checkpoint (``quantization_config``, ``model/config/quant_config.py``) stay MXFP4
 (``Mxfp4Experts``) and multiply on ``native/mxfp4.c``."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from torch import nn
 
 from hybridkv.model.config.errors import ModelLoadError
 from hybridkv.model.config.model_config import LayerKind, ModelConfig
+from hybridkv.model.config.quant_config import parse_hub_quant
 from hybridkv.model.layers.linear import Linear, linear
 from hybridkv.model.layers.moe import dispatch
 from hybridkv.model.layers.norm import RMSNorm
 from hybridkv.model.layers.rotary import RotaryCosSin, RotaryTable
 from hybridkv.model.layers.step_context import StepContext
-from hybridkv.model.loading.hub_quant import parse_hub_quant
 from hybridkv.model.models.common import CausalLM, SelfAttention
 from hybridkv.native.mxfp4 import BLOCK_BYTES, BLOCK_VALUES, mxfp4_linear
 
