@@ -22,9 +22,11 @@ lint: setup
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 
-# --durations: the slowest tests in every log, so a test that eats the budget shows
+# --durations: the slowest tests in every log, so a test that eats the budget shows.
+# -n 2: two pytest workers (pytest-xdist); the suite waits on engines and subprocesses far more
+# than it computes, so two workers on two cores halve its time (docs/status.md, issue 27).
 test: lint
-	$(PY) -m pytest --durations=20
+	$(PY) -m pytest -n 2 --durations=20
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow and not model and not e2e and not bench" --durations=10
