@@ -112,23 +112,7 @@ static void permute_x(const float *x, int64_t M, int64_t ldx, int64_t K, float *
             }
 }
 
-static float lanes_sum(vf v) { /* lanes added pairwise: (0+1)+(2+3), ...: one fixed tree */
-    float a[VW];
-    memcpy(a, &v, sizeof a);
-    for (int width = VW / 2; width >= 1; width /= 2)
-        for (int l = 0; l < width; l++) a[l] = a[2 * l] + a[2 * l + 1];
-    return a[0];
-}
-
-static inline __attribute__((always_inline)) void store_tile(const vf *acc, const float *bias,
-                                                             float *y, int64_t ldy, int mr,
-                                                             int nr) {
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) {
-            const float s = lanes_sum(acc[i * NR + j]);
-            y[i * ldy + j] = bias ? s + bias[j] : s;
-        }
-}
+#include "tile_sums.h"
 
 /* acc[i][j] += x_i[k0 .. k0 + QK) . w_j[0 .. QK) for i < mr, j < NR; w rows ldw floats apart. */
 static inline __attribute__((always_inline)) void fma_block(vf *acc, const float *x, int64_t ldx,
@@ -164,7 +148,7 @@ static inline __attribute__((always_inline)) void tile_fused(
                 for (int j = 0; j < NR; j++) acc[i * NR + j] = fma_v(xv, wv[j][c], acc[i * NR + j]);
             }
     }
-    store_tile(acc, bias, y, ldy, mr, NR);
+    store_sums(acc, bias, y, ldy, mr, NR);
 }
 
 /* mr <= MR x rows (K apart) against nr <= NR rows of a dequantized panel (rows K apart). */
@@ -185,7 +169,7 @@ static inline __attribute__((always_inline)) void tile_panel(const float *x, con
         }
         fma_block(acc, x + k, K, w, ldw, mr);
     }
-    store_tile(acc, bias, y, ldy, mr, nr);
+    store_sums(acc, bias, y, ldy, mr, nr);
 }
 
 #define FUSED(MRC) tile_fused(x + m * K, bl, sc, K, b, y + m * ldy, ldy, MRC, pf)

@@ -189,24 +189,7 @@ static void dequantize_row(int fmt, const uint8_t *row, int64_t K, float *out,
     }
 }
 
-static float hsum(vf v) { /* lanes added pairwise: (0+1)+(2+3), ...: one fixed tree */
-    float a[VW];
-    memcpy(a, &v, sizeof a);
-    for (int width = VW / 2; width >= 1; width /= 2)
-        for (int l = 0; l < width; l++) a[l] = a[2 * l] + a[2 * l + 1];
-    return a[0];
-}
-
-/* y[i][j] = the sum of acc[i * NR + j]'s lanes (+ bias[j]) */
-static inline __attribute__((always_inline)) void finish(const vf *acc, const float *bias,
-                                                         float *y, int64_t ldy, const int mr,
-                                                         const int nr) {
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) {
-            const float s = hsum(acc[i * NR + j]);
-            y[i * ldy + j] = bias ? s + bias[j] : s;
-        }
-}
+#include "tile_sums.h"
 
 #include "quant_fused.h"
 
@@ -226,7 +209,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t l
             for (int j = 0; j < nr; j++) acc[i * NR + j] = madd(xv, wv[j], acc[i * NR + j]);
         }
     }
-    finish(acc, bias, y, ldy, mr, nr);
+    store_sums(acc, bias, y, ldy, mr, nr);
 }
 
 /* Every x row against panel rows [0, nr) (y: their first output column). */

@@ -30,7 +30,7 @@ static inline __attribute__((always_inline)) void fused_q8_0(
             }
         }
     }
-    finish(acc, bias, y, ldy, mr, NR);
+    store_sums(acc, bias, y, ldy, mr, NR);
 }
 
 /* Q4_K: 256 values per block; value 64 p + 32 h + l is nibble h of byte 16 + 32 p + l. */
@@ -59,7 +59,7 @@ static inline __attribute__((always_inline)) void fused_q4_k(
                 }
             }
     }
-    finish(acc, bias, y, ldy, mr, NR);
+    store_sums(acc, bias, y, ldy, mr, NR);
 }
 
 #define FUSED_ROWS(MRC)                                                                        \
