@@ -185,25 +185,33 @@ def vllm_model(layout_name: str) -> tuple[dict[str, Any], list[str], list[str]]:
 
 
 def run_vllm(
-    python: str, layout_name: str, turns: list[Turn], memory: int, match_unit: int | None
-) -> dict[str, Any]:
-    """The trace through vLLM's Scheduler in its own virtualenv (``prefix_trace_vllm.py``)."""
+    python: str, layout_name: str, jobs: list[tuple[list[Turn], int | None]], memory: int
+) -> list[dict[str, Any]]:
+    """Traces through vLLM's Scheduler in its own virtualenv (``prefix_trace_vllm.py``), one
+    process for all of them (importing vLLM is the slow part); a job is a trace and vLLM's
+    ``prefix_match_unit`` (None: its own)."""
     cfg, kinds, dtype_args = vllm_model(layout_name)
     with tempfile.TemporaryDirectory(prefix="prefix-trace-") as tmp:
-        trace, hf = Path(tmp) / "trace.json", Path(tmp) / "config.json"
-        trace.write_text(json.dumps([t.to_json() for t in turns]))
+        spec, hf = Path(tmp) / "jobs.json", Path(tmp) / "config.json"
+        spec.write_text(json.dumps([
+            {"trace": [t.to_json() for t in turns], "prefix_match_unit": unit} for turns, unit in jobs
+        ]))  # fmt: skip
         hf.write_text(json.dumps(cfg))
-        cmd = [python, str(HERE / "prefix_trace_vllm.py"), "--trace", str(trace)]
+        cmd = [python, str(HERE / "prefix_trace_vllm.py"), "--jobs", str(spec)]
         cmd += ["--hf-config", str(hf), "--layer-kinds", ",".join(kinds)]
         cmd += ["--memory", str(memory), *dtype_args]
-        if match_unit is not None:
-            cmd += ["--prefix-match-unit", str(match_unit)]
         env = {**os.environ, "PYTHONPATH": ""}  # never hybridkv's packages in vLLM's venv
         res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     if res.returncode:
         raise RuntimeError(f"vLLM baseline failed:\n{res.stderr[-3000:]}")
     out = json.loads(res.stdout)
-    return summarize(turns, out["hits"], 0, memory) | {"vllm": out["vllm"], "config": out["config"]}
+    return [
+        summarize(turns, run["hits"], 0, memory) | {"vllm": out["vllm"], "config": run["config"]}
+        for (turns, _), run in zip(jobs, out["runs"], strict=True)
+    ]
+
+
+VLLM_LABELS = {"vllm_default": None, "vllm_match_unit_16": BLOCK}  # label -> prefix_match_unit
 
 
 def print_table(results: dict[str, dict[str, dict[str, Any]]]) -> None:
@@ -228,7 +236,7 @@ def policy_traces(quick: bool) -> dict[str, list[Turn]]:
 
 
 def policy_vs_oracle(
-    name: str, memory: int, quick: bool, vllm: str | None = None
+    name: str, memory: int, quick: bool, vllm: dict[str, dict[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
     """hybridkv's saved prompt tokens (``messages`` mode) against the offline optimum's, per
     trace, at 1/4, 1 and 4 times the default budget; with ``vllm`` (its python), vLLM's
@@ -242,8 +250,7 @@ def policy_vs_oracle(
         chains = oracle.chains_of(computed, BLOCK)
         theirs = None
         if vllm:
-            v = run_vllm(vllm, name, turns, memory, None)
-            theirs = v["prompt_tokens"] - v["computed_tokens"]
+            theirs = vllm[trace]["prompt_tokens"] - vllm[trace]["computed_tokens"]
         for factor in (1.0,) if quick else (0.25, 1.0, 4.0):
             r = run(name, "messages", turns, memory, BUDGET * factor)
             best = oracle.saved_tokens(chains, r["checkpoint_capacity"] or 0, BLOCK)
@@ -287,11 +294,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     memories = [parse_bytes(m, "--memory") for m in args.memory]
     turns = make_trace(args.conversations, args.turns)
     results: dict[str, dict[str, dict[str, Any]]] = {}
+    vllm_policy: dict[str, dict[str, dict[str, Any]] | None] = {}
     for name, memory in zip(args.layouts, memories, strict=True):
         results[name] = {mode: run(name, mode, turns, memory) for mode in MODES}
+        vllm_policy[name] = None
         if args.vllm:
-            for unit, label in ((None, "vllm_default"), (BLOCK, "vllm_match_unit_16")):
-                results[name][label] = run_vllm(args.vllm, name, turns, memory, unit)
+            labels, policy = VLLM_LABELS, policy_traces(args.quick)
+            jobs = [(turns, unit) for unit in labels.values()] + [
+                (t, None) for t in policy.values()
+            ]
+            runs = run_vllm(args.vllm, name, jobs, memory)
+            results[name] |= dict(zip(labels, runs[: len(labels)], strict=True))
+            vllm_policy[name] = dict(zip(policy, runs[len(labels) :], strict=True))
     floor = summarize(turns, ideal_hits(turns, BLOCK), 0, 1)["computed_tokens"]
     for by_mode in results.values():
         for r in by_mode.values():
@@ -309,7 +323,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "policy_vs_oracle": [
             row
             for name, memory in zip(args.layouts, memories, strict=True)
-            for row in policy_vs_oracle(name, memory, args.quick, args.vllm)
+            for row in policy_vs_oracle(name, memory, args.quick, vllm_policy[name])
         ],
     }
     print(json.dumps(out, indent=2))

@@ -3,8 +3,12 @@
 
 Run with vLLM's virtualenv (``prefix_trace.py --vllm`` starts it as a subprocess)::
 
-    /work/vllm-venv/bin/python benchmarks/prefix_trace_vllm.py --trace T.json \
-        --layout granite_small --hf-config granite.json --memory 2147483648
+    /work/vllm-venv/bin/python benchmarks/prefix_trace_vllm.py --jobs J.json \
+        --hf-config granite.json --layer-kinds mamba2,attention --memory 2147483648
+
+``--jobs`` is a JSON list of ``{"trace": [Turn.to_json(), ...], "prefix_match_unit": int | null}``:
+one process (one vLLM import, the slow part) runs every trace of a layout, each through a
+fresh scheduler.
 
 vLLM is configured the way its engine configures itself, without a GPU and without weights
 (``vllm_setup.py``, shared with ``vllm_kv_baseline.py``): ``EngineArgs(model=<dir with the
@@ -21,7 +25,7 @@ state is saved inside the final chunk; GDN: none), the pool is ``--memory`` byte
 Each turn is one ``Request`` (``SamplingParams(max_tokens=len(reply), ignore_eos=True)``),
 added when the previous one finished; a fake runner output samples the trace's reply tokens
 one by one. The hit is the request's ``num_computed_tokens`` when it is first scheduled.
-Prints one JSON object on stdout.
+Prints one JSON object on stdout: vLLM's version and, per job, its config and hits.
 """
 
 from __future__ import annotations
@@ -178,26 +182,8 @@ def run_trace(sched: Any, hasher: Any, turns: list[dict]) -> list[int]:
     return hits
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trace", type=Path, required=True, help="JSON list of Turn.to_json()")
-    p.add_argument("--hf-config", type=Path, required=True, help="the model's config.json")
-    p.add_argument("--layer-kinds", required=True, help="comma list: attention, mamba2, gdn")
-    p.add_argument("--memory", type=int, required=True, help="KV cache bytes")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--mamba-ssm-cache-dtype", default="auto")
-    p.add_argument(
-        "--prefix-match-unit",
-        type=int,
-        default=None,
-        help="vLLM's prefix_match_unit (hash block size); default: its own (the GCD of the "
-        "group block sizes)",
-    )
-    a = p.parse_args(argv)
-    import vllm
-
-    turns = json.loads(a.trace.read_text())
+def run_job(a: argparse.Namespace, turns: list[dict], prefix_match_unit: int | None) -> dict:
+    """One trace through a fresh scheduler configured as vLLM configures itself."""
     if max(len(t["prompt"]) + len(t["reply"]) for t in turns) > MAX_MODEL_LEN:
         raise SystemExit(f"a conversation is longer than max_model_len={MAX_MODEL_LEN}")
     with tempfile.TemporaryDirectory(prefix="prefix-trace-vllm-") as workdir:
@@ -207,11 +193,30 @@ def main(argv: list[str] | None = None) -> int:
             a.dtype,
             a.max_num_batched_tokens,
             mamba_ssm_cache_dtype=a.mamba_ssm_cache_dtype,
-            prefix_match_unit=a.prefix_match_unit,
+            prefix_match_unit=prefix_match_unit,
         )
         sched, hasher, info = build_scheduler(vc, a.layer_kinds.split(","), a.memory)
-        hits = run_trace(sched, hasher, turns)
-    print(json.dumps({"vllm": vllm.__version__, "config": info, "hits": hits}))
+        return {"config": info, "hits": run_trace(sched, hasher, turns)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--jobs", type=Path, required=True, help="JSON list of {trace, prefix_match_unit}"
+    )
+    p.add_argument("--hf-config", type=Path, required=True, help="the model's config.json")
+    p.add_argument("--layer-kinds", required=True, help="comma list: attention, mamba2, gdn")
+    p.add_argument("--memory", type=int, required=True, help="KV cache bytes")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--mamba-ssm-cache-dtype", default="auto")
+    a = p.parse_args(argv)
+    import vllm
+
+    # prefix_match_unit: vLLM's hash block size; null = its own (the GCD of the group block sizes)
+    jobs = json.loads(a.jobs.read_text())
+    runs = [run_job(a, job["trace"], job["prefix_match_unit"]) for job in jobs]
+    print(json.dumps({"vllm": vllm.__version__, "runs": runs}))
     return 0
 
 
