@@ -112,14 +112,14 @@ def _medians(seconds: list[float], bucket: int) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="400 tokens")
+    p.add_argument("--quick", action="store_true", help="200 tokens")
     p.add_argument("--tokens", type=int, default=4000)
     p.add_argument("--bucket", type=int, default=500, help="output tokens per reported mean")
     p.add_argument("--baseline", action="store_true", help="also run the full re-decode path")
     p.add_argument("--cache-dir", type=Path, default=None, help="where the checkpoint is built")
     args = p.parse_args(argv)
     if args.quick:
-        args.tokens, args.bucket = 400, 100
+        args.tokens, args.bucket = 200, 50
     from hybridkv.model.loading.make_model import ensure_model
     from hybridkv.paths import cache_dir
 

@@ -10,9 +10,9 @@ from tests.benchmarks.quick import run_quick
 
 def test_detok_quick(tmp_path: Path) -> None:
     out = run_quick("detok.py", "--cache-dir", str(tmp_path), "--baseline", timeout=600)
-    assert out["benchmark"] == "detok" and out["quick"] is True and out["tokens"] == 400
+    assert out["benchmark"] == "detok" and out["quick"] is True and out["tokens"] == 200
     for case in out["results"].values():
-        assert case["steps"] == 400  # one prefill step, then one token per step
+        assert case["steps"] == 200  # one prefill step, then one token per step
         assert len(case["overhead_us_per_bucket"]) == 4
         assert all(us > 0 for us in case["overhead_us_per_bucket"])
         assert len(case["text_us_per_bucket"]) == 4 and all(

@@ -143,18 +143,21 @@ def hostile(rng: random.Random, own: dict[str, Any], other: dict[str, Any]) -> d
     return params
 
 
+FUZZ_ROUNDS = 12
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_fuzzed_params_leave_the_consumer_healthy_and_exact(trio: Any) -> None:
-    """For ~25 s: each round prefills two prompts, sends one's params mutated at random (a
-    400 when malformed, else a refusal and a local computation), then the honest ones; every
-    answer equals a plain engine's, and the engines end with no block held."""
+    """``FUZZ_ROUNDS`` rounds (a fixed seed: the same mutations on every machine, however
+    loaded): each prefills two prompts, sends one's params mutated at random (a 400 when
+    malformed, else a refusal and a local computation), then the honest ones; every answer
+    equals a plain engine's, and the engines end with no block held."""
     p, d, plain = trio
     rng = random.Random(2626)
     expected: dict[tuple[int, ...], list[int]] = {}
-    rounds = refused_at_the_boundary = 0
-    deadline = time.monotonic() + 25
-    while time.monotonic() < deadline:
+    refused_at_the_boundary = 0
+    for rounds in range(FUZZ_ROUNDS):
         prompt, other = random_ids(rng.randint(20, 90), rounds), random_ids(40, 10_000 + rounds)
         own, theirs = prefill(p, prompt), prefill(p, other)
         for target, params in ((prompt, hostile(rng, own, theirs)), (other, theirs)):
@@ -169,7 +172,6 @@ def test_fuzzed_params_leave_the_consumer_healthy_and_exact(trio: Any) -> None:
                 expected[key] = run(plain, target, greedy()).token_ids
             assert out.finish_reason != "error" and out.token_ids == expected[key]
         run(d, prompt, greedy(params=own), p)  # the honest owner reads (or frees) its KV
-        rounds += 1
-    assert rounds >= 5 and refused_at_the_boundary > 0
+    assert refused_at_the_boundary > 0
     drain_clean(p, d)
     assert d.has_unfinished_requests() is False
