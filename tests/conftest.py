@@ -17,12 +17,18 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+# Before torch loads OpenMP: its idle threads sleep instead of spinning. Two pytest workers and
+# the engines they start share two cores, so a spinning thread takes the core another process
+# needs: a tiny-model decode used 2.5x the CPU time and twice the wall time under load.
+# Subprocesses inherit it. (The engine itself keeps OpenMP's defaults.)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from hybridkv.native import PageCopy, load_pagecopy
-from tests.support import lifetimes
-from tests.support.checkpoints import SharedCheckpoints
-from tests.support.families import FamilyCheckpoints
+import pytest  # noqa: E402
+
+from hybridkv.native import PageCopy, load_pagecopy  # noqa: E402
+from tests.support import lifetimes  # noqa: E402
+from tests.support.checkpoints import SharedCheckpoints  # noqa: E402
+from tests.support.families import FamilyCheckpoints  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 TIER_OF_FOLDER = {"benchmarks": "bench", "model": "model", "engine": "model", "cli": "e2e"}
