@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from tests.server.harness import SubprocessServer, free_port
-from tests.support.served import ServedProcess
+from tests.support.served import ServedProcess, serve_all
 
 ENGINE_FLAGS = [
     "--served-model-name",
@@ -71,13 +71,12 @@ def deploy(
     model: Path, logs: Path, num_prefill: int, num_decode: int, p_flags: tuple[str, ...] = (),
     d_flags: tuple[str, ...] = (), **extra: Any,
 ) -> Deployment:  # fmt: skip
-    """Start everything (engines in parallel); on any failure what started is stopped."""
+    """Start everything (engines side by side); on any failure what started is stopped."""
     stack = ExitStack()
     try:
         servers = [engine(model, logs / f"p{i}.log", "kv_producer", *p_flags, **extra) for i in range(num_prefill)]  # fmt: skip
         servers += [engine(model, logs / f"d{i}.log", "kv_consumer", *d_flags) for i in range(num_decode)]  # fmt: skip
-        for s in servers:
-            stack.enter_context(s)
+        serve_all(stack, servers)
         prefill, decode = servers[:num_prefill], servers[num_prefill:]
         proxy = stack.enter_context(
             ProxyProcess([s.url for s in prefill], [s.url for s in decode], logs / "proxy.log")

@@ -4,6 +4,7 @@ and not, on a sliding-window Qwen3, Gemma 3 and Granite 4.0-H (Mamba2 state)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -19,6 +20,7 @@ from tests.e2e_pd.harness import (
 )
 from tests.engine.helpers import random_ids
 from tests.server.harness import free_port, scrape
+from tests.support.served import serve_all
 
 # shorter than a block, around blocks and the window (32), long, several thousand tokens
 LENGTHS = [3, 15, 16, 17, 31, 33, 40, 64, 65, 100, 130, 257, 400, 700, 1000, 2500]
@@ -112,7 +114,9 @@ def test_failed_prefill_engines_and_a_killed_producer(
     dead = f"http://127.0.0.1:{free_port()}"
     p = engine(model, tmp_path / "p.log", "kv_producer")
     dec = engine(model, tmp_path / "d.log", "kv_consumer", load_timeout_seconds=5.0)
-    with p, dec, ProxyProcess([dead, p.url], [dec.url], tmp_path / "proxy.log") as proxy:
+    with ExitStack() as stack:
+        serve_all(stack, [p, dec])
+        proxy = stack.enter_context(ProxyProcess([dead, p.url], [dec.url], tmp_path / "proxy.log"))
         assert complete(proxy.url, prompts[0], MAX_TOKENS)["choices"][0]["text"] == expected[0]
         pre = complete(p.url, prompts[1], 1, kv_transfer_params={"do_remote_decode": True})
         assert p.proc is not None
@@ -147,7 +151,8 @@ def test_other_weights_under_policy_fail_answer_an_error_over_http(
     expected = reference(other, [prompt])[0]
     p = engine(checkpoint("qwen3"), tmp_path / "p.log", "kv_producer")
     dec = engine(other, tmp_path / "d.log", "kv_consumer", policy="fail")
-    with p, dec:
+    with ExitStack() as stack:
+        serve_all(stack, [p, dec])
         pre = complete(p.url, prompt, 1, kv_transfer_params={"do_remote_decode": True})
         body = {"model": "m", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
         body["kv_transfer_params"] = pre["kv_transfer_params"]

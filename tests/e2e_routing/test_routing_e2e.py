@@ -63,7 +63,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
         stack.callback(stop_engines)
         for e in engines:  # NOTE: from this thread: an engine dies with its starting thread
-            e.__enter__()
+            e.start()  # all side by side, then wait for each
+        for e in engines:
+            e.wait_ready()
         proxy = ProxyProcess([], [e.url for e in engines], tmp / "proxy.log")
         proxy.cmd += ["--routing", "cost", "--health-interval", "0.5", "--health-timeout", "5"]
         stack.enter_context(proxy)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Self
 
@@ -31,13 +33,22 @@ class ServedProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Self:
+        self.start()
+        return self.wait_ready()
+
+    def start(self) -> None:
+        """Start the process without waiting for it (``serve_all`` starts several at once)."""
         self._log = open(self.log_path, "wb")  # noqa: SIM115
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
             preexec_fn=die_with_parent,
         )  # fmt: skip
+
+    def wait_ready(self) -> Self:
+        """Wait for ``/health``; the process is stopped and its log raised if it never comes."""
         proc = self.proc
+        assert proc is not None, "start() first"
         try:
             wait_for(lambda: proc.poll() is not None or self._healthy(), self.timeout,
                      what=f"{self.url}/health", every=0.1)  # fmt: skip
@@ -67,6 +78,16 @@ class ServedProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+def serve_all(stack: ExitStack, servers: Sequence[ServedProcess]) -> None:
+    """Start every server, then wait for each: they come up side by side, not one after the
+    other. Each is stopped when ``stack`` closes (also when one of them fails to come up)."""
+    for server in servers:
+        server.start()
+        stack.callback(server.__exit__)
+    for server in servers:
+        server.wait_ready()
 
 
 class ThreadedServer:
