@@ -9,8 +9,8 @@ from pathlib import Path
 from tests.benchmarks.quick import run_quick
 
 
-def test_attention_split_quick(tmp_path: Path) -> None:
-    out = run_quick("attention_split.py", "--cache-dir", str(tmp_path), "--threads", "1")
+def test_attention_split_quick(bench_cache: Path) -> None:
+    out = run_quick("attention_split.py", "--cache-dir", str(bench_cache), "--threads", "1")
     assert out["benchmark"] == "attention_split" and "cpu_flags" in out["machine"]
     kinds = out["results"]["qwen3-tiny-float32"]
     assert set(kinds) == {"mixed", "decode"}  # 6 requests through 4 slots: both kinds occur

@@ -8,9 +8,9 @@ from pathlib import Path
 from tests.benchmarks.quick import run_quick
 
 
-def test_checkpoint_prefill_quick(tmp_path: Path) -> None:
+def test_checkpoint_prefill_quick(bench_cache: Path) -> None:
     out = run_quick(
-        "checkpoint_prefill.py", "--cache-dir", str(tmp_path), "--modes", "off", "none", "scan"
+        "checkpoint_prefill.py", "--cache-dir", str(bench_cache), "--modes", "off", "none", "scan"
     )
     assert out["benchmark"] == "checkpoint_prefill" and out["quick"] is True
     assert out["prompt_len"] == 512 and out["every"] == 64

@@ -8,8 +8,8 @@ from pathlib import Path
 from tests.benchmarks.quick import run_quick
 
 
-def test_detok_quick(tmp_path: Path) -> None:
-    out = run_quick("detok.py", "--cache-dir", str(tmp_path), "--baseline", timeout=600)
+def test_detok_quick(bench_cache: Path) -> None:
+    out = run_quick("detok.py", "--cache-dir", str(bench_cache), "--baseline", timeout=600)
     assert out["benchmark"] == "detok" and out["quick"] is True and out["tokens"] == 200
     for case in out["results"].values():
         assert case["steps"] == 200  # one prefill step, then one token per step

@@ -7,8 +7,8 @@ from pathlib import Path
 from tests.benchmarks.quick import run_quick
 
 
-def test_faults_quick(tmp_path: Path) -> None:
-    out = run_quick("faults.py", "--cache-dir", str(tmp_path / "ckpts"))
+def test_faults_quick(bench_cache: Path) -> None:
+    out = run_quick("faults.py", "--cache-dir", str(bench_cache))
     assert out["benchmark"] == "faults" and out["quick"] is True
     assert {"cores", "python", "torch", "threads"} <= out["machine"].keys()
     assert out["wrong_tokens"] == 0 and out["errored_requests"] == 0

@@ -8,8 +8,8 @@ from pathlib import Path
 from tests.benchmarks.quick import run_quick
 
 
-def test_matmul_floor_quick(tmp_path: Path) -> None:
-    out = run_quick("matmul_floor.py", "--cache-dir", str(tmp_path), timeout=300)
+def test_matmul_floor_quick(bench_cache: Path) -> None:
+    out = run_quick("matmul_floor.py", "--cache-dir", str(bench_cache), timeout=300)
     assert out["benchmark"] == "matmul_floor"
     assert set(out["results"]) == {
         f"{arch}-tiny-float32" for arch in ("qwen3", "gemma3", "granitemoehybrid")

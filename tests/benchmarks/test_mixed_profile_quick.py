@@ -8,8 +8,8 @@ from pathlib import Path
 from tests.benchmarks.quick import run_quick
 
 
-def test_mixed_profile_quick(tmp_path: Path) -> None:
-    out = run_quick("mixed_profile.py", "--cache-dir", str(tmp_path), timeout=300)
+def test_mixed_profile_quick(bench_cache: Path) -> None:
+    out = run_quick("mixed_profile.py", "--cache-dir", str(bench_cache), timeout=300)
     assert out["benchmark"] == "mixed_profile" and "cpu_flags" in out["machine"]
     case = out["results"]["qwen3-tiny-float32"]
     kinds = case["kinds"]

@@ -8,8 +8,8 @@ from pathlib import Path
 from tests.benchmarks.quick import run_quick
 
 
-def test_step_profile_quick(tmp_path: Path) -> None:
-    out = run_quick("step_profile.py", "--cache-dir", str(tmp_path), timeout=300)
+def test_step_profile_quick(bench_cache: Path) -> None:
+    out = run_quick("step_profile.py", "--cache-dir", str(bench_cache), timeout=300)
     assert out["benchmark"] == "step_profile" and "cpu_flags" in out["machine"]
     case = out["results"]["qwen3-tiny-float32"]
     for phase in ("prefill_ms", "decode_ms"):

@@ -8,8 +8,8 @@ from pathlib import Path
 from tests.benchmarks.quick import run_quick
 
 
-def test_thread_phases_quick(tmp_path: Path) -> None:
-    out = run_quick("thread_phases.py", "--cache-dir", str(tmp_path), timeout=300)
+def test_thread_phases_quick(bench_cache: Path) -> None:
+    out = run_quick("thread_phases.py", "--cache-dir", str(bench_cache), timeout=300)
     assert out["benchmark"] == "thread_phases"
     case = out["results"]["qwen3-tiny-float32"]
     assert set(case) == {"threads_1", "threads_2", "threads_auto"}

@@ -8,8 +8,8 @@ from pathlib import Path
 from tests.benchmarks.quick import run_quick
 
 
-def test_throughput_mixed_quick(tmp_path: Path) -> None:
-    out = run_quick("throughput_mixed.py", "--cache-dir", str(tmp_path), timeout=600)
+def test_throughput_mixed_quick(bench_cache: Path) -> None:
+    out = run_quick("throughput_mixed.py", "--cache-dir", str(bench_cache), timeout=600)
     assert out["benchmark"] == "throughput_mixed"
     assert isinstance(out["machine"]["cpu_native_bf16"], bool)
     assert set(out["results"]) == {

@@ -8,8 +8,8 @@ from pathlib import Path
 from tests.benchmarks.quick import run_quick
 
 
-def test_throughput_quick(tmp_path: Path) -> None:
-    out = run_quick("throughput.py", "--cache-dir", str(tmp_path), timeout=600)
+def test_throughput_quick(bench_cache: Path) -> None:
+    out = run_quick("throughput.py", "--cache-dir", str(bench_cache), timeout=600)
     assert out["benchmark"] == "throughput"
     assert {"cores", "torch", "threads"} <= out["machine"].keys()
     assert set(out["results"]) == {

@@ -130,7 +130,8 @@ class QuantEmbedding(nn.Embedding):
     the uint8 ``weight`` are what a tied ``lm_head`` (a ``Linear``) shares."""
 
     def __init__(self, data: torch.Tensor, fmt: QuantFormat, dim: int, dtype: torch.dtype) -> None:
-        super().__init__(data.shape[0], dim, device="meta")
+        rows = data.shape[0]  # a meta _weight: nn.Embedding then draws no random table
+        super().__init__(rows, dim, _weight=torch.empty(rows, dim, device="meta"))
         self.quant: QuantFormat | None = fmt
         self.out_dtype = dtype
         if data.dtype != torch.uint8 or tuple(data.shape) != (data.shape[0], fmt.row_bytes(dim)):

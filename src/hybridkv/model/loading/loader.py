@@ -30,6 +30,7 @@ from hybridkv.model.loading.gguf_view import GGUF_FILE
 from hybridkv.model.loading.gguf_weights import fill_from_gguf
 from hybridkv.model.loading.hub_quant import as_parameter, dequantizing_index
 from hybridkv.model.loading.matmul import matmul_dtype, upcast_matmuls
+from hybridkv.model.loading.skeleton import skeleton
 from hybridkv.model.models.common import CausalLM
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def load_model(
     compute = matmul_dtype(target, bf16_matmul)  # checks the option before the slow part
     model_dir = Path(model_dir)
     cfg = load_model_config(model_dir)
-    with torch.device("meta"):
+    with skeleton():
         model = get_model_class(cfg.architecture)(cfg)
     if (model_dir / GGUF_FILE).exists():  # a GGUF file's view (``gguf_view``)
         tied = frozenset({"lm_head.weight"} if cfg.tie_word_embeddings else ())

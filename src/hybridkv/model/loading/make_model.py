@@ -21,6 +21,7 @@ from hybridkv.model.config.model_config import build_model_config
 from hybridkv.model.families.family import ModelFamily
 from hybridkv.model.families.registry import get_family_of, get_make_config
 from hybridkv.model.loading.loader import get_model_class
+from hybridkv.model.loading.skeleton import skeleton
 from hybridkv.model.loading.tiny_tokenizer import (
     EOS_TOKEN,
     PAD_TOKEN,
@@ -110,7 +111,7 @@ def random_weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]
     """Every parameter of our model class for ``config``, drawn from a seeded generator."""
     arch = config["architectures"][0]
     cfg = build_model_config(arch, config, ())
-    with torch.device("meta"):
+    with skeleton():
         shapes = {name: tuple(p.shape) for name, p in get_model_class(arch)(cfg).named_parameters()}
     if cfg.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)
