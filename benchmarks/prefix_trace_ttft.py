@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = p.parse_args(argv)
     if a.quick:
         a.size, a.conversations, a.turns, a.hit_len, a.repeats = "tiny", 4, 2, 1000, 1
+        a.kv_memory = "256MiB"
     torch.set_num_threads(a.threads)
     load_before = os.getloadavg()
     results: dict[str, Any] = {}
