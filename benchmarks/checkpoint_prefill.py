@@ -46,7 +46,7 @@ def make_llm(path: Path, mode: str, every: int, prompt_len: int, slots: int) -> 
         max_num_batched_tokens=prompt_len,
         max_num_seqs=1,
         max_model_len=prompt_len + 8,
-        kv_cache_memory="1GiB",
+        kv_cache_memory="1GiB" if prompt_len > 1024 else "256MiB",  # zeroed at start
         num_state_slots=slots,
         state_checkpoint_budget=1.0,
     )

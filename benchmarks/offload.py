@@ -336,7 +336,7 @@ def bench_ttft(
         for source in sources:
             extra: dict[str, Any] = {"chunk_tokens": 256 if n >= 1024 else 32}
             if source == "cpu":
-                extra["cpu_bytes"] = "8GiB"
+                extra["cpu_bytes"] = "8GiB" if size == "small" else "512MiB"
             if source == "disk":
                 extra.update(disk_path=str(root / f"disk-{n}"), disk_bytes="16GiB")
             if source == "remote":
@@ -349,7 +349,7 @@ def bench_ttft(
             llm = LLM(
                 model=str(model),
                 dtype="float32",
-                kv_cache_memory="2GiB",
+                kv_cache_memory="2GiB" if size == "small" else "256MiB",  # zeroed at start
                 max_model_len=n + 64,
                 kv_transfer_config=config,
             )
