@@ -25,6 +25,7 @@ lint: setup
 # --durations: the slowest tests in every log, so a test that eats the budget shows.
 # -n 2: two pytest workers (pytest-xdist); the suite waits on engines and subprocesses far more
 # than it computes, so two workers on two cores halve its time (docs/status.md, issue 27).
+# tests/conftest.py sets OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep, not spin.
 test: lint
 	$(PY) -m pytest -n 2 --durations=20
 
