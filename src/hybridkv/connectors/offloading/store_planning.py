@@ -19,6 +19,7 @@ from hybridkv.connectors.offloading.tier_base import Tier, UnitRef
 from hybridkv.connectors.offloading.units import UnitGeometry, UnitPromotion, UnitSave
 from hybridkv.connectors.stats import bump
 from hybridkv.kv.block_pool import NULL_BLOCK
+from hybridkv.kv.checkpoints import CheckpointKind
 from hybridkv.kv.hashing import BlockHash
 
 
@@ -98,9 +99,11 @@ class StorePlanner:
             self._skip_store(SkipReason.NULL_BLOCK)
             return None
         parent = self._parent_hash(request, end)
-        tiers = [t.name for t in self.stack if self._reserve(t, unit_hash, end, parent)]
+        skips = {t.name: self._reserve_save(t, request, unit_hash, end, parent) for t in self.stack}
+        tiers = [name for name, skip in skips.items() if skip is None]
         if not tiers:
-            self._skip_store(SkipReason.NO_ROOM)
+            low = SkipReason.LOW_VALUE in skips.values()
+            self._skip_store(SkipReason.LOW_VALUE if low else SkipReason.NO_ROOM)
             return None
         return UnitSave(
             request.request_id, unit_hash, end, ids, tuple(blocks.state_slots), tuple(tiers)
@@ -124,6 +127,30 @@ class StorePlanner:
             out.append(ids)
         return tuple(out)
 
+    def _reserve_save(
+        self,
+        tier: Tier,
+        request: KVConnectorRequest,
+        unit_hash: BlockHash,
+        end: int,
+        parent: BlockHash | None,
+    ) -> SkipReason | None:
+        """Reserve a save in ``tier`` (None), unless it would evict a unit worth more
+        (``ValuePolicy``; the newcomer is worth what the best of the request's units it leads
+        to is): then it is skipped there (``LOW_VALUE``, counted by tier); ``NO_ROOM`` if
+        pinned or pending units leave no room."""
+        chunk, index = self.config.chunk_tokens, tier.index
+        with index.lock:
+            floor = index.victims_rank(self.geometry.unit_nbytes(end))
+            if floor is None:
+                return SkipReason.NO_ROOM
+            ahead = kinds_ahead(request, end, chunk)
+            if floor > max(index.policy.rank_of(k, 0) for k in ahead):
+                bump(self._stats.value_skips, tier.name)
+                return SkipReason.LOW_VALUE
+            index.policy.label(unit_hash, unit_kind(request, end, chunk))
+        return None if self._reserve(tier, unit_hash, end, parent) else SkipReason.NO_ROOM
+
     def _reserve(
         self, tier: Tier, unit_hash: BlockHash, end: int, parent: BlockHash | None
     ) -> bool:
@@ -143,3 +170,29 @@ class StorePlanner:
     def _skip_store(self, reason: SkipReason) -> None:
         self._stats.stores_skipped += 1
         bump(self._stats.stores_skipped_by, reason)
+
+
+def unit_kind(request: KVConnectorRequest, end: int, chunk: int) -> CheckpointKind:
+    """The kind of checkpoint the state at a unit's end would be (``ValuePolicy``'s class):
+    the prompt's last unit a lookup reaches (``PROMPT``: where the prompt re-sent, or the
+    conversation's next turn, resumes from a tier), the unit a caller boundary (a chat
+    message end, ``cache_boundaries``) rounds down to (``CALLER``: where a branch from that
+    message resumes), else ``PERIODIC`` (a prompt's tail)."""
+    prompt = request.num_prompt_tokens
+    if end == (prompt - 1) // chunk * chunk:
+        return CheckpointKind.PROMPT
+    if any(b // chunk * chunk == end for b in request.cache_boundaries if b <= prompt):
+        return CheckpointKind.CALLER
+    return CheckpointKind.PERIODIC
+
+
+def kinds_ahead(request: KVConnectorRequest, end: int, chunk: int) -> set[CheckpointKind]:
+    """The kinds of the unit ending at ``end`` and of the request's later units: a lookup
+    reaches those only through it."""
+    prompt = request.num_prompt_tokens
+    kinds = {unit_kind(request, end, chunk)}
+    if end <= (prompt - 1) // chunk * chunk:
+        kinds.add(CheckpointKind.PROMPT)
+    if any(end <= b // chunk * chunk for b in request.cache_boundaries if b <= prompt):
+        kinds.add(CheckpointKind.CALLER)
+    return kinds
