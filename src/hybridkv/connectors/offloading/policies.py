@@ -1,4 +1,4 @@
-"""Eviction order of a tier's units: LRU, and ARC as an option (``Eviction``).
+"""Eviction order of a tier's units: by value (``ValuePolicy``, the default), LRU, or ARC (``Eviction``).
 
 A policy only orders unit keys; the tier decides which candidates may go (never a pinned unit
 or one still being stored). ``touch(key, reuse=False)`` only refreshes recency: the scheduler
