@@ -77,7 +77,7 @@ def test_policy_orders_by_class_then_recency_and_stale_units_go_first() -> None:
         policy.label(key, kind)
         policy.insert(key)
     assert policy.candidates() == ["p", "p2", "q", "c"]
-    policy.touch("p", reuse=True)  # a hit: (periodic, 1) outranks (periodic, 0)
+    policy.resume("p")  # a hit: (periodic, 1) outranks (periodic, 0)
     assert policy.candidates()[0] == "p2" and policy.rank("p") > policy.rank("p2")
     policy.share("q")  # two resident units continue it: a junction (0.6)
     assert policy.of["q"] == (CheckpointKind.JUNCTION, 0)
@@ -105,6 +105,6 @@ def test_the_tier_learns_which_kinds_it_serves() -> None:
         for policy in (served, idle):
             policy.label(i, PROMPT)
             policy.insert(i)
-        served.touch(i, reuse=True)
+        served.resume(i)
     assert served.rank_of(PROMPT, 0) > served.rank_of(CALLER, 0)
     assert idle.rank_of(PROMPT, 0) < idle.rank_of(PERIODIC, 0)

@@ -9,7 +9,8 @@ units tail first), so eviction takes tails before heads. ``reuse=True`` marks a 
 ``ValuePolicy`` (``eviction: value``, the default) orders units by the checkpoint book's value
 model (``kv/checkpoint_value.py``) applied to the tier's own evidence: each unit has a class,
 the kind of boundary its end is (``store_planning.unit_kind``; a unit two resident units
-continue becomes a ``JUNCTION``) and the loads that read it (0, 1, 2 or more), and the
+continue becomes a ``JUNCTION``) and the loads that resumed there (0, 1, 2 or more: the
+deepest unit a load reads, as the book counts the deepest checkpoint within a hit), and the
 tier learns each class's expected reuses with the book's estimator (``ReuseRates``, the same
 priors), from its own stores and hits: a tier serves what the device lost, so the device's
 evidence does not carry over (a prompt end the device never saw resent is a tier's hit).
@@ -32,7 +33,7 @@ from hybridkv.choice import Choice
 from hybridkv.kv.checkpoint_value import ReuseRates
 from hybridkv.kv.checkpoints import CheckpointKind
 
-# a unit's class: the kind of boundary its end is, and the loads that read it (capped)
+# a unit's class: the kind of boundary its end is, and the loads that resumed there (capped)
 UnitClass = tuple[CheckpointKind, int]
 MAX_HITS = 2
 AGE_HORIZON = 4  # tier capacities of units stored since a unit's last use: it is stale
@@ -70,6 +71,10 @@ class BaseEvictionPolicy(ABC):
 
     def share(self, key: Hashable) -> None:
         """A second resident unit continues ``key``: a head requests share."""
+        return None
+
+    def resume(self, key: Hashable) -> None:
+        """A load resumed at ``key`` (the deepest unit it read): a hit of its class."""
         return None
 
     def rank(self, key: Hashable) -> Rank:
@@ -183,12 +188,14 @@ class ValuePolicy(BaseEvictionPolicy):
 
     def touch(self, key: Hashable, reuse: bool = False) -> None:
         cls = self.of.get(key)
-        if cls is None:
-            return
-        if reuse:
+        if cls is not None:  # recency only: a hit counts where a load resumes (``resume``)
+            self._place(key, cls)
+
+    def resume(self, key: Hashable) -> None:
+        cls = self.of.get(key)
+        if cls is not None:
             self.rates.reuse(*cls)
-            cls = (cls[0], min(cls[1] + 1, MAX_HITS))
-        self._place(key, cls)
+            self._place(key, (cls[0], min(cls[1] + 1, MAX_HITS)))
 
     def share(self, key: Hashable) -> None:
         cls = self.of.get(key)

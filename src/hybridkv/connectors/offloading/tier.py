@@ -190,6 +190,12 @@ class TierIndex:
             if unit_hash in self.entries:
                 self.policy.touch(unit_hash, reuse)
 
+    def resume(self, unit_hash: BlockHash) -> None:
+        """A load resumes at this unit (the deepest it reads): a hit for ``ValuePolicy``."""
+        with self.lock:
+            if unit_hash in self.entries:
+                self.policy.resume(unit_hash)
+
     # -- worker threads ------------------------------------------------------------------
 
     def commit(self, unit_hash: BlockHash, parts: dict[int, Any]) -> bool:
