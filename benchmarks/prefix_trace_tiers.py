@@ -36,7 +36,14 @@ from hybridkv.kv.coordinator import KVCacheCoordinator
 from hybridkv.kv.hashing import BlockHasher, get_hash_fn
 from hybridkv.kv.spec import KVCacheLayout
 from kv_core import build_layout
-from prefix_trace import BLOCK, BUDGET, TraceRequest, granite_small_layout, make_coordinator
+from prefix_trace import (
+    BLOCK,
+    BUDGET,
+    TraceRequest,
+    decode,
+    granite_small_layout,
+    make_coordinator,
+)
 from prefix_trace_workload import Turn
 
 EVICTIONS = ("lru", "arc", "value")
@@ -89,19 +96,6 @@ def serve(coord: KVCacheCoordinator, tier: OffloadingScheduler, req: TierRequest
     coord.cache(req, prompt)
     coord.end_step()
     return prompt - start
-
-
-def decode(coord: KVCacheCoordinator, req: TierRequest, reply: list[int]) -> None:
-    hasher = BlockHasher(BLOCK, get_hash_fn("sha256"))
-    for token in reply[:-1]:  # the last reply token is sampled, never computed
-        req.token_ids.append(token)
-        hasher.extend(req.block_hashes, req.token_ids)
-        assert coord.allocate(req, 1)
-        req.num_computed_tokens += 1
-        coord.take_state_copies()
-        coord.cache(req, req.num_computed_tokens)
-        coord.end_step()
-    coord.free(req)
 
 
 def run(
