@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hybridkv.connectors.offloading.policies import AGE_HORIZON, ValuePolicy
-from hybridkv.connectors.offloading.store_planning import unit_kind
+from hybridkv.connectors.offloading.store_planning import UnitKinds
 from hybridkv.kv.checkpoints import CheckpointKind
 from tests.connectors.helpers import FakeRequest, make_layout, make_request
 
@@ -29,8 +29,10 @@ def flood(eng: OffloadEngine, num: int) -> None:
 
 def test_unit_kinds_follow_the_request() -> None:
     req = FakeRequest("r", list(range(1, 35)), cache_boundaries=(10, 40))  # 34 tokens
-    kinds = [unit_kind(req, end, C) for end in (8, 16, 24, 32)]
-    assert kinds == [CALLER, PERIODIC, PERIODIC, PROMPT]  # 10 rounds down to 8; 40 > P
+    kinds = UnitKinds.of(req, C)
+    assert [kinds.kind(end) for end in (8, 16, 24, 32)] == [CALLER, PERIODIC, PERIODIC, PROMPT]
+    assert kinds.ahead(8) == {CALLER, PROMPT}  # 10 rounds down to 8; 40 > P is ignored
+    assert kinds.ahead(16) == {PERIODIC, PROMPT} and kinds.ahead(40) == {PERIODIC}
 
 
 @pytest.mark.parametrize(("policy", "survives"), [("lru", False), ("value", True)])
@@ -108,3 +110,14 @@ def test_the_tier_learns_which_kinds_it_serves() -> None:
         served.resume(i)
     assert served.rank_of(PROMPT, 0) > served.rank_of(CALLER, 0)
     assert idle.rank_of(PROMPT, 0) < idle.rank_of(PERIODIC, 0)
+
+
+def test_a_request_with_the_most_boundaries_classes_its_units_once() -> None:
+    """Client boundaries are bounded at the boundary (4,096); past the prompt they are
+    ignored, duplicates and unsorted ones change nothing."""
+    tokens = list(range(1, 35))
+    bounds = tuple([10] * 2000 + list(range(4000, 2000, -1)) + [33, 1])
+    kinds = UnitKinds.of(FakeRequest("r", tokens, cache_boundaries=bounds), C)
+    assert kinds.caller_ends == frozenset({0, 8, 32})
+    assert [kinds.kind(end) for end in (8, 16, 24, 32)] == [CALLER, PERIODIC, PERIODIC, PROMPT]
+    assert kinds.ahead(16) == {PERIODIC, PROMPT, CALLER}  # the unit ending at 32 is named too

@@ -11,6 +11,8 @@ promotion a pin in its source) that the worker half completes or releases.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from hybridkv.connectors.base import KVConnectorRequest, RequestBlocks
 from hybridkv.connectors.offloading.config import OffloadingConfig
 from hybridkv.connectors.offloading.stack import TierStack
@@ -99,7 +101,8 @@ class StorePlanner:
             self._skip_store(SkipReason.NULL_BLOCK)
             return None
         parent = self._parent_hash(request, end)
-        skips = {t.name: self._reserve_save(t, request, unit_hash, end, parent) for t in self.stack}
+        kinds = UnitKinds.of(request, self.config.chunk_tokens)
+        skips = {t.name: self._reserve_save(t, kinds, unit_hash, end, parent) for t in self.stack}
         tiers = [name for name, skip in skips.items() if skip is None]
         if not tiers:
             low = SkipReason.LOW_VALUE in skips.values()
@@ -130,7 +133,7 @@ class StorePlanner:
     def _reserve_save(
         self,
         tier: Tier,
-        request: KVConnectorRequest,
+        kinds: UnitKinds,
         unit_hash: BlockHash,
         end: int,
         parent: BlockHash | None,
@@ -139,16 +142,15 @@ class StorePlanner:
         (``ValuePolicy``; the newcomer is worth what the best of the request's units it leads
         to is): then it is skipped there (``LOW_VALUE``, counted by tier); ``NO_ROOM`` if
         pinned or pending units leave no room."""
-        chunk, index = self.config.chunk_tokens, tier.index
+        index = tier.index
         with index.lock:
             floor = index.victims_rank(self.geometry.unit_nbytes(end))
             if floor is None:
                 return SkipReason.NO_ROOM
-            ahead = kinds_ahead(request, end, chunk)
-            if floor > max(index.policy.rank_of(k, 0) for k in ahead):
+            if floor > max(index.policy.rank_of(k, 0) for k in kinds.ahead(end)):
                 bump(self._stats.value_skips, tier.name)
                 return SkipReason.LOW_VALUE
-            index.policy.label(unit_hash, unit_kind(request, end, chunk))
+            index.policy.label(unit_hash, kinds.kind(end))
         return None if self._reserve(tier, unit_hash, end, parent) else SkipReason.NO_ROOM
 
     def _reserve(
@@ -172,27 +174,35 @@ class StorePlanner:
         bump(self._stats.stores_skipped_by, reason)
 
 
-def unit_kind(request: KVConnectorRequest, end: int, chunk: int) -> CheckpointKind:
-    """The kind of checkpoint the state at a unit's end would be (``ValuePolicy``'s class):
-    the prompt's last unit a lookup reaches (``PROMPT``: where the prompt re-sent, or the
-    conversation's next turn, resumes from a tier), the unit a caller boundary (a chat
-    message end, ``cache_boundaries``) rounds down to (``CALLER``: where a branch from that
-    message resumes), else ``PERIODIC`` (a prompt's tail)."""
-    prompt = request.num_prompt_tokens
-    if end == (prompt - 1) // chunk * chunk:
-        return CheckpointKind.PROMPT
-    if any(b // chunk * chunk == end for b in request.cache_boundaries if b <= prompt):
-        return CheckpointKind.CALLER
-    return CheckpointKind.PERIODIC
+@dataclass(frozen=True, slots=True)
+class UnitKinds:
+    """The checkpoint kind the state at each of a request's unit ends would be
+    (``ValuePolicy``'s class): the prompt's last unit a lookup reaches (``PROMPT``: where
+    the prompt re-sent, or the conversation's next turn, resumes from a tier), a unit a
+    caller boundary (a chat message end, ``cache_boundaries``) rounds down to (``CALLER``:
+    where a branch from that message resumes), else ``PERIODIC`` (a prompt's tail). Built
+    once per planned unit: O(boundaries), at most ``MAX_CACHE_BOUNDARIES``."""
 
+    prompt_last: int
+    caller_ends: frozenset[int]
 
-def kinds_ahead(request: KVConnectorRequest, end: int, chunk: int) -> set[CheckpointKind]:
-    """The kinds of the unit ending at ``end`` and of the request's later units: a lookup
-    reaches those only through it."""
-    prompt = request.num_prompt_tokens
-    kinds = {unit_kind(request, end, chunk)}
-    if end <= (prompt - 1) // chunk * chunk:
-        kinds.add(CheckpointKind.PROMPT)
-    if any(end <= b // chunk * chunk for b in request.cache_boundaries if b <= prompt):
-        kinds.add(CheckpointKind.CALLER)
-    return kinds
+    @classmethod
+    def of(cls, request: KVConnectorRequest, chunk: int) -> UnitKinds:
+        prompt = request.num_prompt_tokens
+        ends = frozenset(b // chunk * chunk for b in request.cache_boundaries if b <= prompt)
+        return cls((prompt - 1) // chunk * chunk, ends)
+
+    def kind(self, end: int) -> CheckpointKind:
+        if end == self.prompt_last:
+            return CheckpointKind.PROMPT
+        return CheckpointKind.CALLER if end in self.caller_ends else CheckpointKind.PERIODIC
+
+    def ahead(self, end: int) -> set[CheckpointKind]:
+        """The kinds of the unit ending at ``end`` and of the request's later units: a lookup
+        reaches those only through it."""
+        kinds = {self.kind(end)}
+        if end <= self.prompt_last:
+            kinds.add(CheckpointKind.PROMPT)
+        if any(end <= e for e in self.caller_ends):
+            kinds.add(CheckpointKind.CALLER)
+        return kinds
