@@ -1,4 +1,4 @@
-"""Eviction order of a tier's units: by value (``ValuePolicy``, the default), LRU, or ARC (``Eviction``).
+"""Eviction order of a tier's units (``Eviction``): by value (default), LRU or ARC.
 
 A policy only orders unit keys; the tier decides which candidates may go (never a pinned unit
 or one still being stored). ``touch(key, reuse=False)`` only refreshes recency: the scheduler
@@ -8,7 +8,7 @@ units tail first), so eviction takes tails before heads. ``reuse=True`` marks a 
 
 ``ValuePolicy`` (``eviction: value``, the default) orders units by the checkpoint book's value
 model (``kv/checkpoint_value.py``) applied to the tier's own evidence: each unit has a class,
-the kind of boundary its end is (``store_planning.unit_kind``; a unit two resident units
+the kind of boundary its end is (``store_planning.UnitKinds``; a unit two resident units
 continue becomes a ``JUNCTION``) and the loads that resumed there (0, 1, 2 or more: the
 deepest unit a load reads, as the book counts the deepest checkpoint within a hit), and the
 tier learns each class's expected reuses with the book's estimator (``ReuseRates``, the same
@@ -37,8 +37,8 @@ from hybridkv.kv.checkpoints import CheckpointKind
 UnitClass = tuple[CheckpointKind, int]
 MAX_HITS = 2
 AGE_HORIZON = 4  # tier capacities of units stored since a unit's last use: it is stale
-STALE: Rank = (-1, 0.0)  # below every newcomer
 Rank = tuple[int, float]  # (hits, expected reuses): the smaller is evicted first
+STALE: Rank = (-1, 0.0)  # below every newcomer
 
 
 class BaseEvictionPolicy(ABC):

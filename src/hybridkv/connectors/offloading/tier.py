@@ -119,8 +119,9 @@ class TierIndex:
 
     def victims_rank(self, nbytes: int) -> Rank | None:
         """The highest rank (``BaseEvictionPolicy.rank``) among the units a reservation of
-        ``nbytes`` would evict now, orphans left out (their prefix is in no faster place of
-        this tier); None if it would not fit. Changes nothing."""
+        ``nbytes`` would evict now, orphans left out (they go first whatever their rank: a
+        lookup reaches them only past a local hit); None if it would not fit. Changes
+        nothing."""
         with self.lock:
             victims = self._pick_victims(nbytes - (self.capacity - self.used))
             if victims is None:
