@@ -3,7 +3,7 @@
 ::
 
     {"cpu_bytes": "4GiB", "disk_path": "./kv-cache", "disk_bytes": "50GiB",
-     "chunk_tokens": 256, "eviction": "lru", "load_timeout_seconds": 30,
+     "chunk_tokens": 256, "eviction": "value", "load_timeout_seconds": 30,
      "offload_prompt_only": true, "max_inflight_io_bytes": "512MiB", "load_mode": "async",
      "cpu_prealloc": false,
      "remote_url": "valkey://127.0.0.1:6379/0", "remote_timeout_seconds": 2,
