@@ -81,6 +81,10 @@ class BaseEvictionPolicy(ABC):
         """How much ``key`` is worth keeping (comparable with ``rank_of``)."""
         return (0, 0.0)
 
+    def kind_of(self, key: Hashable) -> CheckpointKind | None:
+        """The boundary kind ``key`` was labelled with (None: unknown, or not kept)."""
+        return None
+
     def rank_of(self, kind: CheckpointKind, hits: int) -> Rank:
         """What a unit of that kind and hits is worth keeping."""
         return (0, 0.0)
@@ -225,6 +229,10 @@ class ValuePolicy(BaseEvictionPolicy):
 
     def rank(self, key: Hashable) -> Rank:
         return STALE if self._is_stale(key) else self.rank_of(*self.of[key])
+
+    def kind_of(self, key: Hashable) -> CheckpointKind | None:
+        cls = self.of.get(key)
+        return None if cls is None else cls[0]
 
     def rank_of(self, kind: CheckpointKind, hits: int) -> Rank:
         return (hits, self.rates.expected(kind, hits))

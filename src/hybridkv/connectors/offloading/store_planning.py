@@ -66,6 +66,9 @@ class StorePlanner:
             serial = source.index.pin(unit.unit_hash)
             if serial is None:
                 continue  # gone from the source
+            kind = source.index.policy.kind_of(unit.unit_hash)  # its class carries over
+            if kind is not None:
+                target.index.policy.label(unit.unit_hash, kind)
             if self._reserve(target, unit.unit_hash, unit.end, unit.parent):
                 out.append(UnitPromotion(unit.unit_hash, unit.end, name, target.name, serial))
             else:
