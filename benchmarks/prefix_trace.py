@@ -111,6 +111,11 @@ def serve(coord: KVCacheCoordinator, req: TraceRequest, reply: list[int]) -> tup
     coord.take_state_copies()
     coord.cache(req, req.num_computed_tokens)
     coord.end_step()
+    decode(coord, req, reply)
+    return (hit.num_tokens, *(hit.group_hit_tokens or [0] * len(coord.layout.groups)))
+
+
+def decode(coord: KVCacheCoordinator, req: TraceRequest, reply: list[int]) -> None:
     hasher = BlockHasher(BLOCK, get_hash_fn("sha256"))
     for token in reply[:-1]:  # the last reply token is sampled, never computed
         req.token_ids.append(token)
@@ -121,7 +126,6 @@ def serve(coord: KVCacheCoordinator, req: TraceRequest, reply: list[int]) -> tup
         coord.cache(req, req.num_computed_tokens)
         coord.end_step()
     coord.free(req)
-    return (hit.num_tokens, *(hit.group_hit_tokens or [0] * len(coord.layout.groups)))
 
 
 def run(
@@ -277,12 +281,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--conversations", type=int, default=24)
     p.add_argument("--turns", type=int, default=4)
-    p.add_argument(
-        "--memory",
-        nargs="+",
-        default=["2GiB", "16GiB"],
-        help="KV memory of the simulated engine, per layout (a qwen35 state is 75 MiB)",
-    )
+    p.add_argument("--memory", nargs="+", default=["2GiB", "16GiB"],
+                   help="KV memory of the simulated engine, per layout (a qwen35 state is 75 MiB)")  # fmt: skip
     p.add_argument("--layouts", nargs="+", default=["granite_small", "qwen35"])
     p.add_argument("--vllm", metavar="PYTHON", help="vLLM's python: also run vLLM's manager")
     p.add_argument("--quick", action="store_true", help="8 conversations x 2 turns")

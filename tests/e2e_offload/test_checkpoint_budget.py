@@ -8,7 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import PROMPTS, assert_clean, counters, generate, make_llm, offload, reference
+from .helpers import (
+    PROMPTS,
+    assert_clean,
+    counters,
+    generate,
+    ids,
+    make_llm,
+    offload,
+    reference,
+    reset_device_cache,
+    unit_bytes,
+)
 
 
 @pytest.mark.timeout(300)
@@ -31,4 +42,26 @@ def test_evicted_checkpoints_load_from_the_cpu_tier(
     assert second[0].cached_tokens.get("local", 0) == 0
     assert second[0].num_cached_tokens >= 128  # the 4 shared units, state included
     assert counters(llm)["hits.cpu"] > 0
+    assert_clean(llm)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("eviction", "kept"), [("lru", False), ("value", True)])
+def test_the_tier_keeps_a_reused_head_through_a_flood_by_the_books_value(
+    eviction: str, kept: bool, checkpoints: dict[str, Path]
+) -> None:
+    """Issue 29: a CPU tier of 6 units, a 4-unit head reused once, then 4 one-shot prompts
+    (12 units): by the book's value the head stays (the flood's low-value units are
+    skipped), by LRU it is gone; outputs equal a run that caches nothing either way."""
+    model = checkpoints["granitemoehybrid"]
+    llm = make_llm(model, offload(cpu=6 * unit_bytes(model), eviction=eviction))
+    flood = [ids(100, 500 + i) for i in range(4)]
+    outs = []
+    for prompts in ([PROMPTS[0]], [PROMPTS[1]], *([p] for p in flood), [PROMPTS[2]]):
+        reset_device_cache(llm)  # every hit comes from the tier
+        outs += generate(llm, prompts)
+    assert [o.token_ids for o in outs] == reference(model, [*PROMPTS[:2], *flood, PROMPTS[2]])
+    assert (outs[-1].cached_tokens.get("cpu", 0) >= 128) is kept
+    assert ("stores_skipped_low_value.cpu" in counters(llm)) is kept
     assert_clean(llm)

@@ -29,7 +29,8 @@ def test_prefix_from_cpu_then_from_disk(
     model = checkpoints[arch]
     prompts = [PROMPTS[0], PROMPTS[1], OTHER, PROMPTS[2], PROMPTS[0]]
     want = reference(model, prompts)
-    llm = make_llm(model, offload(cpu=5 * unit_bytes(model), disk=tmp_path))
+    # LRU: OTHER's units evict the reused prefix (by value they would be skipped instead)
+    llm = make_llm(model, offload(cpu=5 * unit_bytes(model), disk=tmp_path, eviction="lru"))
     first = generate(llm, prompts[:1])
     assert first[0].cached_tokens == {"local": 0}
     reset_device_cache(llm)  # the device prefix cache forgets: only the tiers remember

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from hybridkv.kv.checkpoints import CheckpointKind
 from tests.connectors.helpers import FakeRequest, make_layout, make_request, table
 
 from .helpers import OffloadEngine, offload_config
@@ -56,6 +57,8 @@ def test_a_disk_hit_is_promoted_and_the_next_load_reads_the_cpu_tier(tmp_path: P
     next_step(engine)
     counters = engine.counters()
     assert counters["promotions.cpu"] == 2 and counters["evictions.cpu"] >= 2
+    kinds = [engine.cpu.index.policy.kind_of(a.block_hashes[k]) for k in (1, 3)]
+    assert kinds == [CheckpointKind.PERIODIC, CheckpointKind.PROMPT]  # carried from the disk
     engine.blocks_bytes([40, 41, 42, 43]).zero_()
     assert load(engine, a, "l2") == {"cpu": 16}
     assert torch.equal(engine.blocks_bytes([40, 41, 42, 43]), want)

@@ -3,7 +3,7 @@
 ::
 
     {"cpu_bytes": "4GiB", "disk_path": "./kv-cache", "disk_bytes": "50GiB",
-     "chunk_tokens": 256, "eviction": "lru", "load_timeout_seconds": 30,
+     "chunk_tokens": 256, "eviction": "value", "load_timeout_seconds": 30,
      "offload_prompt_only": true, "max_inflight_io_bytes": "512MiB", "load_mode": "async",
      "cpu_prealloc": false,
      "remote_url": "valkey://127.0.0.1:6379/0", "remote_timeout_seconds": 2,
@@ -55,7 +55,7 @@ class OffloadingConfig(ConnectorOptions):
     disk_path: str | None = None  # None: no disk tier
     disk_bytes: int | None = None
     chunk_tokens: int = 256  # tokens per restore unit, a multiple of the block size
-    eviction: Eviction = Eviction.LRU
+    eviction: Eviction = Eviction.VALUE
     load_timeout_seconds: float = 30.0
     offload_prompt_only: bool = True
     max_inflight_io_bytes: int = 512 * 1024**2
@@ -232,7 +232,7 @@ def _chunk_tokens(value: Any, block_size: int) -> int:
 def _choices(extra: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     out["eviction"] = parse_choice(
-        Eviction, extra.get("eviction", "lru"), "OffloadingConnector: 'eviction'"
+        Eviction, extra.get("eviction", "value"), "OffloadingConnector: 'eviction'"
     )
     mode = extra.get("load_mode", "async")
     out["load_mode"] = parse_choice(LoadMode, mode, "OffloadingConnector: 'load_mode'")

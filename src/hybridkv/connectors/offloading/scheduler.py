@@ -191,6 +191,8 @@ class OffloadingScheduler(StorePlanner, BaseConnectorScheduler):
                 by_tier[str(tier)] = by_tier.get(str(tier), 0) + tokens
         for source in reversed(sources):  # tail first: the head ends up most recent
             self.stack.touch(source.unit_hash, reuse=True)
+        if sources:  # where the request resumes: the checkpoint the load stands for
+            self.stack.resume(sources[-1].unit_hash)
         self._sources[request.request_id] = by_tier
         return sources
 

@@ -88,6 +88,11 @@ class TierStack:
         for tier in self.tiers:
             tier.index.touch(unit_hash, reuse)
 
+    def resume(self, unit_hash: BlockHash) -> None:
+        """A load resumes at this unit: every tier holding it counts the hit."""
+        for tier in self.tiers:
+            tier.index.resume(unit_hash)
+
     def reserve(
         self, tier: Tier, unit_hash: BlockHash, end: int, nbytes: int, parent: BlockHash | None
     ) -> int | None:

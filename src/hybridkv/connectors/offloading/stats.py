@@ -17,6 +17,7 @@ class SkipReason(Choice):
 
     NULL_BLOCK = "null_block"  # a block of the unit already left the sliding window
     NO_ROOM = "no_room"  # no tier could make room (pinned or pending units)
+    LOW_VALUE = "low_value"  # every tier with room would evict units worth more (the book's)
     BACKPRESSURE = "backpressure"  # more than max_inflight_io_bytes in flight
 
 
@@ -32,6 +33,8 @@ class OffloadingStats(ConnectorStats):
     stores: dict[str, int] = counter("stores.{}")
     stores_skipped: int = counter("stores_skipped")
     stores_skipped_by: dict[SkipReason, int] = counter("stores_skipped:{}")
+    # saves a tier skipped for evicting only units worth more (``ValuePolicy``), by tier
+    value_skips: dict[str, int] = counter("stores_skipped_low_value.{}")
     store_failures: dict[str, int] = counter("store_failures.{}")
     # units of a slower tier copied into the fastest, by the target tier
     promotions: dict[str, int] = counter("promotions.{}")

@@ -11,6 +11,8 @@ promotion a pin in its source) that the worker half completes or releases.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from hybridkv.connectors.base import KVConnectorRequest, RequestBlocks
 from hybridkv.connectors.offloading.config import OffloadingConfig
 from hybridkv.connectors.offloading.stack import TierStack
@@ -19,6 +21,7 @@ from hybridkv.connectors.offloading.tier_base import Tier, UnitRef
 from hybridkv.connectors.offloading.units import UnitGeometry, UnitPromotion, UnitSave
 from hybridkv.connectors.stats import bump
 from hybridkv.kv.block_pool import NULL_BLOCK
+from hybridkv.kv.checkpoints import CheckpointKind
 from hybridkv.kv.hashing import BlockHash
 
 
@@ -63,6 +66,9 @@ class StorePlanner:
             serial = source.index.pin(unit.unit_hash)
             if serial is None:
                 continue  # gone from the source
+            kind = source.index.policy.kind_of(unit.unit_hash)  # its class carries over
+            if kind is not None:
+                target.index.policy.label(unit.unit_hash, kind)
             if self._reserve(target, unit.unit_hash, unit.end, unit.parent):
                 out.append(UnitPromotion(unit.unit_hash, unit.end, name, target.name, serial))
             else:
@@ -98,9 +104,12 @@ class StorePlanner:
             self._skip_store(SkipReason.NULL_BLOCK)
             return None
         parent = self._parent_hash(request, end)
-        tiers = [t.name for t in self.stack if self._reserve(t, unit_hash, end, parent)]
+        kinds = UnitKinds.of(request, self.config.chunk_tokens)
+        skips = {t.name: self._reserve_save(t, kinds, unit_hash, end, parent) for t in self.stack}
+        tiers = [name for name, skip in skips.items() if skip is None]
         if not tiers:
-            self._skip_store(SkipReason.NO_ROOM)
+            low = SkipReason.LOW_VALUE in skips.values()
+            self._skip_store(SkipReason.LOW_VALUE if low else SkipReason.NO_ROOM)
             return None
         return UnitSave(
             request.request_id, unit_hash, end, ids, tuple(blocks.state_slots), tuple(tiers)
@@ -124,6 +133,29 @@ class StorePlanner:
             out.append(ids)
         return tuple(out)
 
+    def _reserve_save(
+        self,
+        tier: Tier,
+        kinds: UnitKinds,
+        unit_hash: BlockHash,
+        end: int,
+        parent: BlockHash | None,
+    ) -> SkipReason | None:
+        """Reserve a save in ``tier`` (None), unless it would evict a unit worth more
+        (``ValuePolicy``; the newcomer is worth what the best of the request's units it leads
+        to is): then it is skipped there (``LOW_VALUE``, counted by tier); ``NO_ROOM`` if
+        pinned or pending units leave no room."""
+        index = tier.index
+        with index.lock:
+            floor = index.victims_rank(self.geometry.unit_nbytes(end))
+            if floor is None:
+                return SkipReason.NO_ROOM
+            if floor > max(index.policy.rank_of(k, 0) for k in kinds.ahead(end)):
+                bump(self._stats.value_skips, tier.name)
+                return SkipReason.LOW_VALUE
+            index.policy.label(unit_hash, kinds.kind(end))
+        return None if self._reserve(tier, unit_hash, end, parent) else SkipReason.NO_ROOM
+
     def _reserve(
         self, tier: Tier, unit_hash: BlockHash, end: int, parent: BlockHash | None
     ) -> bool:
@@ -143,3 +175,37 @@ class StorePlanner:
     def _skip_store(self, reason: SkipReason) -> None:
         self._stats.stores_skipped += 1
         bump(self._stats.stores_skipped_by, reason)
+
+
+@dataclass(frozen=True, slots=True)
+class UnitKinds:
+    """The checkpoint kind the state at each of a request's unit ends would be
+    (``ValuePolicy``'s class): the prompt's last unit a lookup reaches (``PROMPT``: where
+    the prompt re-sent, or the conversation's next turn, resumes from a tier), a unit a
+    caller boundary (a chat message end, ``cache_boundaries``) rounds down to (``CALLER``:
+    where a branch from that message resumes), else ``PERIODIC`` (a prompt's tail). Built
+    once per planned unit: O(boundaries), at most ``MAX_CACHE_BOUNDARIES``."""
+
+    prompt_last: int
+    caller_ends: frozenset[int]
+
+    @classmethod
+    def of(cls, request: KVConnectorRequest, chunk: int) -> UnitKinds:
+        prompt = request.num_prompt_tokens
+        ends = frozenset(b // chunk * chunk for b in request.cache_boundaries if b <= prompt)
+        return cls((prompt - 1) // chunk * chunk, ends)
+
+    def kind(self, end: int) -> CheckpointKind:
+        if end == self.prompt_last:
+            return CheckpointKind.PROMPT
+        return CheckpointKind.CALLER if end in self.caller_ends else CheckpointKind.PERIODIC
+
+    def ahead(self, end: int) -> set[CheckpointKind]:
+        """The kinds of the unit ending at ``end`` and of the request's later units: a lookup
+        reaches those only through it."""
+        kinds = {self.kind(end)}
+        if end <= self.prompt_last:
+            kinds.add(CheckpointKind.PROMPT)
+        if any(end <= e for e in self.caller_ends):
+            kinds.add(CheckpointKind.CALLER)
+        return kinds

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from hybridkv.connectors.offloading.policies import BaseEvictionPolicy
+from hybridkv.connectors.offloading.policies import BaseEvictionPolicy, Rank
 from hybridkv.kv.hashing import BlockHash
 
 _SERIALS = itertools.count(1)
@@ -106,13 +106,30 @@ class TierIndex:
             self.entries[unit_hash] = ResidentUnit(unit_hash, end, nbytes, parent)
             self.used += nbytes
             if parent is not None:
-                self.children.setdefault(parent, set()).add(unit_hash)
+                siblings = self.children.setdefault(parent, set())
+                siblings.add(unit_hash)
                 if parent not in self.entries:
                     self.orphans[unit_hash] = None
+                elif len(siblings) == 2:
+                    self.policy.share(parent)
             for child in self.children.get(unit_hash, ()):
                 self.orphans.pop(child, None)
             self.policy.insert(unit_hash)
             return victims
+
+    def victims_rank(self, nbytes: int) -> Rank | None:
+        """The highest rank (``BaseEvictionPolicy.rank``) among the units a reservation of
+        ``nbytes`` would evict now, orphans left out (they go first whatever their rank: a
+        lookup reaches them only past a local hit); None if it would not fit. Changes
+        nothing."""
+        with self.lock:
+            victims = self._pick_victims(nbytes - (self.capacity - self.used))
+            if victims is None:
+                return None
+            ranks = [
+                self.policy.rank(v.unit_hash) for v in victims if v.unit_hash not in self.orphans
+            ]
+            return max(ranks, default=(-1, float("-inf")))
 
     def _pick_victims(self, need: int) -> list[ResidentUnit] | None:
         """Evictable units freeing ``need`` bytes: only leaves (no resident child unit), so a
@@ -173,6 +190,12 @@ class TierIndex:
         with self.lock:
             if unit_hash in self.entries:
                 self.policy.touch(unit_hash, reuse)
+
+    def resume(self, unit_hash: BlockHash) -> None:
+        """A load resumes at this unit (the deepest it reads): a hit for ``ValuePolicy``."""
+        with self.lock:
+            if unit_hash in self.entries:
+                self.policy.resume(unit_hash)
 
     # -- worker threads ------------------------------------------------------------------
 
