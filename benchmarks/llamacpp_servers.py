@@ -97,7 +97,10 @@ def _wait_healthy(server: Server, proc: subprocess.Popen[bytes], log: Any) -> No
 
 
 @contextmanager
-def hybridkv_server(path: Path, threads: int, max_seqs: int, ctx: int) -> Iterator[Server]:
+def hybridkv_server(
+    path: Path, threads: int, max_seqs: int, ctx: int, src: Path | None = None
+) -> Iterator[Server]:
+    """``src``: run hybridkv from that source tree (a baseline) instead of the installed one."""
     port = _free_port()
     cmd = [sys.executable, "-m", "hybridkv", "serve", str(path), "--port", str(port),
            "--served-model-name", "m", "--max-num-seqs", str(max_seqs),
@@ -105,6 +108,8 @@ def hybridkv_server(path: Path, threads: int, max_seqs: int, ctx: int) -> Iterat
            "--kv-cache-memory", "768MiB", "--no-enable-prefix-caching",
            "--disable-log-requests", "--uvicorn-log-level", "warning"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
     with _process("hybridkv", cmd, port, env) as server:
         yield server
 

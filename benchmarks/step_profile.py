@@ -15,6 +15,13 @@ Builds hybridkv's ``EngineCore`` on a B1 checkpoint, adds ``--batch`` requests o
 - ``engine``: everything outside the model (schedule + build_step + sampler + update + engine
   other), issue 17's "non-GEMM engine overhead".
 
+- ``native``: time inside the C kernels (every ctypes call of ``hybridkv.native``: projections,
+  attention, norms, Mamba2...), overlapping the parts above; ``glue`` = step - native: the
+  Python and small torch ops around them, what a compiled decode step would remove.
+
+``--gguf FILE...`` profiles those model files (e.g. llama.cpp's GGUF) instead of the B1
+checkpoints; single-stream decode: ``--gguf F --batch 1 --prompt-len 16 --threads 1``.
+
 The prefill step is the first step (every prompt at once); decode steps follow, medians of
 ``--steps``. Timers nest, so each part is its own time minus nothing: GEMMs inside attention
 layers' projections are counted under ``gemm`` only (projections are outside ``PagedAttention``).
@@ -94,11 +101,28 @@ def instrumented(llm: Any, timers: Timers) -> Iterator[None]:
         # the final norm and lm_head run outside forward(): model work, not engine overhead
         timers.wrap(engine.runner.model, "compute_logits", "forward"),
     ]
+    undo += [timers.wrap(lib, attr, "native") for lib, attr in native_entry_points()]
     try:
         yield
     finally:
         for fn in reversed(undo):
             fn()
+
+
+def native_entry_points() -> list[tuple[Any, str]]:
+    """(kernel object, attribute) of every ctypes function a forward pass may call."""
+    from hybridkv.native.attention import load_attention
+    from hybridkv.native.gemm import load_gemm
+    from hybridkv.native.quant import load_quant
+    from hybridkv.native.rownorm import load_rownorm
+    from hybridkv.native.ssm import load_ssm
+    from hybridkv.native.ssm_prefill import load_ssm_prefill
+
+    names = ("_attn", "_gemm", "_gemm_i8", "_dequantize", "_norm", "_rope", "_norm_rope",
+             "_act_mul", "_step", "_conv", "_scan")  # fmt: skip
+    libs = [load() for load in (load_attention, load_gemm, load_quant, load_rownorm, load_ssm,
+                                load_ssm_prefill)]  # fmt: skip
+    return [(lib, n) for lib in libs if lib is not None for n in names if hasattr(lib, n)]
 
 
 def split(step_s: float, parts: dict[str, float]) -> dict[str, float]:
@@ -110,6 +134,8 @@ def split(step_s: float, parts: dict[str, float]) -> dict[str, float]:
         step_s * 1e3 - forward - sum(ms[p] for p in ("schedule", "build_step", "sampler", "update"))
     )
     ms["step"] = step_s * 1e3
+    ms["native"] = parts.get("native", 0.0) * 1e3
+    ms["glue"] = ms["step"] - ms["native"]
     ms["non-GEMM"] = ms["step"] - ms["gemm"]
     # everything outside the model: the "non-GEMM engine overhead" of issue 17
     ms["engine"] = ms["step"] - forward
@@ -118,9 +144,11 @@ def split(step_s: float, parts: dict[str, float]) -> dict[str, float]:
 
 def profile_case(path: Path, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
     from hybridkv import SamplingParams
+    from hybridkv.model.loading.hub import resolve_model_dir
 
-    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
-    llm = make_llm(path, dtype, max_num_seqs=args.batch, max_num_batched_tokens=8192)
+    vocab = json.loads((resolve_model_dir(str(path)) / "config.json").read_text())["vocab_size"]
+    limits = {"max_model_len": 4096} if args.gguf else {}
+    llm = make_llm(path, dtype, max_num_seqs=args.batch, max_num_batched_tokens=8192, **limits)
     rng = random.Random(0)
     params = SamplingParams(temperature=0.0, max_tokens=args.steps + 8, ignore_eos=True)
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
@@ -144,7 +172,8 @@ def profile_case(path: Path, dtype: str, args: argparse.Namespace) -> dict[str, 
             decode = steps[1 : 1 + args.steps]
             result["prefill_ms"] = steps[0]
             result["decode_ms"] = {k: statistics.median(s[k] for s in decode) for k in decode[0]}
-    result["decode_floor"] = decode_floor(llm.engine.runner.model, args.batch, clock)
+    if not args.gguf:  # (quantized weights: the projections' floor is quant_decode.py's)
+        result["decode_floor"] = decode_floor(llm.engine.runner.model, args.batch, clock)
     print_case(result)
     return result
 
@@ -171,7 +200,7 @@ def print_case(result: dict[str, Any]) -> None:
         pre, dec = result["prefill_ms"][name], result["decode_ms"][name]
         print(f"{name:<16}{pre:>12.3f}{dec:>12.3f}", file=sys.stderr)
     step = result["decode_ms"]["step"]
-    for name, ms in result["decode_floor"].items():
+    for name, ms in result.get("decode_floor", {}).items():
         print(f"decode floor {name} {ms:.3f} ms: step / floor {step / ms:.3f}", file=sys.stderr)
 
 
@@ -179,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="qwen3 tiny, 4 short requests, 3 steps")
     add_case_args(p, dtypes=["float32"])
+    p.add_argument("--gguf", nargs="+", type=Path, default=[], help="model files to profile")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=20)
@@ -208,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.clock == "cpu" and args.threads != 1:
         p.error("--clock cpu counts one thread's time: use it with --threads 1")
     torch.set_num_threads(args.threads)
-    results = run_cases(args, lambda path, dtype: profile_case(path, dtype, args))
+    if args.gguf:
+        results = {f.name: profile_case(f, "float32", args) for f in args.gguf}
+    else:
+        results = run_cases(args, lambda path, dtype: profile_case(path, dtype, args))
     doc = {"benchmark": "step_profile", "machine": b1_machine(), "results": results}
     print(json.dumps(doc, indent=2))
     return 0

@@ -49,6 +49,24 @@ def test_norm_and_fused_residual(kernels: RowKernels, tokens: int) -> None:
     _close(y, F.rms_norm(x, (256,), w, 1e-6))
 
 
+@pytest.mark.parametrize("tokens", [1, 300])
+def test_scaled_residual_add_has_torchs_bits(kernels: RowKernels, tokens: int) -> None:
+    """``x_scale`` (Granite's residual multiplier): the residual and x come out bit for bit as
+    ``residual.add_(x.mul_(s))`` (one rounding each: no fused multiply-add), the norm as the
+    unscaled call's on that residual; without a residual it is refused."""
+    gen = torch.Generator().manual_seed(tokens)
+    x, res = torch.randn(tokens, 256, generator=gen), torch.randn(tokens, 256, generator=gen)
+    w = torch.randn(256, generator=gen)
+    want_x, want_res = x.clone(), res.clone()
+    want_res.add_(want_x.mul_(0.22))
+    got_x, got_res = x.clone(), res.clone()
+    got = kernels.rms_norm(got_x, w, 1e-6, residual=got_res, x_scale=0.22)
+    assert torch.equal(got_x, want_x) and torch.equal(got_res, want_res)
+    assert torch.equal(got, kernels.rms_norm(want_res, w, 1e-6))
+    with pytest.raises(ValueError, match="x_scale"):
+        kernels.rms_norm(x, w, 1e-6, x_scale=0.5)
+
+
 def test_per_head_rows_from_a_strided_view(kernels: RowKernels) -> None:
     qkv = torch.randn(5, 4 + 2 + 2, 16)  # [T, heads + 2 kv, d]: q/k is a strided view
     qk = qkv[:, :6]
@@ -67,6 +85,13 @@ def test_layers_match_their_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
             native = (layer(x), layer.add_norm(x, res.clone()), layer.norm_(x.clone()))
             monkeypatch.setattr(norm_module, "load_rownorm", lambda: None)
             ref = (layer(x), layer.add_norm(x, res.clone()), layer.norm_(x.clone()))
+            if isinstance(layer, RMSNorm):  # x_scale: the residual's bits on both paths
+                ref_res = res.clone()
+                ref_scaled = layer.add_norm(x.clone(), ref_res, 0.22)
+                monkeypatch.undo()
+                native_res = res.clone()
+                _close(layer.add_norm(x.clone(), native_res, 0.22), ref_scaled)
+                assert torch.equal(native_res, ref_res) and torch.equal(ref_res, res + x * 0.22)
             monkeypatch.undo()
         for a, b in zip(native, ref, strict=True):
             _close(a, b)

@@ -73,22 +73,15 @@ class QuantGemm:
         k = x.shape[-1]
         n = check_packed(data, fmt, k)
         rows = gemm_rows(x, k, n, bias)
-        out = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
-        if rows.shape[0] == 0 or n == 0:
+        m = rows.shape[0]
+        out = torch.empty((m, n) if x.dim() == 2 else (*x.shape[:-1], n), dtype=torch.float32)
+        if m == 0 or n == 0:
             return out
         gemm = self._gemm_i8 if int8_activations else self._gemm
-        status = gemm(
-            fmt.layout.ggml_type,
-            rows.data_ptr(),
-            rows.shape[0],
-            rows.stride(0),
-            data.data_ptr(),
-            n,
-            k,
-            None if bias is None else bias.data_ptr(),
-            out.data_ptr(),
-            torch.get_num_threads(),
-        )
+        b = None if bias is None else bias.data_ptr()
+        threads = torch.get_num_threads()
+        args = (rows.data_ptr(), m, rows.stride(0), data.data_ptr(), n, k, b, out.data_ptr())
+        status = gemm(fmt.layout.ggml_type, *args, threads)
         if status != 0:
             raise MemoryError("quantized GEMM: no memory for its scratch")
         return out

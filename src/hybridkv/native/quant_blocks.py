@@ -46,16 +46,18 @@ class QuantFormat(enum.Enum):
     Q4_K = BlockLayout(12, 256, 144)
     Q6_K = BlockLayout(14, 256, 210)
 
-    @property
-    def layout(self) -> BlockLayout:
-        value: BlockLayout = self.value
-        return value
+    def __init__(self, layout: BlockLayout) -> None:
+        # plain attributes: ``self.value`` goes through enum's descriptor (~1 us), and a decode
+        # step asks for the layout of every projection
+        self.layout = layout
+        self._sizes = (layout.block_values, layout.block_bytes)
 
     def row_bytes(self, k: int) -> int:
         """Bytes of one row of ``k`` values (``k`` a multiple of the block); else ValueError."""
-        if k <= 0 or k % self.layout.block_values:
-            raise ValueError(f"{self.name} rows need a multiple of {self.layout.block_values}")
-        return k // self.layout.block_values * self.layout.block_bytes
+        values, nbytes = self._sizes
+        if k <= 0 or k % values:
+            raise ValueError(f"{self.name} rows need a multiple of {values}")
+        return k // values * nbytes
 
     @classmethod
     def of_ggml_type(cls, ggml_type: int) -> QuantFormat | None:

@@ -15,14 +15,21 @@
 /* For every row r = (t, h): if residual: residual[r] += x[r], and the sum is normalised;
  * out[r] = (v * 1 / sqrt(mean(v * v) + eps)) * scale[r % scale_rows]  (residual, out:
  * contiguous [tokens * heads][dim]; out may be residual or, with token_stride = heads * dim,
- * x itself). */
+ * x itself). x_scale != 1 (with residual only): x[r] *= x_scale first, in place (x is then
+ * the caller's own scratch), rounded and stored before the add -- the bits of a separate
+ * multiply then add (two loops: the product is not fused into the sum). */
 void hk_rms_norm(const float *x, int64_t tokens, int64_t heads, int64_t dim,
                  int64_t token_stride, float *residual, const float *scale, int64_t scale_rows,
-                 float *out, float eps) {
+                 float *out, float eps, float x_scale) {
     const int64_t rows = tokens * heads;
 #pragma omp parallel for schedule(static) if (rows * dim > PARALLEL_ELEMENTS)
     for (int64_t r = 0; r < rows; r++) {
         const float *v = x + (r / heads) * token_stride + (r % heads) * dim;
+        if (residual && x_scale != 1.0f) {
+            float *xs = (float *)v;
+#pragma omp simd
+            for (int64_t i = 0; i < dim; i++) xs[i] = xs[i] * x_scale;
+        }
         if (residual) {
             float *res = residual + r * dim;
 #pragma omp simd

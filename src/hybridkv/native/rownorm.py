@@ -29,6 +29,7 @@ class RowKernels:
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
         self._norm = lib.hk_rms_norm
         self._norm.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, ctypes.c_float]
+        self._norm.argtypes += [ctypes.c_float]
         self._norm.restype = None
         self._rope = lib.hk_rope
         self._rope.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr]
@@ -48,14 +49,18 @@ class RowKernels:
         eps: float,
         residual: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
+        x_scale: float = 1.0,
     ) -> torch.Tensor:
         """``rms_norm(v) * scale`` per row of ``x`` (``[T, dim]`` or ``[T, heads, dim]``), where
         ``v`` is the row, or with ``residual`` (contiguous, ``x``'s shape) ``residual += x``
         first (in place) and ``v`` the sum. ``scale``: ``[dim]`` or ``[rows, dim]`` (row ``r``
         of ``x``'s ``T * heads`` rows scaled by ``scale[r % rows]``). Into ``out`` (contiguous,
-        may be ``residual``, or ``x`` if contiguous) or a new tensor."""
+        may be ``residual``, or ``x`` if contiguous) or a new tensor. ``x_scale`` (with
+        ``residual``): ``x.mul_(x_scale)`` first, in place (the same bits as torch's)."""
         tokens, heads, dim, token_stride = _rows(x)
         _check_scale(scale, dim)
+        if x_scale != 1.0 and (residual is None or not x.is_contiguous()):
+            raise ValueError("x_scale needs a residual and a contiguous x (scaled in place)")
         scale_rows = 1 if scale.dim() == 1 else scale.shape[0]
         for name, t in (("residual", residual), ("out", out)):
             if t is not None and (
@@ -74,6 +79,7 @@ class RowKernels:
             scale_rows,
             result.data_ptr(),
             eps,
+            x_scale,
         )
         return result
 

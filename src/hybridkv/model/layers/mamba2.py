@@ -69,7 +69,6 @@ class Mamba2Mixer(nn.Module):
         proj = self.in_proj(hidden)  # [T, inner + conv_dim + heads]
         if self.proj_scale is not None:
             proj = proj * self.proj_scale.to(proj.dtype)
-        gate, xbc, dt = proj.split([cfg.intermediate_size, cfg.conv_dim, cfg.num_heads], dim=-1)
         y = hidden.new_empty(hidden.shape[0], cfg.intermediate_size)  # [T, inner]
         step = self._native_step(proj, conv_state, ssm_state) if meta.has_decode else None
         if step is not None:  # the decode rows in one call (native/ssm.c)
@@ -83,7 +82,8 @@ class Mamba2Mixer(nn.Module):
             if norm is not None:  # y went through the gated norm inside the step
                 normed: torch.Tensor = self.out_proj(y)
                 return normed
-        elif meta.has_decode:
+        gate, xbc, dt = proj.split([cfg.intermediate_size, cfg.conv_dim, cfg.num_heads], dim=-1)
+        if step is None and meta.has_decode:
             y[meta.decode_token_idx] = self._decode(xbc, dt, conv_state, ssm_state, meta)
         if meta.has_prefill and not self._prefill_native(xbc, dt, conv_state, ssm_state, meta, y):
             y[meta.prefill_token_idx] = self._prefill(xbc, dt, conv_state, ssm_state, meta)

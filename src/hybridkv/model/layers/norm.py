@@ -40,12 +40,20 @@ class RMSNorm(nn.Module):
         normed = F.rms_norm(x.float(), x.shape[-1:], eps=self.eps)  # float32
         return self.apply_scale(normed, self.weight, x.dtype)
 
-    def add_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """``residual += x`` (in place), then the norm of the sum."""
+    def add_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, x_scale: float = 1.0
+    ) -> torch.Tensor:
+        """``residual += x`` (in place), then the norm of the sum; ``x_scale`` != 1: ``x`` (the
+        caller's own scratch) is first multiplied by it in place, ``x.mul_(x_scale)``."""
         kernels = row_kernels(x) if self.weight.dtype == torch.float32 else None
-        if kernels is not None and residual.dtype == torch.float32 and residual.is_contiguous():
-            return kernels.rms_norm(x, self.weight, self.eps, residual=residual)
-        return self.forward(residual.add_(x))
+        if (
+            kernels is not None
+            and residual.dtype == torch.float32
+            and residual.is_contiguous()
+            and (x_scale == 1.0 or x.is_contiguous())
+        ):
+            return kernels.rms_norm(x, self.weight, self.eps, residual=residual, x_scale=x_scale)
+        return self.forward(residual.add_(x if x_scale == 1.0 else x.mul_(x_scale)))
 
     def norm_(self, x: torch.Tensor) -> torch.Tensor:
         """The norm of contiguous ``x`` written over ``x`` (a fresh tensor nobody else reads)."""

@@ -43,7 +43,7 @@ class GraniteMoeHybridDecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: RotaryCosSin | None, ctx: StepContext) -> torch.Tensor:
         """``x`` is the forward pass's own residual stream: updated in place and returned."""
-        return x.add_(self.deferred(x, None, rope, ctx))
+        return x.add_(self._scaled_(self.deferred(x, None, rope, ctx)))
 
     def deferred(
         self,
@@ -53,18 +53,19 @@ class GraniteMoeHybridDecoderLayer(nn.Module):
         ctx: StepContext,
     ) -> torch.Tensor:
         """``forward`` with the residual adds folded into the norms after them: ``x +=
-        pending`` (the last layer's scaled output) inside this layer's input norm, ``x +=``
-        the scaled mixer output inside the post-attention norm; this layer's scaled MLP output
-        is returned for the next layer to add. Same sums as ``x + h * residual_multiplier``,
-        without a pass over a fresh ``x`` per add."""
-        norm = self.input_layernorm
-        h = norm(x) if pending is None else norm.add_norm(pending, x)
+        pending * residual_multiplier`` (the last layer's MLP output) inside this layer's
+        input norm, ``x +=`` the scaled mixer output inside the post-attention norm; this
+        layer's MLP output is returned, unscaled, for the next norm to scale and add
+        (``add_norm``'s ``x_scale``: the multiply and the add in the norm's one call). Same
+        sums as ``x + h * residual_multiplier``, without a pass over a fresh ``x`` per add."""
+        norm, scale = self.input_layernorm, self.residual_multiplier
+        h = norm(x) if pending is None else norm.add_norm(pending, x, scale)
         h = self.mamba(h, ctx) if self.is_mamba else self.self_attn(h, rope, ctx)
-        h = self.post_attention_layernorm.add_norm(self._scaled_(h), x)
-        mlp = self.shared_mlp(h)
+        h = self.post_attention_layernorm.add_norm(h, x, scale)
+        mlp: torch.Tensor = self.shared_mlp(h)
         if self.has_experts:
             mlp = self.block_sparse_moe(h) + mlp
-        return self._scaled_(mlp)
+        return mlp
 
     def _scaled_(self, h: torch.Tensor) -> torch.Tensor:
         """``h * residual_multiplier`` written over ``h`` (a sublayer's fresh output)."""
@@ -97,11 +98,11 @@ class GraniteMoeHybridForCausalLM(CausalLM):
         rope = None
         if self.rotary is not None:
             rope = self.rotary.lookup(ctx.positions, ctx.max_position, x.dtype)
-        pending = None
+        pending, scale = None, 1.0
         for layer in cast("list[GraniteMoeHybridDecoderLayer]", self.model.layers):
-            pending = layer.deferred(x, pending, rope, ctx)
+            pending, scale = layer.deferred(x, pending, rope, ctx), layer.residual_multiplier
         out: torch.Tensor = (
-            self.model.norm(x) if pending is None else self.model.norm.add_norm(pending, x)
+            self.model.norm(x) if pending is None else self.model.norm.add_norm(pending, x, scale)
         )
         return out
 

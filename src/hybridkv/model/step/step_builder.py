@@ -115,9 +115,14 @@ def _state_meta_by_layer(
     out: dict[int, StateMeta] = {}
     state_groups = [g for g in layout.groups if isinstance(g.spec, StateSpec)]
     for state_index, group in enumerate(state_groups):
-        slots = torch.tensor([r.state_slots[state_index] for r in requests], dtype=torch.long)
+        slot_ids = [r.state_slots[state_index] for r in requests]
+        slots = torch.tensor(slot_ids, dtype=torch.long)
         group_saves = [s for s in saves if s.group_id == group.group_id]
-        meta = _state_meta(reqs, slots, _taps(requests, reqs, state_index, group_saves))
+        taps = _taps(requests, reqs, state_index, group_saves)
+        if taps is None and reqs.prefill_rows.numel() == 0:
+            meta = _decode_state_meta(reqs, slots, _as_run(slot_ids))
+        else:
+            meta = _state_meta(reqs, slots, taps)
         out.update(dict.fromkeys(group.layer_ids, meta))
     return out
 
@@ -209,7 +214,7 @@ def _state_meta(
     return StateMeta(
         decode_token_idx=reqs.cu_starts[reqs.decode_rows],
         decode_slots=decode_slots,
-        decode_slot_run=_as_run(decode_slots),
+        decode_slot_run=_as_run(decode_slots.tolist()),
         prefill_gather=gather,
         prefill_valid=valid,
         prefill_lens=lens,
@@ -219,11 +224,34 @@ def _state_meta(
     )
 
 
-def _as_run(slots: torch.Tensor) -> slice | None:
+# a decode step's empty prefill fields: nobody writes into a tensor with no elements
+_NO_ROWS = torch.zeros(0, dtype=torch.long)
+_NO_GATHER = torch.zeros(0, 0, dtype=torch.long)
+_NO_VALID = torch.zeros(0, 0, dtype=torch.bool)
+
+
+def _decode_state_meta(
+    reqs: RequestTensors, slots: torch.Tensor, slot_run: slice | None
+) -> StateMeta:
+    """``_state_meta`` of a step where every request decodes one token (``slots``: one per
+    request, in order) and no save is due inside the step: no prefill indexing to build."""
+    return StateMeta(
+        decode_token_idx=reqs.cu_starts,  # every row decodes: token i is request i's
+        decode_slots=slots,
+        decode_slot_run=slot_run,
+        prefill_gather=_NO_GATHER,
+        prefill_valid=_NO_VALID,
+        prefill_lens=_NO_ROWS,
+        prefill_slots=_NO_ROWS,
+        prefill_token_idx=_NO_ROWS,
+    )
+
+
+def _as_run(slots: list[int]) -> slice | None:
     """``slice(a, a + n)`` when ``slots`` is exactly ``a, a + 1, ..., a + n - 1``."""
-    if slots.numel() == 0:
+    if not slots:
         return None
-    first = int(slots[0])
-    if not torch.equal(slots, torch.arange(first, first + slots.numel())):
+    first = slots[0]
+    if slots != list(range(first, first + len(slots))):
         return None
-    return slice(first, first + slots.numel())
+    return slice(first, first + len(slots))
