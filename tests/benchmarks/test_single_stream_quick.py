@@ -8,9 +8,9 @@ from pathlib import Path
 from tests.benchmarks.quick import ROOT, run_quick
 
 
-def test_single_stream_quick(tmp_path: Path) -> None:
+def test_single_stream_quick(bench_cache: Path) -> None:
     out = run_quick(
-        "single_stream.py", "--cache-dir", str(tmp_path), "--baseline-src", str(ROOT / "src")
+        "single_stream.py", "--cache-dir", str(bench_cache), "--baseline-src", str(ROOT / "src")
     )
     assert out["benchmark"] == "single_stream"
     case = out["results"]["qwen3-tiny"]
