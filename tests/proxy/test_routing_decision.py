@@ -196,4 +196,5 @@ def test_the_prefill_cost_is_read_from_an_engines_metrics_page() -> None:
         'vllm:prompt_tokens_total{model_name="x"} -5',  # skipped
         "garbage line",
     ])  # fmt: skip
-    assert read_totals(page) == {"seconds": 1.5, "prompt": 1000.0, "cached": 400.0}
+    totals = {"seconds": 1.5, "prompt": 1000.0, "cached": 400.0}
+    assert read_totals(page) == {"step_seconds": 0.0, "step_tokens": 0.0, **totals}
