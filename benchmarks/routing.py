@@ -133,13 +133,13 @@ def summarize(rows: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     }
 
 
-def predictions(proxy_url: str) -> dict[str, int]:
-    text = httpx.get(proxy_url + "/metrics", timeout=10).text
-    out = {"exact": 0, "over": 0, "under": 0}
+def proxy_counts(text: str, family: str) -> dict[str, int]:
+    """A proxy counter's samples summed by their ``result`` label."""
+    out: dict[str, int] = {}
     for line in text.splitlines():
-        if line.startswith("hybridkv_proxy_predictions_total{"):
+        if line.startswith(family + "{"):
             result = line.split('result="', 1)[1].split('"', 1)[0]
-            out[result] += int(float(line.rsplit(" ", 1)[1]))
+            out[result] = out.get(result, 0) + int(float(line.rsplit(" ", 1)[1]))
     return out
 
 
@@ -161,8 +161,11 @@ def run_policy(
         result = asyncio.run(
             replay(proxy.url, trace, args.concurrency, args.max_tokens, args.vocab)
         )
+        text = httpx.get(proxy.url + "/metrics", timeout=10).text
+        result["health_probes"] = proxy_counts(text, "hybridkv_proxy_health_probes_total")
         if policy != "single":
-            result["predictions"] = predictions(proxy.url)
+            found = proxy_counts(text, "hybridkv_proxy_predictions_total")
+            result["predictions"] = {"exact": 0, "over": 0, "under": 0, **found}
             seen = sum(result["predictions"].values())
             result["prediction_accuracy"] = result["predictions"]["exact"] / max(1, seen)
     return result

@@ -12,9 +12,12 @@ from hybridkv.proxy.routing.service import KVRouting
 
 
 class _RouterCollector(Collector):
-    def __init__(self, router: Router, kv: KVRouting | None) -> None:
+    def __init__(
+        self, router: Router, kv: KVRouting | None, probes: dict[tuple[str, str], int]
+    ) -> None:
         self.router = router
         self.kv = kv
+        self.probes = probes  # (engine, result) -> /health probes (health.py)
 
     def collect(self):  # type: ignore[no-untyped-def]
         stats = self.router.stats
@@ -41,11 +44,24 @@ class _RouterCollector(Collector):
         for role, url in self.router.engines():
             healthy.add_metric([role, url], float(self.router.healthy[url]))
         yield healthy
+        probes = CounterMetricFamily(
+            "hybridkv_proxy_health_probes",
+            "/health probes by result: ok, slow (no answer in time, but the engine is sending "
+            "answers), unhealthy (non-200), refused, timeout (no answer, nothing sent)",
+            labels=["engine", "result"],
+        )
+        for (url, result), n in sorted(self.probes.items()):
+            probes.add_metric([url, result], n)
+        yield probes
         if self.kv is not None:
             yield from routing_families(self.kv)
 
 
-def render_metrics(router: Router, kv: KVRouting | None = None) -> bytes:
+def render_metrics(
+    router: Router,
+    kv: KVRouting | None = None,
+    probes: dict[tuple[str, str], int] | None = None,
+) -> bytes:
     registry = CollectorRegistry()
-    registry.register(_RouterCollector(router, kv))
+    registry.register(_RouterCollector(router, kv, probes or {}))
     return generate_latest(registry)
