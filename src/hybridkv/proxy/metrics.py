@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from hybridkv.proxy.health import PROBE_RESULTS
 from hybridkv.proxy.router import Router
 from hybridkv.proxy.routing.metrics import routing_families
 from hybridkv.proxy.routing.service import KVRouting
@@ -50,8 +51,9 @@ class _RouterCollector(Collector):
             "answers), unhealthy (non-200), refused, timeout (no answer, nothing sent)",
             labels=["engine", "result"],
         )
-        for (url, result), n in sorted(self.probes.items()):
-            probes.add_metric([url, result], n)
+        for _, url in self.router.engines():
+            for result in PROBE_RESULTS:  # every result shows, at zero until seen
+                probes.add_metric([url, result], self.probes.get((url, result), 0))
         yield probes
         if self.kv is not None:
             yield from routing_families(self.kv)
