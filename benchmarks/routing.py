@@ -8,8 +8,9 @@ The trace is ``prefix_trace_workload.py``'s (24 conversations x 4 turns, shared 
 prompts, token ids folded into the model's vocabulary); each conversation sends its turns in
 order, ``--concurrency`` requests in flight at most, each turn's message ends as
 ``cache_boundaries`` (what the chat route passes), streamed with usage, ``--max-tokens``
-tokens. A last run, ``single``, sends the whole trace to one engine through the proxy: the
-single-cache floor of prompt tokens computed.
+tokens. A last run, ``single``, sends the whole trace through the proxy to one engine whose
+KV memory is the whole fleet's (``--engines`` x ``--kv-memory``): the single-cache floor of
+prompt tokens computed (one cache as large as all of them, seeing every request).
 
 Per policy: prompt tokens computed (prompt - cached, from usage), the proxy's prediction
 accuracy (predicted == actual cached tokens, from its /metrics), TTFT p50/p90 (first content
@@ -64,11 +65,13 @@ def resolve_model(name: str | None) -> tuple[str | None, int]:
     return str(path), min(vocab, 32000)
 
 
-def engine_args(args: argparse.Namespace, tmp: Path, i: int) -> list[str]:
+def engine_args(
+    args: argparse.Namespace, tmp: Path, i: int, kv_memory: str | None = None
+) -> list[str]:
     events = {"enable_kv_cache_events": True, "endpoint": f"ipc://{tmp}/ev{i}",
               "replay_endpoint": f"ipc://{tmp}/rp{i}", "topic": "kv"}  # fmt: skip
     model = ["--model", args.model] if args.model else []
-    return [*model, "--served-model-name", "m", "--kv-cache-memory", args.kv_memory,
+    return [*model, "--served-model-name", "m", "--kv-cache-memory", kv_memory or args.kv_memory,
             "--max-num-seqs", "4", "--kv-events-config", json.dumps(events),
             # a step of a small model on a loaded machine can take a minute: not a stall
             "--engine-stall-seconds", "600"]  # fmt: skip
@@ -133,13 +136,13 @@ def summarize(rows: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     }
 
 
-def predictions(proxy_url: str) -> dict[str, int]:
-    text = httpx.get(proxy_url + "/metrics", timeout=10).text
-    out = {"exact": 0, "over": 0, "under": 0}
+def proxy_counts(text: str, family: str) -> dict[str, int]:
+    """A proxy counter's samples summed by their ``result`` label."""
+    out: dict[str, int] = {}
     for line in text.splitlines():
-        if line.startswith("hybridkv_proxy_predictions_total{"):
+        if line.startswith(family + "{"):
             result = line.split('result="', 1)[1].split('"', 1)[0]
-            out[result] += int(float(line.rsplit(" ", 1)[1]))
+            out[result] = out.get(result, 0) + int(float(line.rsplit(" ", 1)[1]))
     return out
 
 
@@ -161,8 +164,11 @@ def run_policy(
         result = asyncio.run(
             replay(proxy.url, trace, args.concurrency, args.max_tokens, args.vocab)
         )
+        text = httpx.get(proxy.url + "/metrics", timeout=10).text
+        result["health_probes"] = proxy_counts(text, "hybridkv_proxy_health_probes_total")
         if policy != "single":
-            result["predictions"] = predictions(proxy.url)
+            found = proxy_counts(text, "hybridkv_proxy_predictions_total")
+            result["predictions"] = {"exact": 0, "over": 0, "under": 0, **found}
             seen = sum(result["predictions"].values())
             result["prediction_accuracy"] = result["predictions"]["exact"] / max(1, seen)
     return result
@@ -199,12 +205,24 @@ def run_rounds(args: argparse.Namespace, tmp: Path) -> dict[str, list[dict[str, 
                    for i in range(args.engines)]  # fmt: skip
         for e in engines:  # NOTE: from this thread: an engine dies with its starting thread
             stack.enter_context(e)
+        single: list[SubprocessServer] = []  # started when first used
         for r in range(args.rounds):
             for policy in args.policies:
-                fleet = engines[:1] if policy == "single" else engines
+                if policy == "single" and not single:
+                    single.append(stack.enter_context(single_engine(args, tmp)))
+                fleet = single if policy == "single" else engines
                 runs[policy].append(run_policy(args, tmp, fleet, policy, trace))
                 print(f"round {r} {policy}: {json.dumps(runs[policy][-1])}", file=sys.stderr)
     return runs
+
+
+def single_engine(args: argparse.Namespace, tmp: Path) -> SubprocessServer:
+    """The floor's engine: the fleet's KV memory in one cache."""
+    from hybridkv.paths import parse_bytes
+
+    memory = str(args.engines * parse_bytes(args.kv_memory, "--kv-memory"))
+    cmd = engine_args(args, tmp, args.engines, memory)
+    return SubprocessServer(cmd, tmp / "single.log", timeout=600)
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:

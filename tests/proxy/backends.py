@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Awaitable, Callable
 
 from tests.support.ports import free_port
@@ -18,9 +19,15 @@ SSE_HEAD = (
 
 
 class RawBackend:
-    def __init__(self, answer: Answer, hung_health: bool = False) -> None:
+    def __init__(
+        self, answer: Answer, hung_health: bool = False, close_idle_after: float | None = None
+    ) -> None:
         self.answer = answer
         self.hung_health = hung_health
+        # a kept-alive connection idle this long is closed when its next request arrives,
+        # unanswered (what a server closing it as the client reuses it looks like)
+        self.close_idle_after = close_idle_after
+        self.num_closed_idle = 0
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.num_posts = 0
@@ -49,8 +56,11 @@ class RawBackend:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            answered_at = None
             while True:  # keep-alive: one request after another
                 head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+                if self._closes_idle(answered_at):
+                    break
                 method = head.split(" ", 1)[0]
                 body = await reader.readexactly(_content_length(head))
                 if method == "GET":
@@ -64,7 +74,16 @@ class RawBackend:
                 await self.answer(body, writer)
                 if writer.is_closing():
                     return
+                answered_at = time.monotonic()
         writer.close()
+
+    def _closes_idle(self, answered_at: float | None) -> bool:
+        limit = self.close_idle_after
+        idle = limit is not None and answered_at is not None
+        if idle and time.monotonic() - answered_at > limit:  # type: ignore[operator]
+            self.num_closed_idle += 1
+            return True
+        return False
 
 
 def _content_length(head: str) -> int:

@@ -10,7 +10,13 @@ import pytest
 
 from hybridkv.kv_events.config import KVEventsConfig
 from hybridkv.kv_events.info import describe_engine
-from hybridkv.proxy.routing.decision import Decision, Policy, Reason, order_engines
+from hybridkv.proxy.routing.decision import (
+    RECOMPUTE_WEIGHT,
+    Decision,
+    Policy,
+    Reason,
+    order_engines,
+)
 from hybridkv.proxy.routing.engine_info import parse_engine_info
 from hybridkv.proxy.routing.engines import EngineState
 from hybridkv.proxy.routing.index import EngineIndex
@@ -51,8 +57,9 @@ def test_one_noisy_cost_measurement_does_not_undo_a_hit() -> None:
 
 def test_a_conversation_sticks_to_its_state_unless_that_engine_is_overloaded() -> None:
     """a holds 1,000 of 1,100 tokens. Busy fleet: moving to idle b costs b the 1,100 tokens
-    and costs the requests after it the 1,000 recomputed, so a wins until its queue is
-    more than twice the history ahead; an idle fleet is scored by time to first token."""
+    and costs the requests after it RECOMPUTE_WEIGHT x the 1,000 recomputed, so a wins
+    until its queue is more than 1 + RECOMPUTE_WEIGHT times the history ahead; an idle
+    fleet is scored by time to first token."""
     healthy = dict.fromkeys(URLS, True)
     predicted = {"http://a": 1000}
 
@@ -62,9 +69,10 @@ def test_a_conversation_sticks_to_its_state_unless_that_engine_is_overloaded() -
             e.num_inflight = inflight
         return order_engines(Policy.COST, URLS, healthy, engines, predicted, 1100)[0]
 
+    assert RECOMPUTE_WEIGHT == 3.0
     assert first(1500, inflight=1) == "http://a"  # was b: 1,100 < 1,600 before
-    assert first(1900, inflight=1) == "http://a"
-    assert first(2100, inflight=1) == "http://b"  # overloaded: 2,200 > 1,100 + 1,000
+    assert first(3900, inflight=1) == "http://a"  # 4,000 < 1,100 + 3 x 1,000
+    assert first(4100, inflight=1) == "http://b"  # overloaded: 4,200 > 1,100 + 3 x 1,000
     assert first(1500, inflight=0) == "http://b"  # an idle fleet: the first token sooner
 
 
@@ -196,4 +204,5 @@ def test_the_prefill_cost_is_read_from_an_engines_metrics_page() -> None:
         'vllm:prompt_tokens_total{model_name="x"} -5',  # skipped
         "garbage line",
     ])  # fmt: skip
-    assert read_totals(page) == {"seconds": 1.5, "prompt": 1000.0, "cached": 400.0}
+    totals = {"seconds": 1.5, "prompt": 1000.0, "cached": 400.0}
+    assert read_totals(page) == {"step_seconds": 0.0, "step_tokens": 0.0, **totals}

@@ -290,7 +290,8 @@ class EngineCore:
         out, result, updated = run_step(
             self.scheduler, self.runner, self.connector.worker if self.connector else None
         )
-        self._counters.record(out, len(result.sampled_token_ids), self.outputs.live, started)
+        num_sampled, ended = len(result.sampled_token_ids), time.monotonic()
+        self._counters.record(out, num_sampled, self.outputs.live, started, ended)
         if self.connector is not None:
             self._transfer_counters.record(self.connector.scheduler, self.connector.worker)
         if self.kv_events is not None:

@@ -48,6 +48,10 @@ class StepStats:
     last_step_tokens: int = 0  # prompt + output tokens the newest step computed
     prompt_tokens: int = 0  # prompt tokens computed (prefix hits and loads excluded)
     generation_tokens: int = 0  # tokens sampled
+    # the steps' wall time spent on prompt tokens: each step's seconds x its prompt tokens /
+    # all its tokens. prompt_seconds / prompt_tokens is the engine's measured prefill cost
+    # (a throughput: it does not grow with the queue, unlike the per-request prefill time)
+    prompt_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +131,12 @@ class StepCounters:
         self._stats = StepStats()
 
     def record(
-        self, out: SchedulerOutput, num_sampled: int, live: Mapping[str, _Live], started: float
+        self,
+        out: SchedulerOutput,
+        num_sampled: int,
+        live: Mapping[str, _Live],
+        started: float,
+        finished: float,
     ) -> None:
         num_prompt = 0
         for r in out.requests:
@@ -139,11 +148,13 @@ class StepCounters:
             end = min(r.start_pos + len(r.token_ids), req.num_prompt_tokens)
             num_prompt += max(0, end - r.start_pos)
         s = self._stats
+        share = num_prompt / out.num_scheduled_tokens if out.num_scheduled_tokens > 0 else 0.0
         self._stats = StepStats(
             s.num_steps + 1 if out.requests else s.num_steps,
             out.num_scheduled_tokens if out.requests else s.last_step_tokens,
             s.prompt_tokens + num_prompt,
             s.generation_tokens + num_sampled,
+            s.prompt_seconds + max(0.0, finished - started) * min(1.0, share),
         )
 
     def snapshot(self) -> StepStats:

@@ -131,6 +131,8 @@ class _SnapshotCollector(Collector):
         yield _family("vllm:prefix_cache_queries", s.prefix_cache_queried_tokens)
         yield _family("vllm:prefix_cache_hits", s.prefix_cache_hit_tokens)
         yield _family("hybridkv:prefix_cache_lookups", s.prefix_cache_queries)
+        yield _family("hybridkv:prompt_tokens_computed", s.steps.prompt_tokens)
+        yield _family("hybridkv:prompt_compute_seconds", s.steps.prompt_seconds)
         yield from _group_families(s.groups)
         yield from checkpoint_families(s.checkpoints, _family)
         yield from _transfer_families(s.transfer)

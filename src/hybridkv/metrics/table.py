@@ -72,6 +72,11 @@ ENGINE_METRICS: dict[str, MetricSpec] = {
         "requests waiting for an asynchronous KV load (also counted as waiting)"
     ),
     "hybridkv:prefix_cache_lookups": _c("prefix-cache lookups"),
+    "hybridkv:prompt_tokens_computed": _c("prompt tokens computed by engine steps (hits excluded)"),
+    "hybridkv:prompt_compute_seconds": _c(
+        "engine step seconds spent on prompt tokens (each step's share: its prompt tokens / "
+        "all its tokens); over prompt_tokens_computed: the measured prefill cost per token"
+    ),
     "hybridkv:group_prefix_cache_queries": _c(
         "prompt tokens looked up, per group", "group", "kind"
     ),

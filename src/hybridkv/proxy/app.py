@@ -29,7 +29,7 @@ from hybridkv.proxy.calls import Call
 from hybridkv.proxy.forward import Refused, decode, prefill
 from hybridkv.proxy.health import HealthMonitor
 from hybridkv.proxy.metrics import render_metrics
-from hybridkv.proxy.options import ProxyOptions
+from hybridkv.proxy.options import ENGINE_KEEPALIVE_SECONDS, ProxyOptions
 from hybridkv.proxy.router import Outcome, Router
 from hybridkv.proxy.routing.service import KVRouting
 from hybridkv.server.app import BearerAuth
@@ -43,8 +43,12 @@ PREDICT_PATH = "/v1/routing/predict"  # under /v1: behind the proxy's API key
 def create_proxy_app(router: Router, options: ProxyOptions | None = None) -> FastAPI:
     options = options or ProxyOptions()
     connect = options.timeouts.connect_seconds
-    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=connect))
-    probes = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=connect))  # own pool
+    # a kept-alive connection is reused for less than an engine keeps it (uvicorn: 5 s): a
+    # request sent on one the engine is closing fails without an answer
+    keep_alive = httpx.Limits(keepalive_expiry=ENGINE_KEEPALIVE_SECONDS)
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=connect), limits=keep_alive)
+    fresh = httpx.Limits(max_keepalive_connections=0)  # probes: a new connection each
+    probes = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=connect), limits=fresh)
     monitor = HealthMonitor(router, probes, options.timeouts)
     kv = KVRouting(router.decode, options.routing)
     monitor.on_change = kv.on_health
@@ -144,7 +148,8 @@ def _add_info_routes(
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(render_metrics(router, kv), media_type="text/plain; version=0.0.4")
+        page = render_metrics(router, kv, monitor.probes)
+        return Response(page, media_type="text/plain; version=0.0.4")
 
 
 async def route(call: Call, body: dict[str, Any], kv: KVRouting | None = None) -> Response:

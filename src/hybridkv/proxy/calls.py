@@ -65,8 +65,20 @@ async def first_byte(call: Call, url: str, answer: Awaitable[T]) -> T:
         for t in watched:
             t.cancel()  # a no-op on the done one
     if task in done:
-        return task.result()
+        result = task.result()
+        call.router.touch(url)  # it answered: alive (health.py tells slow from down by it)
+        return result
     raise EngineDown("its /health probe failed") if done else TimeoutError()
+
+
+async def send_streamed(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    """``request`` sent and its answer's headers read; sent once more when the connection
+    broke before any answer (a kept-alive one the engine was closing as it was reused: it
+    never ran the request; a request is idempotent until its first token anyway)."""
+    try:
+        return await client.send(request, stream=True)
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+        return await client.send(request, stream=True)
 
 
 def gateway_error(status: int, message: str, type_: str = "server_error") -> APIError:

@@ -39,6 +39,7 @@ from hybridkv.proxy.calls import (
     describe,
     first_byte,
     gateway_error,
+    send_streamed,
     type_of,
 )
 from hybridkv.proxy.options import MAX_ANSWER_BYTES, EngineTimeouts
@@ -110,8 +111,7 @@ async def decode(call: Call, body: dict[str, Any], outcome: Outcome) -> Response
             "POST", url + call.path, content=payload, headers=call.post_headers
         )
         try:
-            sent = call.client.send(request, stream=True)
-            upstream = await first_byte(call, url, sent)
+            upstream = await first_byte(call, url, send_streamed(call.client, request))
         except (httpx.ConnectError, httpx.ConnectTimeout, EngineDown) as exc:
             log.warning("decode engine %s unreachable: %s", url, describe(exc))
             call.router.count_failure(url, prefill=False)
@@ -164,7 +164,8 @@ async def _stream_answer(
     call.router.count(outcome)
     decision = call.decision
     on_failure = _failure_counter(call.router, url)
-    events = relay_events(upstream, call.timeouts, on_failure, decision, _chain(head, chunks))
+    chained = _chain(head, chunks, lambda: call.router.touch(url))
+    events = relay_events(upstream, call.timeouts, on_failure, decision, chained)
     # released after the stream, also when the client left before it began
     done = BackgroundTask(decision.release) if decision is not None else None
     return StreamingResponse(
@@ -172,9 +173,12 @@ async def _stream_answer(
     )
 
 
-async def _chain(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def _chain(
+    head: bytes, rest: AsyncIterator[bytes], touch: Callable[[], None]
+) -> AsyncIterator[bytes]:
     yield head
     async for chunk in rest:
+        touch()  # the engine is alive (health.py: slow, not down)
         yield chunk
 
 
@@ -229,6 +233,7 @@ async def _whole_answer(call: Call, url: str, upstream: httpx.Response) -> Respo
     try:
         chunks = upstream.aiter_bytes()
         while chunk := await asyncio.wait_for(anext(chunks, b""), call.timeouts.idle_seconds):
+            call.router.touch(url)
             body += chunk
             if len(body) > MAX_ANSWER_BYTES:
                 raise TooLarge(f"an answer larger than {MAX_ANSWER_BYTES} bytes")

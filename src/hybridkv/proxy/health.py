@@ -2,9 +2,20 @@
 ``health_interval_seconds`` in the background and again on a ``GET /health`` of the proxy
 (at most one round per ``FRESH_SECONDS``, however many clients ask: no amplification).
 
-An engine that refuses connections, answers non-200 (its engine thread died, or one step has
-run past its ``--engine-stall-seconds``) or does not answer within ``health_seconds`` (a hung
-process) is unhealthy until a probe succeeds; the router then routes around it.
+A probe tells *down* from *slow*:
+
+| probe                                               | result      | engine    |
+|-----------------------------------------------------|-------------|-----------|
+| 200                                                 | `ok`        | healthy   |
+| non-200 (engine thread dead, a step past `--engine-stall-seconds`) | `unhealthy` | down |
+| connection refused or not made in time              | `refused`   | down      |
+| no answer within ``health_seconds`` (or dropped),   | `slow`      | healthy   |
+| but the engine sent answer bytes within ``idle_seconds`` |        |           |
+| no answer, and no answer bytes either (a hung process) | `timeout` | down      |
+
+A down engine is routed around (and its calls in flight tried elsewhere) until a probe
+succeeds. Probes use a pool without kept-alive connections (``app.py``): an engine closes an
+idle one after its keep-alive, and a probe sent as it does would fail without an answer.
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ from hybridkv.proxy.router import Router
 
 log = logging.getLogger(__name__)
 FRESH_SECONDS = 1.0
+PROBE_RESULTS = ("ok", "slow", "unhealthy", "refused", "timeout")
+ALIVE = ("ok", "slow")
 
 
 class HealthMonitor:
@@ -32,6 +45,7 @@ class HealthMonitor:
         self._lock = asyncio.Lock()
         self._probed_at = -math.inf  # when the last round ended (monotonic)
         self.on_change: Callable[[str, bool], None] | None = None  # (url, healthy)
+        self.probes: dict[tuple[str, str], int] = {}  # (engine, result) -> probes
 
     async def probe_all(self) -> None:
         """Probe every engine at once, unless a round ended within ``FRESH_SECONDS`` (one in
@@ -44,7 +58,10 @@ class HealthMonitor:
     async def _probe_round(self) -> None:
         urls = list(self.router.healthy)
         results = await asyncio.gather(*(self._probe(u) for u in urls))
-        for url, ok in zip(urls, results, strict=True):
+        for url, result in zip(urls, results, strict=True):
+            key = (url, result)
+            self.probes[key] = self.probes.get(key, 0) + 1
+            ok = result in ALIVE
             if self.router.healthy[url] != ok:
                 log.warning("engine %s is %s", url, "healthy again" if ok else "unhealthy")
                 if self.on_change is not None:
@@ -64,10 +81,21 @@ class HealthMonitor:
                 return f"no {role} engine is healthy (none of {len(urls)} answers /health)"
         return None
 
-    async def _probe(self, url: str) -> bool:
+    async def _probe(self, url: str) -> str:
+        """One of ``PROBE_RESULTS`` (the module's table)."""
         try:
             probe = self.client.get(url + "/health")
             response = await asyncio.wait_for(probe, self.timeouts.health_seconds)
-        except (httpx.HTTPError, TimeoutError):
-            return False
-        return response.status_code == 200
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            log.warning("engine %s: /health refused: %r", url, exc)
+            return "refused"
+        except (httpx.HTTPError, TimeoutError) as exc:
+            if self.router.answered_within(url, self.timeouts.idle_seconds):
+                log.info("engine %s: /health not answered (%r), but it is answering", url, exc)
+                return "slow"
+            log.warning("engine %s: /health not answered: %r", url, exc)
+            return "timeout"
+        if response.status_code != 200:
+            log.warning("engine %s: /health %d: %s", url, response.status_code, response.text[:200])
+            return "unhealthy"
+        return "ok"

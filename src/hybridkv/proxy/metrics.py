@@ -6,15 +6,19 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from hybridkv.proxy.health import PROBE_RESULTS
 from hybridkv.proxy.router import Router
 from hybridkv.proxy.routing.metrics import routing_families
 from hybridkv.proxy.routing.service import KVRouting
 
 
 class _RouterCollector(Collector):
-    def __init__(self, router: Router, kv: KVRouting | None) -> None:
+    def __init__(
+        self, router: Router, kv: KVRouting | None, probes: dict[tuple[str, str], int]
+    ) -> None:
         self.router = router
         self.kv = kv
+        self.probes = probes  # (engine, result) -> /health probes (health.py)
 
     def collect(self):  # type: ignore[no-untyped-def]
         stats = self.router.stats
@@ -41,11 +45,25 @@ class _RouterCollector(Collector):
         for role, url in self.router.engines():
             healthy.add_metric([role, url], float(self.router.healthy[url]))
         yield healthy
+        probes = CounterMetricFamily(
+            "hybridkv_proxy_health_probes",
+            "/health probes by result: ok, slow (no answer in time, but the engine is sending "
+            "answers), unhealthy (non-200), refused, timeout (no answer, nothing sent)",
+            labels=["engine", "result"],
+        )
+        for _, url in self.router.engines():
+            for result in PROBE_RESULTS:  # every result shows, at zero until seen
+                probes.add_metric([url, result], self.probes.get((url, result), 0))
+        yield probes
         if self.kv is not None:
             yield from routing_families(self.kv)
 
 
-def render_metrics(router: Router, kv: KVRouting | None = None) -> bytes:
+def render_metrics(
+    router: Router,
+    kv: KVRouting | None = None,
+    probes: dict[tuple[str, str], int] | None = None,
+) -> bytes:
     registry = CollectorRegistry()
-    registry.register(_RouterCollector(router, kv))
+    registry.register(_RouterCollector(router, kv, probes or {}))
     return generate_latest(registry)

@@ -19,6 +19,9 @@ from hybridkv.server.limits import ServerLimits
 
 # a non-streamed answer is read whole before it is sent on (so a failure can still be a 502)
 MAX_ANSWER_BYTES = 256 << 20
+# a kept-alive engine connection is not reused after this long idle: below the engines' own
+# keep-alive (hybridkv serve and vLLM: 5 s), so the engine never closes one as it is reused
+ENGINE_KEEPALIVE_SECONDS = 2.0
 
 
 @dataclass(frozen=True, slots=True)

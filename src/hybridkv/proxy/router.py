@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
@@ -39,6 +40,7 @@ class Router:
         self.prefill = [u.rstrip("/") for u in prefill]
         self.decode = [u.rstrip("/") for u in decode]
         self.healthy: dict[str, bool] = dict.fromkeys([*self.prefill, *self.decode], True)
+        self._answered_at: dict[str, float] = {}  # the last answer bytes from each engine
         self._next_prefill = itertools.count()
         self._next_decode = itertools.count()
         self._lock = threading.Lock()
@@ -57,6 +59,14 @@ class Router:
         """Return once ``url`` is marked unhealthy (polled: the monitor marks it)."""
         while self.healthy[url]:
             await asyncio.sleep(UNHEALTHY_POLL_SECONDS)
+
+    def touch(self, url: str) -> None:
+        """``url`` sent answer bytes (headers or a chunk): it is alive, if slow."""
+        self._answered_at[url] = time.monotonic()
+
+    def answered_within(self, url: str, seconds: float) -> bool:
+        at = self._answered_at.get(url)
+        return at is not None and time.monotonic() - at <= seconds
 
     def has_healthy(self, role: str) -> bool:
         return any(self.healthy[u] for u in (self.prefill if role == "prefill" else self.decode))

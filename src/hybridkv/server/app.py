@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hybridkv.server.admin import RESET_PATH, reset_prefix_cache
@@ -58,8 +58,11 @@ def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
 
 
 async def _health(request: Request) -> Response:
-    """200, or 503 if the engine thread is gone or has been in one step for longer than
-    ``--engine-stall-seconds`` (a stuck step: every request would wait forever)."""
+    """200 with ``{"status": "ok", "num_steps", "in_step", "step_seconds"}`` (steps finished,
+    whether one runs now, how long the current iteration has run), or 503 if the engine
+    thread is gone or has been in one step for longer than ``--engine-stall-seconds`` (a
+    stuck step: every request would wait forever). Answered on the event loop while the
+    engine thread computes (``tests/e2e_routing/test_busy_health.py``)."""
     state = ServerState.of(request)
     engine, limit = state.engine, state.limits.engine_stall_seconds
     if not engine.is_healthy:
@@ -72,7 +75,9 @@ async def _health(request: Request) -> Response:
             f"(--engine-stall-seconds={limit:g})"
         )
         raise APIError(503, message, type="service_unavailable", code="engine_stalled")
-    return Response(status_code=200)
+    num_steps, in_step = engine.num_steps, engine.in_step
+    busy = {"num_steps": num_steps, "in_step": in_step, "step_seconds": round(stalled, 3)}
+    return JSONResponse({"status": "ok", **busy})
 
 
 async def _metrics(request: Request) -> Response:

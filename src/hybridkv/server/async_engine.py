@@ -122,6 +122,8 @@ class AsyncEngine:
         self.error: str | None = None
         self._num_queued = 0  # adds in the inbox + the scheduler's waiting queue (under _cond)
         self._iteration_start: float | None = None  # set while the engine thread works
+        self.num_steps = 0  # steps finished; with in_step, read by /health (engine thread writes)
+        self.in_step = False  # inside EngineCore.step()
         self._cond = threading.Condition()
         self._inbox: deque[_Add | _Abort | _Call] = deque()
         self._stopping = False
@@ -265,7 +267,12 @@ class AsyncEngine:
         stream.put(Accepted(stream.request_id))
 
     def _step(self) -> None:
-        outputs = self.engine.step()
+        self.in_step = True
+        try:
+            outputs = self.engine.step()
+        finally:
+            self.num_steps += 1
+            self.in_step = False
         self._needs_flush = False
         now = time.monotonic()
         for out in outputs:

@@ -8,14 +8,16 @@ predicted to hold -- and, once answered, what it did hold.
     cost         the least expected time to first token, plus what recomputing costs the
                  requests after it:
                    (queued uncached tokens + this prompt's uncached tokens
-                    + busy x tokens another engine holds that this one would recompute)
+                    + RECOMPUTE_WEIGHT x busy x tokens another engine holds that this one
+                      would recompute)
                    x prefill s/token (the engine's measured cost, within 1.25x of the median)
                  busy: the fraction of engines with requests in flight. An idle fleet is
                  scored by time to first token alone; a saturated one charges a recomputed
-                 token twice (this request waits for it, and so does every request queued
-                 behind it), so a conversation stays where its state is unless that
-                 engine's queue exceeds the other's by twice its history (overloaded);
-                 ties by fewer requests in flight, then the turn
+                 token 1 + RECOMPUTE_WEIGHT times (this request waits for it, and so do the
+                 requests queued behind it, on engines that share the host's cores too), so
+                 a conversation stays where its state is unless that engine's queue exceeds
+                 the other's by 1 + RECOMPUTE_WEIGHT times its history (overloaded); ties by
+                 fewer requests in flight, then the turn
 
 Unhealthy engines come last in every order (tried only when no other answered).
 """
@@ -30,6 +32,9 @@ from hybridkv.kv.hashing import BlockHash
 from hybridkv.proxy.routing.engines import EngineState
 
 MAX_USAGE_SCAN_BYTES = 1 << 20  # an answer's tail searched for its usage
+# measured on B7 (docs/benchmarks.md): at 1 `cost` recomputed 1.21-1.81x the single-cache
+# floor (conversations left their engine too readily); at 3 1.09-1.15x, like `cache`
+RECOMPUTE_WEIGHT = 3.0
 
 
 class Policy(str, Enum):
@@ -162,7 +167,7 @@ def order_engines(
         if policy is Policy.CACHE:
             return (sick, -hit, load(url), position[url])
         if policy is Policy.COST and url in engines:
-            recomputed = busy * max(0, best_hit - hit)
+            recomputed = RECOMPUTE_WEIGHT * busy * max(0, best_hit - hit)
             cost = engines[url].expected_seconds(num_prompt_tokens - hit, median, recomputed)
             return (sick, cost, load(url), position[url])
         return (sick, position[url])

@@ -13,8 +13,7 @@ from hybridkv.proxy.routing.subscriber import EventSubscriber
 
 DEFAULT_TOKEN_SECONDS = 1e-3  # a prefill token's cost until the engine's /metrics say
 # an engine's measured cost is kept within this factor of the fleet's median: engines of one
-# model differ less than one loaded machine's measurements do, and the measurement (first
-# scheduled to first token) grows with the engine's own queue, which the cost counts already
+# model differ less than one loaded machine's measurements do (``costs.py``)
 MAX_COST_SPREAD = 1.25
 
 
