@@ -17,7 +17,10 @@ from tests.support.stats import flat_counters
 def main() -> None:
     model, where = Path(sys.argv[1]), sys.argv[2]
     remote = where.startswith("valkey://")
-    config = offload(remote=where) if remote else offload(disk=Path(where))
+    # a loaded test machine can starve valkey-server past the default 2 s per command
+    config = (
+        offload(remote=where, remote_timeout_seconds=30) if remote else offload(disk=Path(where))
+    )
     llm = make_llm(model, config)
     outs = generate(llm, PROMPTS[:2])
     result = {
