@@ -27,6 +27,7 @@ import pytest
 
 from tests.e2e_pd.harness import ProxyProcess, nixl_config
 from tests.server.harness import SubprocessServer, free_port, scrape
+from tests.support.served import serve_all
 
 B = 16  # the engines' block size
 PREDICT = "/v1/routing/predict"
@@ -62,10 +63,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 e.__exit__()
 
         stack.callback(stop_engines)
-        for e in engines:  # NOTE: from this thread: an engine dies with its starting thread
-            e.start()  # all side by side, then wait for each
-        for e in engines:
-            e.wait_ready()
+        serve_all(stack, engines)  # NOTE: from this thread: an engine dies with its starting thread
         proxy = ProxyProcess([], [e.url for e in engines], tmp / "proxy.log")
         proxy.cmd += ["--routing", "cost", "--health-interval", "0.5", "--health-timeout", "5"]
         stack.enter_context(proxy)
