@@ -41,7 +41,11 @@ def test_32_concurrent_requests_with_a_small_cpu_tier(
     assert [o.token_ids for o in first] == want
     assert [o.token_ids for o in second] == want
     c = counters(llm)
-    assert c["hits.cpu"] > 0 and c["evictions.cpu"] > 0
+    assert c["hits.cpu"] > 0
+    # the tier was full: each save made room (an eviction) or was refused for evicting units
+    # worth more (the value policy's skip); which of the two depends on when async saves and
+    # loads land, so the sum is what every machine must show
+    assert c.get("evictions.cpu", 0) + c.get("stores_skipped_low_value.cpu", 0) > 0, c
     assert_clean(llm)
 
 
