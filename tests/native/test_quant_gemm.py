@@ -85,6 +85,41 @@ def test_int8_path_matches_quantized_reference(
     assert ((got[1:].double() - ref).abs() <= 0.01 * (x[1:].double().abs() @ w.abs().T)).all()
 
 
+def integer_blocks(fmt: QuantFormat, n: int, k: int, seed: int) -> torch.Tensor:
+    """``[n, row_bytes]`` of random blocks whose fp16 scales (d, dmin) are 1.0: every weight
+    an integer."""
+    rng = np.random.default_rng(seed)
+    size = fmt.layout.block_bytes
+    blocks = rng.integers(0, 256, (n * k // fmt.layout.block_values, size), dtype=np.uint8)
+    one = np.array([1.0], np.float16).view(np.uint8)
+    for offset in {QuantFormat.Q8_0: [0], QuantFormat.Q4_K: [0, 2], QuantFormat.Q6_K: [208]}[fmt]:
+        blocks[:, offset : offset + 2] = one
+    return torch.from_numpy(blocks.reshape(n, fmt.row_bytes(k)))
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=[f.name for f in FORMATS])
+@pytest.mark.parametrize("m", [1, 2, 3, 6])
+def test_int8_path_integers_are_exact_on_every_variant(
+    kernel: QuantGemm, fmt: QuantFormat, m: int
+) -> None:
+    """Integer weights, and x rows whose every block holds one +-127 (so dx = 1 and xq = x)
+    and small integers: every partial sum is an integer below 2^24, so the float result is
+    the exact integer product whatever the ISA variant's lanes and order -- each variant's
+    integer dot products (VNNI, AVX2, scalar) are checked against the same exact answer."""
+    n, k = 7, 512
+    data = integer_blocks(fmt, n, k, seed=m)
+    rng = np.random.default_rng(10 + m)
+    x = rng.integers(-4, 5, (m, k)).astype(np.float32)
+    qb = 32 if fmt is QuantFormat.Q8_0 else 256
+    x[:, rng.integers(0, qb) :: qb] = 127.0 * rng.choice([-1.0, 1.0], (m, k // qb))
+    w = dequantize(data.numpy(), fmt, k).astype(np.int64)
+    assert (w == dequantize(data.numpy(), fmt, k)).all()  # integers indeed
+    expected = torch.from_numpy((x.astype(np.int64) @ w.T).astype(np.float32))
+    assert expected.abs().max() < 2**24
+    got = kernel.linear(torch.from_numpy(x), data, fmt, int8_activations=True)
+    assert torch.equal(got, expected)
+
+
 @pytest.mark.parametrize("fmt", FORMATS, ids=[f.name for f in FORMATS])
 def test_int8_path_bias_strides_and_hostile_rows(kernel: QuantGemm, fmt: QuantFormat) -> None:
     data = random_packed(fmt, 33, 512, seed=4)

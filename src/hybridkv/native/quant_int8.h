@@ -392,9 +392,44 @@ static inline __attribute__((always_inline)) void i8_row_q8_0(const uint8_t *w, 
         else i8_row_k(fmt, w, row_bytes, xr, MI, 1, acc);                                       \
         break;
 
-/* acc[j * mi + i] for weight rows j < nj (nj: 1, or I8_NJ for K-quants and mi <= I8_NJ) */
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include "quant_vnni512.h"
+#define KQ_ROWS(MI)                                                                             \
+    case MI:                                                                                    \
+        if (nj == KQ_NJ && fmt == Q4_K) kq_rows(Q4_K, w, row_bytes, xr, MI, KQ_NJ, acc);       \
+        else if (nj == KQ_NJ) kq_rows(Q6_K, w, row_bytes, xr, MI, KQ_NJ, acc);                 \
+        else                                                                                    \
+            for (int64_t j = 0; j < nj; j++) {                                                  \
+                const uint8_t *wj = w + j * row_bytes;                                          \
+                if (fmt == Q4_K) kq_rows(Q4_K, wj, row_bytes, xr, MI, 1, acc + j * MI);         \
+                else kq_rows(Q6_K, wj, row_bytes, xr, MI, 1, acc + j * MI);                     \
+            }                                                                                   \
+        break;
+
+/* weight rows per pass of i8_rows for M x rows */
+static int64_t pass_rows(int fmt, int64_t M) {
+    if (fmt == Q8_0) return 1;
+    return M <= 2 ? KQ_NJ : 1;
+}
+#else
+static int64_t pass_rows(int fmt, int64_t M) { return fmt != Q8_0 && M <= I8_NJ ? I8_NJ : 1; }
+#endif
+
+/* acc[j * mi + i] for weight rows j < nj (nj <= pass_rows(fmt, M)) */
 static void i8_rows(int fmt, const uint8_t *w, int64_t row_bytes, const XRows *xr, int64_t mi,
                     int64_t nj, float *acc) {
+#if defined(KQ_NJ)
+    if (fmt != Q8_0) {
+        switch (mi) {
+            KQ_ROWS(1)
+            KQ_ROWS(2)
+            KQ_ROWS(3)
+            KQ_ROWS(4)
+        default: break;
+        }
+        return;
+    }
+#endif
     switch (mi) {
         I8_ROWS(1)
         I8_ROWS(2)
@@ -416,14 +451,17 @@ int hk_quant_gemm_i8(int fmt, const float *x, int64_t M, int64_t ldx, const uint
         return -1;
     }
     quantize_rows(x, M, ldx, K, qb, xq, dx, xs);
-    const int64_t pair = fmt != Q8_0 && M <= I8_NJ ? I8_NJ : 1; /* weight rows per pass */
+#if defined(KQ_NJ)
+    if (fmt == Q4_K) q4k_interleave_x(xq, M * K);
+#endif
+    const int64_t pair = pass_rows(fmt, M); /* weight rows per pass */
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && N * K >= PARALLEL_WORK)
     for (int64_t p = 0; p < (N + pair - 1) / pair; p++) {
         const int64_t n = p * pair, nj = N - n < pair ? N - n : pair;
         for (int64_t m = 0; m < M; m += I8_MR) {
             const int64_t mi = M - m < I8_MR ? M - m : I8_MR;
             const XRows xr = {xq + m * K, dx + m * (K / qb), xs + m * (K / 16), K, K / qb, K / 16};
-            float acc[I8_NJ * I8_MR];
+            float acc[I8_MR * 4]; /* pass_rows <= 4 */
             i8_rows(fmt, W + n * row_bytes, row_bytes, &xr, mi, nj, acc);
             for (int64_t j = 0; j < nj; j++)
                 for (int64_t i = 0; i < mi; i++) {
