@@ -64,16 +64,24 @@ def make_weights(shapes: list[tuple[int, int]]) -> dict[str, list[torch.Tensor]]
 
 def step_seconds(run: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                  weights: list[torch.Tensor], ks: list[int], rows: int, repeats: int,
-                 clock: Callable[[], float], evict: torch.Tensor) -> float:  # fmt: skip
+                 clock: Callable[[], float], evict: torch.Tensor) -> tuple[float, float]:  # fmt: skip
+    """The best step time, and the median of each pass's time x the read bandwidth of the
+    evicting ``torch.sum`` just before it (the pass's own floor, same moment: on a shared
+    machine the bandwidth moves between passes) / the step's weight bytes."""
     inputs = {k: torch.randn(rows, k) for k in set(ks)}
-    best = float("inf")
-    for _ in range(repeats + 1):  # the first pass warms up
-        evict.sum()  # the weights out of the caches
+    step_bytes = sum(w.numel() * w.element_size() for w in weights)
+    best, paired = float("inf"), []
+    for r in range(repeats + 1):  # the first pass warms up
         start = clock()
+        evict.sum()  # the weights out of the caches
+        mid = clock()
         for w, k in zip(weights, ks, strict=True):
             run(inputs[k], w)
-        best = min(best, clock() - start)
-    return best
+        secs = clock() - mid
+        best = min(best, secs)
+        if r:
+            paired.append(secs * evict.numel() * evict.element_size() / (mid - start) / step_bytes)
+    return best, float(np.median(paired))
 
 
 def read_bandwidth(threads: int, repeats: int, mib: int) -> float:
@@ -126,7 +134,7 @@ def main() -> None:
         sum_bandwidth = read_bandwidth(threads, args.repeats, 64 if args.quick else 512)
         torch.set_num_threads(threads)
         clock = time.thread_time if threads == 1 else time.perf_counter
-        probe = step_seconds(gemm.linear, weights["float32"], ks, 1, args.repeats, clock, evict)
+        probe, _ = step_seconds(gemm.linear, weights["float32"], ks, 1, args.repeats, clock, evict)
         bandwidth = max(sum_bandwidth, step_bytes["float32"] / probe)
         for rows in args.rows:
             for name, run in runs.items():
@@ -135,12 +143,15 @@ def main() -> None:
                 if args.only and name not in args.only:
                     continue
                 weight_name = name.split()[0]
-                secs = step_seconds(run, weights[weight_name], ks, rows, args.repeats, clock, evict)
+                secs, paired = step_seconds(
+                    run, weights[weight_name], ks, rows, args.repeats, clock, evict
+                )
                 floor = step_bytes[weight_name] / bandwidth
                 results.append({
                     "threads": threads, "rows": rows, "weights": name, "step_ms": secs * 1e3,
                     "weight_mb": step_bytes[weight_name] / 1e6, "floor_ms": floor * 1e3,
-                    "x_floor": secs / floor, "read_gb_s": bandwidth / 1e9,
+                    "x_floor": secs / floor, "x_paired_floor": paired,
+                    "read_gb_s": bandwidth / 1e9,
                     "sum_read_gb_s": sum_bandwidth / 1e9,
                 })  # fmt: skip
     report = {

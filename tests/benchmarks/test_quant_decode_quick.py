@@ -19,3 +19,4 @@ def test_quant_decode_quick() -> None:
     assert abs(by_name["Q8_0"]["weight_mb"] / by_name["float32"]["weight_mb"] - 34 / 128) < 1e-3
     assert abs(by_name["Q4_K"]["weight_mb"] / by_name["float32"]["weight_mb"] - 144 / 1024) < 1e-3
     assert all(r["step_ms"] > 0 and r["floor_ms"] > 0 for r in out["results"])
+    assert all(r["x_paired_floor"] > 0 for r in out["results"])

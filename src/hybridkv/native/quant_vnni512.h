@@ -115,6 +115,7 @@ static inline __attribute__((always_inline)) void kq_rows(const int fmt, const u
     __m256 am[KQ_NJ * I8_MR];
     for (int t = 0; t < nj * mi; t++) av[t] = _mm512_setzero_ps(), am[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < xr->nd; b++)
+#pragma GCC unroll 4
         for (int j = 0; j < nj; j++) {
             const uint8_t *blk = w + j * row_bytes + bytes * b;
             /* NOTE: may reach past W's end: a prefetch does not fault */
@@ -122,6 +123,7 @@ static inline __attribute__((always_inline)) void kq_rows(const int fmt, const u
             KqBlock kb;
             if (fmt == Q4_K) q4k_block(blk, idx0, idx1, &kb);
             else q6k_block(blk, idx0, idx1, &kb);
+#pragma GCC unroll 4
             for (int i = 0; i < mi; i++) {
                 const __m512i tot = kq_dot(&kb, xr->q + i * xr->K + 256 * b);
                 const __m256i aux = _mm256_madd_epi16(kb.aux, load32(xr->s + i * xr->ns + 16 * b));
