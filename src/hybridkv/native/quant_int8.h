@@ -101,6 +101,15 @@ static inline int32_t hsum_i32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
+/* int16 lanes of the low 128 bits = word a of v's 128-bit lanes, of the high = word b (v: the
+ * same 8 words in both halves): one vpshufb, where _mm256_set1_epi16 of a scalar costs a
+ * transfer from a general register and a broadcast */
+static inline __m256i word_splat(__m256i v, int a, int b) {
+    const __m256i idx = _mm256_setr_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * a)),
+                                          _mm_set1_epi16((short)(0x0100 + 0x0202 * b)));
+    return _mm256_shuffle_epi8(v, idx);
+}
+
 /* acc + (pairs of u * x) * s: u unsigned bytes, x signed bytes, s int16 scales */
 static inline __m256i dot_scaled(__m256i acc, __m256i u, __m256i x, __m256i s) {
 #if defined(I8_VNNI)
@@ -218,11 +227,11 @@ static inline __attribute__((always_inline)) void i8_q4_k(const uint8_t *blk, co
     const __m256i nib = _mm256_set1_epi8(15);
     __m256i s[I8_MR];
     for (int i = 0; i < mi; i++) s[i] = _mm256_setzero_si256();
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
     for (int j = 0; j < 4; j++) { /* bytes 32 j..: sub-block 2j low nibbles, 2j + 1 high */
         const __m256i q = load32(blk + 16 + 32 * j), lo = _mm256_and_si256(q, nib);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nib);
-        const __m256i slo = _mm256_set1_epi16((short)byte_of(sc8, 2 * j));
-        const __m256i shi = _mm256_set1_epi16((short)byte_of(sc8, 2 * j + 1));
+        const __m256i slo = word_splat(sc16, 2 * j, 2 * j), shi = word_splat(sc16, 2 * j + 1, 2 * j + 1);
         for (int i = 0; i < mi; i++) {
             const int8_t *x = xr->q + i * xr->K + 256 * b + 64 * j;
             s[i] = dot_scaled(s[i], lo, load32(x), slo);
@@ -260,6 +269,11 @@ static inline __attribute__((always_inline)) void i8_q6_k(const uint8_t *blk, co
                                                           int64_t b, const int mi,
                                                           I8T *tot, I8A *offs) {
     const int8_t *sc = (const int8_t *)(blk + 192);
+#if I8_SIMD && !defined(__AVX512BW__)
+    const __m128i sc8x16 = _mm_loadu_si128((const __m128i *)sc);
+    const __m256i sc_lo = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8x16)); /* 0-7 twice */
+    const __m256i sc_hi = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8x16, 8)));
+#endif
 #if I8_SIMD
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(0x30);
 #if defined(__AVX512BW__)
@@ -288,8 +302,7 @@ static inline __attribute__((always_inline)) void i8_q6_k(const uint8_t *blk, co
 #else
         for (int r = 0; r < 4; r++) {
             const int t = 8 * h + 2 * r;
-            const __m256i sv = _mm256_inserti128_si256(
-                _mm256_castsi128_si256(_mm_set1_epi16(sc[t])), _mm_set1_epi16(sc[t + 1]), 1);
+            const __m256i sv = word_splat(t < 8 ? sc_lo : sc_hi, t % 8, t % 8 + 1);
             for (int i = 0; i < mi; i++)
                 s[i] = dot_scaled(s[i], q[r], load32(xr->q + i * xr->K + 256 * b + 128 * h + 32 * r), sv);
         }
