@@ -12,6 +12,7 @@
  *   Q4_K:  y += [(d dx) * sum_s sc[s] sum q xq  -  (dmin dx) * sum_s m[s] sum xq]  (s: 8 x 32)
  *   Q6_K:  y += (d dx) * sum_t sc[t] (sum q xq - 32 sum xq)                      (t: 16 x 16)
  * in block order: a row's result does not depend on the other rows or on the thread count.
+ * With AVX-512 BW + VNNI the K-quants take quant_vnni512.h instead (the same integers).
  * int16 bounds of vpmaddubsw's pair sums: Q4_K 2*15*127, Q6_K 2*63*127, Q8_0 (|q| with x's sign
  * moved to it) 2*128*127 -- all < 32767, so nothing saturates. Included by quant.c only. */
 
