@@ -60,10 +60,7 @@ def fill_from_gguf(
     for name, module, attr in params:
         if name in skip:
             continue
-        source = gguf_source(file, name)
-        if source is None:
-            theirs = names.get_name(name, try_suffixes=(".weight", ".bias"))
-            source = GgufSource((theirs or f"<no GGUF name for {name}>",))
+        source = gguf_source(file, name, names)
         tensors = [file.tensors.get(n) for n in source.names]
         if any(t is None for t in tensors):
             raise ModelLoadError(f"{file.path}: no GGUF tensor for {name!r} ({source.names})")

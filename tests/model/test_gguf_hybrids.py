@@ -1,0 +1,151 @@
+"""GGUF files of the Mamba2 hybrids besides Granite: Nemotron-H (``nemotron_h_moe``: Mamba2,
+MoE, attention, MLP layers) and Falcon-H1 (``falcon-h1``: Mamba2 beside attention in every
+layer, MuP multipliers folded into the weights), written in the real format the way
+llama.cpp's converter writes them (``tests/support/gguf_hybrids.py``). An F32 file gives the
+checkpoint back (Falcon-H1: with its multipliers folded in), quantized files pass the quality
+gate and generate, broken files fail with a ``ModelLoadError`` naming the problem."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+
+from hybridkv import LLM, SamplingParams
+from hybridkv.model.config.errors import ModelLoadError
+from hybridkv.model.layers.linear import Linear
+from hybridkv.model.loading.gguf_view import view_dir
+from hybridkv.model.loading.hub import resolve_model_dir
+from hybridkv.model.loading.loader import load_model, load_model_config
+from hybridkv.native.quant_blocks import QuantFormat
+from tests.model.test_gguf_loading import KERNEL_MAX_DELTA, ROUNDING_GATE
+from tests.support.gguf_checkpoints import make_gguf_checkpoint, make_gguf_hf_checkpoint
+from tests.support.gguf_hybrids import HYBRID_SIZES, falcon_folded
+from tests.support.quant_gate import quality_gate, teacher_forced_logits
+
+ARCHS = ("nemotron_h", "falcon_h1")
+GATED = (QuantFormat.Q8_0, QuantFormat.Q4_K)
+Files = dict[tuple[str, str], tuple[Path, Path]]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Files]:
+    """(arch, "F32" | "Q8_0" | "Q4_K") -> (GGUF file, the transformers checkpoint)."""
+    root = tmp_path_factory.mktemp("gguf-hybrids")
+    out = {}
+    for arch in ARCHS:
+        hf_dir = make_gguf_hf_checkpoint(arch, root / f"{arch}-hf")
+        for name, formats in [("F32", {}), *((f.name, {"": f}) for f in GATED)]:
+            path = make_gguf_checkpoint(arch, hf_dir, root / f"{arch}-{name}.gguf", formats)
+            out[arch, name] = (path, hf_dir)
+    yield out
+    for path, _ in out.values():
+        shutil.rmtree(view_dir(path), ignore_errors=True)
+
+
+def _expected(arch: str, hf_dir: Path) -> dict[str, torch.Tensor]:
+    """The checkpoint's parameters under our names, as the file should give them back."""
+    theirs, _ = load_model(hf_dir)
+    saved = load_file(str(hf_dir / "model.safetensors"))
+    params = {}
+    for name, param in theirs.named_parameters():
+        if arch == "falcon_h1":  # the converter multiplied the multipliers in
+            folded = falcon_folded(name, saved[name], HYBRID_SIZES[arch])
+            param = torch.from_numpy(np.ascontiguousarray(folded))
+        params[name] = param
+    return params
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_metadata_becomes_config(arch: str, files: Files) -> None:
+    path, hf_dir = files[arch, "Q8_0"]
+    ours, theirs = load_model_config(resolve_model_dir(str(path))), load_model_config(hf_dir)
+    assert ours.eos_token_ids == (2,)
+    # sizes, layer kinds (Nemotron-H's pattern from the tensors present), Mamba2 sizes and
+    # norm order, KV heads: as transformers' config.json says
+    assert dataclasses.replace(ours, eos_token_ids=theirs.eos_token_ids) == theirs
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_float32_file_gives_the_checkpoint_back(arch: str, files: Files) -> None:
+    """Every parameter (Nemotron-H's q/k rows unpermuted, experts stacked, Mamba2's
+    ``-exp(A_log)`` and reshapes undone) equals the checkpoint's; the logits equal
+    transformers' checkpoint run by hybridkv (Falcon-H1: multipliers of 1 on folded
+    weights)."""
+    path, hf_dir = files[arch, "F32"]
+    ours, cfg = load_model(resolve_model_dir(str(path)))
+    expected = _expected(arch, hf_dir)
+    for name, param in ours.named_parameters():
+        assert torch.allclose(param, expected[name], rtol=1e-6, atol=1e-7), name  # log(exp(x))
+    theirs, _ = load_model(hf_dir)
+    ids = list(range(3, 67))
+    with torch.inference_mode():
+        got, ref = (teacher_forced_logits(m, cfg, ids) for m in (ours, theirs))
+    assert torch.allclose(got, ref, rtol=0, atol=1e-4)  # folding rounds each weight once
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", GATED, ids=[f.name for f in GATED])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_quality_gate(arch: str, fmt: QuantFormat, files: Files) -> None:
+    path, hf_dir = files[arch, fmt.name]
+    view = resolve_model_dir(str(path))
+    ids = torch.randint(3, 1000, (64,), generator=torch.Generator().manual_seed(7)).tolist()
+    same = quality_gate(view, ids, int8_decode=False)
+    assert same.top1_agreement == 1.0 and same.mean_abs_delta_logprob <= KERNEL_MAX_DELTA
+    rounded = quality_gate(view, ids, original_dir=hf_dir)
+    min_agree, max_delta = ROUNDING_GATE[fmt]
+    print(f"{arch} {fmt.name}: vs dequantized {same}; vs float32 original {rounded}")
+    assert rounded.top1_agreement >= min_agree and rounded.mean_abs_delta_logprob <= max_delta
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_quantized_file_generates(arch: str, files: Files) -> None:
+    path, _ = files[arch, "Q4_K"]
+    model, _ = load_model(resolve_model_dir(str(path)))
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert {m.quant for m in linears} == {QuantFormat.Q4_K}  # every projection keeps its blocks
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    with LLM(str(path), kv_cache_memory="16MiB", max_model_len=512, max_num_seqs=4) as llm:
+        out = llm.generate(["Hello there, how"], params, use_tqdm=False)[0]
+    assert len(out.token_ids) == 6 and isinstance(out.text, str)
+
+
+def _drop(target: str) -> Callable[[str, np.ndarray], np.ndarray | None]:
+    return lambda name, values: None if name == target else values
+
+
+def _cut(target: str) -> Callable[[str, np.ndarray], np.ndarray | None]:
+    return lambda name, values: values[:-1] if name == target else values
+
+
+@pytest.mark.parametrize(
+    ("arch", "edit", "match"),
+    [
+        ("nemotron_h", _drop("blk.0.ssm_out.weight"), r"no GGUF tensor for 'model.layers.0.mixer"),
+        ("nemotron_h", _cut("blk.1.ffn_down_exps.weight"), r"ffn_down_exps.weight',\) is \(3, "),
+        ("falcon_h1", _drop("blk.2.ssm_a"), r"no GGUF tensor for 'model.layers.2.mamba.A_log'"),
+        ("falcon_h1", _cut("blk.0.ssm_in.weight"), r"ssm_in.weight',\) is \(583, 256\)"),
+    ],
+    ids=["nemotron-missing", "nemotron-experts-shape", "falcon-missing", "falcon-shape"],
+)
+def test_hostile_files_refused(
+    arch: str,
+    edit: Callable[[str, np.ndarray], np.ndarray | None],
+    match: str,
+    files: Files,
+    tmp_path: Path,
+) -> None:
+    hf_dir = files[arch, "F32"][1]
+    path = make_gguf_checkpoint(arch, hf_dir, tmp_path / "bad.gguf", {}, edit)
+    try:
+        with pytest.raises(ModelLoadError, match=match):
+            load_model(resolve_model_dir(str(path)))
+    finally:
+        shutil.rmtree(view_dir(path), ignore_errors=True)
