@@ -20,6 +20,7 @@ from safetensors.numpy import load_file
 from hybridkv import LLM, SamplingParams
 from hybridkv.model.config.errors import ModelLoadError
 from hybridkv.model.layers.linear import Linear
+from hybridkv.model.layers.quant_linear import dequantize_weight
 from hybridkv.model.loading.gguf_view import view_dir
 from hybridkv.model.loading.hub import resolve_model_dir
 from hybridkv.model.loading.loader import load_model, load_model_config
@@ -29,7 +30,7 @@ from tests.support.gguf_checkpoints import make_gguf_checkpoint, make_gguf_hf_ch
 from tests.support.gguf_hybrids import HYBRID_SIZES, falcon_folded
 from tests.support.quant_gate import quality_gate, teacher_forced_logits
 
-ARCHS = ("nemotron_h", "falcon_h1")
+ARCHS = ("nemotron_h", "falcon_h1", "qwen3_next", "qwen3_5")
 GATED = (QuantFormat.Q8_0, QuantFormat.Q4_K)
 Files = dict[tuple[str, str], tuple[Path, Path]]
 
@@ -105,12 +106,20 @@ def test_quality_gate(arch: str, fmt: QuantFormat, files: Files) -> None:
     assert rounded.top1_agreement >= min_agree and rounded.mean_abs_delta_logprob <= max_delta
 
 
+# float projections in a Q4_K file: the shared expert's [1, H] gate (kept float, as
+# llama-quantize keeps it); Qwen3.5's out_proj, whose columns the converter moved by value
+# heads of 64 values, inside Q4_K's 256-value blocks (dequantized at load, logged)
+FLOAT_LINEARS = {"qwen3_next": {"mlp.shared_expert_gate"}, "qwen3_5": {"linear_attn.out_proj"}}
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_quantized_file_generates(arch: str, files: Files) -> None:
     path, _ = files[arch, "Q4_K"]
     model, _ = load_model(resolve_model_dir(str(path)))
-    linears = [m for m in model.modules() if isinstance(m, Linear)]
-    assert {m.quant for m in linears} == {QuantFormat.Q4_K}  # every projection keeps its blocks
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, Linear)}
+    floats = {n.split(".", 3)[-1] for n, m in linears.items() if m.quant is None}
+    assert floats == FLOAT_LINEARS.get(arch, set())
+    assert {m.quant for m in linears.values()} - {None} == {QuantFormat.Q4_K}
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     with LLM(str(path), kv_cache_memory="16MiB", max_model_len=512, max_num_seqs=4) as llm:
         out = llm.generate(["Hello there, how"], params, use_tqdm=False)[0]
@@ -132,8 +141,21 @@ def _cut(target: str) -> Callable[[str, np.ndarray], np.ndarray | None]:
         ("nemotron_h", _cut("blk.1.ffn_down_exps.weight"), r"ffn_down_exps.weight',\) is \(3, "),
         ("falcon_h1", _drop("blk.2.ssm_a"), r"no GGUF tensor for 'model.layers.2.mamba.A_log'"),
         ("falcon_h1", _cut("blk.0.ssm_in.weight"), r"ssm_in.weight',\) is \(583, 256\)"),
+        (
+            "qwen3_next",
+            _drop("blk.0.attn_gate.weight"),
+            r"'model.layers.0.linear_attn.in_proj_qkvz",
+        ),
+        ("qwen3_5", _cut("blk.1.attn_qkv.weight"), r"attn_qkv.weight',\) has the wrong shape"),
     ],
-    ids=["nemotron-missing", "nemotron-experts-shape", "falcon-missing", "falcon-shape"],
+    ids=[
+        "nemotron-missing",
+        "nemotron-experts-shape",
+        "falcon-missing",
+        "falcon-shape",
+        "qwen3-next-missing-half",
+        "qwen3.5-rows-do-not-fit",
+    ],
 )
 def test_hostile_files_refused(
     arch: str,
@@ -149,3 +171,34 @@ def test_hostile_files_refused(
             load_model(resolve_model_dir(str(path)))
     finally:
         shutil.rmtree(view_dir(path), ignore_errors=True)
+
+
+def test_value_head_columns_move_as_whole_blocks(files: Files) -> None:
+    """Qwen3.5's out_proj in Q8_0: value heads of 64 columns are two whole 32-value blocks,
+    so the converter's column order is undone on the blocks themselves: the weight stays
+    quantized and its values are the checkpoint's, to Q8_0's rounding."""
+    path, hf_dir = files["qwen3_5", "Q8_0"]
+    model, _ = load_model(resolve_model_dir(str(path)))
+    linear = model.get_submodule("model.layers.0.linear_attn.out_proj")
+    assert isinstance(linear, Linear) and linear.quant is QuantFormat.Q8_0
+    got = dequantize_weight(linear.weight, QuantFormat.Q8_0, linear.in_features)
+    want = torch.from_numpy(
+        load_file(str(hf_dir / "model.safetensors"))["model.layers.0.linear_attn.out_proj.weight"]
+    )
+    step = want.abs().max() / 127  # a Q8_0 step at most
+    assert (got - want).abs().max() <= step / 2 + 1e-6
+
+
+def test_one_dimensional_shared_expert_gate_accepted(files: Files, tmp_path: Path) -> None:
+    """llama-quantize writes Qwen3-Next's ``[1, H]`` shared-expert gate as ``[H]``."""
+    path, hf_dir = files["qwen3_next", "F32"]
+    flat = make_gguf_checkpoint(
+        "qwen3_next", hf_dir, tmp_path / "flat.gguf", {},
+        lambda name, values: values.reshape(-1) if "gate_inp_shexp" in name else values,
+    )  # fmt: skip
+    try:
+        ours, _ = load_model(resolve_model_dir(str(flat)))
+    finally:
+        shutil.rmtree(view_dir(flat), ignore_errors=True)
+    name = "model.layers.0.mlp.shared_expert_gate.weight"
+    assert torch.equal(ours.get_parameter(name), _expected("qwen3_next", hf_dir)[name])

@@ -118,7 +118,8 @@ def _add_tensor(
 ) -> None:
     fmt = next((f for key, f in formats.items() if key in theirs), None)
     embedding = "token_embd" in theirs  # quantized only when named: {"token_embd": fmt}
-    packed = tensor.ndim in (2, 3) and not any(part in theirs for part in FLOAT_2D)
+    kind = theirs.removesuffix(".weight").split(".")[-1]  # blk.0.ssm_a -> ssm_a
+    packed = tensor.ndim in (2, 3) and kind not in FLOAT_2D
     if packed and fmt is not None and (not embedding or "token_embd" in formats):
         raw = gguf.GGMLQuantizationType(fmt.layout.ggml_type)
         rows = pack(np.ascontiguousarray(tensor.reshape(-1, tensor.shape[-1])), fmt)

@@ -14,7 +14,9 @@ import numpy as np
 
 # 2-D tensors llama-quantize keeps in float (a row of 4 conv taps, the [H, 1] A and D, the
 # gated norm's [groups, d] weight, the MoE router)
-FLOAT_2D = ("ssm_conv1d", "ssm_norm", "ssm_a", "ssm_d", "ffn_gate_inp")
+FLOAT_2D = frozenset(
+    {"ssm_conv1d", "ssm_norm", "ssm_a", "ssm_d", "ffn_gate_inp", "ffn_gate_inp_shexp"}
+)
 
 
 def write_granite_hparams(writer: gguf.GGUFWriter, config: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridkv.model.config.errors import ModelLoadError
+from hybridkv.model.loading.gguf_config_gdn import GDN_ARCHS, qwen_gdn
 from hybridkv.model.loading.gguf_config_hybrid import falcon_h1, nemotron_h
 from hybridkv.model.loading.gguf_file import GgufFile
 from hybridkv.model.loading.gguf_hparams import (
@@ -125,7 +126,9 @@ _BUILDERS: dict[str, Callable[[GgufFile], dict[str, Any]]] = {
     "nemotron_h": nemotron_h,
     "nemotron_h_moe": nemotron_h,
     "falcon-h1": falcon_h1,
+    **dict.fromkeys(GDN_ARCHS, qwen_gdn),
 }
 GGUF_ARCHS = tuple(_BUILDERS)
 # what llama.cpp's converter added to these families' norm weights (the model adds it back)
-NORM_SHIFT: dict[str, float] = {"gemma3": 1.0}
+NORM_SHIFT: dict[str, float] = {"gemma3": 1.0, **dict.fromkeys(GDN_ARCHS, 1.0)}
+UNSHIFTED_NORM = "linear_attn.norm.weight"  # a DeltaNet's output norm: written without the +1

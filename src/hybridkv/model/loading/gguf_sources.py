@@ -25,33 +25,16 @@ checkpoints' ``backbone.`` prefix). The exceptions, per family, are what llama.c
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from hybridkv.model.loading.gguf_file import GgufFile
+from hybridkv.model.loading.gguf_rewrites import GgufSource, Rule, a_log, conv, flat, one
+from hybridkv.model.loading.gguf_sources_gdn import GDN_RULES
 
 if TYPE_CHECKING:
     import gguf
-
-Undo = Callable[[torch.Tensor], torch.Tensor]
-
-
-@dataclass(frozen=True, slots=True)
-class GgufSource:
-    """``names``: GGUF tensors concatenated along their rows (axis -2 of a weight);
-    ``rows``: a row order applied after (block rows move whole); ``undo``: on float values
-    last, the inverse of the converter's value change (reshape, ``-exp``)."""
-
-    names: tuple[str, ...]
-    rows: np.ndarray | None = None
-    undo: Undo | None = None
-
-
-Rule = Callable[[GgufFile, str], GgufSource]  # (file, "blk.N") -> the parameter's source
 
 
 def gguf_source(file: GgufFile, name: str, names: gguf.TensorNameMap) -> GgufSource:
@@ -97,29 +80,13 @@ def _rope_rows(num_rows: int, heads: int) -> np.ndarray | None:
     return np.argsort(permuted.reshape(-1))  # GGUF row i holds original row permuted[i]
 
 
-def _a_log(a: torch.Tensor) -> torch.Tensor:
-    return torch.log(-a.reshape(-1))  # A = -exp(A_log), [H, 1]
-
-
-def _flat(values: torch.Tensor) -> torch.Tensor:
-    return values.reshape(-1)
-
-
-def _conv(values: torch.Tensor) -> torch.Tensor:
-    return values.unsqueeze(1)  # [C, K] -> [C, 1, K]
-
-
-def _one(tensor: str, undo: Undo | None = None) -> Rule:
-    return lambda file, blk: GgufSource((f"{blk}.{tensor}",), undo=undo)
-
-
 def _mamba2(mixer: str) -> dict[str, Rule]:
     return {
-        f"{mixer}.A_log": _one("ssm_a", _a_log),
-        f"{mixer}.D": _one("ssm_d", _flat),
-        f"{mixer}.dt_bias": _one("ssm_dt.bias"),
-        f"{mixer}.conv1d.weight": _one("ssm_conv1d.weight", _conv),
-        f"{mixer}.norm.weight": _one("ssm_norm.weight", _flat),
+        f"{mixer}.A_log": one("ssm_a", a_log),
+        f"{mixer}.D": one("ssm_d", flat),
+        f"{mixer}.dt_bias": one("ssm_dt.bias"),
+        f"{mixer}.conv1d.weight": one("ssm_conv1d.weight", conv),
+        f"{mixer}.norm.weight": one("ssm_norm.weight", flat),
     }
 
 
@@ -137,15 +104,15 @@ _GRANITE: dict[str, Rule] = {
     "block_sparse_moe.input_linear.weight": lambda f, b: GgufSource(
         (f"{b}.ffn_gate_exps.weight", f"{b}.ffn_up_exps.weight")
     ),
-    "block_sparse_moe.output_linear.weight": _one("ffn_down_exps.weight"),
-    "block_sparse_moe.router.layer.weight": _one("ffn_gate_inp.weight"),
+    "block_sparse_moe.output_linear.weight": one("ffn_down_exps.weight"),
+    "block_sparse_moe.router.layer.weight": one("ffn_gate_inp.weight"),
     **_mamba2("mamba"),
 }
 _NEMOTRON: dict[str, Rule] = {
     **_rope_pair("mixer"),
-    "mixer.experts.up_proj": _one("ffn_up_exps.weight"),
-    "mixer.experts.down_proj": _one("ffn_down_exps.weight"),
-    "mixer.gate.e_score_correction_bias": _one("exp_probs_b.bias"),
+    "mixer.experts.up_proj": one("ffn_up_exps.weight"),
+    "mixer.experts.down_proj": one("ffn_down_exps.weight"),
+    "mixer.gate.e_score_correction_bias": one("exp_probs_b.bias"),
     **_mamba2("mixer"),
 }
 _RULES: dict[str, dict[str, Rule]] = {
@@ -153,6 +120,7 @@ _RULES: dict[str, dict[str, Rule]] = {
     "nemotron_h": _NEMOTRON,
     "nemotron_h_moe": _NEMOTRON,
     "falcon-h1": _mamba2("mamba"),
+    **GDN_RULES,
 }
 # our parameter names' prefix -> the checkpoints' (what ``TensorNameMap`` knows)
 _PREFIX = {"nemotron_h": ("model.", "backbone."), "nemotron_h_moe": ("model.", "backbone.")}

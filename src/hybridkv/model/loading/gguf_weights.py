@@ -29,9 +29,10 @@ from torch import nn
 from hybridkv.model.config.errors import ModelLoadError
 from hybridkv.model.layers.linear import Linear
 from hybridkv.model.layers.quant_linear import QuantEmbedding, set_quantized_weight
-from hybridkv.model.loading.gguf_config import NORM_SHIFT
+from hybridkv.model.loading.gguf_config import NORM_SHIFT, UNSHIFTED_NORM
 from hybridkv.model.loading.gguf_file import GgufFile, GgufTensor
-from hybridkv.model.loading.gguf_sources import GgufSource, gguf_source
+from hybridkv.model.loading.gguf_rewrites import GgufSource
+from hybridkv.model.loading.gguf_sources import gguf_source
 from hybridkv.native.quant_blocks import QuantFormat, dequantize
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def fill_from_gguf(
         if any(t is None for t in tensors):
             raise ModelLoadError(f"{file.path}: no GGUF tensor for {name!r} ({source.names})")
         used.update(source.names)
-        if shift and name.endswith("norm.weight"):
+        if shift and name.endswith("norm.weight") and not name.endswith(UNSHIFTED_NORM):
             source = replace(source, undo=lambda values: values - shift)
         shape = tuple(getattr(module, attr).shape)
         _fill_one(file, model, (name, module, attr), _present(tensors), source, shape, dtype)
@@ -89,14 +90,21 @@ def _fill_one(
 ) -> None:
     """Set one parameter from ``tensors`` (``source`` says how they combine)."""
     name, module, attr = param
+    stored = tensors[0].shape  # the parts' rows add up
+    if len(stored) >= 2:
+        stored = (*stored[:-2], sum(t.shape[-2] for t in tensors), stored[-1])
+    _check_orders(file, source, stored)
     fmts = {QuantFormat.of_ggml_type(t.ggml_type) for t in tensors}
     fmt = fmts.pop() if len(fmts) == 1 else None  # one block format for every part, or None
-    if fmt is not None and isinstance(module, (Linear, nn.Embedding)) and attr == "weight":
-        first = tensors[0].shape  # blocks: [rows, cols], the parts' rows add up
-        stored = (*first[:-2], sum(t.shape[-2] for t in tensors), first[-1])
+    blocks = None if fmt is None else _block_order(source.cols, fmt)
+    if blocks is not None and isinstance(module, (Linear, nn.Embedding)) and attr == "weight":
+        assert fmt is not None
         if stored != shape:
             raise ModelLoadError(f"{file.path}: {source.names} is {stored}, expected {shape}")
         data = _joined([_mapped(t.data) for t in tensors], source.rows)
+        if source.cols is not None:  # [N, row_bytes] as [N, blocks, block_bytes]
+            split = data.reshape(data.shape[0], -1, fmt.layout.block_bytes)
+            data = split.index_select(1, torch.from_numpy(blocks)).reshape(data.shape)
         if isinstance(module, Linear):
             set_quantized_weight(module, data, fmt)
         else:  # an embedding stays quantized too
@@ -104,6 +112,8 @@ def _fill_one(
             model.set_submodule(name.removesuffix(".weight"), table)
         return
     values = _joined([_float_values(file, t) for t in tensors], source.rows)
+    if source.cols is not None:
+        values = values.index_select(-1, torch.from_numpy(source.cols))
     if source.undo is not None:
         values = source.undo(values)
     if tuple(values.shape) != shape:
@@ -111,6 +121,28 @@ def _fill_one(
             f"{file.path}: {source.names} is {tuple(values.shape)}, expected {shape}"
         )
     module._parameters[attr] = nn.Parameter(values.to(dtype), requires_grad=False)
+
+
+def _check_orders(file: GgufFile, source: GgufSource, stored: tuple[int, ...]) -> None:
+    """A row or column order fits the stored tensor (else a forged or wrong-shaped file)."""
+    for order, axis in ((source.rows, -2), (source.cols, -1)):
+        if order is not None and (len(stored) < 2 or len(order) != stored[axis]):
+            raise ModelLoadError(f"{file.path}: {source.names} has the wrong shape {stored}")
+
+
+def _block_order(
+    cols: np.ndarray[Any, Any] | None, fmt: QuantFormat
+) -> np.ndarray[Any, Any] | None:
+    """The order of whole blocks that ``cols`` is (empty: none to move); None when ``cols``
+    moves values within blocks (the weight is then dequantized)."""
+    if cols is None:
+        return np.zeros(0, np.int64)
+    size = fmt.layout.block_values
+    runs = cols.reshape(-1, size) if len(cols) % size == 0 else None
+    if runs is None or (runs != runs[:, :1] + np.arange(size)).any() or (runs[:, 0] % size).any():
+        log.info("%s columns move within blocks: dequantized to float", fmt.name)
+        return None
+    return runs[:, 0] // size
 
 
 def _joined(parts: list[torch.Tensor], rows: np.ndarray[Any, Any] | None) -> torch.Tensor:
