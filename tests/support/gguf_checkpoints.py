@@ -46,10 +46,15 @@ GGUF_SIZES: dict[str, dict[str, Any]] = {
         "mamba_chunk_size": 256,  # not in GGUF: the loader takes transformers' default
     },
 }  # fmt: skip
+# Granite 4.0-H with experts (checkpoints.py's 4 experts, top-2, no RoPE): experts in blocks
+GGUF_SIZES["granitemoehybrid_moe"] = {
+    **GGUF_SIZES["granitemoehybrid"], "position_embedding_type": "nope", "attention_multiplier": 1 / 64,
+}  # fmt: skip
 _ARCH = {
     "qwen3": gguf.MODEL_ARCH.QWEN3,
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "granitemoehybrid": gguf.MODEL_ARCH.GRANITE_HYBRID,
+    "granitemoehybrid_moe": gguf.MODEL_ARCH.GRANITE_HYBRID,
     **HYBRID_ARCHS,
 }
 
@@ -101,7 +106,7 @@ def make_gguf_checkpoint(
 def _converted(
     arch: str, name: str, tensor: np.ndarray, config: dict[str, Any], names: gguf.TensorNameMap
 ) -> Iterator[tuple[str, np.ndarray]]:
-    if arch == "granitemoehybrid":
+    if arch.startswith("granitemoehybrid"):
         yield from granite_tensors(name, tensor, config, names)
         return
     theirs = names.get_name(name, try_suffixes=(".weight", ".bias"))
@@ -130,7 +135,7 @@ def _add_tensor(
 
 
 def _write_hparams(writer: gguf.GGUFWriter, arch: str, config: dict[str, Any]) -> None:
-    if arch == "granitemoehybrid":
+    if arch.startswith("granitemoehybrid"):
         write_granite_hparams(writer, config)
         return
     if arch in HYBRID_ARCHS:

@@ -54,13 +54,15 @@ def granite_tensors(
     """The GGUF tensors the converter writes for the checkpoint's ``name``."""
     head, _, leaf = name.rpartition(".")
     blk = f"blk.{name.split('.')[2]}" if name.startswith("model.layers.") else ""
-    if name.endswith("shared_mlp.input_linear.weight"):
-        gate, up = np.split(tensor, 2, axis=0)
-        yield f"{blk}.ffn_gate.weight", gate
-        yield f"{blk}.ffn_up.weight", up
+    shared = "_shexp" if config.get("num_local_experts") else ""  # beside experts
+    if name.endswith("input_linear.weight"):  # [.., 2I, H]: gate rows, then up rows
+        gate, up = np.split(tensor, 2, axis=-2)
+        suffix = "_exps" if "block_sparse_moe" in name else shared
+        yield f"{blk}.ffn_gate{suffix}.weight", gate
+        yield f"{blk}.ffn_up{suffix}.weight", up
         return
     if name.endswith("shared_mlp.output_linear.weight"):
-        yield f"{blk}.ffn_down.weight", tensor
+        yield f"{blk}.ffn_down{shared}.weight", tensor
         return
     if leaf == "dt_bias":
         yield f"{blk}.ssm_dt.bias", tensor

@@ -10,6 +10,8 @@ Values:
 - everything else (norms, the embedding, float32 / float16 / bfloat16 projections) becomes a
   float tensor of the model's dtype;
 - a block-quantized embedding becomes a ``QuantEmbedding`` (a lookup dequantizes its rows);
+- a block-quantized MoE expert stack (``[E, out, in]``: ``ffn_*_exps``) keeps its blocks,
+  uint8 ``[E, out, row_bytes]`` (``quant_linear.set_quantized_experts``);
 - the converter's changes are undone: Gemma's norm weights lose the 1 it added
   (``gguf_config.NORM_SHIFT``).
 """
@@ -28,7 +30,11 @@ from torch import nn
 
 from hybridkv.model.config.errors import ModelLoadError
 from hybridkv.model.layers.linear import Linear
-from hybridkv.model.layers.quant_linear import QuantEmbedding, set_quantized_weight
+from hybridkv.model.layers.quant_linear import (
+    QuantEmbedding,
+    set_quantized_experts,
+    set_quantized_weight,
+)
 from hybridkv.model.loading.gguf_config import NORM_SHIFT, UNSHIFTED_NORM
 from hybridkv.model.loading.gguf_file import GgufFile, GgufTensor
 from hybridkv.model.loading.gguf_rewrites import GgufSource
@@ -97,19 +103,16 @@ def _fill_one(
     fmts = {QuantFormat.of_ggml_type(t.ggml_type) for t in tensors}
     fmt = fmts.pop() if len(fmts) == 1 else None  # one block format for every part, or None
     blocks = None if fmt is None else _block_order(source.cols, fmt)
-    if blocks is not None and isinstance(module, (Linear, nn.Embedding)) and attr == "weight":
-        assert fmt is not None
+    experts = len(shape) == len(stored) == 3  # [E, out, in]
+    kept = isinstance(module, (Linear, nn.Embedding)) and attr == "weight" or experts
+    if fmt is not None and blocks is not None and kept:
         if stored != shape:
             raise ModelLoadError(f"{file.path}: {source.names} is {stored}, expected {shape}")
         data = _joined([_mapped(t.data) for t in tensors], source.rows)
-        if source.cols is not None:  # [N, row_bytes] as [N, blocks, block_bytes]
+        if len(blocks):  # [N, row_bytes] as [N, blocks, block_bytes]
             split = data.reshape(data.shape[0], -1, fmt.layout.block_bytes)
             data = split.index_select(1, torch.from_numpy(blocks)).reshape(data.shape)
-        if isinstance(module, Linear):
-            set_quantized_weight(module, data, fmt)
-        else:  # an embedding stays quantized too
-            table = QuantEmbedding(data, fmt, shape[1], dtype)
-            model.set_submodule(name.removesuffix(".weight"), table)
+        _set_blocks(model, param, data, fmt, dtype)
         return
     values = _joined([_float_values(file, t) for t in tensors], source.rows)
     if source.cols is not None:
@@ -121,6 +124,24 @@ def _fill_one(
             f"{file.path}: {source.names} is {tuple(values.shape)}, expected {shape}"
         )
     module._parameters[attr] = nn.Parameter(values.to(dtype), requires_grad=False)
+
+
+def _set_blocks(
+    model: nn.Module,
+    param: tuple[str, nn.Module, str],
+    data: torch.Tensor,
+    fmt: QuantFormat,
+    dtype: torch.dtype,
+) -> None:
+    """A projection, an embedding or an expert stack (``[E, out, in]``) keeps ``data``."""
+    name, module, attr = param
+    in_dim = int(getattr(module, attr).shape[-1])
+    if isinstance(module, Linear):
+        set_quantized_weight(module, data, fmt)
+    elif isinstance(module, nn.Embedding):  # a lookup dequantizes the rows it gathers
+        model.set_submodule(name.removesuffix(".weight"), QuantEmbedding(data, fmt, in_dim, dtype))
+    else:  # MoE experts: each expert's rows multiplied in blocks (``moe.expert_linear``)
+        set_quantized_experts(module, attr, data, fmt, in_dim)
 
 
 def _check_orders(file: GgufFile, source: GgufSource, stored: tuple[int, ...]) -> None:
