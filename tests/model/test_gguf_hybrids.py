@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -196,3 +197,61 @@ def test_one_dimensional_shared_expert_gate_accepted(files: Files, tmp_path: Pat
         shutil.rmtree(view_dir(flat), ignore_errors=True)
     name = "model.layers.0.mlp.shared_expert_gate.weight"
     assert torch.equal(ours.get_parameter(name), _expected("qwen3_next", hf_dir)[name])
+
+
+def _forged(path: Path, arch: str, **values: int | float | list[int] | list[bool]) -> Path:
+    """A header with ``arch``'s metadata ``values`` (``<arch>.`` prefixed) and an embedding."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in values.items():
+        key = f"{arch}.{key.replace('__', '.')}"
+        if isinstance(value, list):
+            writer.add_array(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_uint32(key, value)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    if arch == "nemotron_h_moe":  # its layer pattern comes from the tensors: layer 1 is MoE
+        writer.add_tensor("blk.1.ffn_up_exps.weight", np.zeros((4, 8, 4), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+_SIZES = {"embedding_length": 4, "attention__head_count": 1, "block_count": 4}
+_SSM = {"ssm__inner_size": 8, "ssm__time_step_rank": 2, "ssm__group_count": 1,
+        "ssm__state_size": 4, "ssm__conv_kernel": 4}  # fmt: skip
+_MOE = {"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 8,
+        "expert_shared_feed_forward_length": 8, "feed_forward_length": 8}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("arch", "values", "match"),
+    [
+        ("qwen35", {"attention__recurrent_layers": [1, 1, 1, 0]}, "must be bools"),
+        ("qwen35", {"attention__recurrent_layers": [True]}, "must list 4 bools"),
+        ("qwen35", {"rope__dimension_count": 1000}, "does not fit a head"),
+        ("qwen3next", {"ssm__time_step_rank": 3}, "do not split into heads"),
+        ("qwen3next", {"ssm__group_count": 3, **_MOE}, "do not split into heads"),
+        ("qwen3next", {"expert_used_count": 5}, "'qwen3next.expert_used_count' must be"),
+        ("nemotron_h_moe", {"expert_count": 10**9}, "'nemotron_h_moe.expert_count' must be"),
+        ("nemotron_h_moe", {"expert_group_count": 3}, "4 experts do not split into 3 groups"),
+        ("nemotron_h_moe", {"expert_weights_scale": float("nan")}, "must be a finite number"),
+        ("falcon-h1", {"ssm__time_step_rank": 0}, "'falcon-h1.ssm.time_step_rank' must be"),
+        ("falcon-h1", {"ssm__inner_size": 7}, "does not split into 2"),
+    ],
+)
+def test_forged_metadata_refused(
+    arch: str, values: dict[str, int | float | list[int]], match: str, tmp_path: Path
+) -> None:
+    """Forged sizes fail the view's config with a ``ModelLoadError`` naming the key, before
+    anything is built."""
+    every = {**_SIZES, **_SSM, **_MOE, "attention__head_count_kv": 1, **values}
+    if arch == "nemotron_h_moe":
+        every["attention__head_count_kv"] = [1, 0, 0, 0]
+    path = _forged(tmp_path / "f.gguf", arch, **every)
+    with pytest.raises(ModelLoadError, match=match):
+        resolve_model_dir(str(path))
+    assert not view_dir(path).exists()

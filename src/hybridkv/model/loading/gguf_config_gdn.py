@@ -29,10 +29,11 @@ def qwen_gdn(file: GgufFile) -> dict[str, Any]:
     """
     config, a = common_config(file), file.architecture
     arch, model_type = _NAMES[a]
-    value_heads = ssm_int(file, "time_step_rank")
+    value_heads, key_heads = ssm_int(file, "time_step_rank"), ssm_int(file, "group_count")
     inner = ssm_int(file, "inner_size")
-    if inner % value_heads:
-        raise ModelLoadError(f"{file.path}: ssm.inner_size {inner} does not split into heads")
+    if inner % value_heads or value_heads % key_heads:
+        raise ModelLoadError(f"{file.path}: ssm sizes do not split into heads ({inner}, "
+                             f"{value_heads} value heads, {key_heads} key heads)")  # fmt: skip
     config.update(
         architectures=[arch],
         model_type=model_type,
@@ -41,7 +42,7 @@ def qwen_gdn(file: GgufFile) -> dict[str, Any]:
         layer_types=_layer_types(file, config["num_hidden_layers"]),
         linear_conv_kernel_dim=ssm_int(file, "conv_kernel", high=64),
         linear_key_head_dim=ssm_int(file, "state_size"),
-        linear_num_key_heads=ssm_int(file, "group_count"),
+        linear_num_key_heads=key_heads,
         linear_num_value_heads=value_heads,
         linear_value_head_dim=inner // value_heads,
         rope_parameters=_rope(file, config),
