@@ -28,6 +28,7 @@ from hybridkv.native.quant_blocks import QuantFormat, dequantize
 from tests.model.test_gguf_loading import KERNEL_MAX_DELTA, ROUNDING_GATE
 from tests.support.gguf_checkpoints import make_gguf_checkpoint, make_gguf_hf_checkpoint
 from tests.support.gguf_gate import assert_file_within_gate
+from tests.support.quant_gate import teacher_forced_logits
 
 ARCHS = ("granitemoehybrid_moe", "nemotron_h", "qwen3_next")
 FORMATS = (QuantFormat.Q8_0, QuantFormat.Q4_K, QuantFormat.Q6_K)
@@ -156,3 +157,16 @@ def test_resident_memory_is_about_the_file(tmp_path: Path) -> None:
     print(f"file {file_mib:.1f} MiB; resident +{blocks_mib:.1f} MiB (blocks), "
           f"+{floats_mib:.1f} MiB (float experts)")  # fmt: skip
     assert floats["delta"] - blocks["delta"] > float_experts / 2
+
+
+@pytest.mark.parametrize("bf16_matmul", ["float32", "native"])
+def test_bfloat16_model_keeps_expert_blocks(files: Files, bf16_matmul: str) -> None:
+    """A bfloat16 model keeps its expert blocks whatever ``bf16_matmul`` does to float
+    weights (``upcast_matmuls`` leaves them alone), and runs."""
+    view = resolve_model_dir(str(files["qwen3_next", "Q4_K"][0]))
+    model, cfg = load_model(view, "bfloat16", bf16_matmul)
+    stacks = _stacks(model)
+    assert stacks and all(p.dtype == torch.uint8 for p in stacks.values())
+    with torch.inference_mode():
+        logits = teacher_forced_logits(model, cfg, list(range(3, 63)), "bfloat16")
+    assert logits.shape == (60, cfg.vocab_size) and torch.isfinite(logits).all()
