@@ -13,10 +13,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 import torch
 
 from hybridkv import LLM, SamplingParams
+from hybridkv.model.config.errors import ModelLoadError
 from hybridkv.model.layers import quant_linear
 from hybridkv.model.layers.linear import linear
 from hybridkv.model.layers.moe import expert_linear
@@ -24,6 +27,8 @@ from hybridkv.model.layers.quant_linear import QUANT_MAX_ROWS, dequantize_expert
 from hybridkv.model.loading.gguf_view import view_dir
 from hybridkv.model.loading.hub import resolve_model_dir
 from hybridkv.model.loading.loader import load_model
+from hybridkv.model.models.gpt_oss import Mxfp4Experts
+from hybridkv.native.mxfp4 import dequantize_reference
 from hybridkv.native.quant_blocks import QuantFormat, dequantize
 from tests.model.test_gguf_loading import KERNEL_MAX_DELTA, ROUNDING_GATE
 from tests.support.gguf_checkpoints import make_gguf_checkpoint, make_gguf_hf_checkpoint
@@ -33,6 +38,7 @@ from tests.support.quant_gate import teacher_forced_logits
 ARCHS = ("granitemoehybrid_moe", "nemotron_h", "qwen3_next")
 FORMATS = (QuantFormat.Q8_0, QuantFormat.Q4_K, QuantFormat.Q6_K)
 Files = dict[tuple[str, str], tuple[Path, Path]]
+MXFP4_GATE = (0.5, 0.2)  # the Hub MXFP4 checkpoints' (docs/quantization.md)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +114,9 @@ _RSS_PROBE = """
 import json, sys, torch
 from hybridkv.model.layers.quant_linear import dequantize_experts_
 from hybridkv.model.loading.hub import resolve_model_dir
+from hybridkv.model.config.errors import ModelLoadError
 from hybridkv.model.loading.loader import load_model
+from hybridkv.model.models.gpt_oss import Mxfp4Experts
 from tests.support.quant_gate import teacher_forced_logits
 
 def rss():
@@ -170,3 +178,83 @@ def test_bfloat16_model_keeps_expert_blocks(files: Files, bf16_matmul: str) -> N
     with torch.inference_mode():
         logits = teacher_forced_logits(model, cfg, list(range(3, 63)), "bfloat16")
     assert logits.shape == (60, cfg.vocab_size) and torch.isfinite(logits).all()
+
+
+@pytest.fixture(scope="module")
+def mxfp4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """gpt-oss with its experts in ggml MXFP4 (``gguf``'s quantizer), projections in Q8_0: a
+    llama-quantize MXFP4_MOE file."""
+    root = tmp_path_factory.mktemp("gguf-mxfp4")
+    hf_dir = make_gguf_hf_checkpoint("gpt_oss", root / "hf")
+    path = make_gguf_checkpoint("gpt_oss_mxfp4", hf_dir, root / "m.gguf", {"": QuantFormat.Q8_0})
+    yield path, hf_dir
+    shutil.rmtree(view_dir(path), ignore_errors=True)
+
+
+def test_gpt_oss_mxfp4_experts_repacked(mxfp4: tuple[Path, Path]) -> None:
+    """ggml's 17-byte MXFP4 blocks become the Hub layout ``Mxfp4Experts`` runs on
+    ``native/mxfp4.c``: the same values as the ``gguf`` package's own dequantizer gives, gate
+    and up rows interleaved back; no float copy."""
+    path, _ = mxfp4
+    model, _ = load_model(resolve_model_dir(str(path)))
+    experts = model.get_submodule("model.layers.1.mlp.experts")
+    assert isinstance(experts, Mxfp4Experts)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert param_bytes <= path.stat().st_size
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+
+    def theirs(name: str) -> torch.Tensor:
+        t = tensors[f"blk.1.{name}.weight"]
+        return torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type))
+
+    gate_up = dequantize_reference(experts.gate_up_proj_blocks, experts.gate_up_proj_scales)
+    assert torch.equal(gate_up[:, 0::2], theirs("ffn_gate_exps"))
+    assert torch.equal(gate_up[:, 1::2], theirs("ffn_up_exps"))
+    down = dequantize_reference(experts.down_proj_blocks, experts.down_proj_scales)
+    assert torch.equal(down, theirs("ffn_down_exps"))
+
+
+@pytest.mark.slow
+def test_gpt_oss_mxfp4_quality_gate_and_generate(mxfp4: tuple[Path, Path]) -> None:
+    """Against the float32 checkpoint: the Hub MXFP4 gate (docs/quantization.md), here with
+    Q8_0 projections too; then ``LLM`` generates from the file."""
+    path, hf_dir = mxfp4
+    assert_file_within_gate(path, hf_dir, MXFP4_GATE, KERNEL_MAX_DELTA)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    with LLM(str(path), kv_cache_memory="16MiB", max_model_len=512, max_num_seqs=4) as llm:
+        out = llm.generate(["Hello there, how"], params, use_tqdm=False)[0]
+    assert len(out.token_ids) == 6
+
+
+def test_gpt_oss_forged_mxfp4_scale_refused(mxfp4: tuple[Path, Path], tmp_path: Path) -> None:
+    """An e8m0 scale of 255 (NaN) in a file's MXFP4 block fails the load, naming the tensor."""
+    _, hf_dir = mxfp4
+
+    def nan_scale(name: str, values: np.ndarray) -> np.ndarray:
+        if name == "blk.2.ffn_down_exps.weight":
+            values = values.copy()
+            values[0, 0, 0] = 255  # the first block's scale byte
+        return values
+
+    path = make_gguf_checkpoint("gpt_oss_mxfp4", hf_dir, tmp_path / "nan.gguf", {}, nan_scale)
+    try:
+        with pytest.raises(ModelLoadError, match=r"ffn_down_exps.weight',\): MXFP4 scale 255"):
+            load_model(resolve_model_dir(str(path)))
+    finally:
+        shutil.rmtree(view_dir(path), ignore_errors=True)
+
+
+def test_gpt_oss_mixed_expert_types_refused(mxfp4: tuple[Path, Path], tmp_path: Path) -> None:
+    """llama-quantize falls back per tensor (a width not a multiple of 32): a file whose
+    expert stacks are partly MXFP4 is refused, not half read."""
+    _, hf_dir = mxfp4
+
+    def one_float(name: str, values: np.ndarray) -> np.ndarray:
+        if name != "blk.0.ffn_down_exps.weight":
+            return values
+        return gguf.quants.dequantize(values, gguf.GGMLQuantizationType.MXFP4)
+
+    path = make_gguf_checkpoint("gpt_oss_mxfp4", hf_dir, tmp_path / "mix.gguf", {}, one_float)
+    with pytest.raises(ModelLoadError, match="some expert stacks are MXFP4 and some are not"):
+        resolve_model_dir(str(path))
+    assert not view_dir(path).exists()

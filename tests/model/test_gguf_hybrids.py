@@ -32,7 +32,7 @@ from tests.support.gguf_gate import assert_file_within_gate
 from tests.support.gguf_hybrids import HYBRID_SIZES, falcon_folded
 from tests.support.quant_gate import teacher_forced_logits
 
-ARCHS = ("nemotron_h", "falcon_h1", "qwen3_next", "qwen3_5")
+ARCHS = ("nemotron_h", "falcon_h1", "qwen3_next", "qwen3_5", "gpt_oss")
 GATED = (QuantFormat.Q8_0, QuantFormat.Q4_K)
 Files = dict[tuple[str, str], tuple[Path, Path]]
 
@@ -101,10 +101,14 @@ def test_quality_gate(arch: str, fmt: QuantFormat, files: Files) -> None:
     assert_file_within_gate(path, hf_dir, ROUNDING_GATE[fmt], KERNEL_MAX_DELTA)
 
 
-# float projections in a Q4_K file: the shared expert's [1, H] gate (kept float, as
-# llama-quantize keeps it); Qwen3.5's out_proj, whose columns the converter moved by value
+# float projections in a Q4_K file: the shared expert's [1, H] gate and gpt-oss's router (kept
+# float, as llama-quantize keeps them); Qwen3.5's out_proj, whose columns the converter moved by value
 # heads of 64 values, inside Q4_K's 256-value blocks (dequantized at load, logged)
-FLOAT_LINEARS = {"qwen3_next": {"mlp.shared_expert_gate"}, "qwen3_5": {"linear_attn.out_proj"}}
+FLOAT_LINEARS = {
+    "qwen3_next": {"mlp.shared_expert_gate"},
+    "qwen3_5": {"linear_attn.out_proj"},
+    "gpt_oss": {"mlp.router"},  # the router kept float, as llama-quantize keeps it
+}
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -123,8 +123,11 @@ def _add_tensor(
 ) -> None:
     fmt = next((f for key, f in formats.items() if key in theirs), None)
     embedding = "token_embd" in theirs  # quantized only when named: {"token_embd": fmt}
+    if tensor.dtype == np.uint8:  # already in blocks (gpt-oss's MXFP4 experts)
+        writer.add_tensor(theirs, tensor, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+        return
     kind = theirs.removesuffix(".weight").split(".")[-1]  # blk.0.ssm_a -> ssm_a
-    packed = tensor.ndim in (2, 3) and kind not in FLOAT_2D
+    packed = tensor.ndim in (2, 3) and kind not in FLOAT_2D and not theirs.endswith(".bias")
     if packed and fmt is not None and (not embedding or "token_embd" in formats):
         raw = gguf.GGMLQuantizationType(fmt.layout.ggml_type)
         rows = pack(np.ascontiguousarray(tensor.reshape(-1, tensor.shape[-1])), fmt)

@@ -8,7 +8,7 @@ converter's behaviour: ``conversion/nemotron.py``, ``falcon_h1.py``, ``mamba.py`
   per layer (experts' width on MoE layers, 0 elsewhere);
 - Falcon-H1: every MuP multiplier multiplied into its weights (none written), Mamba2's
   rewrites, no q/k permutation;
-- Qwen3-Next and Qwen3.5: ``gguf_qwen.py``.
+- Qwen3-Next and Qwen3.5: ``gguf_qwen.py``; gpt-oss: ``gguf_gpt_oss.py``.
 
 The checkpoints: transformers-built, every projection's input a multiple of Q4_K's 256.
 """
@@ -22,6 +22,12 @@ from typing import Any
 import gguf
 import numpy as np
 
+from tests.support.gguf_gpt_oss import (
+    GPT_OSS_ARCHS,
+    GPT_OSS_SIZES,
+    gpt_oss_tensors,
+    write_gpt_oss_hparams,
+)
 from tests.support.gguf_granite import mamba2_rewritten, permute_rope_rows
 from tests.support.gguf_qwen import QWEN_ARCHS, QWEN_SIZES, qwen_tensors, write_qwen_hparams
 
@@ -29,6 +35,7 @@ HYBRID_ARCHS = {
     "nemotron_h": gguf.MODEL_ARCH.NEMOTRON_H_MOE,
     "falcon_h1": gguf.MODEL_ARCH.FALCON_H1,
     **QWEN_ARCHS,
+    **GPT_OSS_ARCHS,
 }
 _ATTENTION = {
     "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
@@ -58,6 +65,7 @@ HYBRID_SIZES: dict[str, dict[str, Any]] = {
         "ssm_out_multiplier": 0.95,
     },
     **QWEN_SIZES,
+    **GPT_OSS_SIZES,
 }  # fmt: skip
 
 
@@ -65,7 +73,7 @@ HYBRID_SIZES: dict[str, dict[str, Any]] = {
 # often, and a tie that a weight's rounding flips moves the logits far more than the rounding
 # itself (Qwen3-Next's Q8_0 file, every layer MoE, initializer_range 0.05: mean |delta
 # logprob| 0.175 with random routers, 0.076 with these)
-ROUTERS = ("mlp.gate.weight", "mixer.gate.weight")
+ROUTERS = ("mlp.gate.weight", "mixer.gate.weight", "mlp.router.weight")
 ROUTER_SHARPNESS = 8.0
 
 
@@ -95,6 +103,9 @@ def make_hybrid_hf_checkpoint(arch: str, out_dir: Path, seed: int = 0) -> Path:
 def write_hybrid_hparams(writer: gguf.GGUFWriter, arch: str, config: dict[str, Any]) -> None:
     if arch in QWEN_ARCHS:
         write_qwen_hparams(writer, arch, config)
+        return
+    if arch in GPT_OSS_ARCHS:
+        write_gpt_oss_hparams(writer, config)
         return
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -150,6 +161,9 @@ def hybrid_tensors(
     """The GGUF tensors the converter writes for the checkpoint's ``tensors``."""
     if arch in QWEN_ARCHS:
         yield from qwen_tensors(arch, tensors, config, names)
+        return
+    if arch in GPT_OSS_ARCHS:
+        yield from gpt_oss_tensors(arch, tensors, names)
         return
     experts: dict[str, list[np.ndarray]] = {}
     for name, tensor in sorted(tensors.items()):

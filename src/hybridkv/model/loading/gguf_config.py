@@ -13,6 +13,7 @@ from typing import Any
 
 from hybridkv.model.config.errors import ModelLoadError
 from hybridkv.model.loading.gguf_config_gdn import GDN_ARCHS, qwen_gdn
+from hybridkv.model.loading.gguf_config_gpt_oss import gpt_oss
 from hybridkv.model.loading.gguf_config_hybrid import falcon_h1, nemotron_h
 from hybridkv.model.loading.gguf_file import GgufFile
 from hybridkv.model.loading.gguf_hparams import (
@@ -127,6 +128,7 @@ _BUILDERS: dict[str, Callable[[GgufFile], dict[str, Any]]] = {
     "nemotron_h_moe": nemotron_h,
     "falcon-h1": falcon_h1,
     **dict.fromkeys(GDN_ARCHS, qwen_gdn),
+    "gpt-oss": gpt_oss,
 }
 GGUF_ARCHS = tuple(_BUILDERS)
 # what llama.cpp's converter added to these families' norm weights (the model adds it back)

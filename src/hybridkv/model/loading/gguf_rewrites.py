@@ -12,7 +12,9 @@ import torch
 
 from hybridkv.model.loading.gguf_file import GgufFile
 
+GGML_MXFP4 = 39  # the ggml type of MXFP4 blocks: read only through a ``GgufSource.raw``
 Undo = Callable[[torch.Tensor], torch.Tensor]
+RawBytes = Callable[[torch.Tensor], torch.Tensor]  # uint8 [..., rows, row_bytes] -> parameter
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,12 +23,17 @@ class GgufSource:
     ``rows``: a row order applied after (block rows move whole); ``cols``: a column order
     (axis -1: on block rows only when it moves whole blocks, else the weight is dequantized);
     ``undo``: on float values last, the inverse of the converter's value change (reshape,
-    ``-exp``)."""
+    ``-exp``); ``in_blocks`` False: read as float values even from Q8_0 / Q4_K / Q6_K (the
+    parameter's layout is not the file's, e.g. transposed); ``raw``: instead of all that, a
+    change of the stored bytes of a block type with no kernel of its own here (ggml MXFP4 into
+    the Hub's layout)."""
 
     names: tuple[str, ...]
     rows: np.ndarray | None = None
     cols: np.ndarray | None = None
     undo: Undo | None = None
+    in_blocks: bool = True
+    raw: RawBytes | None = None
 
 
 Rule = Callable[[GgufFile, str], GgufSource]  # (file, "blk.N") -> the parameter's source

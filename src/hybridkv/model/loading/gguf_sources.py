@@ -19,6 +19,7 @@ checkpoints' ``backbone.`` prefix). The exceptions, per family, are what llama.c
   ``[H, 1]``, ``D`` as ``[H, 1]``, ``conv1d.weight`` ``[C, 1, K]`` squeezed to ``[C, K]``, the
   gated norm ``[d_inner]`` as ``[groups, d_inner / groups]``, ``dt_bias`` renamed
   ``ssm_dt.bias``;
+- gpt-oss: ``gguf_sources_gpt_oss``;
 - Falcon-H1's MuP multipliers are multiplied into the weights and not written: nothing can
   undo that, so its config sets every multiplier to 1 (``gguf_config_hybrid``).
 """
@@ -32,6 +33,7 @@ import numpy as np
 from hybridkv.model.loading.gguf_file import GgufFile
 from hybridkv.model.loading.gguf_rewrites import GgufSource, Rule, a_log, conv, flat, one
 from hybridkv.model.loading.gguf_sources_gdn import GDN_RULES
+from hybridkv.model.loading.gguf_sources_gpt_oss import GPT_OSS_RULES
 
 if TYPE_CHECKING:
     import gguf
@@ -121,6 +123,7 @@ _RULES: dict[str, dict[str, Rule]] = {
     "nemotron_h_moe": _NEMOTRON,
     "falcon-h1": _mamba2("mamba"),
     **GDN_RULES,
+    "gpt-oss": GPT_OSS_RULES,
 }
 # our parameter names' prefix -> the checkpoints' (what ``TensorNameMap`` knows)
 _PREFIX = {"nemotron_h": ("model.", "backbone."), "nemotron_h_moe": ("model.", "backbone.")}

@@ -37,7 +37,7 @@ from hybridkv.model.layers.quant_linear import (
 )
 from hybridkv.model.loading.gguf_config import NORM_SHIFT, UNSHIFTED_NORM
 from hybridkv.model.loading.gguf_file import GgufFile, GgufTensor
-from hybridkv.model.loading.gguf_rewrites import GgufSource
+from hybridkv.model.loading.gguf_rewrites import GGML_MXFP4, GgufSource
 from hybridkv.model.loading.gguf_sources import gguf_source
 from hybridkv.native.quant_blocks import QuantFormat, dequantize
 
@@ -100,11 +100,15 @@ def _fill_one(
     if len(stored) >= 2:
         stored = (*stored[:-2], sum(t.shape[-2] for t in tensors), stored[-1])
     _check_orders(file, source, stored)
+    if source.raw is not None:
+        _fill_raw(file, module, attr, tensors, source, shape)
+        return
     fmts = {QuantFormat.of_ggml_type(t.ggml_type) for t in tensors}
     fmt = fmts.pop() if len(fmts) == 1 else None  # one block format for every part, or None
     blocks = None if fmt is None else _block_order(source.cols, fmt)
     experts = len(shape) == len(stored) == 3  # [E, out, in]
     kept = isinstance(module, (Linear, nn.Embedding)) and attr == "weight" or experts
+    kept = kept and source.in_blocks
     if fmt is not None and blocks is not None and kept:
         if stored != shape:
             raise ModelLoadError(f"{file.path}: {source.names} is {stored}, expected {shape}")
@@ -142,6 +146,31 @@ def _set_blocks(
         model.set_submodule(name.removesuffix(".weight"), QuantEmbedding(data, fmt, in_dim, dtype))
     else:  # MoE experts: each expert's rows multiplied in blocks (``moe.expert_linear``)
         set_quantized_experts(module, attr, data, fmt, in_dim)
+
+
+def _fill_raw(
+    file: GgufFile,
+    module: nn.Module,
+    attr: str,
+    tensors: list[GgufTensor],
+    source: GgufSource,
+    shape: tuple[int, ...],
+) -> None:
+    """A parameter made of MXFP4 blocks repacked by ``source.raw`` (gpt-oss's experts)."""
+    assert source.raw is not None
+    if any(t.ggml_type != GGML_MXFP4 for t in tensors):
+        types = sorted({t.ggml_type for t in tensors})
+        raise ModelLoadError(f"{file.path}: {source.names} must be MXFP4 blocks, got types {types}")
+    data = _joined([_mapped(t.data) for t in tensors], source.rows)
+    try:
+        values = source.raw(data)
+    except (ValueError, RuntimeError) as exc:  # a forged scale, blocks that do not split
+        raise ModelLoadError(f"{file.path}: {source.names}: {exc}") from None
+    if tuple(values.shape) != shape:
+        raise ModelLoadError(
+            f"{file.path}: {source.names} make {tuple(values.shape)}, expected {shape}"
+        )
+    module._parameters[attr] = nn.Parameter(values, requires_grad=False)
 
 
 def _check_orders(file: GgufFile, source: GgufSource, stored: tuple[int, ...]) -> None:
