@@ -24,7 +24,7 @@ from hybridkv.model.layers import quant_linear
 from hybridkv.model.layers.linear import linear
 from hybridkv.model.layers.moe import expert_linear
 from hybridkv.model.layers.quant_linear import QUANT_MAX_ROWS, dequantize_experts_
-from hybridkv.model.loading.gguf_view import view_dir
+from hybridkv.model.loading.gguf.view import view_dir
 from hybridkv.model.loading.hub import resolve_model_dir
 from hybridkv.model.loading.loader import load_model
 from hybridkv.model.models.gpt_oss import Mxfp4Experts

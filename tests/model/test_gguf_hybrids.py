@@ -22,7 +22,7 @@ from hybridkv import LLM, SamplingParams
 from hybridkv.model.config.errors import ModelLoadError
 from hybridkv.model.layers.linear import Linear
 from hybridkv.model.layers.quant_linear import dequantize_weight
-from hybridkv.model.loading.gguf_view import view_dir
+from hybridkv.model.loading.gguf.view import view_dir
 from hybridkv.model.loading.hub import resolve_model_dir
 from hybridkv.model.loading.loader import load_model, load_model_config
 from hybridkv.native.quant_blocks import QuantFormat

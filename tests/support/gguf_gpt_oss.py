@@ -1,5 +1,5 @@
 """What llama.cpp's converter does to a gpt-oss checkpoint (``conversion/gpt_oss.py``), redone
-for the tiny GGUF files of ``gguf_checkpoints.py``; ``model/loading/gguf_sources_gpt_oss.py``
+for the tiny GGUF files of ``gguf_checkpoints.py``; ``model/loading/gguf/sources_gpt_oss.py``
 undoes it. ``gate_up_proj`` ``[E, H, 2I]`` (gate and up interleaved) becomes ``ffn_gate_exps``
 and ``ffn_up_exps`` ``[E, I, H]``, its bias two ``[E, I]``; ``down_proj`` is transposed; the
 sinks are ``attn_sinks.weight``. ``gpt_oss_mxfp4`` writes the three expert stacks as ggml MXFP4,

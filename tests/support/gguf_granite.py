@@ -1,6 +1,6 @@
 """What llama.cpp's converter does to a Granite 4.0-H checkpoint (``granitehybrid``), redone
 here for the tiny GGUF files of ``gguf_checkpoints.py``: its metadata keys and its tensor
-rewrites (``model/loading/gguf_sources.py`` undoes them; this is their forward direction,
+rewrites (``model/loading/gguf/sources.py`` undoes them; this is their forward direction,
 written from the converter's behaviour: ``conversion/granite.py``, ``mamba.py``, ``llama.py``).
 """
 

@@ -1,7 +1,7 @@
 """What llama.cpp's converter does to Nemotron-H and Falcon-H1 checkpoints, redone here for
 the tiny GGUF files of ``gguf_checkpoints.py`` (their forward direction, written from the
 converter's behaviour: ``conversion/nemotron.py``, ``falcon_h1.py``, ``mamba.py``,
-``granite.py``, ``llama.py``; ``model/loading/gguf_sources.py`` undoes them).
+``granite.py``, ``llama.py``; ``model/loading/gguf/sources.py`` undoes them).
 
 - Nemotron-H with experts is ``nemotron_h_moe``: experts stacked ``[E, out, in]``, the router's
   correction bias ``exp_probs_b``, q/k rows permuted, Mamba2's rewrites; ``feed_forward_length``

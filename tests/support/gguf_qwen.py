@@ -1,6 +1,6 @@
 """What llama.cpp's converter does to Qwen3-Next and Qwen3.5 checkpoints (``conversion/qwen.py``:
 ``Qwen3NextModel``, ``_LinearAttentionVReorderBase``), redone for the tiny GGUF files of
-``gguf_checkpoints.py``; ``model/loading/gguf_sources_gdn.py`` undoes it.
+``gguf_checkpoints.py``; ``model/loading/gguf/sources_gdn.py`` undoes it.
 
 Both: RMSNorm weights but the DeltaNet's output norm written ``1 + w``, ``A = -exp(A_log)``,
 ``conv1d`` squeezed, ``dt_bias`` as ``ssm_dt.bias``, experts stacked. Qwen3-Next: the fused

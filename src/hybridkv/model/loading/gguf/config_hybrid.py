@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from hybridkv.model.config.errors import ModelLoadError
-from hybridkv.model.loading.gguf_file import GgufFile
-from hybridkv.model.loading.gguf_hparams import (
+from hybridkv.model.loading.gguf.file import GgufFile
+from hybridkv.model.loading.gguf.hparams import (
     common_config,
     get_bool,
     kv_heads_per_layer,
@@ -22,7 +22,7 @@ def nemotron_h(file: GgufFile) -> dict[str, Any]:
     """Nemotron-H. The layer pattern is not in the file: a layer with KV heads is attention
     (``*``), one with ``ffn_up_exps`` a MoE (``E``), one with ``ffn_up`` an MLP (``-``), the
     rest Mamba2 (``M``). llama.cpp hard-codes the squared-ReLU MLP and attention without RoPE
-    (the converter still permutes q/k rows: ``gguf_sources`` puts them back). The norms'
+    (the converter still permutes q/k rows: ``sources`` puts them back). The norms'
     epsilon is ``attention.layer_norm_epsilon`` (the checkpoint's ``layer_norm_epsilon``,
     which its model reads). Not in the file: the Mamba2 chunk size (summation order only) and
     ``time_step_min`` (transformers' defaults)."""

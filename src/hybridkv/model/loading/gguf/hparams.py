@@ -1,5 +1,5 @@
-"""The metadata every family's ``config.json`` starts from (``gguf_config``,
-``gguf_config_hybrid``): sizes, norms, RoPE base, special token ids, per-layer KV heads, and
+"""The metadata every family's ``config.json`` starts from (``config``,
+``config_hybrid``): sizes, norms, RoPE base, special token ids, per-layer KV heads, and
 the Mamba2 mixer's ``ssm.*`` keys. Each value is read through ``GgufFile``'s typed, bounded
 accessors: a forged one is a ``ModelLoadError`` naming the key."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from hybridkv.model.config.errors import ModelLoadError
-from hybridkv.model.loading.gguf_file import MAX_DIM, GgufFile
+from hybridkv.model.loading.gguf.file import MAX_DIM, GgufFile
 
 
 def common_config(file: GgufFile) -> dict[str, Any]:

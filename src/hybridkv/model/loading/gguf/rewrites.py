@@ -1,4 +1,4 @@
-"""The pieces ``gguf_sources`` and ``gguf_sources_gdn`` describe a parameter with: a
+"""The pieces ``sources`` and ``sources_gdn`` describe a parameter with: a
 ``GgufSource`` (which GGUF tensors, which row and column order, which value change undone)
 and the small undo functions several families share."""
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hybridkv.model.loading.gguf_file import GgufFile
+from hybridkv.model.loading.gguf.file import GgufFile
 
 GGML_MXFP4 = 39  # the ggml type of MXFP4 blocks: read only through a ``GgufSource.raw``
 Undo = Callable[[torch.Tensor], torch.Tensor]

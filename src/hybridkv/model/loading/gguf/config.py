@@ -12,11 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridkv.model.config.errors import ModelLoadError
-from hybridkv.model.loading.gguf_config_gdn import GDN_ARCHS, qwen_gdn
-from hybridkv.model.loading.gguf_config_gpt_oss import gpt_oss
-from hybridkv.model.loading.gguf_config_hybrid import falcon_h1, nemotron_h
-from hybridkv.model.loading.gguf_file import GgufFile
-from hybridkv.model.loading.gguf_hparams import (
+from hybridkv.model.loading.gguf.config_gdn import GDN_ARCHS, qwen_gdn
+from hybridkv.model.loading.gguf.config_gpt_oss import gpt_oss
+from hybridkv.model.loading.gguf.config_hybrid import falcon_h1, nemotron_h
+from hybridkv.model.loading.gguf.file import GgufFile
+from hybridkv.model.loading.gguf.hparams import (
     common_config,
     get_bool,
     kv_heads_per_layer,

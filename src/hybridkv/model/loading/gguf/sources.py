@@ -19,9 +19,9 @@ checkpoints' ``backbone.`` prefix). The exceptions, per family, are what llama.c
   ``[H, 1]``, ``D`` as ``[H, 1]``, ``conv1d.weight`` ``[C, 1, K]`` squeezed to ``[C, K]``, the
   gated norm ``[d_inner]`` as ``[groups, d_inner / groups]``, ``dt_bias`` renamed
   ``ssm_dt.bias``;
-- gpt-oss: ``gguf_sources_gpt_oss``;
+- gpt-oss: ``sources_gpt_oss``;
 - Falcon-H1's MuP multipliers are multiplied into the weights and not written: nothing can
-  undo that, so its config sets every multiplier to 1 (``gguf_config_hybrid``).
+  undo that, so its config sets every multiplier to 1 (``config_hybrid``).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hybridkv.model.loading.gguf_file import GgufFile
-from hybridkv.model.loading.gguf_rewrites import GgufSource, Rule, a_log, conv, flat, one
-from hybridkv.model.loading.gguf_sources_gdn import GDN_RULES
-from hybridkv.model.loading.gguf_sources_gpt_oss import GPT_OSS_RULES
+from hybridkv.model.loading.gguf.file import GgufFile
+from hybridkv.model.loading.gguf.rewrites import GgufSource, Rule, a_log, conv, flat, one
+from hybridkv.model.loading.gguf.sources_gdn import GDN_RULES
+from hybridkv.model.loading.gguf.sources_gpt_oss import GPT_OSS_RULES
 
 if TYPE_CHECKING:
     import gguf

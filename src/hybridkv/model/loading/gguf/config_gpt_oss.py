@@ -2,7 +2,7 @@
 does not write: every even layer slides (``sliding_window``), the odd ones attend fully; the
 clamped SwiGLU's ``alpha`` 1.702 and ``limit`` 7.0; YaRN without truncated correction dims (the
 released checkpoints' ``truncate: false``). Experts stored as ggml MXFP4 make the config say
-``quantization_config: mxfp4`` so the model holds them as ``Mxfp4Experts`` (``gguf_sources_gpt_oss``
+``quantization_config: mxfp4`` so the model holds them as ``Mxfp4Experts`` (``sources_gpt_oss``
 repacks the blocks)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from hybridkv.model.config.errors import ModelLoadError
-from hybridkv.model.loading.gguf_file import GgufFile
-from hybridkv.model.loading.gguf_hparams import common_config
-from hybridkv.model.loading.gguf_rewrites import GGML_MXFP4
+from hybridkv.model.loading.gguf.file import GgufFile
+from hybridkv.model.loading.gguf.hparams import common_config
+from hybridkv.model.loading.gguf.rewrites import GGML_MXFP4
 
 
 def gpt_oss(file: GgufFile) -> dict[str, Any]:

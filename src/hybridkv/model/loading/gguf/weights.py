@@ -13,7 +13,7 @@ Values:
 - a block-quantized MoE expert stack (``[E, out, in]``: ``ffn_*_exps``) keeps its blocks,
   uint8 ``[E, out, row_bytes]`` (``quant_linear.set_quantized_experts``);
 - the converter's changes are undone: Gemma's norm weights lose the 1 it added
-  (``gguf_config.NORM_SHIFT``).
+  (``config.NORM_SHIFT``).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from hybridkv.model.layers.quant_linear import (
     set_quantized_experts,
     set_quantized_weight,
 )
-from hybridkv.model.loading.gguf_config import NORM_SHIFT, UNSHIFTED_NORM
-from hybridkv.model.loading.gguf_file import GgufFile, GgufTensor
-from hybridkv.model.loading.gguf_rewrites import GGML_MXFP4, GgufSource
-from hybridkv.model.loading.gguf_sources import gguf_source
+from hybridkv.model.loading.gguf.config import NORM_SHIFT, UNSHIFTED_NORM
+from hybridkv.model.loading.gguf.file import GgufFile, GgufTensor
+from hybridkv.model.loading.gguf.rewrites import GGML_MXFP4, GgufSource
+from hybridkv.model.loading.gguf.sources import gguf_source
 from hybridkv.native.quant_blocks import QuantFormat, dequantize
 
 log = logging.getLogger(__name__)

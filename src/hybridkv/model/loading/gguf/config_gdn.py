@@ -1,6 +1,6 @@
 """``config.json`` of the Gated DeltaNet families llama.cpp converts: Qwen3-Next
 (``qwen3next``: MoE on every layer, fused DeltaNet projections) and Qwen3.5 (``qwen35``
-dense, ``qwen35moe``; separate projections). ``gguf_sources_gdn`` undoes their tensor
+dense, ``qwen35moe``; separate projections). ``sources_gdn`` undoes their tensor
 rewrites."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from hybridkv.model.config.errors import ModelLoadError
-from hybridkv.model.loading.gguf_file import GgufFile
-from hybridkv.model.loading.gguf_hparams import common_config, ssm_int
+from hybridkv.model.loading.gguf.file import GgufFile
+from hybridkv.model.loading.gguf.hparams import common_config, ssm_int
 
 # GGUF architecture -> (transformers architecture, model_type)
 _NAMES = {

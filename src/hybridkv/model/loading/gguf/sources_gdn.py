@@ -1,5 +1,5 @@
 """How llama.cpp's converter rewrites the Gated DeltaNet families, and how each parameter is
-rebuilt (``gguf_sources`` holds the other families).
+rebuilt (``sources`` holds the other families).
 
 Sizes, from the ``ssm.*`` metadata: ``nk`` key heads (``group_count``) of ``dk``
 (``state_size``), ``nv`` value heads (``time_step_rank``) of ``dv`` (``inner_size / nv``),
@@ -16,7 +16,7 @@ Sizes, from the ``ssm.*`` metadata: ``nk`` key heads (``group_count``) of ``dk``
   undoes each (columns: block rows move whole blocks when a block lies in one head, else the
   weight is dequantized). With ``r = 1`` every order is the identity.
 - Both: ``A = -exp(A_log)``; ``conv1d`` ``[C, 1, K]`` squeezed; every RMSNorm weight but the
-  DeltaNet's output norm written as ``1 + w`` (``gguf_config.NORM_SHIFT``,
+  DeltaNet's output norm written as ``1 + w`` (``config.NORM_SHIFT``,
   ``UNSHIFTED_NORM``); experts stacked
   ``[E, out, in]``, Qwen3.5's fused ``gate_up_proj`` split into ``ffn_gate_exps`` and
   ``ffn_up_exps``; the shared expert's ``[1, H]`` gate is ``[H]`` once llama-quantize wrote it.
@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from hybridkv.model.config.errors import ModelLoadError
-from hybridkv.model.loading.gguf_file import GgufFile
-from hybridkv.model.loading.gguf_rewrites import GgufSource, Rule, a_log, conv, one
+from hybridkv.model.loading.gguf.file import GgufFile
+from hybridkv.model.loading.gguf.rewrites import GgufSource, Rule, a_log, conv, one
 
 
 def _sizes(file: GgufFile) -> tuple[int, int, int, int]:

@@ -1,5 +1,5 @@
 """How llama.cpp's converter rewrites gpt-oss (``conversion/gpt_oss.py``) and how each
-parameter is rebuilt (``gguf_sources`` holds the other families).
+parameter is rebuilt (``sources`` holds the other families).
 
 - ``gate_up_proj`` (``[E, H, 2I]``, gate and up interleaved along the output) is split into
   ``ffn_gate_exps`` and ``ffn_up_exps`` ``[E, I, H]``; its bias into two ``[E, I]``. Float
@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hybridkv.model.loading.gguf_file import GgufFile
-from hybridkv.model.loading.gguf_rewrites import GgufSource, RawBytes, Rule, one
+from hybridkv.model.loading.gguf.file import GgufFile
+from hybridkv.model.loading.gguf.rewrites import GgufSource, RawBytes, Rule, one
 from hybridkv.native.mxfp4 import check_scales
 
 MXFP4_BLOCK_BYTES = 17  # 1 scale byte + 32 4-bit values
