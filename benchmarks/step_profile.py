@@ -115,13 +115,14 @@ def native_entry_points() -> list[tuple[Any, str]]:
     from hybridkv.native.gemm import load_gemm
     from hybridkv.native.quant import load_quant
     from hybridkv.native.rownorm import load_rownorm
+    from hybridkv.native.runner import load_runner
     from hybridkv.native.ssm import load_ssm
     from hybridkv.native.ssm_prefill import load_ssm_prefill
 
     names = ("_attn", "_gemm", "_gemm_i8", "_dequantize", "_norm", "_rope", "_norm_rope",
-             "_act_mul", "_step", "_conv", "_scan")  # fmt: skip
+             "_act_mul", "_step", "_conv", "_scan", "_run")  # fmt: skip
     libs = [load() for load in (load_attention, load_gemm, load_quant, load_rownorm, load_ssm,
-                                load_ssm_prefill)]  # fmt: skip
+                                load_ssm_prefill, load_runner)]  # fmt: skip
     return [(lib, n) for lib in libs if lib is not None for n in names if hasattr(lib, n)]
 
 
