@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from hybridkv.model.layers import quant_linear
 from hybridkv.model.layers.fused import FusedLinear
 from hybridkv.model.layers.linear import Linear, ProjectionGemm
 from hybridkv.model.layers.norm import OffsetRMSNorm, RMSNorm
-from hybridkv.model.layers.quant_linear import INT8_FORMATS, INT8_MAX_ROWS, QUANT_MAX_ROWS
 from hybridkv.native.attention import PAGE_DTYPES
 from hybridkv.native.rownorm import ACTIVATIONS
 from hybridkv.native.runner import Op, OpKind
@@ -146,8 +146,8 @@ class ProgramBuilder:
             args = (x.address, weight.data_ptr(), b, out.address)
             self.emit(OpKind.GEMM, args, (x.stride, n, k, -1, 0))
             return
-        int8 = quant in INT8_FORMATS
-        if self.max_rows > (INT8_MAX_ROWS if int8 else QUANT_MAX_ROWS):
+        int8 = quant in quant_linear.INT8_FORMATS  # read at planning, as ``quant_linear`` does
+        if self.max_rows > (quant_linear.INT8_MAX_ROWS if int8 else quant_linear.QUANT_MAX_ROWS):
             raise Unsupported(f"{self.max_rows} rows of {quant} take the panel path")
         ggml_type = quant.layout.ggml_type  # type: ignore[attr-defined]
         args = (x.address, weight.data_ptr(), b, out.address)

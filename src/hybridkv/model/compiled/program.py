@@ -173,6 +173,9 @@ def create_decode_program(
     builder = ProgramBuilder(MAX_ROWS)
     try:
         with torch.inference_mode():
+            dtype = model.embed_input(torch.zeros(1, dtype=torch.int64)).dtype
+            if dtype != torch.float32:  # the buffers are float32: not the Python step's numbers
+                raise Unsupported(f"{dtype} activations")
             plan = planner(builder, model, bind)
     except Unsupported as err:
         log.info("decode program off for %s: %s; decoding in Python", type(model).__name__, err)
