@@ -101,6 +101,8 @@ def instrumented(llm: Any, timers: Timers) -> Iterator[None]:
         # the final norm and lm_head run outside forward(): model work, not engine overhead
         timers.wrap(engine.runner.model, "compute_logits", "forward"),
     ]
+    if hasattr(engine.runner, "decode_program"):  # a compiled decode step instead of forward()
+        undo.append(timers.wrap(engine.runner.decode_program, "try_forward", "forward"))
     undo += [timers.wrap(lib, attr, "native") for lib, attr in native_entry_points()]
     try:
         yield

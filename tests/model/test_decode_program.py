@@ -72,16 +72,28 @@ def test_float32_program_matches_the_python_step(
     _assert_same(gguf_sized[arch], monkeypatch)
 
 
-@pytest.mark.parametrize("fmt", [QuantFormat.Q8_0, QuantFormat.Q4_K])
+MIXED = {  # like llama.cpp's Q4_K_M: q/k/v of two formats (fused part by part), Q6_K embedding
+    "token_embd": QuantFormat.Q6_K,
+    "attn_v": QuantFormat.Q6_K,
+    "ffn_down": QuantFormat.Q6_K,
+    "": QuantFormat.Q4_K,
+}
+
+
+@pytest.mark.parametrize(
+    "formats",
+    [{"": QuantFormat.Q8_0}, {"": QuantFormat.Q4_K}, MIXED],
+    ids=["Q8_0", "Q4_K", "mixed"],
+)
 @pytest.mark.parametrize("arch", ["gemma3", "granitemoehybrid"])
 def test_gguf_program_matches_the_python_step(
     arch: str,
-    fmt: QuantFormat,
+    formats: dict[str, QuantFormat],
     gguf_sized: dict[str, Path],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    path = make_gguf_checkpoint(arch, gguf_sized[arch], tmp_path / "m.gguf", {"": fmt})
+    path = make_gguf_checkpoint(arch, gguf_sized[arch], tmp_path / "m.gguf", formats)
     _assert_same(resolve_model_dir(str(path)), monkeypatch)
 
 

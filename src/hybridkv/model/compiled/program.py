@@ -72,6 +72,8 @@ class DecodeProgram:
         num_tokens = int(input_ids.shape[0])
         if not 0 < num_tokens <= MAX_ROWS or ctx.max_position >= self.rope_len:
             return None
+        if not _is_index(ctx.positions):
+            return None
         if not (self._bind_attention(ctx, num_tokens) and self._bind_states(ctx, num_tokens)):
             return None
         step = self._step
@@ -92,6 +94,8 @@ class DecodeProgram:
             table = meta.table
             if table.block_table.shape[0] != num_tokens:  # a request with more than one token
                 return False
+            if not all(_is_index(t) for t in (table.block_table, table.rows, table.positions)):
+                return False
             group = self._attn[slot]
             group.table, group.table_stride = (
                 table.block_table.data_ptr(),
@@ -107,13 +111,10 @@ class DecodeProgram:
             if meta is None or meta.has_prefill or meta.decode_token_idx.shape[0] != num_tokens:
                 return False
             slots, tokens = meta.decode_slots, meta.decode_token_idx
-            if slots.dtype != torch.int64 or tokens.dtype != torch.int64:
+            if not (_is_index(slots) and _is_index(tokens)):
                 return False
             group = self._states[slot]
-            group.slots, group.tokens = (
-                slots.contiguous().data_ptr(),
-                tokens.contiguous().data_ptr(),
-            )
+            group.slots, group.tokens = slots.data_ptr(), tokens.data_ptr()
             group.rows = num_tokens
         return True
 
@@ -147,6 +148,11 @@ class LazyDecodeProgram:
             self._program = program = create_decode_program(*self._args)
             self._planned = True
         return None if program is None else program.try_forward(input_ids, ctx)
+
+
+def _is_index(t: torch.Tensor) -> bool:
+    """What the kernels read by address: contiguous int64 (the step builder's tensors are)."""
+    return t.dtype == torch.int64 and t.is_contiguous()
 
 
 def _tensor_of(builder: ProgramBuilder, address: int) -> torch.Tensor:
