@@ -40,6 +40,10 @@ class Groups:
 
 
 class DecodeProgram:
+    """One model's planned ops, their buffers (kept by the builder) and the step struct the
+    runner reads; bound to the runner's KV pages and state tensors, the weights and the
+    rotary tables as they were when planned."""
+
     def __init__(
         self, runner: ProgramRunner, builder: ProgramBuilder, plan: Plan, groups: Groups,
         model: CausalLM, ropes: list[RotaryTable],
