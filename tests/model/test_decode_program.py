@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hybridkv.engine.core import EngineCore
-from hybridkv.model.compiled.program import ENV_SWITCH
+from hybridkv.model.compiled.program import ENV_SWITCH, MAX_ROWS
 from hybridkv.model.loading.hub import resolve_model_dir
 from hybridkv.native.quant_blocks import QuantFormat
 from tests.engine.helpers import (
@@ -188,3 +188,24 @@ def test_prefix_hits_and_preemption_keep_the_python_steps_outputs(
     for out, expected in zip(outs, ref, strict=True):
         assert out.token_ids == expected.token_ids and out.logits == expected.logits
     assert_no_leaks(compiled)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "granitemoehybrid"])
+def test_a_full_batch_of_decode_rows_matches_the_python_step(
+    arch: str, gguf_sized: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``MAX_ROWS`` requests decoding together (B1's 32), then one more: Python again."""
+    logits = []
+    for program in (False, True):
+        monkeypatch.setenv(ENV_SWITCH, "1" if program else "0")
+        driver = RunnerDriver(make_runner(gguf_sized[arch], num_state_slots=MAX_ROWS + 2))
+        rids = [f"r{i}" for i in range(MAX_ROWS + 1)]
+        for i, rid in enumerate(rids):
+            driver.add(rid, [3 + i, 7, 11 + 2 * i, 5])
+        driver.step(dict.fromkeys(rids, 4))
+        driver.decode_all(rids[:MAX_ROWS], 2)  # on the program
+        driver.decode_all(rids, 1)  # one row too many: the Python step
+        steps = driver.runner.decode_program.program
+        assert (steps.num_steps if steps else 0) == (2 if program else 0)
+        logits.append(torch.cat([driver.all_logits(rid) for rid in rids]))
+    assert torch.equal(logits[0], logits[1])

@@ -47,13 +47,37 @@ class Rows:
 
 @dataclass(slots=True)
 class ProgramBuilder:
-    """The ops of one program and everything they point to (kept alive here)."""
+    """The ops of one program and everything they point to (kept alive here).
+
+    Buffers asked for inside layer ``i`` (``begin_layer``) come from pool ``i % 2``: layer
+    ``i + 2`` reuses them (a layer's output is read by the next layer only), so a program
+    holds two layers' worth of activations, warm in the caches; outside layers (the
+    residual stream, the final hidden rows) each buffer is its own."""
 
     max_rows: int
     ops: list[Op] = field(default_factory=list)
     keep: list[torch.Tensor] = field(default_factory=list)
+    _scope: int | None = None
+    _pools: dict[tuple[int, int], list[Rows]] = field(default_factory=dict)
+    _taken: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def begin_layer(self, index: int | None) -> None:
+        """Buffers from here on belong to layer ``index`` (None: to no layer)."""
+        self._scope = None if index is None else index % 2
+        self._taken = {}
 
     def buffer(self, width: int) -> Rows:
+        """Float32 rows ``[max_rows, width]``: a pooled one inside a layer, else a new one."""
+        if self._scope is None:
+            return self._new_buffer(width)
+        key = (self._scope, width)
+        pool, taken = self._pools.setdefault(key, []), self._taken.get(key, 0)
+        if taken == len(pool):
+            pool.append(self._new_buffer(width))
+        self._taken[key] = taken + 1
+        return pool[taken]
+
+    def _new_buffer(self, width: int) -> Rows:
         t = torch.zeros(self.max_rows, width, dtype=torch.float32)  # [R, width]
         self.keep.append(t)
         return Rows(t.data_ptr(), width, width)

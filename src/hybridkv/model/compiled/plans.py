@@ -48,6 +48,9 @@ class _Stream:
         self.pending: Rows | None = None
         self.scale = 1.0
 
+    def layer(self, index: int) -> None:
+        self.b.begin_layer(index)
+
     def input_norm(self, norm: Any) -> Rows:
         """``norm(x)``, or ``x += pending * scale`` first (``add_norm``)."""
         if self.pending is None:
@@ -60,6 +63,8 @@ class _Stream:
 
     def plan(self, model: Any) -> Plan:
         """The final norm (``model.model.norm``) of the stream with its pending add."""
+        self.b.begin_layer(None)
+        self.normed = self.b.buffer(self.hidden_size)  # the lm_head's rows, never reused
         return Plan(self.resid, self.input_norm(model.model.norm))
 
 
@@ -77,6 +82,7 @@ def _attn_of(bind: Bindings, layer_id: int) -> AttnBinding:
 def plan_gemma3(b: ProgramBuilder, model: Any, bind: Bindings) -> Plan:
     x = _Stream(b, model.config.hidden_size)
     for i, layer in enumerate(model.model.layers):
+        x.layer(i)
         rope = model.rotary_local if layer.is_sliding else model.rotary_global
         attn = attention(b, layer.self_attn, x.input_norm(layer.input_layernorm),
                          _attn_of(bind, i), rope)  # fmt: skip
@@ -90,6 +96,7 @@ def plan_gemma3(b: ProgramBuilder, model: Any, bind: Bindings) -> Plan:
 def plan_qwen3(b: ProgramBuilder, model: Any, bind: Bindings) -> Plan:
     x = _Stream(b, model.config.hidden_size)
     for i, layer in enumerate(model.model.layers):
+        x.layer(i)
         h = x.input_norm(layer.input_layernorm)
         attn = attention(b, layer.self_attn, h, _attn_of(bind, i), model.rotary)
         h = x.add_norm(layer.post_attention_layernorm, attn)
@@ -100,6 +107,7 @@ def plan_qwen3(b: ProgramBuilder, model: Any, bind: Bindings) -> Plan:
 def plan_granite(b: ProgramBuilder, model: Any, bind: Bindings) -> Plan:
     x = _Stream(b, model.config.hidden_size)
     for i, layer in enumerate(model.model.layers):
+        x.layer(i)
         if layer.has_experts:
             raise Unsupported("Granite MoE experts (top-k routing runs in torch)")
         h = x.input_norm(layer.input_layernorm)

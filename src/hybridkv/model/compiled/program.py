@@ -27,7 +27,7 @@ from hybridkv.model.models.common import CausalLM
 from hybridkv.native.runner import AttnGroup, ProgramRunner, StateGroup, Step, load_runner
 
 log = logging.getLogger(__name__)
-MAX_ROWS = 8  # decode tokens a step may have to run on the program
+MAX_ROWS = 32  # decode tokens a step may have to run on the program (B1: up to 32 requests)
 ENV_SWITCH = "HYBRIDKV_DECODE_PROGRAM"
 
 
