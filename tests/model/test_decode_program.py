@@ -85,7 +85,7 @@ MIXED = {  # like llama.cpp's Q4_K_M: q/k/v of two formats (fused part by part),
     [{"": QuantFormat.Q8_0}, {"": QuantFormat.Q4_K}, MIXED],
     ids=["Q8_0", "Q4_K", "mixed"],
 )
-@pytest.mark.parametrize("arch", ["gemma3", "granitemoehybrid"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_gguf_program_matches_the_python_step(
     arch: str,
     formats: dict[str, QuantFormat],
