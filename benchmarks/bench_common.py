@@ -1,9 +1,10 @@
-"""What every benchmark prints beside its results: the machine it ran on."""
+"""What every benchmark shares: the machine it ran on, the checkpoint it builds."""
 
 from __future__ import annotations
 
 import os
 import platform
+from pathlib import Path
 from typing import Any
 
 
@@ -43,3 +44,11 @@ def cpu_flags() -> list[str]:
         return []
     present = set(line.split(":", 1)[-1].split())
     return [flag for flag in SIMD_FLAGS if flag in present]
+
+
+def ensure_checkpoint(cache_dir: Path, arch: str, size: str) -> Path:
+    """The checkpoint ``cache_dir/arch-size``, built (atomically) by ``make_model`` if missing."""
+    from hybridkv.model.loading.make_model import ensure_model
+
+    ensure_model(arch, cache_dir / f"{arch}-{size}", size=size, seed=0)
+    return cache_dir / f"{arch}-{size}"

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_common import cpu_flags, machine_info
+from bench_common import cpu_flags, ensure_checkpoint, machine_info
 
 FIRST_TOKEN_ID = 3  # 0..2 are the tiny tokenizer's special tokens
 RATES = (0.01, 0.10)
@@ -77,14 +77,6 @@ def fault_configs(quick: bool) -> dict[str, dict[str, float]]:
         configs[f"request {pct}"] = {"request_failure_rate": rate}
     configs["timeout"] = {"delay_seconds": 0.04, "load_timeout_seconds": 0.02}
     return configs
-
-
-def ensure_checkpoint(cache_dir: Path, arch: str, size: str) -> Path:
-    """The checkpoint ``cache_dir/arch-size``, built (atomically) by ``make_model`` if missing."""
-    from hybridkv.model.loading.make_model import ensure_model
-
-    ensure_model(arch, cache_dir / f"{arch}-{size}", size=size, seed=0)
-    return cache_dir / f"{arch}-{size}"
 
 
 def make_prompts(vocab_size: int, work: Workload, seed: int = 0) -> list[list[int]]:

@@ -36,7 +36,7 @@ SRC = HERE.parent / "src"
 def worker(args: argparse.Namespace) -> dict[str, Any]:
     """One engine, the batch twice; JSON on stdout."""
     import hybridkv
-    from throughput import ensure_checkpoint
+    from bench_common import ensure_checkpoint
     from throughput_mixed import HybridKV, MixedWorkload, make_requests
 
     work = MixedWorkload(args.num_requests, (16, args.max_prompt), (8, args.max_output), 16, 1)

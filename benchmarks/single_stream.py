@@ -8,8 +8,9 @@ so the prefill and the request's own round trip cancel. Every engine stays up th
 file's runs (``LLM`` in a worker process of its own, idle on a pipe while the others are
 timed) and they take turns, A B C ... A B C, ``--repeats`` rounds; llama-bench once a round.
 ``--baseline-src DIR`` adds the same hybridkv engines run from another source tree (e.g. main's
-``src``): before / after in the same run. The load average is printed with every round: the
-machine is shared.
+``src``): before / after in the same run; ``--program-off`` adds them with the compiled decode
+step off (``HYBRIDKV_DECODE_PROGRAM=0``, ``model/compiled/program.py``). The load average is
+printed with every round: the machine is shared.
 
     .venv/bin/python benchmarks/single_stream.py --threads 2 --repeats 5 \\
         --baseline-src /work/main/src --gguf /work/llamacpp/models/gemma3-small-q8_0.gguf
@@ -36,6 +37,7 @@ from llamacpp_servers import Server, hybridkv_server, llama_server
 LLAMA_BIN = Path("/work/llamacpp/build/bin")
 PROMPT = [(7 * i + 11) % 997 + 3 for i in range(16)]
 Rate = Callable[[int], float]  # decode tokens/s of one request of n outputs
+PROGRAM_SWITCH = "HYBRIDKV_DECODE_PROGRAM"  # hybridkv.model.compiled.program.ENV_SWITCH
 
 
 def decode_rate(complete: Callable[[int], object], n: int) -> float:
@@ -101,17 +103,34 @@ def llama_bench(bin_dir: Path, path: Path, n: int, threads: int) -> float:
     return float(json.loads(out.stdout)[0]["avg_ts"])
 
 
+@contextmanager
+def decode_program(on: bool) -> Iterator[None]:
+    """Processes started inside run with the compiled decode step on / off (its switch)."""
+    saved = os.environ.get(PROGRAM_SWITCH)
+    os.environ[PROGRAM_SWITCH] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[PROGRAM_SWITCH]
+        else:
+            os.environ[PROGRAM_SWITCH] = saved
+
+
 def engines(stack: ExitStack, path: Path, args: argparse.Namespace) -> dict[str, Rate]:
     """Name -> decode rate of every engine of the run, all started (and stopped by ``stack``)."""
-    srcs: list[tuple[str, Path | None]] = [("", None)]
+    srcs: list[tuple[str, Path | None, bool]] = [("", None, True)]
+    if args.program_off:
+        srcs.append((" no-program", None, False))
     if args.baseline_src is not None:
-        srcs.append((" base", args.baseline_src))
+        srcs.append((" base", args.baseline_src, True))
     out: dict[str, Rate] = {}
-    for suffix, src in srcs:
-        out[f"LLM{suffix}"] = stack.enter_context(llm_worker(path, args.threads, src))
-        if not args.quick:
-            served = hybridkv_server(path, args.threads, 1, 2048, src)
-            out[f"serve{suffix}"] = server_rate(stack.enter_context(served))
+    for suffix, src, program in srcs:
+        with decode_program(program):
+            out[f"LLM{suffix}"] = stack.enter_context(llm_worker(path, args.threads, src))
+            if not args.quick:
+                served = hybridkv_server(path, args.threads, 1, 2048, src)
+                out[f"serve{suffix}"] = server_rate(stack.enter_context(served))
     if args.llama:
         served = llama_server(args.llama_bin, path, args.threads, 1, 2048)
         out["llama-server"] = server_rate(stack.enter_context(served))
@@ -164,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--baseline-src", type=Path, default=None, help="a second hybridkv src tree")
+    p.add_argument("--program-off", action="store_true",
+                   help="also run hybridkv with the compiled decode step off (A/B)")  # fmt: skip
     p.add_argument("--llama-bin", type=Path, default=LLAMA_BIN)
     p.add_argument("--no-llama", dest="llama", action="store_false", help="hybridkv only")
     p.add_argument("--quick", action="store_true", help="LLM only, tiny qwen3, 8 tokens")

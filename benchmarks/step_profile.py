@@ -101,6 +101,8 @@ def instrumented(llm: Any, timers: Timers) -> Iterator[None]:
         # the final norm and lm_head run outside forward(): model work, not engine overhead
         timers.wrap(engine.runner.model, "compute_logits", "forward"),
     ]
+    if hasattr(engine.runner, "decode_program"):  # a compiled decode step instead of forward()
+        undo.append(timers.wrap(engine.runner.decode_program, "try_forward", "forward"))
     undo += [timers.wrap(lib, attr, "native") for lib, attr in native_entry_points()]
     try:
         yield
@@ -115,13 +117,14 @@ def native_entry_points() -> list[tuple[Any, str]]:
     from hybridkv.native.gemm import load_gemm
     from hybridkv.native.quant import load_quant
     from hybridkv.native.rownorm import load_rownorm
+    from hybridkv.native.runner import load_runner
     from hybridkv.native.ssm import load_ssm
     from hybridkv.native.ssm_prefill import load_ssm_prefill
 
     names = ("_attn", "_gemm", "_gemm_i8", "_dequantize", "_norm", "_rope", "_norm_rope",
-             "_act_mul", "_step", "_conv", "_scan")  # fmt: skip
+             "_act_mul", "_step", "_conv", "_scan", "_run")  # fmt: skip
     libs = [load() for load in (load_attention, load_gemm, load_quant, load_rownorm, load_ssm,
-                                load_ssm_prefill)]  # fmt: skip
+                                load_ssm_prefill, load_runner)]  # fmt: skip
     return [(lib, n) for lib in libs if lib is not None for n in names if hasattr(lib, n)]
 
 

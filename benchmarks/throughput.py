@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from bench_common import cpu_flags, machine_info
+from bench_common import cpu_flags, ensure_checkpoint, machine_info
 from hybridkv.model.families.registry import get_make_model_archs
 from hybridkv.model.loading.matmul import cpu_has_native_bf16
 from hybridkv.paths import cache_dir as hybridkv_cache_dir
@@ -122,14 +122,6 @@ def load_transformers(path: Path, dtype: str) -> Any:
     logging.set_verbosity_error()
     logging.disable_progress_bar()
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).eval()
-
-
-def ensure_checkpoint(cache_dir: Path, arch: str, size: str) -> Path:
-    """The checkpoint ``cache_dir/arch-size``, built (atomically) by ``make_model`` if missing."""
-    from hybridkv.model.loading.make_model import ensure_model
-
-    ensure_model(arch, cache_dir / f"{arch}-{size}", size=size, seed=0)
-    return cache_dir / f"{arch}-{size}"
 
 
 def make_prompts(vocab_size: int, work: Workload, seed: int = 0) -> list[list[int]]:

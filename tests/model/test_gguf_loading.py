@@ -23,7 +23,7 @@ from hybridkv.model.config.errors import ModelLoadError
 from hybridkv.model.layers import quant_linear
 from hybridkv.model.layers.linear import Linear
 from hybridkv.model.layers.quant_linear import QuantEmbedding
-from hybridkv.model.loading.gguf_view import view_dir
+from hybridkv.model.loading.gguf.view import view_dir
 from hybridkv.model.loading.hub import resolve_model_dir
 from hybridkv.model.loading.loader import load_model, load_model_config
 from hybridkv.model.loading.tokenizer import Tokenizer
@@ -74,7 +74,7 @@ def files(
             path = make_gguf_checkpoint(arch, hf_dir, root / f"{arch}-{name}.gguf", formats)
             out[arch, name] = (path, hf_dir)
     yield out
-    for path, _ in out.values():  # the views these files got in the cache (``gguf_view``)
+    for path, _ in out.values():  # the views these files got in the cache (``gguf.view``)
         shutil.rmtree(view_dir(path), ignore_errors=True)
 
 

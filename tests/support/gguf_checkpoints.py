@@ -10,7 +10,7 @@ input a multiple of Q4_K's 256-value blocks.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,13 @@ from hybridkv.model.loading.tiny_tokenizer import CHAT_TEMPLATE, EOS_TOKEN, PAD_
 from hybridkv.native.quant_blocks import QuantFormat, pack
 from tests.support.checkpoints import hf_config_dict, make_hf_checkpoint
 from tests.support.gguf_granite import FLOAT_2D, granite_tensors, write_granite_hparams
+from tests.support.gguf_hybrids import (
+    HYBRID_ARCHS,
+    HYBRID_SIZES,
+    hybrid_tensors,
+    make_hybrid_hf_checkpoint,
+    write_hybrid_hparams,
+)
 
 GGUF_SIZES: dict[str, dict[str, Any]] = {
     "qwen3": {
@@ -39,32 +46,56 @@ GGUF_SIZES: dict[str, dict[str, Any]] = {
         "mamba_chunk_size": 256,  # not in GGUF: the loader takes transformers' default
     },
 }  # fmt: skip
+# Granite 4.0-H with experts (checkpoints.py's 4 experts, top-2, no RoPE): experts in blocks
+GGUF_SIZES["granitemoehybrid_moe"] = {
+    **GGUF_SIZES["granitemoehybrid"], "position_embedding_type": "nope", "attention_multiplier": 1 / 64,
+}  # fmt: skip
 _ARCH = {
     "qwen3": gguf.MODEL_ARCH.QWEN3,
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "granitemoehybrid": gguf.MODEL_ARCH.GRANITE_HYBRID,
+    "granitemoehybrid_moe": gguf.MODEL_ARCH.GRANITE_HYBRID,
+    **HYBRID_ARCHS,
 }
 
 
 def make_gguf_hf_checkpoint(arch: str, out_dir: Path) -> Path:
     """The transformers checkpoint ``make_gguf_checkpoint`` converts."""
+    if arch in HYBRID_ARCHS:
+        return make_hybrid_hf_checkpoint(arch, out_dir)
     return make_hf_checkpoint(arch, out_dir, **GGUF_SIZES[arch])
 
 
 def make_gguf_checkpoint(
-    arch: str, hf_dir: Path, path: Path, formats: dict[str, QuantFormat]
+    arch: str,
+    hf_dir: Path,
+    path: Path,
+    formats: dict[str, QuantFormat],
+    edit: Callable[[str, np.ndarray], np.ndarray | None] | None = None,
 ) -> Path:
     """``path``: the tiny ``arch`` model at ``hf_dir`` (``make_gguf_hf_checkpoint``) as GGUF,
     each projection whose GGUF name contains a key of ``formats`` packed in that format
-    (``{"": fmt}``: every one)."""
-    config = hf_config_dict(arch, **GGUF_SIZES[arch])  # legacy key names (rope_theta)
+    (``{"": fmt}``: every one); ``edit(name, values)`` (hostile files) changes a converted
+    tensor, or drops it (None)."""
+    hybrid = arch in HYBRID_ARCHS
+    # legacy key names (rope_theta)
+    config = HYBRID_SIZES[arch] if hybrid else hf_config_dict(arch, **GGUF_SIZES[arch])
     writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[_ARCH[arch]])
     _write_hparams(writer, arch, config)
     _write_tokenizer(writer, hf_dir)
-    names = gguf.get_tensor_name_map(_ARCH[arch], config["num_hidden_layers"])
-    for name, tensor in sorted(load_file(str(hf_dir / "model.safetensors")).items()):
-        for theirs, values in _converted(arch, name, tensor, config, names):
-            _add_tensor(writer, arch, theirs, values, formats)
+    layers = len(config.get("hybrid_override_pattern", "")) or config["num_hidden_layers"]
+    names = gguf.get_tensor_name_map(_ARCH[arch], layers)
+    tensors = load_file(str(hf_dir / "model.safetensors"))
+    if hybrid:
+        converted = hybrid_tensors(arch, tensors, config, names)
+    else:
+        converted = (
+            c for n, t in sorted(tensors.items()) for c in _converted(arch, n, t, config, names)
+        )
+    for theirs, values in converted:
+        edited = values if edit is None else edit(theirs, values)
+        if edited is not None:
+            _add_tensor(writer, arch, theirs, edited, formats)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -75,7 +106,7 @@ def make_gguf_checkpoint(
 def _converted(
     arch: str, name: str, tensor: np.ndarray, config: dict[str, Any], names: gguf.TensorNameMap
 ) -> Iterator[tuple[str, np.ndarray]]:
-    if arch == "granitemoehybrid":
+    if arch.startswith("granitemoehybrid"):
         yield from granite_tensors(name, tensor, config, names)
         return
     theirs = names.get_name(name, try_suffixes=(".weight", ".bias"))
@@ -92,18 +123,26 @@ def _add_tensor(
 ) -> None:
     fmt = next((f for key, f in formats.items() if key in theirs), None)
     embedding = "token_embd" in theirs  # quantized only when named: {"token_embd": fmt}
-    packed = tensor.ndim == 2 and not any(part in theirs for part in FLOAT_2D)
+    if tensor.dtype == np.uint8:  # already in blocks (gpt-oss's MXFP4 experts)
+        writer.add_tensor(theirs, tensor, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+        return
+    kind = theirs.removesuffix(".weight").split(".")[-1]  # blk.0.ssm_a -> ssm_a
+    packed = tensor.ndim in (2, 3) and kind not in FLOAT_2D and not theirs.endswith(".bias")
     if packed and fmt is not None and (not embedding or "token_embd" in formats):
         raw = gguf.GGMLQuantizationType(fmt.layout.ggml_type)
-        writer.add_tensor(theirs, pack(np.ascontiguousarray(tensor), fmt), raw_dtype=raw)
+        rows = pack(np.ascontiguousarray(tensor.reshape(-1, tensor.shape[-1])), fmt)
+        writer.add_tensor(theirs, rows.reshape(*tensor.shape[:-1], -1), raw_dtype=raw)
     else:
         shift = 1.0 if arch == "gemma3" and theirs.endswith("norm.weight") else 0.0
         writer.add_tensor(theirs, np.ascontiguousarray(tensor + shift, dtype=np.float32))
 
 
 def _write_hparams(writer: gguf.GGUFWriter, arch: str, config: dict[str, Any]) -> None:
-    if arch == "granitemoehybrid":
+    if arch.startswith("granitemoehybrid"):
         write_granite_hparams(writer, config)
+        return
+    if arch in HYBRID_ARCHS:
+        write_hybrid_hparams(writer, arch, config)
         return
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])

@@ -1,6 +1,6 @@
 """What llama.cpp's converter does to a Granite 4.0-H checkpoint (``granitehybrid``), redone
 here for the tiny GGUF files of ``gguf_checkpoints.py``: its metadata keys and its tensor
-rewrites (``model/loading/gguf_sources.py`` undoes them; this is their forward direction,
+rewrites (``model/loading/gguf/sources.py`` undoes them; this is their forward direction,
 written from the converter's behaviour: ``conversion/granite.py``, ``mamba.py``, ``llama.py``).
 """
 
@@ -13,8 +13,10 @@ import gguf
 import numpy as np
 
 # 2-D tensors llama-quantize keeps in float (a row of 4 conv taps, the [H, 1] A and D, the
-# gated norm's [groups, d] weight)
-FLOAT_2D = ("ssm_conv1d", "ssm_norm", "ssm_a", "ssm_d")
+# gated norm's [groups, d] weight, the MoE router)
+FLOAT_2D = frozenset(
+    {"ssm_conv1d", "ssm_norm", "ssm_a", "ssm_d", "ffn_gate_inp", "ffn_gate_inp_shexp"}
+)
 
 
 def write_granite_hparams(writer: gguf.GGUFWriter, config: dict[str, Any]) -> None:
@@ -52,13 +54,15 @@ def granite_tensors(
     """The GGUF tensors the converter writes for the checkpoint's ``name``."""
     head, _, leaf = name.rpartition(".")
     blk = f"blk.{name.split('.')[2]}" if name.startswith("model.layers.") else ""
-    if name.endswith("shared_mlp.input_linear.weight"):
-        gate, up = np.split(tensor, 2, axis=0)
-        yield f"{blk}.ffn_gate.weight", gate
-        yield f"{blk}.ffn_up.weight", up
+    shared = "_shexp" if config.get("num_local_experts") else ""  # beside experts
+    if name.endswith("input_linear.weight"):  # [.., 2I, H]: gate rows, then up rows
+        gate, up = np.split(tensor, 2, axis=-2)
+        suffix = "_exps" if "block_sparse_moe" in name else shared
+        yield f"{blk}.ffn_gate{suffix}.weight", gate
+        yield f"{blk}.ffn_up{suffix}.weight", up
         return
     if name.endswith("shared_mlp.output_linear.weight"):
-        yield f"{blk}.ffn_down.weight", tensor
+        yield f"{blk}.ffn_down{shared}.weight", tensor
         return
     if leaf == "dt_bias":
         yield f"{blk}.ssm_dt.bias", tensor
@@ -71,21 +75,27 @@ def granite_tensors(
 def _rewritten(name: str, tensor: np.ndarray, config: dict[str, Any]) -> np.ndarray:
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
     if name.endswith("q_proj.weight"):
-        return _permute(tensor, heads)
+        return permute_rope_rows(tensor, heads)
     if name.endswith("k_proj.weight"):
-        return _permute(tensor, kv)
+        return permute_rope_rows(tensor, kv)
+    return mamba2_rewritten(name, tensor, config["mamba_n_groups"])
+
+
+def mamba2_rewritten(name: str, tensor: np.ndarray, groups: int) -> np.ndarray:
+    """A Mamba2 mixer's tensor as the converter writes it (``conversion/mamba.py``); any
+    other tensor as it is."""
     if name.endswith("A_log"):
         return -np.exp(tensor).reshape(-1, 1)
-    if name.endswith("mamba.D"):
+    if name.endswith(".D"):
         return tensor.reshape(-1, 1)
     if name.endswith("conv1d.weight"):
         return tensor.squeeze(1)
-    if name.endswith("mamba.norm.weight"):
-        return tensor.reshape(config["mamba_n_groups"], -1)
+    if name.endswith(("mamba.norm.weight", "mixer.norm.weight")):
+        return tensor.reshape(groups, -1)
     return tensor
 
 
-def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+def permute_rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's q/k row order: each head's two RoPE halves interleaved."""
     return (
         w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

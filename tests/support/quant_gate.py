@@ -20,7 +20,11 @@ from hybridkv.kv.spec import create_layout
 from hybridkv.model.config.model_config import ModelConfig
 from hybridkv.model.layers import quant_linear
 from hybridkv.model.layers.linear import Linear
-from hybridkv.model.layers.quant_linear import QUANT_MAX_ROWS, dequantize_linear_
+from hybridkv.model.layers.quant_linear import (
+    QUANT_MAX_ROWS,
+    dequantize_experts_,
+    dequantize_linear_,
+)
 from hybridkv.model.loading.loader import load_model
 from hybridkv.model.models.common import CausalLM
 from hybridkv.model.step.runner import ModelRunner
@@ -77,6 +81,7 @@ def quality_gate(
     for module in reference.modules():
         if isinstance(module, Linear):
             dequantize_linear_(module)
+        dequantize_experts_(module)  # GGUF MoE experts kept in blocks
     return compare_models(quant, reference, cfg, ids, decode_steps, int8_decode)
 
 

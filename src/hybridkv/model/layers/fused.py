@@ -40,6 +40,10 @@ class FusedLinear:
         weight, bias = self._cache.get()  # quantized rows concatenate as bytes
         return self._gemm(x, weight, bias, formats.pop())
 
+    def concatenated(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The weight (and bias) ``__call__`` multiplies by when the parts share a format."""
+        return self._cache.get()
+
 
 class _Concat:
     """Concatenated weights (and biases, if every part has one), rebuilt when a part moves."""

@@ -132,6 +132,12 @@ class Mamba2Mixer(nn.Module):
             self._step, self._step_key = self._build_step(kernels, params), key
         return self._step
 
+    def step_weights(self) -> NativeStep | None:
+        """The decode kernel and this mixer's parameters as ``_native_step`` builds them (for
+        a decode program, ``model/compiled``); None where the kernel does not apply."""
+        kernels = None if torch.is_grad_enabled() else load_ssm()
+        return None if kernels is None else self._build_step(kernels, self._step_params())
+
     def _step_params(self) -> list[torch.Tensor]:
         """The parameters the decode kernel reads (not the projections')."""
         params = [self.conv1d.weight, self.dt_bias, self.A_log, self.D]

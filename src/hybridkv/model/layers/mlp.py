@@ -10,8 +10,8 @@ from torch import nn
 
 from hybridkv.model.config.errors import ModelLoadError
 from hybridkv.model.layers.fused import FusedLinear
-from hybridkv.model.layers.linear import Linear, linear
-from hybridkv.model.layers.moe import dispatch
+from hybridkv.model.layers.linear import Linear
+from hybridkv.model.layers.moe import dispatch, expert_linear
 from hybridkv.model.layers.norm import row_kernels
 
 # activation names -> the native act_mul kernel's (``hybridkv.native.rownorm``)
@@ -112,8 +112,8 @@ class TopKMoE(nn.Module):
         return dispatch(x, top_idx, weights, self.num_experts, self._expert)
 
     def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
-        gate, up = linear(x, self.input_linear.weight[expert]).chunk(2, dim=-1)
-        return linear(self.act(gate) * up, self.output_linear.weight[expert])
+        gate, up = expert_linear(x, self.input_linear.weight, expert).chunk(2, dim=-1)
+        return expert_linear(self.act(gate) * up, self.output_linear.weight, expert)
 
 
 class _ExpertWeights(nn.Module):

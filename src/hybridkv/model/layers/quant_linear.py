@@ -124,6 +124,33 @@ def dequantize_linear_(linear: QuantizableLinear) -> None:
     linear.quant = None
 
 
+def set_quantized_experts(
+    module: nn.Module, attr: str, data: torch.Tensor, fmt: QuantFormat, in_dim: int
+) -> None:
+    """Make ``module``'s expert stack ``attr`` (``[E, out, in]``) the blocks ``data``: uint8
+    ``[E, out, row_bytes(in)]`` of ``fmt``, which the parameter carries as ``quant`` (what
+    ``moe.expert_linear`` multiplies by, one expert's rows at a time)."""
+    if data.dtype != torch.uint8 or data.dim() != 3 or data.shape[-1] != fmt.row_bytes(in_dim):
+        raise ValueError(f"{fmt.name} experts must be uint8 [E, out, {fmt.row_bytes(in_dim)}]")
+    param = nn.Parameter(data.contiguous(), requires_grad=False)
+    setattr(param, "quant", fmt)  # noqa: B010 (a Parameter has no declared slot for it)
+    setattr(param, "in_features", in_dim)  # noqa: B010
+    module._parameters[attr] = param
+
+
+def dequantize_experts_(module: nn.Module) -> None:
+    """Give ``module``'s quantized expert stacks their float32 values (the quality gate's
+    reference)."""
+    for attr, param in list(module._parameters.items()):
+        fmt = getattr(param, "quant", None)
+        if param is None or fmt is None or param.dim() != 3:
+            continue
+        k = int(getattr(param, "in_features"))  # noqa: B009
+        rows = dequantize_weight(param.detach().reshape(-1, param.shape[-1]), fmt, k, load_quant())
+        values = rows.reshape(param.shape[0], param.shape[1], k)  # [E, out, in]
+        module._parameters[attr] = nn.Parameter(values, requires_grad=False)
+
+
 class QuantEmbedding(nn.Embedding):
     """An embedding whose table stays block-quantized (a GGUF ``token_embd`` in Q8_0 / Q4_K /
     Q6_K): a lookup gathers the ids' rows of blocks and dequantizes only those. ``quant`` and

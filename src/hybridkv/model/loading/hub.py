@@ -1,5 +1,5 @@
 """Models by name: ``org/name`` resolves to a snapshot already in the local Hugging Face cache;
-a ``*.gguf`` file to its view directory (``gguf_view``).
+a ``*.gguf`` file to its view directory (``gguf.view``).
 
 Nothing is downloaded. The cache root is ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
 ``~/.cache/huggingface/hub`` (read at every call, so a changed environment is honoured);
@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from hybridkv.model.config.errors import ModelLoadError
-from hybridkv.model.loading.gguf_view import gguf_model_dir, is_gguf_path
+from hybridkv.model.loading.gguf.view import gguf_model_dir, is_gguf_path
 
 _REPO_ID = re.compile(r"^[\w.\-]+/[\w.\-]+(@[\w.\-/]+)?$")
 

@@ -1,6 +1,6 @@
 """Load a checkpoint: config.json + safetensors (single file or sharded index) -> our model;
-or a GGUF file's view directory (``gguf_view``: config.json + a ``model.gguf`` link), whose
-tensors ``gguf_weights`` maps, block-quantized projections kept quantized.
+or a GGUF file's view directory (``gguf.view``: config.json + a ``model.gguf`` link), whose
+tensors ``gguf.weights`` maps, block-quantized projections kept quantized.
 
 The model is built on the ``meta`` device and each parameter is replaced by the checkpoint's
 tensor (shape-checked, cast to the requested dtype), so nothing is initialised twice.
@@ -25,9 +25,9 @@ from hybridkv.model.config.json_fields import read_config_json, read_generation_
 from hybridkv.model.config.model_config import ModelConfig, build_model_config
 from hybridkv.model.config.quant_config import parse_hub_quant
 from hybridkv.model.families.registry import check_architecture, get_family_of
-from hybridkv.model.loading.gguf_file import GgufFile
-from hybridkv.model.loading.gguf_view import GGUF_FILE
-from hybridkv.model.loading.gguf_weights import fill_from_gguf
+from hybridkv.model.loading.gguf.file import GgufFile
+from hybridkv.model.loading.gguf.view import GGUF_FILE
+from hybridkv.model.loading.gguf.weights import fill_from_gguf
 from hybridkv.model.loading.hub_quant import as_parameter, dequantizing_index
 from hybridkv.model.loading.matmul import matmul_dtype, upcast_matmuls
 from hybridkv.model.loading.skeleton import skeleton
@@ -75,7 +75,7 @@ def load_model(
     cfg = load_model_config(model_dir)
     with skeleton():
         model = get_model_class(cfg.architecture)(cfg)
-    if (model_dir / GGUF_FILE).exists():  # a GGUF file's view (``gguf_view``)
+    if (model_dir / GGUF_FILE).exists():  # a GGUF file's view (``gguf.view``)
         tied = frozenset({"lm_head.weight"} if cfg.tie_word_embeddings else ())
         gguf = GgufFile(model_dir / GGUF_FILE)
         fill_from_gguf(gguf, model, list(_parameters(model)), cfg.num_hidden_layers, target, tied)

@@ -76,9 +76,14 @@ def upcast_matmuls(model: CausalLM, dtype: torch.dtype) -> None:
                 param.data = param.data.to(dtype)
         elif isinstance(module, TopKMoE):
             for param in (module.input_linear.weight, module.output_linear.weight):
-                param.data = param.data.to(dtype)
+                _upcast_experts(param, dtype)
         elif getattr(module, "is_expert_stack", False):  # [E, out, in] expert weights
             for param in module.parameters(recurse=False):
-                param.data = param.data.to(dtype)
+                _upcast_experts(param, dtype)
         elif isinstance(module, PagedAttention):
             module.compute_dtype = dtype
+
+
+def _upcast_experts(param: nn.Parameter, dtype: torch.dtype) -> None:
+    if getattr(param, "quant", None) is None:  # GGUF expert blocks stay blocks
+        param.data = param.data.to(dtype)

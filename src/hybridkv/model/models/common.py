@@ -93,6 +93,10 @@ class _JointQKNorm:
             normed = self.q_norm.apply_scale(normed, self._rows(), qk.dtype)
         return normed if rope is None else rope.apply(normed)
 
+    def scale_rows(self) -> torch.Tensor:
+        """The per-row scales the kernel multiplies by, ``[heads + kv_heads, d]``."""
+        return self._rows()
+
     def _rows(self) -> torch.Tensor:
         wq, wk = self.q_norm.weight, self.k_norm.weight
         key = (wq.data_ptr(), wk.data_ptr(), wq.dtype, tensor_version(wq), tensor_version(wk))
@@ -118,6 +122,11 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """``[T]`` token ids -> final hidden states ``[T, hidden]``."""
         raise NotImplementedError
+
+    def embed_input(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``[T]`` token ids -> the residual stream's first value ``[T, hidden]``."""
+        out: torch.Tensor = self.embedding()(input_ids)
+        return out
 
     def embedding(self) -> nn.Embedding:
         """The input embedding (``lm_head`` shares its weight when tied)."""

@@ -72,9 +72,13 @@ class Gemma3ForCausalLM(CausalLM):
         self.embed_scale = cfg.hidden_size**0.5
         self.final_softcap = cfg.raw.get("final_logit_softcapping")
 
-    def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    def embed_input(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
-        x = x * torch.tensor(self.embed_scale, dtype=x.dtype)  # scale rounded to the model dtype
+        out: torch.Tensor = x * torch.tensor(self.embed_scale, dtype=x.dtype)  # rounded to dtype
+        return out
+
+    def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        x = self.embed_input(input_ids)  # [T, hidden]
         rope_global = self.rotary_global.lookup(ctx.positions, ctx.max_position, x.dtype)
         rope_local = self.rotary_local.lookup(ctx.positions, ctx.max_position, x.dtype)
         pending = None

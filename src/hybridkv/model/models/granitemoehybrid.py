@@ -93,8 +93,12 @@ class GraniteMoeHybridForCausalLM(CausalLM):
         self.embedding_multiplier = float(cfg.raw.get("embedding_multiplier", 1.0))
         self.logits_scaling = float(cfg.raw.get("logits_scaling", 1.0))
 
+    def embed_input(self, input_ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.model.embed_tokens(input_ids) * self.embedding_multiplier
+        return out
+
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids) * self.embedding_multiplier  # [T, hidden]
+        x = self.embed_input(input_ids)  # [T, hidden]
         rope = None
         if self.rotary is not None:
             rope = self.rotary.lookup(ctx.positions, ctx.max_position, x.dtype)

@@ -20,7 +20,7 @@ from hybridkv.model.config.model_config import LayerKind, ModelConfig
 from hybridkv.model.layers.linear import Linear, linear
 from hybridkv.model.layers.mamba2 import Mamba2Mixer
 from hybridkv.model.layers.mlp import activation
-from hybridkv.model.layers.moe import dispatch
+from hybridkv.model.layers.moe import dispatch, expert_linear
 from hybridkv.model.layers.norm import RMSNorm
 from hybridkv.model.layers.step_context import StepContext
 from hybridkv.model.models.common import CausalLM, SelfAttention
@@ -105,7 +105,8 @@ class NemotronHMoE(nn.Module):
         return out
 
     def _expert(self, e: int, rows: torch.Tensor) -> torch.Tensor:
-        return linear(self.act(linear(rows, self.experts.up_proj[e])), self.experts.down_proj[e])
+        w = self.experts
+        return expert_linear(self.act(expert_linear(rows, w.up_proj, e)), w.down_proj, e)
 
 
 class NemotronHBlock(nn.Module):

@@ -20,7 +20,7 @@ from hybridkv.model.config.model_config import LayerKind, ModelConfig
 from hybridkv.model.layers.gated_deltanet import GatedDeltaNet
 from hybridkv.model.layers.linear import Linear, linear
 from hybridkv.model.layers.mlp import GatedMLP, activation
-from hybridkv.model.layers.moe import dispatch, softmax_top_k
+from hybridkv.model.layers.moe import dispatch, expert_linear, softmax_top_k
 from hybridkv.model.layers.norm import OffsetRMSNorm
 from hybridkv.model.layers.rotary import RotaryCosSin, RotaryTable
 from hybridkv.model.layers.step_context import StepContext
@@ -72,8 +72,8 @@ class SparseMoeBlock(nn.Module):
 
     def _expert(self, e: int, rows: torch.Tensor) -> torch.Tensor:
         w = self.experts
-        h = self.act(linear(rows, w.gate_proj[e])) * linear(rows, w.up_proj[e])
-        return linear(h, w.down_proj[e])
+        h = self.act(expert_linear(rows, w.gate_proj, e)) * expert_linear(rows, w.up_proj, e)
+        return expert_linear(h, w.down_proj, e)
 
 
 def _is_moe_layer(raw: Mapping[str, Any], layer_id: int) -> bool:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hybridkv.kv.spec import KVCacheLayout
+from hybridkv.model.compiled.program import LazyDecodeProgram
 from hybridkv.model.config.model_config import ModelConfig
 from hybridkv.model.models.common import CausalLM
 from hybridkv.model.sampling.prompt_logprobs import prompt_logprobs
@@ -50,6 +51,10 @@ class ModelRunner:
         self.cache = CacheTensors(layout, num_blocks, num_state_slots)
         self.sampler = Sampler(seed, eos_token_ids=model_config.eos_token_ids, grammar=grammar)
         self.threads = StepThreads.from_env()  # compute threads per step (model/step/threads.py)
+        # decode-only steps of few rows in one native call (model/compiled/program.py)
+        self.decode_program = LazyDecodeProgram(
+            model, layout, self.cache.kv_pages, self.cache.states
+        )
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
@@ -88,7 +93,9 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         step = build_step(requests, self.layout, self.cache.kv_pages, self.cache.states, saves)
         self.threads.use()
-        hidden = self.model(step.input_ids, step.ctx)  # [T, hidden]
+        hidden = self.decode_program.try_forward(step.input_ids, step.ctx)  # [T, hidden]
+        if hidden is None:
+            hidden = self.model(step.input_ids, step.ctx)  # [T, hidden]
         logits = self.model.compute_logits(hidden[step.sample_token_idx])  # [S, vocab]
         if any(r.sampling_params.prompt_logprobs is not None for r in requests):
             result.prompt_logprobs.update(prompt_logprobs(self.model, hidden, requests))

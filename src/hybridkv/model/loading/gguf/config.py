@@ -12,7 +12,17 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridkv.model.config.errors import ModelLoadError
-from hybridkv.model.loading.gguf_file import MAX_DIM, GgufFile
+from hybridkv.model.loading.gguf.config_gdn import GDN_ARCHS, qwen_gdn
+from hybridkv.model.loading.gguf.config_gpt_oss import gpt_oss
+from hybridkv.model.loading.gguf.config_hybrid import falcon_h1, nemotron_h
+from hybridkv.model.loading.gguf.file import GgufFile
+from hybridkv.model.loading.gguf.hparams import (
+    common_config,
+    get_bool,
+    kv_heads_per_layer,
+    mamba_sizes,
+    ssm_int,
+)
 
 # llama.cpp's Gemma 3: every 6th layer global, the rest sliding; local RoPE base 10,000
 GEMMA3_SWA_PATTERN = 6
@@ -32,55 +42,16 @@ def gguf_config_json(file: GgufFile) -> dict[str, Any]:
     return build(file)
 
 
-def _common(file: GgufFile) -> dict[str, Any]:
-    a = file.architecture
-    heads = file.get_int(f"{a}.attention.head_count", low=1)
-    hidden = file.get_int(f"{a}.embedding_length", low=1)
-    embed = file.tensors.get("token_embd.weight")
-    if embed is None or len(embed.shape) != 2:
-        raise ModelLoadError(f"{file.path}: no 2-D 'token_embd.weight' tensor")
-    return {
-        "vocab_size": embed.shape[0],
-        "hidden_size": hidden,
-        "intermediate_size": file.get_int(f"{a}.feed_forward_length", low=1),
-        "num_hidden_layers": file.get_int(f"{a}.block_count", low=1, high=4096),
-        "num_attention_heads": heads,
-        "num_key_value_heads": max(_kv_heads_per_layer(file, heads)),
-        "head_dim": file.get_int(f"{a}.attention.key_length", hidden // heads, low=1),
-        "max_position_embeddings": file.get_int(f"{a}.context_length", 4096, low=1),
-        "rms_norm_eps": file.get_float(f"{a}.attention.layer_norm_rms_epsilon", 1e-6),
-        "rope_theta": file.get_float(f"{a}.rope.freq_base", 10000.0),
-        "tie_word_embeddings": "output.weight" not in file.tensors,
-        "torch_dtype": "float32",
-        **_special_ids(file, embed.shape[0]),
-    }
-
-
-def _kv_heads_per_layer(file: GgufFile, heads: int) -> list[int]:
-    """KV heads of each layer: one number for all, or (hybrids) one per layer, 0 for a layer
-    without attention."""
-    a, key = file.architecture, f"{file.architecture}.attention.head_count_kv"
-    layers = file.get_int(f"{a}.block_count", low=1, high=4096)
-    if isinstance(file.get(key), list):
-        kv = file.get_ints(key, layers)
-        if not all(0 <= k <= MAX_DIM for k in kv) or max(kv) < 1:
-            raise ModelLoadError(f"{file.path}: metadata {key!r} has no layer with KV heads")
-        return kv
-    return [file.get_int(key, heads, low=1)] * layers
-
-
-def _special_ids(file: GgufFile, vocab_size: int) -> dict[str, Any]:
-    ids: dict[str, Any] = {}
-    for ours, theirs in (("bos", "bos"), ("eos", "eos"), ("pad", "padding")):
-        key = f"tokenizer.ggml.{theirs}_token_id"
-        ids[f"{ours}_token_id"] = file.get_int(key, high=vocab_size - 1) if file.has(key) else None
-    return ids
+def _with_ffn(file: GgufFile) -> dict[str, Any]:
+    config = common_config(file)
+    config["intermediate_size"] = file.get_int(f"{file.architecture}.feed_forward_length", low=1)
+    return config
 
 
 def _qwen3(file: GgufFile) -> dict[str, Any]:
     # llama.cpp runs Qwen3 without sliding windows (the released checkpoints use none)
     return {
-        **_common(file),
+        **_with_ffn(file),
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
         "hidden_act": "silu",
@@ -89,7 +60,7 @@ def _qwen3(file: GgufFile) -> dict[str, Any]:
 
 
 def _gemma3(file: GgufFile) -> dict[str, Any]:
-    config = _common(file)
+    config = _with_ffn(file)
     scalar = config["head_dim"]
     if config["num_hidden_layers"] == GEMMA3_27B_LAYERS:
         scalar = config["hidden_size"] // config["num_attention_heads"]
@@ -114,12 +85,13 @@ def _granite_hybrid(file: GgufFile) -> dict[str, Any]:
     """Granite 4.0-H. llama.cpp applies RoPE only where ``rope.scaling.finetuned`` says so
     (its converter writes False for every model with Mamba2 layers); the Mamba2 chunk size is
     not in the file (it changes float summation order only): transformers' default."""
-    config, a = _common(file), file.architecture
-    kv = _kv_heads_per_layer(file, config["num_attention_heads"])
-    hidden, heads = config["hidden_size"], file.get_int(f"{a}.ssm.time_step_rank", low=1)
-    inner = file.get_int(f"{a}.ssm.inner_size", low=1)
+    config, a = _with_ffn(file), file.architecture
+    kv = kv_heads_per_layer(file, config["num_attention_heads"])
+    hidden = config["hidden_size"]
+    inner, heads = mamba_sizes(file, hidden)
     experts = file.get_int(f"{a}.expert_count", 0)
     shared = f"{a}.expert_shared_feed_forward_length"
+    rope = get_bool(file, f"{a}.rope.scaling.finetuned", True)
     config.update(
         architectures=["GraniteMoeHybridForCausalLM"],
         model_type="granitemoehybrid",
@@ -129,37 +101,36 @@ def _granite_hybrid(file: GgufFile) -> dict[str, Any]:
         layer_types=["attention" if k else "mamba" for k in kv],
         mamba_n_heads=heads,
         mamba_d_head=inner // heads,
-        mamba_d_state=file.get_int(f"{a}.ssm.state_size", low=1),
-        mamba_n_groups=file.get_int(f"{a}.ssm.group_count", 1, low=1),
-        mamba_d_conv=file.get_int(f"{a}.ssm.conv_kernel", low=1, high=64),
+        mamba_d_state=ssm_int(file, "state_size"),
+        mamba_n_groups=ssm_int(file, "group_count", 1),
+        mamba_d_conv=ssm_int(file, "conv_kernel", high=64),
         mamba_expand=inner // hidden,
         mamba_conv_bias="blk.0.ssm_conv1d.bias" in file.tensors,
         mamba_proj_bias="blk.0.ssm_in.bias" in file.tensors,
         num_local_experts=experts,
         num_experts_per_tok=file.get_int(f"{a}.expert_used_count", 0, high=max(experts, 0)),
-        position_embedding_type="rope" if _rope_on(file) else "nope",
+        position_embedding_type="rope" if rope else "nope",
         embedding_multiplier=file.get_float(f"{a}.embedding_scale", 1.0),
         attention_multiplier=file.get_float(f"{a}.attention.scale", config["head_dim"] ** -0.5),
         residual_multiplier=file.get_float(f"{a}.residual_scale", 1.0),
         logits_scaling=file.get_float(f"{a}.logit_scale", 1.0),
     )
-    if inner % heads or inner % hidden:
+    if inner % hidden:
         raise ModelLoadError(f"{file.path}: ssm.inner_size {inner} does not split evenly")
     return config
-
-
-def _rope_on(file: GgufFile) -> bool:
-    value = file.get(f"{file.architecture}.rope.scaling.finetuned", True)
-    if not isinstance(value, bool):
-        raise ModelLoadError(f"{file.path}: metadata 'rope.scaling.finetuned' must be a bool")
-    return value
 
 
 _BUILDERS: dict[str, Callable[[GgufFile], dict[str, Any]]] = {
     "qwen3": _qwen3,
     "gemma3": _gemma3,
     "granitehybrid": _granite_hybrid,
+    "nemotron_h": nemotron_h,
+    "nemotron_h_moe": nemotron_h,
+    "falcon-h1": falcon_h1,
+    **dict.fromkeys(GDN_ARCHS, qwen_gdn),
+    "gpt-oss": gpt_oss,
 }
 GGUF_ARCHS = tuple(_BUILDERS)
 # what llama.cpp's converter added to these families' norm weights (the model adds it back)
-NORM_SHIFT: dict[str, float] = {"gemma3": 1.0}
+NORM_SHIFT: dict[str, float] = {"gemma3": 1.0, **dict.fromkeys(GDN_ARCHS, 1.0)}
+UNSHIFTED_NORM = "linear_attn.norm.weight"  # a DeltaNet's output norm: written without the +1

@@ -18,7 +18,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from hybridkv.model.config.errors import ModelLoadError
-from hybridkv.model.loading.gguf_file import GgufFile
+from hybridkv.model.loading.gguf.file import GgufFile
 
 CONTROL, USER_DEFINED = 3, 4
 # the split rules of llama.cpp's pre-tokenizer names, as those models' tokenizer.json spell them

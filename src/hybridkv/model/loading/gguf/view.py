@@ -1,12 +1,12 @@
 """A GGUF file seen as a checkpoint directory: ``hybridkv serve model.gguf``.
 
 The file's metadata becomes the files a Hugging Face checkpoint has (``config.json``,
-``generation_config.json``, the tokenizer files and chat template: ``gguf_config``,
-``gguf_tokenizer``), written once into ``$HYBRIDKV_CACHE_DIR/gguf/<key>/`` beside a symbolic
+``generation_config.json``, the tokenizer files and chat template: ``config``,
+``tokenizer``), written once into ``$HYBRIDKV_CACHE_DIR/gguf/<key>/`` beside a symbolic
 link ``model.gguf`` to the file itself; the key covers the file's path, size and modification
 time and this module's format version, so an edited file gets a fresh view. Everything after
 (config validation, the tokenizer, the engine) reads that directory as it reads any other;
-the loader fills the weights from ``model.gguf`` (``gguf_weights``), memory-mapped.
+the loader fills the weights from ``model.gguf`` (``weights``), memory-mapped.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from hybridkv.model.loading.gguf_config import gguf_config_json
-from hybridkv.model.loading.gguf_file import GgufFile
-from hybridkv.model.loading.gguf_tokenizer import write_gguf_tokenizer
+from hybridkv.model.loading.gguf.config import gguf_config_json
+from hybridkv.model.loading.gguf.file import GgufFile
+from hybridkv.model.loading.gguf.tokenizer import write_gguf_tokenizer
 from hybridkv.paths import cache_dir
 
 GGUF_FILE = "model.gguf"
