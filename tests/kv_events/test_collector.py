@@ -33,6 +33,10 @@ class Capture:
     def publish(self, batch: KVEventBatch) -> None:
         self.batches.append(DECODER.decode(ENCODER.encode(batch)))  # through the wire
 
+    @property
+    def last_seq(self) -> int:
+        return len(self.batches) - 1
+
     def set_poll_hook(self, hook: object) -> None:
         return None
 

@@ -20,11 +20,16 @@ pytestmark = pytest.mark.slow
 
 def next_batch(sub: zmq.Socket[bytes]) -> KVEventBatch:
     """The next batch with events (an idle engine's heartbeats are empty)."""
+    return next_batch_seq(sub)[1]
+
+
+def next_batch_seq(sub: zmq.Socket[bytes]) -> tuple[int, KVEventBatch]:
     while True:
         assert sub.poll(10000)
-        batch = DECODER.decode(sub.recv_multipart()[2])
+        _, seq, payload = sub.recv_multipart()
+        batch = DECODER.decode(payload)
         if batch.events:
-            return batch
+            return int.from_bytes(seq, "big"), batch
 
 
 def test_serve_publishes_and_resets(tmp_path: Path, shared_checkpoints: SharedCheckpoints) -> None:
@@ -59,9 +64,11 @@ def test_serve_publishes_and_resets(tmp_path: Path, shared_checkpoints: SharedCh
         salted = {**body, "prompt": list(range(100, 180)), "cache_salt": "tenant-1"}
         r = httpx.post(server.url + "/v1/completions", json=salted, timeout=120)
         assert r.status_code == 200, r.text
-        batch = next_batch(sub)
+        seq, batch = next_batch_seq(sub)
         news = [ev for ev in batch.events if isinstance(ev, BlockStored)]
         assert news and all(ev.token_ids == [] for ev in news)
+        # the answer names the last batch published before it: the one with its blocks
+        assert r.json()["usage"]["kv_events_seq"] == seq
         r = httpx.post(server.url + "/reset_prefix_cache", timeout=30)
         assert r.status_code == 200, r.text
         batch = next_batch(sub)

@@ -287,18 +287,25 @@ class EngineCore:
         """Run one engine step; return an output for each request that got a token or finished."""
         self._check_open()
         started = time.monotonic()
-        out, result, updated = run_step(
-            self.scheduler, self.runner, self.connector.worker if self.connector else None
-        )
+        worker = self.connector.worker if self.connector else None
+        out, result, updated = run_step(self.scheduler, self.runner, worker, self._publish_events)
         num_sampled, ended = len(result.sampled_token_ids), time.monotonic()
         self._counters.record(out, num_sampled, self.outputs.live, started, ended)
         if self.connector is not None:
             self._transfer_counters.record(self.connector.scheduler, self.connector.worker)
-        if self.kv_events is not None:
-            self.kv_events.publish_step(self.kv.take_events())
+        self._publish_events()
         outputs = self.outputs.process(updated, result, time.monotonic())
         routed = self._parallel.route(outputs + self.outputs.take_finished_elsewhere())
+        seq = self.kv_events.last_seq if self.kv_events is not None else None
         for output in routed:
+            output.kv_events_seq = seq
             if output.finished:
                 self._prompts.pop(output.request_id, None)
         return routed
+
+    def _publish_events(self) -> None:
+        """The prefix map's changes so far as one batch: called after scheduling (blocks it
+        evicted: a router stops counting them before the forward runs) and after the step
+        (blocks it stored), both before the step's outputs."""
+        if self.kv_events is not None:
+            self.kv_events.publish_step(self.kv.take_events())

@@ -43,6 +43,9 @@ class RequestOutput:
     logits: list[list[float]] | None = None  # per generated token, only if the engine keeps them
     kv_transfer_params: dict[str, object] | None = None  # the connector's, once finished
     prompt_logprobs: PromptLogprobs | None = None  # per prompt token, None first (as vLLM)
+    # the last KV event batch published before this output (events on): it covers the
+    # request's blocks so far (``usage.kv_events_seq``, docs/kv_events.md)
+    kv_events_seq: int | None = None
 
     @property
     def text(self) -> str:

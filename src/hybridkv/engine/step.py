@@ -1,6 +1,7 @@
 """One engine step, with a connector's worker half around the forward pass.
 
 out = scheduler.schedule()
+scheduled()                    KV events of the scheduling (evictions) published before compute
 worker.start_load(meta)        sync loads land here; async ones start
 result = runner.execute(out)   forward + sampling
 worker.save(meta)              bytes to store are read before the next step
@@ -10,6 +11,7 @@ updated = scheduler.update_from_output(out, result)   recovery first, then token
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from hybridkv.connectors.base import BaseConnectorWorker
@@ -25,9 +27,14 @@ class Runner(Protocol):
 
 
 def run_step(
-    scheduler: Scheduler, runner: Runner, worker: BaseConnectorWorker | None
+    scheduler: Scheduler,
+    runner: Runner,
+    worker: BaseConnectorWorker | None,
+    scheduled: Callable[[], None] | None = None,
 ) -> tuple[SchedulerOutput, RunnerOutput, list[Request]]:
     out = scheduler.schedule()
+    if scheduled is not None:
+        scheduled()
     meta = out.kv_connector_metadata
     if worker is not None and meta is not None:
         worker.start_load(meta)

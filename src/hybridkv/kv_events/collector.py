@@ -110,6 +110,12 @@ class KVEventCollector:
     def stats(self) -> PublisherStats:
         return self.publisher.stats()
 
+    @property
+    def last_seq(self) -> int:
+        """The sequence number of the last batch published (-1: none): an answer's
+        ``usage.kv_events_seq``, so a router knows which events cover it."""
+        return self.publisher.last_seq
+
     def _publish(self, events: list[WireEvent]) -> None:
         if events:
             self.publisher.publish(

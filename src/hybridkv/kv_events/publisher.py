@@ -50,6 +50,8 @@ _MAX_REPLAY_REQUEST = 64  # bytes of one frame: a replay request is [b"", 8 byte
 
 class EventPublisher(Protocol):
     def publish(self, batch: KVEventBatch) -> None: ...
+    @property
+    def last_seq(self) -> int: ...
     def set_poll_hook(self, hook: Callable[[], None]) -> None: ...
     def stats(self) -> PublisherStats: ...
     def flush(self, timeout: float) -> bool: ...
@@ -64,6 +66,10 @@ class NullPublisher:
 
     def publish(self, batch: KVEventBatch) -> None:
         self._count += 1
+
+    @property
+    def last_seq(self) -> int:
+        return self._count - 1
 
     def set_poll_hook(self, hook: Callable[[], None]) -> None:
         return None  # no thread: batches come from the engine's steps only
@@ -85,7 +91,8 @@ class ZmqEventPublisher:
         self.config = config
         self._ctx = context or zmq.Context.instance()
         self._topic = config.topic.encode()
-        self._queue: deque[KVEventBatch] = deque()
+        self._queue: deque[tuple[int, KVEventBatch]] = deque()
+        self._next_seq = 0  # given at ``publish`` (engine thread): answers can name it
         self._cond = threading.Condition()
         self._published = 0
         self._dropped = 0
@@ -125,14 +132,22 @@ class ZmqEventPublisher:
     # -- engine thread -------------------------------------------------------------------
 
     def publish(self, batch: KVEventBatch) -> None:
-        """Queue a batch (drop the oldest queued one if the queue is full); never blocks."""
+        """Queue a batch with the next sequence number (drop the oldest queued one if the
+        queue is full: a gap a subscriber sees); never blocks."""
         with self._cond:
             if self._stopping:
                 return
             if len(self._queue) >= self.config.max_queue_size:
                 self._queue.popleft()
                 self._dropped += 1
-            self._queue.append(batch)
+            self._queue.append((self._next_seq, batch))
+            self._next_seq += 1
+
+    @property
+    def last_seq(self) -> int:
+        """The sequence number of the last batch published (-1: none yet)."""
+        with self._cond:
+            return self._next_seq - 1
 
     def set_poll_hook(self, hook: Callable[[], None]) -> None:
         """Called on the publisher thread at every poll, before it takes the queue (it may
@@ -167,27 +182,21 @@ class ZmqEventPublisher:
 
     def _run(self) -> None:
         encoder = msgspec.msgpack.Encoder()
-        seq, idle, sent_at = 0, 0, time.monotonic()
+        idle, sent_at = 0, time.monotonic()
         while self._sleep(_POLL_BUSY_SECONDS if idle < 100 else _POLL_IDLE_SECONDS):
             self._call_hook()
-            batches = self._take_batches()
-            idle = 0 if batches else idle + 1
-            num_real = len(batches)
             beat = self.config.heartbeat_seconds
-            if not batches and beat > 0 and time.monotonic() - sent_at >= beat:
-                # an idle publisher's empty batch: a subscriber sees it is alive, and a gap
-                # at the stream's tail (the last batch lost) shows at once
-                batches = [KVEventBatch(ts=time.time(), events=[], data_parallel_rank=0)]
+            batches, num_real = self._take_batches(beat > 0 and time.monotonic() - sent_at >= beat)
+            idle = 0 if num_real else idle + 1
             if batches:
                 sent_at = time.monotonic()
-            for batch in batches:
+            for seq, batch in batches:
                 payload = encoder.encode(batch)
                 try:
                     self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
                 except zmq.ZMQError:
                     logger.exception("KV events: publishing batch %d failed", seq)
                 self._replay_buffer.append((seq, payload))
-                seq += 1
             with self._cond:
                 self._published += num_real  # heartbeats are not counted
                 self._sending = False
@@ -201,12 +210,20 @@ class ZmqEventPublisher:
             self._cond.wait_for(lambda: self._stopping, interval)
             return not self._stopping
 
-    def _take_batches(self) -> list[KVEventBatch]:
+    def _take_batches(self, beat: bool) -> tuple[list[tuple[int, KVEventBatch]], int]:
+        """The queued batches; none queued and ``beat``: an idle publisher's empty batch
+        (a subscriber sees it is alive, and a gap at the stream's tail shows at once); and
+        how many are not heartbeats."""
         with self._cond:
             batches = list(self._queue)
+            num_real = len(batches)
             self._queue.clear()
+            if not batches and beat:
+                empty = KVEventBatch(ts=time.time(), events=[], data_parallel_rank=0)
+                batches = [(self._next_seq, empty)]
+                self._next_seq += 1
             self._sending = bool(batches)
-            return batches
+            return batches, num_real
 
     def _call_hook(self) -> None:
         if self._poll_hook is None:

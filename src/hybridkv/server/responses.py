@@ -127,12 +127,16 @@ def usage(outs: Sequence[RequestOutput], answer: Answer | None = None) -> dict[s
     num_prompt = sum(o.num_prompt_tokens for o in outs)
     echo_only = answer is not None and answer.echo_only
     num_completion = 0 if echo_only else sum(len(c.token_ids) for o in outs for c in o.outputs)
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": num_prompt,
         "completion_tokens": num_completion,
         "total_tokens": num_prompt + num_completion,
         "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in outs)},
     }
+    seqs = [o.kv_events_seq for o in outs if o.kv_events_seq is not None]
+    if seqs:  # hybridkv's extension (KV events on): the events that cover this answer
+        out["kv_events_seq"] = max(seqs)
+    return out
 
 
 def kept_outputs(out: RequestOutput, n: int) -> list[CompletionOutput]:
