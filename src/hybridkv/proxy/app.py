@@ -38,6 +38,7 @@ from hybridkv.server.limits import BodyLimit
 
 LARGE_BODY_BYTES = 1 << 20  # parsed on a worker thread from this size
 PREDICT_PATH = "/v1/routing/predict"  # under /v1: behind the proxy's API key
+PREDICTIONS_PATH = "/v1/routing/predictions"  # recent answered decisions (docs/routing.md)
 
 
 def create_proxy_app(router: Router, options: ProxyOptions | None = None) -> FastAPI:
@@ -102,7 +103,10 @@ def _add_generate_routes(
         turn = router.decode_order()
         decision = await kv.decide(client, path, body, headers, turn, router.healthy)
         call = Call(client, router, options, path, headers, decision)
-        return await until_disconnect(request, route(call, body, kv))
+        try:
+            return await until_disconnect(request, route(call, body, kv))
+        finally:
+            decision.unreserve()
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -145,6 +149,12 @@ def _add_info_routes(
         turn = router.decode_order()
         decision = await kv.decide(client, path, body, headers, turn, router.healthy, False)
         return JSONResponse(decision.describe())
+
+    @app.get(PREDICTIONS_PATH)
+    async def predictions() -> Response:
+        """The recent answered decisions, oldest first: engine, predicted, expected and actual
+        cached tokens, result, reason."""
+        return JSONResponse({"predictions": list(kv.recent)})
 
     @app.get("/metrics")
     async def metrics() -> Response:

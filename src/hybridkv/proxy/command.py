@@ -52,6 +52,9 @@ def _add_routing_flags(p: argparse.ArgumentParser) -> None:
                    help="block hashes kept per engine (least recent forgotten past it)")  # fmt: skip
     g.add_argument("--prefill-skip-tokens", type=int, default=64, help="P/D: no prefill "
                    "engine when the decode engine misses at most this many prompt tokens")  # fmt: skip
+    g.add_argument("--settle-max-seconds", type=float, default=0.25, help="a decision waits "
+                   "at most this long (<= 2) for an engine's events its answers say were "
+                   "published (default: 0.25)")  # fmt: skip
 
 
 def _add_limit_flags(p: argparse.ArgumentParser) -> None:
@@ -117,6 +120,7 @@ def routing_options(args: argparse.Namespace) -> Any:
         events=tuple(args.events),
         index_max_blocks=args.index_max_blocks,
         prefill_skip_tokens=args.prefill_skip_tokens,
+        settle_max_seconds=args.settle_max_seconds,
         cost_interval_seconds=args.health_interval,
     )
 

@@ -25,11 +25,13 @@ Unhealthy engines come last in every order (tried only when no other answered).
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
 from hybridkv.kv.hashing import BlockHash
 from hybridkv.proxy.routing.engines import EngineState
+from hybridkv.proxy.routing.settle import SettleStats, note_answer
 
 MAX_USAGE_SCAN_BYTES = 1 << 20  # an answer's tail searched for its usage
 # measured on B7 (docs/benchmarks.md): at 1 `cost` recomputed 1.21-1.81x the single-cache
@@ -62,6 +64,9 @@ class Decision:
     # compute this prompt's prefix (their blocks are not announced yet)
     expected: dict[str, int] = field(default_factory=dict)
     hashes: dict[str, list[BlockHash]] = field(default_factory=dict)  # url -> prompt blocks
+    settle: SettleStats | None = None  # answers' usage.kv_events_seq are noted (settle.py)
+    log: deque[dict[str, object]] | None = None  # answered predictions (GET predictions)
+    _held: str | None = None  # the engine whose ``pending`` holds this prompt's blocks
     _sent_to: str | None = None
     _actual: int | None = None
     _queued: int = 0  # uncached tokens booked on the engine until its first answer bytes
@@ -83,6 +88,12 @@ class Decision:
         hit = max(self.predicted.get(url, 0), self.expected.get(url, 0))
         return max(0, self.num_prompt_tokens - hit)
 
+    def reserve(self) -> None:
+        """Decided: the chosen engine's ``pending`` holds this prompt's blocks from now on
+        (a request decided before this one is dispatched meets it there), until its first
+        answer bytes (its prefill is done) or it is sent elsewhere."""
+        self._hold(self.chosen)
+
     def dispatched(self, url: str) -> None:
         """The decode engine ``url`` accepted the request (its first byte came)."""
         self.release()
@@ -91,8 +102,28 @@ class Decision:
             engine.num_inflight += 1
             self._queued = self.uncached(url)
             engine.queued_tokens += self._queued
-            engine.hold_pending(self.hashes.get(url, []))
+            self._hold(url)
         self._sent_to = url
+
+    def _hold(self, url: str) -> None:
+        if self._held == url:
+            return
+        self._unhold()
+        engine = self.engines.get(url)
+        if engine is not None:
+            engine.hold_pending(self.hashes.get(url, []))
+            self._held = url
+
+    def unreserve(self) -> None:
+        """The proxy is done routing the request (answered, refused, cancelled): whatever
+        happened, its blocks are no longer being computed for it."""
+        self._unhold()
+
+    def _unhold(self) -> None:
+        engine = self.engines.get(self._held) if self._held is not None else None
+        self._held = None
+        if engine is not None:
+            engine.drop_pending(self.hashes.get(engine.url, []))
 
     def saw(self, data: bytes) -> None:
         """An answer's bytes (a whole body, or stream events): its prefill is done (the
@@ -101,9 +132,12 @@ class Decision:
         if b'"usage"' not in data:
             return
         for line in reversed(data[-MAX_USAGE_SCAN_BYTES:].split(b"\n")):
-            cached = _cached_tokens(line.removeprefix(b"data: ").strip())
-            if cached is not None:
-                self._actual = cached
+            usage = _usage(line.removeprefix(b"data: ").strip())
+            if usage is not None:
+                self._actual, seq = usage
+                engine = self.engines.get(self._sent_to) if self._sent_to is not None else None
+                if seq is not None and engine is not None and self.settle is not None:
+                    note_answer(engine, seq, self.settle)
                 return
 
     def release(self) -> None:
@@ -115,31 +149,46 @@ class Decision:
             return
         engine.num_inflight -= 1
         if self._actual is not None and engine.indexed:
-            stats, predicted = engine.predictions, self.predicted.get(engine.url, 0)
-            stats.num_observed += 1
-            stats.num_exact += predicted == self._actual
-            stats.num_over += predicted > self._actual
-            stats.predicted_tokens += predicted
-            stats.actual_tokens += self._actual
-            stats.prompt_tokens += self.num_prompt_tokens
+            self._observe(engine, self._actual)
+
+    def _observe(self, engine: EngineState, actual: int) -> None:
+        stats, predicted = engine.predictions, self.predicted.get(engine.url, 0)
+        stats.num_observed += 1
+        stats.num_exact += predicted == actual
+        stats.num_over += predicted > actual
+        stats.predicted_tokens += predicted
+        stats.actual_tokens += actual
+        stats.prompt_tokens += self.num_prompt_tokens
+        if self.log is not None:
+            result = "exact" if predicted == actual else "over" if predicted > actual else "under"
+            self.log.append({
+                "engine": engine.url, "reason": self.reason.value, "result": result,
+                "num_prompt_tokens": self.num_prompt_tokens, "predicted_cached_tokens": predicted,
+                "expected_cached_tokens": self.expected.get(engine.url, 0),
+                "actual_cached_tokens": actual, "chosen": engine.url == self.chosen,
+            })  # fmt: skip
 
     def _prefilled(self) -> None:
+        self._unhold()
         engine = self.engines.get(self._sent_to) if self._sent_to is not None else None
         if engine is not None and self._queued >= 0:
             engine.queued_tokens -= self._queued
-            engine.drop_pending(self.hashes.get(engine.url, []))
             self._queued = -1  # once
 
 
-def _cached_tokens(raw: bytes) -> int | None:
+def _usage(raw: bytes) -> tuple[int, int | None] | None:
+    """An answer line's (cached tokens, kv_events_seq), if it holds a usage."""
     if not raw.startswith(b"{"):
         return None
     try:
         usage = json.loads(raw).get("usage") or {}
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        seq = usage.get("kv_events_seq")
     except (ValueError, AttributeError):
         return None
-    return cached if isinstance(cached, int) and cached >= 0 else None
+    if not (isinstance(cached, int) and cached >= 0):
+        return None
+    return cached, seq if isinstance(seq, int) and not isinstance(seq, bool) else None
 
 
 def order_engines(

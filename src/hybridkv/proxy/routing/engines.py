@@ -42,6 +42,10 @@ class EngineState:
     # the block hashes of prompts sent here and not answered yet, with their counts: what
     # the engine is computing now (routing only: never in the reported prediction)
     pending: dict[BlockHash, int] = field(default_factory=dict)
+    # the largest usage.kv_events_seq its answers carried, in the stream's life of that
+    # many restarts (``settle.py``)
+    answered_seq: int = -1
+    answered_restarts: int = 0
 
     @property
     def indexed(self) -> bool:

@@ -17,10 +17,24 @@ def routing_families(kv: KVRouting) -> Iterator[Metric]:
     for reason, n in kv.decisions.items():
         decisions.add_metric([reason.value], n)
     yield decisions
+    yield from _settle_families(kv)
     engines = list(kv.engines.values())
     yield from _prediction_families(engines)
     yield from _index_families(engines)
     yield from _event_families(engines)
+
+
+def _settle_families(kv: KVRouting) -> Iterator[Metric]:
+    s = kv.settle_stats
+    for name, help_, value in (
+        ("settle_waits", "decisions that waited for an index lagging its engine", s.num_waits),
+        ("settle_caught_up", "... whose index caught up in time", s.num_caught_up),
+        ("settle_wait_seconds", "seconds decisions waited", s.wait_seconds),
+        ("settle_forged_seqs", "answers naming events never published (rejected)", s.num_forged),
+    ):
+        family = CounterMetricFamily(P + name, help_)
+        family.add_metric([], value)
+        yield family
 
 
 def _prediction_families(engines: list[EngineState]) -> Iterator[Metric]:

@@ -19,6 +19,9 @@ class RoutingOptions:
     prefill_skip_tokens: int = 64  # --prefill-skip-tokens: P/D skips prefill at <= this uncached
     tokenize_timeout_seconds: float = 5.0
     cost_interval_seconds: float = 5.0  # between two reads of the engines' /metrics
+    # --settle-max-seconds: a decision waits this long at most for an index that lags the
+    # engine's answers (settle.py; also capped at 2 s and by the prefill it could save)
+    settle_max_seconds: float = 0.25
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, Policy):
@@ -31,6 +34,8 @@ class RoutingOptions:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"routing: {name} must be a finite number > 0, got {value!r}")
+        if not (math.isfinite(self.settle_max_seconds) and 0 <= self.settle_max_seconds <= 2):
+            raise ValueError("--settle-max-seconds must be in [0, 2]")
         for events in self.events:
             if events not in ("", "auto") and not events.startswith(("tcp://", "ipc://")):
                 raise ValueError(f"--events {events!r}: a tcp:// or ipc:// endpoint, or auto")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,12 +32,14 @@ from hybridkv.proxy.routing.engines import EngineState, block_hashes
 from hybridkv.proxy.routing.index import EngineIndex
 from hybridkv.proxy.routing.options import RoutingOptions
 from hybridkv.proxy.routing.prompt import read_prompt
+from hybridkv.proxy.routing.settle import SettleStats, forget_answers, settle
 from hybridkv.proxy.routing.subscriber import EventSubscriber
 
 log = logging.getLogger(__name__)
 INFO_RETRY_SECONDS = 1.0  # doubled after each failure, up to MAX_INFO_RETRY_SECONDS
 MAX_INFO_RETRY_SECONDS = 30.0
 MAX_INFO_BYTES = 1 << 20
+RECENT_PREDICTIONS = 512  # answered decisions kept for GET /v1/routing/predictions
 
 
 class KVRouting:
@@ -50,6 +53,8 @@ class KVRouting:
                 host = urlsplit(url).hostname or "127.0.0.1"
                 self.engines[url].events_url = reachable_endpoint(events, host)
         self.decisions: dict[Reason, int] = dict.fromkeys(Reason, 0)
+        self.settle_stats = SettleStats()
+        self.recent: deque[dict[str, object]] = deque(maxlen=RECENT_PREDICTIONS)
 
     # -- background ---------------------------------------------------------------------
 
@@ -106,6 +111,7 @@ class KVRouting:
         engine = self.engines.get(url)
         if engine is not None and not healthy:
             engine.index.clear()
+            forget_answers(engine)
 
     # -- per request ----------------------------------------------------------------------
 
@@ -128,8 +134,10 @@ class KVRouting:
             timeout = self.options.tokenize_timeout_seconds
             prompt = await read_prompt(client, tokenizer, path, body, headers, timeout)
         decision = Decision(turn, Reason.NO_PROMPT, 0, {}, self.engines)
+        decision.settle = self.settle_stats
         if prompt is not None:
-            decision.num_prompt_tokens = len(prompt.token_ids)
+            decision.num_prompt_tokens = n = len(prompt.token_ids)
+            await settle(self._all(), n, self.options.settle_max_seconds, self.settle_stats)
             self._predict(decision, prompt.token_ids, prompt.cache_salt)
         n, expected = decision.num_prompt_tokens, decision.expected
         decision.order = order_engines(policy, turn, healthy, self.engines, expected, n)
@@ -137,6 +145,8 @@ class KVRouting:
         decision.reason = self._reason(policy, prompt is not None, best)
         if record:
             self.decisions[decision.reason] += 1
+            decision.log = self.recent
+            decision.reserve()
         return decision
 
     def can_skip_prefill(self, decision: Decision) -> bool:
