@@ -19,14 +19,13 @@ SSE_HEAD = (
 
 
 class RawBackend:
-    def __init__(
-        self, answer: Answer, hung_health: bool = False, close_idle_after: float | None = None
-    ) -> None:
+    def __init__(self, answer: Answer, hung_health: bool = False) -> None:
         self.answer = answer
         self.hung_health = hung_health
-        # a kept-alive connection idle this long is closed when its next request arrives,
-        # unanswered (what a server closing it as the client reuses it looks like)
-        self.close_idle_after = close_idle_after
+        # set: the next request on a kept-alive connection that answered before closes it,
+        # unanswered (what a server closing it, its keep-alive run out, as the client
+        # reuses it looks like); cleared then
+        self.close_on_reuse = threading.Event()
         self.num_closed_idle = 0
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -59,7 +58,9 @@ class RawBackend:
             answered_at = None
             while True:  # keep-alive: one request after another
                 head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-                if self._closes_idle(answered_at):
+                if answered_at is not None and self.close_on_reuse.is_set():
+                    self.close_on_reuse.clear()
+                    self.num_closed_idle += 1
                     break
                 method = head.split(" ", 1)[0]
                 body = await reader.readexactly(_content_length(head))
@@ -76,14 +77,6 @@ class RawBackend:
                     return
                 answered_at = time.monotonic()
         writer.close()
-
-    def _closes_idle(self, answered_at: float | None) -> bool:
-        limit = self.close_idle_after
-        idle = limit is not None and answered_at is not None
-        if idle and time.monotonic() - answered_at > limit:  # type: ignore[operator]
-            self.num_closed_idle += 1
-            return True
-        return False
 
 
 def _content_length(head: str) -> int:

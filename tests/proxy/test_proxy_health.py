@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from hybridkv.proxy.app import create_proxy_app
-from hybridkv.proxy.options import ENGINE_KEEPALIVE_SECONDS, EngineTimeouts, ProxyOptions
+from hybridkv.proxy.options import EngineTimeouts, ProxyOptions
 from hybridkv.proxy.router import Router
 from tests.proxy.backends import SSE_HEAD, RawBackend, chunk
 from tests.server.harness import ThreadedServer, scrape, wait_for
@@ -89,16 +88,12 @@ async def whole(body: bytes, writer: asyncio.StreamWriter) -> None:
 
 def test_a_connection_the_engine_closes_as_it_is_reused_is_resent() -> None:
     timeouts = EngineTimeouts(first_byte_seconds=30, health_seconds=5)
-    idle = ENGINE_KEEPALIVE_SECONDS / 4  # the proxy still reuses a connection this idle
     body = {"model": "m", "prompt": "a", "max_tokens": 4}
-    with (
-        RawBackend(whole, close_idle_after=idle) as engine,
-        proxy([engine.url], timeouts) as px,
-    ):
-        for _ in range(2):  # the second after the engine's keep-alive ran out
+    with RawBackend(whole) as engine, proxy([engine.url], timeouts) as px:
+        for _ in range(2):  # the second on the first one's connection, which the engine closes
             r = httpx.post(px.url + "/v1/completions", json=body, timeout=30)
             assert r.status_code == 200 and r.json()["choices"][0]["text"] == "ok"
-            time.sleep(2 * idle)
+            engine.close_on_reuse.set()  # no sleep: reused within ENGINE_KEEPALIVE_SECONDS
         assert engine.num_closed_idle == 1 and engine.num_posts == 2  # resent, answered
         failures = scrape(px.url)
         assert not any(k.startswith("hybridkv_proxy_engine_failures_total") for k in failures)
