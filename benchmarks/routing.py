@@ -146,6 +146,16 @@ def proxy_counts(text: str, family: str) -> dict[str, int]:
     return out
 
 
+def proxy_values(text: str, prefix: str) -> dict[str, float]:
+    """The proxy's unlabelled samples whose names start with ``prefix``."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(prefix) and "{" not in line:
+            name, value = line.rsplit(" ", 1)
+            out[name.removesuffix("_total")] = float(value)
+    return out
+
+
 def run_policy(
     args: argparse.Namespace,
     tmp: Path,
@@ -171,6 +181,12 @@ def run_policy(
             result["predictions"] = {"exact": 0, "over": 0, "under": 0, **found}
             seen = sum(result["predictions"].values())
             result["prediction_accuracy"] = result["predictions"]["exact"] / max(1, seen)
+            from routing_misses import classify  # it imports this module
+
+            records = httpx.get(proxy.url + "/v1/routing/predictions", timeout=10).json()
+            result["misses"] = classify(records["predictions"])
+            result["settle"] = {k.removeprefix("hybridkv_proxy_settle_"): v
+                                for k, v in proxy_values(text, "hybridkv_proxy_settle_").items()}  # fmt: skip
     return result
 
 

@@ -151,3 +151,33 @@ def test_a_reservation_holds_the_prompt_until_its_prefill_and_moves_with_the_req
     other.unreserve()  # refused or cancelled before any engine answered
     other.unreserve()
     assert a.pending == {} and b.pending == {}
+
+
+def test_answered_decisions_are_logged_and_the_settle_counters_exported() -> None:
+    from collections import deque
+
+    from hybridkv.proxy.routing.metrics import routing_families
+    from hybridkv.proxy.routing.options import RoutingOptions
+    from hybridkv.proxy.routing.service import KVRouting
+
+    kv = KVRouting(URLS, RoutingOptions())
+    a = kv.engines["http://a"]
+    a.info, a.subscriber = engine().info, EventSubscriber(a.index, "ipc:///nowhere", "kv")
+    log: deque[dict[str, object]] = deque(maxlen=4)
+    decision = Decision(URLS, Reason.CACHE_HIT, 100, {"http://a": 32}, kv.engines, log=log)
+    decision.expected = {"http://a": 64}
+    decision.settle = kv.settle_stats
+    decision.dispatched("http://a")
+    decision.saw(usage(64, FORGED_MARGIN + 5))
+    decision.release()
+    assert list(log) == [{
+        "engine": "http://a", "reason": "cache_hit", "result": "under", "num_prompt_tokens": 100,
+        "predicted_cached_tokens": 32, "expected_cached_tokens": 64, "actual_cached_tokens": 64,
+        "chosen": True, "settled": True,
+    }]  # fmt: skip
+    values = {
+        m.name: [s.value for s in m.samples if s.name.endswith("_total")]
+        for m in routing_families(kv)
+    }
+    assert values["hybridkv_proxy_settle_forged_seqs"] == [1]
+    assert values["hybridkv_proxy_settle_waits"] == [0]

@@ -66,6 +66,7 @@ class Decision:
     hashes: dict[str, list[BlockHash]] = field(default_factory=dict)  # url -> prompt blocks
     settle: SettleStats | None = None  # answers' usage.kv_events_seq are noted (settle.py)
     log: deque[dict[str, object]] | None = None  # answered predictions (GET predictions)
+    settled: bool = True  # no index lagged its engine's answers when predicted (settle.py)
     _held: str | None = None  # the engine whose ``pending`` holds this prompt's blocks
     _sent_to: str | None = None
     _actual: int | None = None
@@ -166,6 +167,7 @@ class Decision:
                 "num_prompt_tokens": self.num_prompt_tokens, "predicted_cached_tokens": predicted,
                 "expected_cached_tokens": self.expected.get(engine.url, 0),
                 "actual_cached_tokens": actual, "chosen": engine.url == self.chosen,
+                "settled": self.settled,
             })  # fmt: skip
 
     def _prefilled(self) -> None:

@@ -137,7 +137,8 @@ class KVRouting:
         decision.settle = self.settle_stats
         if prompt is not None:
             decision.num_prompt_tokens = n = len(prompt.token_ids)
-            await settle(self._all(), n, self.options.settle_max_seconds, self.settle_stats)
+            wait = self.options.settle_max_seconds
+            decision.settled = await settle(self._all(), n, wait, self.settle_stats)
             self._predict(decision, prompt.token_ids, prompt.cache_salt)
         n, expected = decision.num_prompt_tokens, decision.expected
         decision.order = order_engines(policy, turn, healthy, self.engines, expected, n)
