@@ -102,6 +102,8 @@ class _Choices:
     ) -> dict[str, Any]:
         """The chunk, with vLLM's ``token_ids`` (this chunk's) and, first, the prompt's."""
         body = chunk(self.fmt, self.header, choice, out.kv_transfer_params)
+        if first and out.kv_events_seq is not None:  # the prefill's events (docs/kv_events.md)
+            body["kv_events_seq"] = out.kv_events_seq
         if not self.prepared.answer.return_token_ids:
             return body
         choice["token_ids"] = list(ids)

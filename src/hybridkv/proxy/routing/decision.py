@@ -130,16 +130,21 @@ class Decision:
         """An answer's bytes (a whole body, or stream events): its prefill is done (the
         first token came), so its work leaves the queue; keep its cached tokens."""
         self._prefilled()
+        if b'"kv_events_seq"' in data and b'"usage"' not in data:  # a first chunk's
+            self._note_seq(_first_chunk_seq(data[:MAX_USAGE_SCAN_BYTES]))
         if b'"usage"' not in data:
             return
         for line in reversed(data[-MAX_USAGE_SCAN_BYTES:].split(b"\n")):
             usage = _usage(line.removeprefix(b"data: ").strip())
             if usage is not None:
                 self._actual, seq = usage
-                engine = self.engines.get(self._sent_to) if self._sent_to is not None else None
-                if seq is not None and engine is not None and self.settle is not None:
-                    note_answer(engine, seq, self.settle)
+                self._note_seq(seq)
                 return
+
+    def _note_seq(self, seq: int | None) -> None:
+        engine = self.engines.get(self._sent_to) if self._sent_to is not None else None
+        if seq is not None and engine is not None and self.settle is not None:
+            note_answer(engine, seq, self.settle)
 
     def release(self) -> None:
         """The request is done with its engine: its work leaves the queue, its hit counts."""
@@ -176,6 +181,19 @@ class Decision:
         if engine is not None and self._queued >= 0:
             engine.queued_tokens -= self._queued
             self._queued = -1  # once
+
+
+def _first_chunk_seq(data: bytes) -> int | None:
+    """A streamed answer's first chunk's ``kv_events_seq`` (its prefill's events)."""
+    for line in data.split(b"\n"):
+        raw = line.removeprefix(b"data: ").strip()
+        if raw.startswith(b"{") and b'"kv_events_seq"' in raw:
+            try:
+                seq = json.loads(raw).get("kv_events_seq")
+            except (ValueError, AttributeError):
+                return None
+            return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
+    return None
 
 
 def _usage(raw: bytes) -> tuple[int, int | None] | None:

@@ -31,6 +31,12 @@ def _settle_families(kv: KVRouting) -> Iterator[Metric]:
         ("settle_caught_up", "... whose index caught up in time", s.num_caught_up),
         ("settle_wait_seconds", "seconds decisions waited", s.wait_seconds),
         ("settle_forged_seqs", "answers naming events never published (rejected)", s.num_forged),
+        (
+            "settle_prefill_waits",
+            "decisions that waited for a prefill of their prefix",
+            s.num_prefill_waits,
+        ),
+        ("settle_prefill_wait_seconds", "seconds they waited", s.prefill_wait_seconds),
     ):
         family = CounterMetricFamily(P + name, help_)
         family.add_metric([], value)

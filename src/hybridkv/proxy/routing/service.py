@@ -32,7 +32,7 @@ from hybridkv.proxy.routing.engines import EngineState, block_hashes
 from hybridkv.proxy.routing.index import EngineIndex
 from hybridkv.proxy.routing.options import RoutingOptions
 from hybridkv.proxy.routing.prompt import read_prompt
-from hybridkv.proxy.routing.settle import SettleStats, forget_answers, settle
+from hybridkv.proxy.routing.settle import SettleStats, await_prefill, forget_answers, settle
 from hybridkv.proxy.routing.subscriber import EventSubscriber
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,8 @@ class KVRouting:
             self._predict(decision, prompt.token_ids, prompt.cache_salt)
         n, expected = decision.num_prompt_tokens, decision.expected
         decision.order = order_engines(policy, turn, healthy, self.engines, expected, n)
+        if record and prompt is not None:
+            await self._await_prefill(decision, prompt.token_ids, prompt.cache_salt)
         best = expected.get(decision.order[0], 0)
         decision.reason = self._reason(policy, prompt is not None, best)
         if record:
@@ -177,6 +179,22 @@ class KVRouting:
             decision.expected[url] = max(
                 decision.predicted[url], engine.pending_hit_tokens(hashes, n)
             )
+
+    async def _await_prefill(
+        self, decision: Decision, token_ids: tuple[int, ...], salt: str | None
+    ) -> None:
+        """The chosen engine is expected to hold more than its index says (a request sent
+        there computes this prefix): wait for it to land, then predict again."""
+        url = decision.chosen
+        engine = self.engines.get(url)
+        if engine is None or engine.info is None:
+            return
+        if decision.expected.get(url, 0) <= decision.predicted.get(url, 0):
+            return
+        hashes = block_hashes(engine.info, token_ids, salt)
+        await await_prefill(engine, hashes, len(token_ids), self.settle_stats)
+        peers = [e.index for e in self._all() if e.indexed]
+        decision.predicted[url] = engine.predict(token_ids, hashes, peers)
 
     @staticmethod
     def _reason(policy: Policy, have_prompt: bool, best_hit: int) -> Reason:

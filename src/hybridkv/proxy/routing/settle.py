@@ -15,6 +15,11 @@ An answer's seq is the engine's word: one far beyond the batches the proxy recei
 (``FORGED_MARGIN``) cannot be a lag (an engine publishes a few batches per step), so it is
 rejected and counted, never waited on; after an engine restart (its sequence went back) or
 once it is found down, seqs of its earlier life are forgotten.
+
+``await_prefill``: a request whose prefix the chosen engine is prefilling right now for
+another request waits for that prefill to land (a first streamed chunk carries its
+``kv_events_seq`` too) and is predicted on the index then: the engine would have queued it
+behind that prefill anyway, and admitted now it might recompute the prefix beside it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from hybridkv.kv.hashing import BlockHash
 from hybridkv.proxy.routing.engines import EngineState
 
 MAX_SETTLE_SECONDS = 2.0
@@ -37,6 +43,8 @@ class SettleStats:
     num_caught_up: int = 0  # ... and saw it catch up in time
     wait_seconds: float = 0.0
     num_forged: int = 0  # answers whose seq no engine could have published
+    num_prefill_waits: int = 0  # decisions that waited for a prefill of their prefix
+    prefill_wait_seconds: float = 0.0
 
 
 def received_seq(engine: EngineState) -> int:
@@ -95,3 +103,23 @@ async def settle(
     stats.wait_seconds += time.monotonic() - start
     stats.num_caught_up += not behind
     return not behind
+
+
+async def await_prefill(
+    engine: EngineState, hashes: list[BlockHash], num_tokens: int, stats: SettleStats
+) -> None:
+    """The chosen engine is computing this prompt's prefix for a request the proxy sent
+    there: wait until that prefill is done (its first answer bytes) and its events are in
+    the index, so the prediction counts the prefix it will reuse once landed -- within
+    ``MAX_SETTLE_SECONDS`` and the time computing the prefix again would take."""
+    held = engine.pending_hit_tokens(hashes, num_tokens)
+    if held == 0:
+        return
+    budget = min(MAX_SETTLE_SECONDS, engine.token_seconds * held)
+    stats.num_prefill_waits += 1
+    start = time.monotonic()
+    while time.monotonic() - start < budget and (
+        engine.pending_hit_tokens(hashes, num_tokens) > 0 or lagging(engine)
+    ):
+        await asyncio.sleep(POLL_SECONDS)
+    stats.prefill_wait_seconds += time.monotonic() - start
