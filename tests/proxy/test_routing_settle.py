@@ -181,3 +181,36 @@ def test_answered_decisions_are_logged_and_the_settle_counters_exported() -> Non
     }
     assert values["hybridkv_proxy_settle_forged_seqs"] == [1]
     assert values["hybridkv_proxy_settle_waits"] == [0]
+
+
+def test_a_first_chunk_seq_is_noted_and_a_landing_prefill_is_waited_for() -> None:
+    from hybridkv.proxy.routing.settle import await_prefill
+
+    async def scenario() -> tuple[EngineState, SettleStats, float]:
+        a, stats = engine(), SettleStats()
+        await deliver(a, 0)
+        hashes = [bytes([i]) * 32 for i in range(3)]
+        assert a.info is not None
+        n = 3 * a.info.block_size + 1
+        first = Decision(URLS, Reason.LOAD, n, {}, {"http://a": a}, hashes={"http://a": hashes})
+        first.settle = stats
+        first.dispatched("http://a")  # computing the prefix now
+
+        async def lands() -> None:
+            await asyncio.sleep(0.05)
+            first.saw(b'data: {"choices": [{"text": "x"}], "kv_events_seq": 1}\n\n')
+            assert a.answered_seq == 1 and a.pending == {}
+            await asyncio.sleep(0.05)
+            await deliver(a, 1)  # its events reach the index after its first chunk
+
+        a.token_seconds = 1.0  # recomputing the prefix would take long: worth waiting
+        task = asyncio.create_task(lands())
+        start = time.monotonic()
+        await await_prefill(a, hashes, n, stats)
+        waited = time.monotonic() - start
+        await task
+        return a, stats, waited
+
+    a, stats, waited = asyncio.run(scenario())
+    assert 0.09 <= waited < 1.9 and stats.num_prefill_waits == 1
+    assert a.subscriber is not None and a.subscriber.stats.last_seq == 1
