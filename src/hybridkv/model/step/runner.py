@@ -79,7 +79,8 @@ class ModelRunner:
         if out.requests:
             logits, every = self._forward(out.requests, out.state_saves, all_logits, result)
             self._copy_states([c for c in out.state_saves if c.at is None])
-            self._sample(out.requests, logits, result)
+            if logits is not None:  # else the program's greedy head gave the tokens
+                self._sample(out.requests, logits, result)
         else:
             self._copy_states(out.state_saves)
         return result, every
@@ -90,12 +91,19 @@ class ModelRunner:
         saves: list[StateCopy],
         all_logits: bool,
         result: RunnerOutput,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """The sampling rows' logits ``[S, vocab]``, or None when the decode program's greedy
+        head put every request's token in ``result``."""
         step = build_step(requests, self.layout, self.cache.kv_pages, self.cache.states, saves)
         self.threads.use()
-        hidden = self.decode_program.try_forward(step.input_ids, step.ctx)  # [T, hidden]
-        if hidden is None:
-            hidden = self.model(step.input_ids, step.ctx)  # [T, hidden]
+        greedy = not all_logits and self._plain_greedy(requests)
+        ran = self.decode_program.try_forward(step.input_ids, step.ctx, greedy)
+        if ran is not None and ran.tokens is not None:
+            for req, token in zip(requests, ran.tokens, strict=True):
+                result.sampled_token_ids[req.request_id] = token
+            return None, {}
+        # [T, hidden]
+        hidden = self.model(step.input_ids, step.ctx) if ran is None else ran.hidden
         logits = self.model.compute_logits(hidden[step.sample_token_idx])  # [S, vocab]
         if any(r.sampling_params.prompt_logprobs is not None for r in requests):
             result.prompt_logprobs.update(prompt_logprobs(self.model, hidden, requests))
@@ -107,6 +115,19 @@ class ModelRunner:
             ):
                 every[req.request_id] = rows
         return logits, every
+
+    def _plain_greedy(self, requests: list[ScheduledRequest]) -> bool:
+        """Every request samples greedily with nothing else asked of its logits (the
+        sampler's greedy fast path): the program's head may pick the tokens."""
+        if self.keep_logits:
+            return False
+        for r in requests:
+            p = r.sampling_params
+            if not r.sample or p.temperature != 0.0 or p.logprobs is not None:
+                return False
+            if p.needs_processing or p.prompt_logprobs is not None:
+                return False
+        return True
 
     def _copy_states(self, copies: list[StateCopy]) -> None:
         for copy in copies:
