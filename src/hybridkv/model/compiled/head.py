@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from hybridkv.model.compiled.builder import ProgramBuilder, Rows, Unsupported
@@ -23,8 +25,8 @@ from hybridkv.native.runner import OpKind
 class Head:
     """Where the head's ops leave each row's token and its logit (``[max_rows]``)."""
 
-    tokens: torch.Tensor  # int64
-    maxima: torch.Tensor  # float32: not finite when the row must take the Python path
+    tokens: npt.NDArray[np.int64]  # [max_rows]: numpy views of the ops' outputs
+    maxima: npt.NDArray[np.float32]  # not finite when the row must take the Python path
 
 
 def greedy_head(b: ProgramBuilder, model: CausalLM, hidden: Rows) -> Head:
@@ -50,4 +52,4 @@ def greedy_head(b: ProgramBuilder, model: CausalLM, hidden: Rows) -> Head:
     maxima = torch.zeros(b.max_rows, dtype=torch.float32)
     b.keep += [tokens, maxima]
     b.emit(OpKind.ARGMAX, (logits.address, tokens.data_ptr(), maxima.data_ptr()), (vocab, vocab))
-    return Head(tokens, maxima)
+    return Head(tokens.numpy(), maxima.numpy())

@@ -17,6 +17,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from hybridkv.kv.spec import KVCacheLayout, StateSpec
@@ -86,6 +87,7 @@ class DecodeProgram:
         self._ropes = ropes
         self.num_steps = 0  # steps run
         self.num_head_steps = 0  # of which the greedy head ran
+        self._bound: tuple[object, object, int] | None = None  # what the step struct holds
         self._rope_tables = [(r.cos.data_ptr(), r.sin.data_ptr()) for r in ropes]
         self.rope_len = min((int(r.cos.shape[0]) for r in ropes), default=1 << 62)
 
@@ -107,7 +109,7 @@ class DecodeProgram:
             return None
         if not (_is_index(ctx.positions) and _is_index(input_ids)):
             return None
-        if not (self._bind_attention(ctx, num_tokens) and self._bind_states(ctx, num_tokens)):
+        if not self._bind(ctx, num_tokens):
             return None
         step = self._step
         step.num_tokens, step.threads = num_tokens, torch.get_num_threads()
@@ -126,6 +128,19 @@ class DecodeProgram:
         return ProgramStep(
             self._hidden[:num_tokens], None if head is None else _tokens(head, num_tokens)
         )
+
+    def _bind(self, ctx: StepContext, num_tokens: int) -> bool:
+        """The step's tables and slots into the step struct; skipped when they are the last
+        step's objects (``model/step/decode_reuse.py`` reuses them, updated in place)."""
+        bound = (ctx.attn_meta, ctx.state_meta, num_tokens)
+        last = self._bound
+        if last is not None and all(a is b for a, b in zip(bound, last, strict=True)):
+            return True
+        self._bound = None
+        if not (self._bind_attention(ctx, num_tokens) and self._bind_states(ctx, num_tokens)):
+            return False
+        self._bound = bound  # kept: their ids stay theirs while they are compared
+        return True
 
     def _bind_attention(self, ctx: StepContext, num_tokens: int) -> bool:
         for slot, layer_id in enumerate(self._groups.attn_layers):
@@ -195,9 +210,10 @@ class LazyDecodeProgram:
 
 def _tokens(head: Head, num_tokens: int) -> list[int] | None:
     """The rows' greedy tokens, or None where a row's maximum is not finite."""
-    if not bool(torch.isfinite(head.maxima[:num_tokens]).all()):
+    if not np.isfinite(head.maxima[:num_tokens]).all():
         return None
-    return head.tokens[:num_tokens].tolist()
+    out: list[int] = head.tokens[:num_tokens].tolist()
+    return out
 
 
 def _is_index(t: torch.Tensor) -> bool:

@@ -19,7 +19,7 @@ from hybridkv.model.models.common import CausalLM
 from hybridkv.model.sampling.prompt_logprobs import prompt_logprobs
 from hybridkv.model.sampling.sampler import Sampler, SampleRequest
 from hybridkv.model.step.cache_tensors import CacheTensors
-from hybridkv.model.step.step_builder import build_step
+from hybridkv.model.step.decode_reuse import DecodeInputs
 from hybridkv.model.step.threads import StepThreads
 from hybridkv.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput, StateCopy
 
@@ -51,6 +51,7 @@ class ModelRunner:
         self.cache = CacheTensors(layout, num_blocks, num_state_slots)
         self.sampler = Sampler(seed, eos_token_ids=model_config.eos_token_ids, grammar=grammar)
         self.threads = StepThreads.from_env()  # compute threads per step (model/step/threads.py)
+        self.step_inputs = DecodeInputs()  # a steady decode batch reuses its input tensors
         # decode-only steps of few rows in one native call (model/compiled/program.py)
         self.decode_program = LazyDecodeProgram(
             model, layout, self.cache.kv_pages, self.cache.states
@@ -94,7 +95,9 @@ class ModelRunner:
     ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
         """The sampling rows' logits ``[S, vocab]``, or None when the decode program's greedy
         head put every request's token in ``result``."""
-        step = build_step(requests, self.layout, self.cache.kv_pages, self.cache.states, saves)
+        step = self.step_inputs.build(
+            requests, self.layout, self.cache.kv_pages, self.cache.states, saves
+        )
         self.threads.use()
         greedy = not all_logits and self._plain_greedy(requests)
         ran = self.decode_program.try_forward(step.input_ids, step.ctx, greedy)
