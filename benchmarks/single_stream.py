@@ -140,7 +140,7 @@ def engines(stack: ExitStack, path: Path, args: argparse.Namespace) -> dict[str,
             if not args.quick and args.clock == "wall":
                 served = hybridkv_server(path, args.threads, 1, 2048, src)
                 out[f"serve{suffix}"] = server_rate(stack.enter_context(served))
-    if args.llama:
+    if args.llama and args.clock == "wall":
         served = llama_server(args.llama_bin, path, args.threads, 1, 2048)
         out["llama-server"] = server_rate(stack.enter_context(served))
     return out

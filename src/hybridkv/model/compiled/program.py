@@ -88,12 +88,13 @@ class DecodeProgram:
         self.num_steps = 0  # steps run
         self.num_head_steps = 0  # of which the greedy head ran
         self._bound: tuple[object, object, int] | None = None  # what the step struct holds
-        self._rope_tables = [(r.cos.data_ptr(), r.sin.data_ptr()) for r in ropes]
+        self._rope_tables = [(r.cos, r.sin) for r in ropes]  # kept: compared by identity
         self.rope_len = min((int(r.cos.shape[0]) for r in ropes), default=1 << 62)
 
     def is_current(self) -> bool:
         """False once a rotary table it reads was regrown (new tensors): rebuild it."""
-        return self._rope_tables == [(r.cos.data_ptr(), r.sin.data_ptr()) for r in self._ropes]
+        tables = zip(self._ropes, self._rope_tables, strict=True)
+        return all(r.cos is cos and r.sin is sin for r, (cos, sin) in tables)
 
     @property
     def num_ops(self) -> int:
