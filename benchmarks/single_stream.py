@@ -15,6 +15,9 @@ printed with every round: the machine is shared.
     .venv/bin/python benchmarks/single_stream.py --threads 2 --repeats 5 \\
         --baseline-src /work/main/src --gguf /work/llamacpp/models/gemma3-small-q8_0.gguf
     .venv/bin/python benchmarks/single_stream.py --quick     # seconds: LLM only, tiny model
+
+``--clock cpu --threads 1``: the LLM engines' decode tokens per second of their process's CPU
+time (what another job on the shared machine barely changes); llama-bench stays wall clock.
 """
 
 from __future__ import annotations
@@ -40,17 +43,20 @@ Rate = Callable[[int], float]  # decode tokens/s of one request of n outputs
 PROGRAM_SWITCH = "HYBRIDKV_DECODE_PROGRAM"  # hybridkv.model.compiled.program.ENV_SWITCH
 
 
-def decode_rate(complete: Callable[[int], object], n: int) -> float:
-    began = time.perf_counter()
+def decode_rate(
+    complete: Callable[[int], object], n: int, clock: Callable[[], float] = time.perf_counter
+) -> float:
+    began = clock()
     complete(1)
-    prefill = time.perf_counter() - began
-    began = time.perf_counter()
+    prefill = clock() - began
+    began = clock()
     complete(n)
-    return (n - 1) / max(1e-9, time.perf_counter() - began - prefill)
+    return (n - 1) / max(1e-9, clock() - began - prefill)
 
 
-def worker(path: str, threads: int) -> int:
-    """``--worker``: an ``LLM`` on ``path``; each stdin line N -> one decode rate on stdout."""
+def worker(path: str, threads: int, cpu: bool) -> int:
+    """``--worker``: an ``LLM`` on ``path``; each stdin line N -> one decode rate on stdout
+    (``cpu``: per second of the process's CPU time)."""
     import torch
 
     from hybridkv import LLM, SamplingParams
@@ -63,17 +69,19 @@ def worker(path: str, threads: int) -> int:
         return llm.generate([{"prompt_token_ids": PROMPT}], params, use_tqdm=False)
 
     print("ready", flush=True)
+    clock = time.process_time if cpu else time.perf_counter
     for line in sys.stdin:
-        print(json.dumps(decode_rate(complete, int(line))), flush=True)
+        print(json.dumps(decode_rate(complete, int(line), clock)), flush=True)
     return 0
 
 
 @contextmanager
-def llm_worker(path: Path, threads: int, src: Path | None) -> Iterator[Rate]:
+def llm_worker(path: Path, threads: int, src: Path | None, cpu: bool = False) -> Iterator[Rate]:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     if src is not None:
         env["PYTHONPATH"] = f"{src}{os.pathsep}{Path(__file__).parent}"
     cmd = [sys.executable, __file__, "--worker", str(path), "--threads", str(threads)]
+    cmd += ["--clock", "cpu" if cpu else "wall"]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdin is not None and proc.stdout is not None
     stdin, stdout = proc.stdin, proc.stdout
@@ -127,11 +135,12 @@ def engines(stack: ExitStack, path: Path, args: argparse.Namespace) -> dict[str,
     out: dict[str, Rate] = {}
     for suffix, src, program in srcs:
         with decode_program(program):
-            out[f"LLM{suffix}"] = stack.enter_context(llm_worker(path, args.threads, src))
-            if not args.quick:
+            worker = llm_worker(path, args.threads, src, args.clock == "cpu")
+            out[f"LLM{suffix}"] = stack.enter_context(worker)
+            if not args.quick and args.clock == "wall":
                 served = hybridkv_server(path, args.threads, 1, 2048, src)
                 out[f"serve{suffix}"] = server_rate(stack.enter_context(served))
-    if args.llama:
+    if args.llama and args.clock == "wall":
         served = llama_server(args.llama_bin, path, args.threads, 1, 2048)
         out["llama-server"] = server_rate(stack.enter_context(served))
     return out
@@ -189,15 +198,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-llama", dest="llama", action="store_false", help="hybridkv only")
     p.add_argument("--quick", action="store_true", help="LLM only, tiny qwen3, 8 tokens")
     p.add_argument("--cache-dir", type=Path, default=None, help="--quick's checkpoint")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: LLM engines only, tokens per second of CPU time (--threads 1)")  # fmt: skip
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker is not None:
-        return worker(args.worker, args.threads)
+        return worker(args.worker, args.threads, args.clock == "cpu")
     if args.quick:
         args.gguf, args.llama, args.repeats = [quick_model(args.cache_dir)], False, 1
         args.decode_tokens, args.threads = 8, 1
     if not args.gguf:
         p.error("--gguf FILE... (or --quick)")
+    if args.clock == "cpu" and args.threads != 1:
+        p.error("--clock cpu times one thread: --threads 1")
     if args.llama and not (args.llama_bin / "llama-server").exists():
         p.error(f"no llama-server in {args.llama_bin} (setup_llamacpp_baseline.sh; or --no-llama)")
     results = {path.name: bench_file(path, args) for path in args.gguf}
@@ -205,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "single_stream",
         "machine": machine_info(cpu_flags=cpu_flags()),
         "threads": args.threads,
+        "clock": args.clock,
         "decode_tokens": args.decode_tokens,
         "results": results,
     }

@@ -92,7 +92,11 @@ def instrumented(llm: Any, timers: Timers) -> Iterator[None]:
     undo = [
         timers.wrap(engine.scheduler, "schedule", "schedule"),
         timers.wrap(engine.scheduler, "update_from_output", "update"),
-        timers.wrap(runner_module, "build_step", "build_step"),
+        # step metadata: the runner's decode-input reuse (model/step/decode_reuse.py) or,
+        # in older trees, build_step itself
+        timers.wrap(engine.runner.step_inputs, "build", "build_step")
+        if hasattr(engine.runner, "step_inputs")
+        else timers.wrap(runner_module, "build_step", "build_step"),
         timers.wrap(torch.nn.functional, "linear", "gemm"),
         timers.wrap(ProjectionGemm, "__call__", "gemm"),
         timers.wrap(PagedAttention, "forward", "attention"),

@@ -24,7 +24,8 @@ def make_runner(
     num_blocks: int = 256,
     num_state_slots: int = 16,
     bf16_matmul: str = "auto",
+    keep_logits: bool = True,
 ) -> ModelRunner:
     model, cfg = load_model(model_dir, dtype, bf16_matmul)
     layout = create_layout(cfg.layer_specs(block_size, dtype))
-    return ModelRunner(model, cfg, layout, num_blocks, num_state_slots, keep_logits=True)
+    return ModelRunner(model, cfg, layout, num_blocks, num_state_slots, keep_logits=keep_logits)

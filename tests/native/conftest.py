@@ -8,6 +8,7 @@ import pytest
 
 from hybridkv.native import PageCopy, load_pagecopy
 from hybridkv.native.isa import VARIANTS, missing_flags
+from hybridkv.native.runner import ProgramRunner, load_runner
 from tests.native.no_compiler import built_or_skip
 
 
@@ -24,3 +25,9 @@ def isa(request: pytest.FixtureRequest) -> str:
 def native(isa: str) -> PageCopy:
     """The page-copy kernels of variant ``isa`` (overrides the suite-wide ``native``)."""
     return built_or_skip(load_pagecopy(isa))
+
+
+@pytest.fixture(scope="module")
+def runner(isa: str) -> ProgramRunner:
+    """The decode program runner of variant ``isa`` (``test_runner*.py``)."""
+    return built_or_skip(load_runner(isa))

@@ -18,27 +18,9 @@ from hybridkv.native.runner import (
     ProgramRunner,
     StateGroup,
     Step,
-    load_runner,
 )
 from tests.native.no_compiler import built_or_skip
-
-
-@pytest.fixture(scope="module")
-def runner(isa: str) -> ProgramRunner:
-    return built_or_skip(load_runner(isa))
-
-
-def _op(kind: int, p: list[int | None], n: list[int], f: list[float] = ()) -> Op:  # type: ignore[assignment]
-    op = Op()
-    op.kind = kind
-    op.p[: len(p)], op.n[: len(n)], op.f[: len(f)] = p, n, list(f)
-    return op
-
-
-def _run(runner: ProgramRunner, ops: list[Op], tokens: int) -> int:
-    attn, states = (AttnGroup * 1)(), (StateGroup * 1)()
-    step = Step(tokens, torch.get_num_threads(), None, attn, states)
-    return runner.run((Op * len(ops))(*ops), len(ops), step)
+from tests.native.runner_ops import make_op, run_ops
 
 
 def test_norm_and_gemm_ops_give_their_kernels_bits(runner: ProgramRunner, isa: str) -> None:
@@ -55,13 +37,13 @@ def test_norm_and_gemm_ops_give_their_kernels_bits(runner: ProgramRunner, isa: s
     q_ref = built_or_skip(load_quant(isa)).linear(normed_ref, packed, QuantFormat.Q8_0)
     normed, y, q = torch.zeros(5, k), torch.zeros(5, n), torch.zeros(5, n)
     ops = [
-        _op(OpKind.NORM, [x.data_ptr(), res.data_ptr(), scale.data_ptr(), normed.data_ptr()],
+        make_op(OpKind.NORM, [x.data_ptr(), res.data_ptr(), scale.data_ptr(), normed.data_ptr()],
             [1, k, k, 1], [1e-6, 0.5]),
-        _op(OpKind.GEMM, [normed.data_ptr(), w.data_ptr(), None, y.data_ptr()], [k, n, k, -1, 0]),
-        _op(OpKind.GEMM, [normed.data_ptr(), packed.data_ptr(), None, q.data_ptr()],
+        make_op(OpKind.GEMM, [normed.data_ptr(), w.data_ptr(), None, y.data_ptr()], [k, n, k, -1, 0]),
+        make_op(OpKind.GEMM, [normed.data_ptr(), packed.data_ptr(), None, q.data_ptr()],
             [k, n, k, QuantFormat.Q8_0.layout.ggml_type, 0]),
     ]  # fmt: skip
-    assert _run(runner, ops, rows) == 0
+    assert run_ops(runner, ops, rows) == 0
     assert torch.equal(res[:rows], res_ref) and torch.equal(normed[:rows], normed_ref)
     assert torch.equal(y[:rows], y_ref) and torch.equal(q[:rows], q_ref)
     assert not normed[rows:].any() and not y[rows:].any()  # only the step's rows
@@ -69,9 +51,9 @@ def test_norm_and_gemm_ops_give_their_kernels_bits(runner: ProgramRunner, isa: s
 
 def test_a_failing_op_stops_the_program_and_is_named(runner: ProgramRunner) -> None:
     src, dst, late = torch.arange(8.0).view(2, 4), torch.zeros(2, 4), torch.zeros(2, 4)
-    copy = _op(OpKind.COPY, [src.data_ptr(), dst.data_ptr()], [4, 4, 4])
-    after = _op(OpKind.COPY, [src.data_ptr(), late.data_ptr()], [4, 4, 4])
-    assert _run(runner, [copy, _op(99, [], []), after], 2) == 2  # 1 + the bad op's index
+    copy = make_op(OpKind.COPY, [src.data_ptr(), dst.data_ptr()], [4, 4, 4])
+    after = make_op(OpKind.COPY, [src.data_ptr(), late.data_ptr()], [4, 4, 4])
+    assert run_ops(runner, [copy, make_op(99, [], []), after], 2) == 2  # 1 + the bad op's index
     assert torch.equal(dst, src) and not late.any()
 
 
@@ -92,7 +74,7 @@ def test_a_state_slot_out_of_range_fails_before_any_write(runner: ProgramRunner)
     n = [proj.shape[1], inner, inner + channels, inner, slots, heads, 1, p_dim, n_dim, k, 1, 1, 0]
     attn, states = (AttnGroup * 1)(), (StateGroup * 1)()
     states[0].slots, states[0].tokens, states[0].rows = bad_slot.data_ptr(), token.data_ptr(), 1
-    ops = (Op * 1)(_op(OpKind.MAMBA, p, n, [1e-3, 1e2, 1e-6]))
+    ops = (Op * 1)(make_op(OpKind.MAMBA, p, n, [1e-3, 1e2, 1e-6]))
     assert runner.run(ops, 1, Step(1, 1, None, attn, states)) == 1
     assert torch.equal(conv, torch.ones_like(conv)) and not y.any()
     with pytest.raises(ValueError):

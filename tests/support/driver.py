@@ -37,8 +37,17 @@ class DriverRequest:
 
 
 class RunnerDriver:
-    def __init__(self, runner: ModelRunner, first_block: int = 1, first_slot: int = 0) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        first_block: int = 1,
+        first_slot: int = 0,
+        all_logits: bool = True,
+    ) -> None:
+        """``all_logits`` False: steps run as the engine runs them (``execute``: no logits of
+        every token, so the decode program's greedy head may pick the tokens)."""
         self.runner = runner
+        self.keeps_all_logits = all_logits
         self.layout = runner.layout
         self.next_block = first_block
         self.next_slot = first_slot
@@ -71,11 +80,15 @@ class RunnerDriver:
             for rid, n in plan.items()
         ]
         out = SchedulerOutput(scheduled, restores or [], saves or [], finished or [])
-        result, every = self.runner.execute_with_all_logits(out)
+        if self.keeps_all_logits:
+            result, every = self.runner.execute_with_all_logits(out)
+        else:
+            result, every = self.runner.execute(out), {}
         for sched in scheduled:
             req = self.requests[sched.request_id]
             req.computed += len(sched.token_ids)
-            req.logits.append(every[sched.request_id])
+            if sched.request_id in every:
+                req.logits.append(every[sched.request_id])
             if sched.request_id in result.sampled_token_ids:
                 req.output.append(result.sampled_token_ids[sched.request_id])
             if sched.request_id in result.logits:

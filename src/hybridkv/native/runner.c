@@ -23,12 +23,23 @@
  *   ACT_MUL    hk_act_mul(p0 gate|up, T, n0 inner, n1 stride, n2 act, p1 out)
  *   MAMBA      hk_mamba_step over state group n12 of the step (see mamba_op)
  *   COPY       T rows of n0 floats: p0 (row stride n1) -> p1 (row stride n2)
+ *   EMBED      each token's row of the table p0 ([n1 rows] of n0 values: float32, or GGML
+ *              type n2 >= 0 in rows of n3 bytes, dequantized by hk_quant_dequantize) -> p1
+ *              (row stride n4), times f0 when n5 (runner_rows.h)
+ *   DIV        T rows of n0 floats at p0 (row stride n1) divided by f0 in place
+ *   ARGMAX     each of T rows of n0 floats at p0 (row stride n1): the first index of its
+ *              maximum -> p1 (int64 [T]), the maximum -> p2 (float [T]); NaN if the row has one
  */
 
 #include <stdint.h>
 #include <string.h>
 
-enum { OP_NORM = 1, OP_NORM_ROPE, OP_ROPE, OP_GEMM, OP_ATTN, OP_ACT_MUL, OP_MAMBA, OP_COPY };
+#include "runner_rows.h"
+
+enum {
+    OP_NORM = 1, OP_NORM_ROPE, OP_ROPE, OP_GEMM, OP_ATTN, OP_ACT_MUL, OP_MAMBA, OP_COPY,
+    OP_EMBED, OP_DIV, OP_ARGMAX
+};
 
 /* Mirrors hybridkv/native/runner.py Op. */
 typedef struct {
@@ -54,6 +65,7 @@ typedef struct {
     const int64_t *positions; /* [T] */
     const hk_attn_group *attn;
     const hk_state_group *states;
+    const int64_t *ids; /* [T] token ids (EMBED) */
 } hk_step;
 
 /* Mirrors attention_common.h hk_attn_shape. */
@@ -91,6 +103,7 @@ typedef int (*qgemm_fn)(int, const float *, int64_t, int64_t, const uint8_t *, i
 typedef int (*attn_fn)(const attn_shape *, const float *, const float *, const float *, float *,
                        void *, const int64_t *, const int64_t *, const int64_t *, const float *);
 typedef int (*mamba_fn)(const mamba_args *);
+typedef void (*dequant_fn)(int, const uint8_t *, int64_t, int64_t, float *, int);
 
 /* Mirrors hybridkv/native/runner.py Kernels: the kernels' entry points. */
 typedef struct {
@@ -102,6 +115,7 @@ typedef struct {
     qgemm_fn qgemm, qgemm_i8;
     attn_fn attn;
     mamba_fn mamba;
+    dequant_fn dequant;
 } hk_kernels;
 
 static int gemm_op(const hk_kernels *k, const hk_op *o, const hk_step *s) {
@@ -149,6 +163,23 @@ static void copy_op(const hk_op *o, const hk_step *s) {
         memcpy(dst + t * o->n[2], src + t * o->n[1], (size_t)o->n[0] * sizeof(float));
 }
 
+/* p0 table, p1 out; n0 K, n1 rows, n2 GGML type (< 0: float32), n3 row bytes, n4 out
+ * stride, n5 scaled; f0 scale. Returns 1 for a token id outside the table. */
+static int embed_op(const hk_kernels *k, const hk_op *o, const hk_step *s) {
+    const int64_t K = o->n[0];
+    for (int64_t t = 0; t < s->num_tokens; t++) {
+        const int64_t id = s->ids[t];
+        float *out = (float *)o->p[1] + t * o->n[4];
+        if (id < 0 || id >= o->n[1]) return 1;
+        if (o->n[2] < 0)
+            memcpy(out, (const float *)o->p[0] + id * K, (size_t)K * sizeof(float));
+        else
+            k->dequant((int)o->n[2], (const uint8_t *)o->p[0] + id * o->n[3], 1, K, out, 1);
+        if (o->n[5]) scale_row(out, K, o->f[0]);
+    }
+    return 0;
+}
+
 static int run_op(const hk_kernels *k, const hk_op *o, const hk_step *s) {
     const int64_t T = s->num_tokens;
     switch (o->kind) {
@@ -174,6 +205,16 @@ static int run_op(const hk_kernels *k, const hk_op *o, const hk_step *s) {
         return mamba_op(k, o, s);
     case OP_COPY:
         copy_op(o, s);
+        return 0;
+    case OP_EMBED:
+        return embed_op(k, o, s);
+    case OP_DIV:
+        for (int64_t t = 0; t < T; t++) div_row((float *)o->p[0] + t * o->n[1], o->n[0], o->f[0]);
+        return 0;
+    case OP_ARGMAX:
+        for (int64_t t = 0; t < T; t++)
+            argmax_row((const float *)o->p[0] + t * o->n[1], o->n[0], (int64_t *)o->p[1] + t,
+                       (float *)o->p[2] + t);
         return 0;
     default:
         return -1;

@@ -31,6 +31,9 @@ class OpKind(IntEnum):
     ACT_MUL = 6
     MAMBA = 7
     COPY = 8
+    EMBED = 9
+    DIV = 10
+    ARGMAX = 11
 
 
 class Op(ctypes.Structure):
@@ -57,16 +60,22 @@ class Step(ctypes.Structure):
 
     _fields_ = [("num_tokens", _I64), ("threads", _I64), ("positions", _P)]
     _fields_ += [("attn", ctypes.POINTER(AttnGroup)), ("states", ctypes.POINTER(StateGroup))]
+    _fields_ += [("ids", _P)]
+
+
+# ``hk_kernels``' fields, in order, and the entry point each is
+_ENTRIES = {
+    "norm": "hk_rms_norm", "norm_rope": "hk_rms_norm_rope", "rope": "hk_rope",
+    "act_mul": "hk_act_mul", "gemm": "hk_skinny_gemm", "qgemm": "hk_quant_gemm",
+    "qgemm_i8": "hk_quant_gemm_i8", "attn": "hk_attn", "mamba": "hk_mamba_step",
+    "dequant": "hk_quant_dequantize",
+}  # fmt: skip
 
 
 class _Kernels(ctypes.Structure):
     """``hk_kernels``: the kernels' entry points, by address."""
 
-    _fields_ = [
-        (name, _P)
-        for name in ("norm", "norm_rope", "rope", "act_mul", "gemm", "qgemm", "qgemm_i8")
-        + ("attn", "mamba")
-    ]
+    _fields_ = [(name, _P) for name in _ENTRIES]
 
 
 class ProgramRunner:
@@ -98,15 +107,16 @@ def load_runner(isa: str | None = None) -> ProgramRunner | None:
     names = {
         rownorm.SOURCE: ("hk_rms_norm", "hk_rms_norm_rope", "hk_rope", "hk_act_mul"),
         gemm.SOURCE: ("hk_skinny_gemm",),
-        quant.SOURCE: ("hk_quant_gemm", "hk_quant_gemm_i8"),
+        quant.SOURCE: ("hk_quant_gemm", "hk_quant_gemm_i8", "hk_quant_dequantize"),
         attention.SOURCE: ("hk_attn",),
         ssm.SOURCE: ("hk_mamba_step",),
     }
-    addresses: list[int] = []
+    addresses: dict[str, int] = {}
     for source, entries in names.items():
         lib = load_library(source, source.stem, "decoding in Python", isa)
         if lib is None:
             return None
-        addresses += [_address(lib, name) for name in entries]
+        addresses.update((name, _address(lib, name)) for name in entries)
     runner = load_library(SOURCE, "decode program runner", "decoding in Python", isa)
-    return None if runner is None else ProgramRunner(runner, _Kernels(*addresses))
+    kernels = _Kernels(*(addresses[name] for name in _ENTRIES.values()))
+    return None if runner is None else ProgramRunner(runner, kernels)

@@ -2,9 +2,11 @@
 native call (``native/runner.c``), for steps of 1..``MAX_ROWS`` decode tokens.
 
 Per step, Python only writes the step's values into one small struct (token count, threads,
-positions, each attention group's ``KernelTable``, each state group's decode slots), copies
-the embedding into the residual rows and calls the runner; the lm_head, logits processing and
-sampling stay in Python. ``try_forward`` returns None for a step the program does not take
+token ids, positions, each attention group's ``KernelTable``, each state group's decode
+slots) and calls the runner. The program starts with the embedding lookup (``embed.py``) and,
+when the step asks for it (every request plain greedy), ends with the lm_head and each row's
+argmax (``head.py``): the step's tokens come out without any logits in Python. Otherwise the
+lm_head, logits processing and sampling stay in Python. ``try_forward`` returns None for a step the program does not take
 (prefill rows, more rows, the torch attention path): the model's own ``forward`` runs it.
 ``HYBRIDKV_DECODE_PROGRAM=0`` turns programs off (A/B).
 """
@@ -15,10 +17,13 @@ import logging
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from hybridkv.kv.spec import KVCacheLayout, StateSpec
 from hybridkv.model.compiled.builder import ProgramBuilder, Unsupported
+from hybridkv.model.compiled.embed import embed
+from hybridkv.model.compiled.head import Head, greedy_head
 from hybridkv.model.compiled.mixers import AttnBinding
 from hybridkv.model.compiled.plans import PLANS, Bindings, Plan
 from hybridkv.model.layers.rotary import RotaryTable
@@ -29,6 +34,27 @@ from hybridkv.native.runner import AttnGroup, ProgramRunner, StateGroup, Step, l
 log = logging.getLogger(__name__)
 MAX_ROWS = 32  # decode tokens a step may have to run on the program (B1: up to 32 requests)
 ENV_SWITCH = "HYBRIDKV_DECODE_PROGRAM"
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramStep:
+    """What one step of the program gives: the final hidden rows ``[T, hidden]`` (a view of
+    the program's buffer, valid until the next step) and, when the greedy head ran and every
+    row's maximum logit is finite, each row's greedy token (else None: Python computes the
+    logits from ``hidden`` and samples, naming rows without a finite maximum)."""
+
+    hidden: torch.Tensor
+    tokens: list[int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Ends:
+    """The program's optional ends: the embedding op at ops[0], the greedy head's ops after
+    the ``body`` ops (None: Python does them)."""
+
+    embeds: bool
+    body: int
+    head: Head | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +72,10 @@ class DecodeProgram:
 
     def __init__(
         self, runner: ProgramRunner, builder: ProgramBuilder, plan: Plan, groups: Groups,
-        model: CausalLM, ropes: list[RotaryTable],
+        model: CausalLM, ropes: list[RotaryTable], ends: Ends,
     ) -> None:  # fmt: skip
         self._runner, self._builder, self._model, self._groups = runner, builder, model, groups
+        self.ends = ends
         self._ops = builder.ops_array()
         self._attn = (AttnGroup * max(1, len(groups.attn_layers)))()
         self._states = (StateGroup * max(1, len(groups.state_layers)))()
@@ -59,36 +86,62 @@ class DecodeProgram:
         self._residual, self._hidden = residual, hidden
         self._ropes = ropes
         self.num_steps = 0  # steps run
-        self._rope_tables = [(r.cos.data_ptr(), r.sin.data_ptr()) for r in ropes]
+        self.num_head_steps = 0  # of which the greedy head ran
+        self._bound: tuple[object, object, int] | None = None  # what the step struct holds
+        self._rope_tables = [(r.cos, r.sin) for r in ropes]  # kept: compared by identity
         self.rope_len = min((int(r.cos.shape[0]) for r in ropes), default=1 << 62)
 
     def is_current(self) -> bool:
         """False once a rotary table it reads was regrown (new tensors): rebuild it."""
-        return self._rope_tables == [(r.cos.data_ptr(), r.sin.data_ptr()) for r in self._ropes]
+        tables = zip(self._ropes, self._rope_tables, strict=True)
+        return all(r.cos is cos and r.sin is sin for r, (cos, sin) in tables)
 
     @property
     def num_ops(self) -> int:
         return len(self._ops)
 
-    def try_forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor | None:
-        """The final hidden rows ``[T, hidden]`` of a decode-only step (a view into the
-        program's buffer, valid until the next step), or None: not a step it takes."""
+    def try_forward(
+        self, input_ids: torch.Tensor, ctx: StepContext, greedy: bool = False
+    ) -> ProgramStep | None:
+        """A decode-only step (with ``greedy``: its tokens too, where the program has the
+        head), or None: not a step it takes."""
         num_tokens = int(input_ids.shape[0])
         if not 0 < num_tokens <= MAX_ROWS or ctx.max_position >= self.rope_len:
             return None
-        if not _is_index(ctx.positions):
+        if not (_is_index(ctx.positions) and _is_index(input_ids)):
             return None
-        if not (self._bind_attention(ctx, num_tokens) and self._bind_states(ctx, num_tokens)):
+        if not self._bind(ctx, num_tokens):
             return None
         step = self._step
         step.num_tokens, step.threads = num_tokens, torch.get_num_threads()
-        step.positions = ctx.positions.data_ptr()
-        self._residual[:num_tokens].copy_(self._model.embed_input(input_ids))
-        failed = self._runner.run(self._ops, len(self._ops), step)
+        step.positions, step.ids = ctx.positions.data_ptr(), input_ids.data_ptr()
+        ends = self.ends
+        if not ends.embeds:
+            self._residual[:num_tokens].copy_(self._model.embed_input(input_ids))
+        head = ends.head if greedy else None
+        failed = self._runner.run(self._ops, len(self._ops) if head else ends.body, step)
         if failed:
-            raise RuntimeError(f"decode program: op {failed - 1} failed (memory or state slot)")
+            raise RuntimeError(
+                f"decode program: op {failed - 1} failed (a token id, memory or a state slot)"
+            )
         self.num_steps += 1
-        return self._hidden[:num_tokens]
+        self.num_head_steps += head is not None
+        return ProgramStep(
+            self._hidden[:num_tokens], None if head is None else _tokens(head, num_tokens)
+        )
+
+    def _bind(self, ctx: StepContext, num_tokens: int) -> bool:
+        """The step's tables and slots into the step struct; skipped when they are the last
+        step's objects (``model/step/decode_reuse.py`` reuses them, updated in place)."""
+        bound = (ctx.attn_meta, ctx.state_meta, num_tokens)
+        last = self._bound
+        if last is not None and all(a is b for a, b in zip(bound, last, strict=True)):
+            return True
+        self._bound = None
+        if not (self._bind_attention(ctx, num_tokens) and self._bind_states(ctx, num_tokens)):
+            return False
+        self._bound = bound  # kept: their ids stay theirs while they are compared
+        return True
 
     def _bind_attention(self, ctx: StepContext, num_tokens: int) -> bool:
         for slot, layer_id in enumerate(self._groups.attn_layers):
@@ -143,7 +196,9 @@ class LazyDecodeProgram:
         """The current program (None: not planned yet, or the model decodes in Python)."""
         return self._program
 
-    def try_forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor | None:
+    def try_forward(
+        self, input_ids: torch.Tensor, ctx: StepContext, greedy: bool = False
+    ) -> ProgramStep | None:
         """``DecodeProgram.try_forward``, or None where no program runs."""
         if not 0 < input_ids.shape[0] <= MAX_ROWS:
             return None
@@ -151,7 +206,15 @@ class LazyDecodeProgram:
         if not self._planned or (program is not None and not program.is_current()):
             self._program = program = create_decode_program(*self._args)
             self._planned = True
-        return None if program is None else program.try_forward(input_ids, ctx)
+        return None if program is None else program.try_forward(input_ids, ctx, greedy)
+
+
+def _tokens(head: Head, num_tokens: int) -> list[int] | None:
+    """The rows' greedy tokens, or None where a row's maximum is not finite."""
+    if not np.isfinite(head.maxima[:num_tokens]).all():
+        return None
+    out: list[int] = head.tokens[:num_tokens].tolist()
+    return out
 
 
 def _is_index(t: torch.Tensor) -> bool:
@@ -190,10 +253,31 @@ def create_decode_program(
     except Unsupported as err:
         log.info("decode program off for %s: %s; decoding in Python", type(model).__name__, err)
         return None
+    ends = _plan_ends(builder, model, plan)
     ropes = [m for m in model.modules() if isinstance(m, RotaryTable)]
-    program = DecodeProgram(runner, builder, plan, groups, model, ropes)
-    log.info("decode program: %s, %d ops", type(model).__name__, program.num_ops)
+    program = DecodeProgram(runner, builder, plan, groups, model, ropes, ends)
+    log.info("decode program: %s, %d ops (embedding %s, greedy head %s)", type(model).__name__,
+             program.num_ops, ends.embeds, ends.head is not None)  # fmt: skip
     return program
+
+
+def _plan_ends(builder: ProgramBuilder, model: CausalLM, plan: Plan) -> Ends:
+    """The embedding op (moved to ops[0]) and the greedy head, each where it can be had."""
+    name = type(model).__name__
+    embeds = head = None
+    with torch.inference_mode():
+        try:
+            embed(builder, model, plan.residual)
+            builder.ops.insert(0, builder.ops.pop())
+            embeds = True
+        except Unsupported as err:
+            log.info("decode program of %s: embedding in Python (%s)", name, err)
+        body = len(builder.ops)
+        try:
+            head = greedy_head(builder, model, plan.hidden)
+        except Unsupported as err:
+            log.info("decode program of %s: lm_head in Python (%s)", name, err)
+    return Ends(bool(embeds), body, head)
 
 
 def _bindings(

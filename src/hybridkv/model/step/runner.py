@@ -19,7 +19,7 @@ from hybridkv.model.models.common import CausalLM
 from hybridkv.model.sampling.prompt_logprobs import prompt_logprobs
 from hybridkv.model.sampling.sampler import Sampler, SampleRequest
 from hybridkv.model.step.cache_tensors import CacheTensors
-from hybridkv.model.step.step_builder import build_step
+from hybridkv.model.step.decode_reuse import DecodeInputs
 from hybridkv.model.step.threads import StepThreads
 from hybridkv.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput, StateCopy
 
@@ -51,6 +51,7 @@ class ModelRunner:
         self.cache = CacheTensors(layout, num_blocks, num_state_slots)
         self.sampler = Sampler(seed, eos_token_ids=model_config.eos_token_ids, grammar=grammar)
         self.threads = StepThreads.from_env()  # compute threads per step (model/step/threads.py)
+        self.step_inputs = DecodeInputs()  # a steady decode batch reuses its input tensors
         # decode-only steps of few rows in one native call (model/compiled/program.py)
         self.decode_program = LazyDecodeProgram(
             model, layout, self.cache.kv_pages, self.cache.states
@@ -79,7 +80,8 @@ class ModelRunner:
         if out.requests:
             logits, every = self._forward(out.requests, out.state_saves, all_logits, result)
             self._copy_states([c for c in out.state_saves if c.at is None])
-            self._sample(out.requests, logits, result)
+            if logits is not None:  # else the program's greedy head gave the tokens
+                self._sample(out.requests, logits, result)
         else:
             self._copy_states(out.state_saves)
         return result, every
@@ -90,12 +92,21 @@ class ModelRunner:
         saves: list[StateCopy],
         all_logits: bool,
         result: RunnerOutput,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        step = build_step(requests, self.layout, self.cache.kv_pages, self.cache.states, saves)
+    ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """The sampling rows' logits ``[S, vocab]``, or None when the decode program's greedy
+        head put every request's token in ``result``."""
+        step = self.step_inputs.build(
+            requests, self.layout, self.cache.kv_pages, self.cache.states, saves
+        )
         self.threads.use()
-        hidden = self.decode_program.try_forward(step.input_ids, step.ctx)  # [T, hidden]
-        if hidden is None:
-            hidden = self.model(step.input_ids, step.ctx)  # [T, hidden]
+        greedy = not all_logits and self._plain_greedy(requests)
+        ran = self.decode_program.try_forward(step.input_ids, step.ctx, greedy)
+        if ran is not None and ran.tokens is not None:
+            for req, token in zip(requests, ran.tokens, strict=True):
+                result.sampled_token_ids[req.request_id] = token
+            return None, {}
+        # [T, hidden]
+        hidden = self.model(step.input_ids, step.ctx) if ran is None else ran.hidden
         logits = self.model.compute_logits(hidden[step.sample_token_idx])  # [S, vocab]
         if any(r.sampling_params.prompt_logprobs is not None for r in requests):
             result.prompt_logprobs.update(prompt_logprobs(self.model, hidden, requests))
@@ -107,6 +118,19 @@ class ModelRunner:
             ):
                 every[req.request_id] = rows
         return logits, every
+
+    def _plain_greedy(self, requests: list[ScheduledRequest]) -> bool:
+        """Every request samples greedily with nothing else asked of its logits (the
+        sampler's greedy fast path): the program's head may pick the tokens."""
+        if self.keep_logits:
+            return False
+        for r in requests:
+            p = r.sampling_params
+            if not r.sample or p.temperature != 0.0 or p.logprobs is not None:
+                return False
+            if p.needs_processing or p.prompt_logprobs is not None:
+                return False
+        return True
 
     def _copy_states(self, copies: list[StateCopy]) -> None:
         for copy in copies:
