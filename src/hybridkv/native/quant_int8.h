@@ -498,3 +498,13 @@ int hk_quant_gemm_i8(int fmt, const float *x, int64_t M, int64_t ldx, const uint
     free(xq), free(dx), free(xs);
     return 0;
 }
+
+/* The x rows from which hk_quant_gemm_i8 takes the tiled kernel for Q4_K / Q6_K; 0: never
+ * (scalar and AVX-512 builds). */
+int hk_quant_i8_tile_rows(void) {
+#if defined(I8_TILED)
+    return I8_TILE_ROWS;
+#else
+    return 0;
+#endif
+}

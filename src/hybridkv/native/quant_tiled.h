@@ -23,7 +23,7 @@
 #define TN 2 /* weight rows per register tile and per unpacked panel */
 #endif
 #ifndef I8_TILE_ROWS
-#define I8_TILE_ROWS 8 /* x rows from which hk_quant_gemm_i8 takes this kernel */
+#define I8_TILE_ROWS 16 /* x rows from which hk_quant_gemm_i8 takes this kernel */
 #endif
 #define TC_BYTES 196608 /* quantized x bytes per chunk (TC rows x K): in L2 with the panel */
 
