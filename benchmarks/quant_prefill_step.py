@@ -65,7 +65,8 @@ def child(args: argparse.Namespace) -> dict[str, float]:
     with torch.inference_mode():
         for tokens in args.tokens:
             layout = create_layout(cfg.layer_specs(16, "float32"))
-            runner = ModelRunner(model, cfg, layout, tokens // 16 + 4, 2)
+            groups = len(layout.attention_group_ids)  # the driver numbers blocks across groups
+            runner = ModelRunner(model, cfg, layout, groups * (tokens // 16 + 1) + 2, 2)
             best = float("inf")
             for rep in range(args.repeats + 1):
                 driver = RunnerDriver(runner)
