@@ -40,8 +40,8 @@ PANEL_ROWS = 256  # weight rows per dequantized panel: 2 MB of float32 at K = 20
 # decode 1.35-2.2x (Q4_K) and 1.7x (Q6_K) faster than float32 activations (docs/benchmarks.md),
 # within the quality gate (docs/quantization.md). Prefill-sized steps: the tiled int8 kernel
 # against the panels, one thread, CPU time, four Granite-small layers (AMD EPYC Zen 3, AVX2;
-# benchmarks/quant_prefill.py): Q4_K 1.16x at 64 rows, 1.08x at 128, 1.02x at 256, 0.98x at
-# 512; Q6_K 1.71x, 1.44x, 1.37x, 0.97x. Q8_0 keeps float32 activations: faster at one row, and
+# benchmarks/quant_prefill.py): Q4_K 1.40x at 64 rows, 1.11x at 128, 1.02x at 256, 0.91x at
+# 512; Q6_K 1.85x, 1.37x, 1.21x, 1.08x. Q8_0 keeps float32 activations: faster at one row, and
 # int8 adds 20-40 % to its rounding loss
 INT8_FORMATS = frozenset({QuantFormat.Q4_K, QuantFormat.Q6_K})
 INT8_MAX_ROWS = 256
