@@ -227,6 +227,23 @@ def test_int8_decode_gate(arch: str, fmt: QuantFormat, files: dict) -> None:
     assert result.decode_mean_abs_delta_logprob <= max_delta
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", [QuantFormat.Q4_K, QuantFormat.Q6_K], ids=["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_int8_prefill_gate(arch: str, fmt: QuantFormat, files: dict) -> None:
+    """A 112-row prefill with int8 activations (``choose_path``: up to ``INT8_MAX_ROWS`` rows;
+    on AVX2 builds the tiled kernel, ``native/quant_tiled.h``) against the same weights
+    dequantized, scored over every position: within the int8 gate."""
+    assert quant_linear.choose_path(fmt, 112) is quant_linear.QuantPath.INT8_KERNEL
+    view = resolve_model_dir(str(files[arch, fmt.name][0]))
+    ids = torch.randint(3, 1000, (120,), generator=torch.Generator().manual_seed(8)).tolist()
+    result = quality_gate(view, ids, decode_steps=8)
+    min_agree, max_delta = INT8_DECODE_GATE
+    assert result.mean_abs_delta_logprob > KERNEL_MAX_DELTA  # int8 did run
+    assert result.top1_agreement >= min_agree
+    assert result.mean_abs_delta_logprob <= max_delta
+
+
 def test_generate_decodes_k_quants_with_int8_activations(
     files: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:

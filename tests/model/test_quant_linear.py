@@ -114,3 +114,18 @@ def test_quantized_embedding_dequantizes_the_rows_looked_up() -> None:
         emb(torch.tensor([50]))
     with pytest.raises(ValueError, match="uint8"):
         ql.QuantEmbedding(data[:, :100], QuantFormat.Q6_K, 256, torch.float32)
+
+
+def test_choose_path_thresholds() -> None:
+    """The K-quants take int8 activations up to ``INT8_MAX_ROWS`` rows (the tiled kernel from
+    16 on AVX2), Q8_0 float32 activations up to ``QUANT_MAX_ROWS``; past them, and without the
+    native library, the dequantized panels."""
+    path = ql.QuantPath
+    for fmt in (QuantFormat.Q4_K, QuantFormat.Q6_K):
+        assert ql.choose_path(fmt, 1) is path.INT8_KERNEL
+        assert ql.choose_path(fmt, ql.INT8_MAX_ROWS) is path.INT8_KERNEL
+        assert ql.choose_path(fmt, ql.INT8_MAX_ROWS + 1) is path.PANELS
+        assert ql.choose_path(fmt, 1, native=False) is path.PANELS
+    assert ql.choose_path(QuantFormat.Q8_0, ql.QUANT_MAX_ROWS) is path.FLOAT_KERNEL
+    assert ql.choose_path(QuantFormat.Q8_0, ql.QUANT_MAX_ROWS + 1) is path.PANELS
+    assert ql.INT8_MAX_ROWS == 256

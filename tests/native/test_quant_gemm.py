@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from hybridkv.native import quant
+from hybridkv.native.isa import cpu_flags
 from hybridkv.native.quant import QuantGemm
 from hybridkv.native.quant_blocks import QuantFormat, dequantize, pack, quantize_activations
 from tests.native.no_compiler import assert_unavailable_without_compiler, built_or_skip
@@ -69,7 +70,7 @@ def test_matches_dequantized_reference(
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=[f.name for f in FORMATS])
-@pytest.mark.parametrize("m", [1, 3, 4, 5, 9])
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 9, 40])
 @pytest.mark.parametrize(("n", "k"), [(1, 256), (7, 512), (130, 768)])
 def test_int8_path_matches_quantized_reference(
     kernel: QuantGemm, fmt: QuantFormat, m: int, n: int, k: int
@@ -98,7 +99,7 @@ def integer_blocks(fmt: QuantFormat, n: int, k: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=[f.name for f in FORMATS])
-@pytest.mark.parametrize("m", [1, 2, 3, 6])
+@pytest.mark.parametrize("m", [1, 2, 3, 6, 16, 19])
 def test_int8_path_integers_are_exact_on_every_variant(
     kernel: QuantGemm, fmt: QuantFormat, m: int
 ) -> None:
@@ -137,6 +138,29 @@ def test_int8_path_bias_strides_and_hostile_rows(kernel: QuantGemm, fmt: QuantFo
     assert torch.equal(alone, got[5:6])
 
 
+@pytest.mark.usefixtures("threads")  # 1, then 2 threads
+@pytest.mark.parametrize("fmt", [QuantFormat.Q4_K, QuantFormat.Q6_K], ids=["Q4_K", "Q6_K"])
+def test_tiled_int8_is_bitwise_the_per_row_kernel(
+    kernel: QuantGemm, fmt: QuantFormat, isa: str
+) -> None:
+    """From ``I8_TILE_ROWS`` (16) rows the K-quants take the tiled kernel (``quant_tiled.h``;
+    AVX2 builds): bitwise the per-row kernel's result for each row -- the same rows in calls of
+    at most 7 rows take the per-row kernel. K = 4096: the x rows come in chunks of 48 (a second,
+    short chunk at 50 rows); 9 weight rows: a short panel; a bias; a strided view."""
+    avx2_only = isa == "avx2" or (isa == "native" and "avx512bw" not in cpu_flags())
+    assert kernel.tile_rows == (16 if avx2_only else 0)
+    k, n = 4096, 9
+    data = random_packed(fmt, n, k, seed=7)
+    fused = torch.randn(50, 2 * k, generator=torch.Generator().manual_seed(8))
+    x, bias = fused[:, k:], torch.randn(n, generator=torch.Generator().manual_seed(9))
+    tiled = kernel.linear(x, data, fmt, bias, int8_activations=True)
+    per_row = torch.cat(
+        [kernel.linear(x[r : r + 7], data, fmt, bias, True) for r in range(0, 50, 7)]
+    )
+    assert torch.equal(tiled, per_row)
+    assert_close(tiled - bias, int8_values(x, fmt), data, fmt)
+
+
 def test_q8_0_short_rows_bias_and_strides(kernel: QuantGemm) -> None:
     fmt = QuantFormat.Q8_0
     data = random_packed(fmt, 33, 96)
@@ -168,9 +192,9 @@ def test_dequantize_matches_numpy(kernel: QuantGemm, fmt: QuantFormat) -> None:
 @pytest.mark.parametrize("fmt", FORMATS, ids=[f.name for f in FORMATS])
 def test_batch_invariance(kernel: QuantGemm, fmt: QuantFormat, int8: bool) -> None:
     data = random_packed(fmt, 514, 1024, seed=5)  # 514 x 1024: the OpenMP branch, a short panel
-    x = torch.randn(13, 1024, generator=torch.Generator().manual_seed(6))
+    x = torch.randn(21, 1024, generator=torch.Generator().manual_seed(6))  # int8: tiled
     batch = kernel.linear(x, data, fmt, int8_activations=int8)
-    for r in (0, 5, 12):
+    for r in (0, 5, 20):
         alone = kernel.linear(x[r : r + 1], data, fmt, int8_activations=int8)
         assert torch.equal(alone, batch[r : r + 1])
     torch.set_num_threads(3 - torch.get_num_threads())  # and the other count

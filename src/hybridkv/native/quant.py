@@ -50,6 +50,10 @@ class QuantGemm:
         self._gemm_i8 = lib.hk_quant_gemm_i8
         self._gemm_i8.argtypes = self._gemm.argtypes
         self._gemm_i8.restype = c_int
+        tile_rows = lib.hk_quant_i8_tile_rows
+        tile_rows.restype = c_int
+        # x rows from which the int8 path of Q4_K / Q6_K runs tiled (quant_tiled.h); 0: never
+        self.tile_rows = int(tile_rows())
         self._dequantize = lib.hk_quant_dequantize
         self._dequantize.argtypes = [c_int, ptr, i64, i64, ptr, c_int]
         self._dequantize.restype = None

@@ -453,7 +453,11 @@ static void i8_rows(int fmt, const uint8_t *w, int64_t row_bytes, const XRows *x
     }
 }
 
-/* hk_quant_gemm with x quantized to int8 per row (above). Returns 0, or -1 without memory. */
+#include "quant_tiled.h"
+
+/* hk_quant_gemm with x quantized to int8 per row (above); from I8_TILE_ROWS rows of the
+ * K-quants the tiled kernel (quant_tiled.h), bitwise the same. Returns 0, or -1 without
+ * memory. */
 int hk_quant_gemm_i8(int fmt, const float *x, int64_t M, int64_t ldx, const uint8_t *W,
                      int64_t N, int64_t K, const float *bias, float *y, int threads) {
     const int64_t qb = fmt == Q8_0 ? 32 : 256, row_bytes = K / block_values(fmt) * block_bytes(fmt);
@@ -465,6 +469,13 @@ int hk_quant_gemm_i8(int fmt, const float *x, int64_t M, int64_t ldx, const uint
         return -1;
     }
     quantize_rows(x, M, ldx, K, qb, xq, dx, xs);
+#if defined(I8_TILED)
+    if (fmt != Q8_0 && M >= I8_TILE_ROWS) {
+        const int status = i8_tiled(fmt, xq, dx, xs, M, W, N, K, bias, y, threads);
+        free(xq), free(dx), free(xs);
+        return status;
+    }
+#endif
 #if defined(KQ_NJ)
     if (fmt == Q4_K) q4k_interleave_x(xq, M * K);
 #endif
@@ -486,4 +497,14 @@ int hk_quant_gemm_i8(int fmt, const float *x, int64_t M, int64_t ldx, const uint
     }
     free(xq), free(dx), free(xs);
     return 0;
+}
+
+/* The x rows from which hk_quant_gemm_i8 takes the tiled kernel for Q4_K / Q6_K; 0: never
+ * (scalar and AVX-512 builds). */
+int hk_quant_i8_tile_rows(void) {
+#if defined(I8_TILED)
+    return I8_TILE_ROWS;
+#else
+    return 0;
+#endif
 }

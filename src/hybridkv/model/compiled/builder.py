@@ -170,9 +170,10 @@ class ProgramBuilder:
             args = (x.address, weight.data_ptr(), b, out.address)
             self.emit(OpKind.GEMM, args, (x.stride, n, k, -1, 0))
             return
-        int8 = quant in quant_linear.INT8_FORMATS  # read at planning, as ``quant_linear`` does
-        if self.max_rows > (quant_linear.INT8_MAX_ROWS if int8 else quant_linear.QUANT_MAX_ROWS):
+        path = quant_linear.choose_path(quant, self.max_rows)  # type: ignore[arg-type]
+        if path is quant_linear.QuantPath.PANELS:  # read at planning, as ``quant_linear`` does
             raise Unsupported(f"{self.max_rows} rows of {quant} take the panel path")
+        int8 = path is quant_linear.QuantPath.INT8_KERNEL
         ggml_type = quant.layout.ggml_type  # type: ignore[attr-defined]
         args = (x.address, weight.data_ptr(), b, out.address)
         self.emit(OpKind.GEMM, args, (x.stride, n, k, ggml_type, int(int8)))

@@ -6,17 +6,22 @@ A quantized ``Linear`` (``layers/linear.py``) holds its weight as the file has i
 
 - up to ``QUANT_MAX_ROWS`` rows (decode steps): the native kernel (``native/quant.c``); for
   the formats in ``INT8_FORMATS`` up to ``INT8_MAX_ROWS`` rows, with each x row quantized to
-  int8 per block and integer dot products (``native/quant_int8.h``), else with float32
+  int8 per block and integer dot products (``native/quant_int8.h``; from 16 rows, on AVX2
+  builds, its tiled kernel ``native/quant_tiled.h``, bitwise the same), else with float32
   activations (weights dequantized in registers or L2 panels);
 - more rows (prefill, mixed steps): ``PANEL_ROWS`` weight rows at a time dequantized to a
   float32 scratch (by the kernel's own code, so the same values) and multiplied by
   ``F.linear``: each weight is read once per call and the scratch stays small;
 - without the native library (no compiler, ``HYBRIDKV_NATIVE=0``): the same panels, dequantized
   by numpy (``quant_blocks.dequantize``, the kernels' reference).
+
+``choose_path`` is the one place that picks among them (the compiled decode program asks it
+too, at planning).
 """
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Protocol
 
 import torch
@@ -33,12 +38,31 @@ QUANT_MAX_ROWS = 48
 PANEL_ROWS = 256  # weight rows per dequantized panel: 2 MB of float32 at K = 2048
 # steps of up to INT8_MAX_ROWS rows of these formats take int8 activations (llama.cpp's Q8_K):
 # decode 1.35-2.2x (Q4_K) and 1.7x (Q6_K) faster than float32 activations (docs/benchmarks.md),
-# within the quality gate (docs/quantization.md); and up to ~100-128 rows as fast as the panels
-# or faster (one thread, CPU time, four Granite-small layers, AVX-512 VNNI kernel: 64 rows
-# 38-43 vs 44-49 ms, 128 rows 77-85 vs 75-81, 256 rows 145 vs 118). Q8_0 keeps float32
-# activations: faster at one row, and int8 adds 20-40 % to its rounding loss
+# within the quality gate (docs/quantization.md). Prefill-sized steps: the tiled int8 kernel
+# against the panels, one thread, CPU time, four Granite-small layers (AMD EPYC Zen 3, AVX2;
+# benchmarks/quant_prefill.py): Q4_K 1.40x at 64 rows, 1.11x at 128, 1.02x at 256, 0.91x at
+# 512; Q6_K 1.85x, 1.37x, 1.21x, 1.08x. Q8_0 keeps float32 activations: faster at one row, and
+# int8 adds 20-40 % to its rounding loss
 INT8_FORMATS = frozenset({QuantFormat.Q4_K, QuantFormat.Q6_K})
-INT8_MAX_ROWS = 128
+INT8_MAX_ROWS = 256
+
+
+class QuantPath(Enum):
+    """How a product with a block-quantized weight is computed."""
+
+    FLOAT_KERNEL = "float32 activations, native kernel"
+    INT8_KERNEL = "int8 activations, native kernel (per-row or tiled)"
+    PANELS = "dequantized panels + F.linear"
+
+
+def choose_path(fmt: QuantFormat, rows: int, native: bool = True) -> QuantPath:
+    """The path for ``rows`` activation rows against a ``fmt`` weight (``native``: whether the
+    native library is there)."""
+    if not native:
+        return QuantPath.PANELS
+    if fmt in INT8_FORMATS:
+        return QuantPath.INT8_KERNEL if rows <= INT8_MAX_ROWS else QuantPath.PANELS
+    return QuantPath.FLOAT_KERNEL if rows <= QUANT_MAX_ROWS else QuantPath.PANELS
 
 
 def quant_linear(
@@ -54,9 +78,10 @@ def quant_linear(
     kernel = kernel if kernel is not None else load_quant()
     xf = x if x.dtype == torch.float32 else x.to(torch.float32)
     bias = None if bias is None else bias.to(torch.float32)
-    int8 = fmt in INT8_FORMATS
-    max_rows = INT8_MAX_ROWS if int8 else QUANT_MAX_ROWS
-    if kernel is not None and xf.numel() <= max_rows * xf.shape[-1]:
+    rows = xf.numel() // max(xf.shape[-1], 1)
+    path = choose_path(fmt, rows, kernel is not None)
+    if kernel is not None and path is not QuantPath.PANELS:
+        int8 = path is QuantPath.INT8_KERNEL
         out = kernel.linear(xf, data, fmt, bias, int8_activations=int8)
     else:
         out = linear_by_panels(xf, data, fmt, bias, kernel)
