@@ -6,10 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.benchmarks.quick import run_quick
+from tests.support.cache_dirs import private_cache
 
 
 def test_kv_events_overhead_quick(tmp_path: Path) -> None:
-    out = run_quick("kv_events_overhead.py", "--cache-dir", str(tmp_path), timeout=600)
+    cache = private_cache(tmp_path / "cache")  # its own default model, the shared kernels
+    out = run_quick("kv_events_overhead.py", "--cache-dir", str(cache), timeout=600)
     assert out["benchmark"] == "kv_events_overhead" and out["quick"] is True
     results = out["results"]
     assert set(results) == {"off", "null", "zmq"}

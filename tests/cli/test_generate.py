@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from hybridkv.paths import cache_dir
 from tests.cli.helpers import json_records, run_cli, write_prompts_file
 from tests.engine.helpers import (
     MAX_TOKENS,
@@ -20,6 +19,7 @@ from tests.engine.helpers import (
     make_prompt_set,
     random_ids,
 )
+from tests.support.cache_dirs import private_cache
 from tests.support.checkpoints import HF_ARCHS
 
 PROMPTS = make_prompt_set()
@@ -72,13 +72,7 @@ def test_make_model_checkpoint_loads_in_transformers_and_agrees(arch: str, tmp_p
 
 
 def test_default_model_is_built_once(tmp_path: Path) -> None:
-    env = {"HYBRIDKV_CACHE_DIR": str(tmp_path / "cache")}
-    # the compiled kernels are shared with every other run (keyed by source and flags): only the
-    # model is new here, and compiling them all again would be most of this test's time
-    shared = cache_dir() / "native"
-    shared.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "native").symlink_to(shared, target_is_directory=True)
+    env = {"HYBRIDKV_CACHE_DIR": str(private_cache(tmp_path / "cache"))}  # only the model new
     notice = "created the embedded default model"
     first = run_cli("generate", "--prompt", "hi", "--max-tokens", 4, env=env)
     assert first.returncode == 0, first.stderr
