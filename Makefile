@@ -25,12 +25,9 @@ lint: setup
 # --durations: the slowest tests in every log, so a test that eats the budget shows.
 # -n 2: two pytest workers (pytest-xdist); the suite waits on engines and subprocesses far more
 # than it computes, so two workers on two cores halve its time (docs/status.md, issue 27).
-# --dist loadgroup: a module whose tests share a module-scoped fixture (a server, a fleet of
-# engines) runs on one worker, which builds it once (tests/conftest.py marks it xdist_group);
-# those groups go first, largest first, then every other test one by one (no long tail).
 # tests/conftest.py sets OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep, not spin.
 test: lint
-	$(PY) -m pytest -n 2 --dist loadgroup --durations=20
+	$(PY) -m pytest -n 2 --durations=20
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow and not model and not e2e and not bench" --durations=10

@@ -83,27 +83,11 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return True
 
 
-def module_group(item: pytest.Item) -> str | None:
-    """The test's module when it uses a module-scoped fixture (a server, a fleet of engines)
-    other than the autouse engine closer: ``make test``'s ``--dist loadgroup`` then runs the
-    module's tests on one worker, which builds the fixture once. Under plain ``load`` a module
-    split between the two workers built it on each."""
-    info = getattr(item, "_fixtureinfo", None)
-    defs = info.name2fixturedefs.values() if info is not None else ()
-    if any(d.scope == "module" and d.argname != "_close_module_engines" for ds in defs for d in ds):
-        return item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else None
-    return None
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         tier = tier_of(item)
         if tier is not None:
             item.add_marker(tier)
-        group = module_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
