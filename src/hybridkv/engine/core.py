@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import time
 import weakref
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hybridkv.config import EngineConfig
@@ -178,6 +179,7 @@ class EngineCore:
             kv_events=self.kv_events.stats() if self.kv_events is not None else None,
             steps=self._counters.snapshot(),
             checkpoints=self.kv.checkpoint_stats(),
+            inflight=replace(self.scheduler.inflight.stats),
         )
 
     @property

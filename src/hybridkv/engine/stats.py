@@ -15,6 +15,7 @@ from hybridkv.connectors.stats import ConnectorStats
 from hybridkv.kv.checkpoint_counters import CheckpointStats
 from hybridkv.kv.spec import KVCacheLayout
 from hybridkv.kv_events.stats import PublisherStats
+from hybridkv.sched.inflight import InflightStats
 from hybridkv.step_io import FailureReason, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ class EngineStats:
     kv_events: PublisherStats | None = None  # KV event batches published / dropped (if on)
     steps: StepStats = field(default_factory=StepStats)
     checkpoints: CheckpointStats = field(default_factory=CheckpointStats)  # state checkpoints
+    inflight: InflightStats = field(default_factory=InflightStats)  # the in-flight prefix rule
 
 
 def group_cache_stats(

@@ -77,6 +77,12 @@ ENGINE_METRICS: dict[str, MetricSpec] = {
         "engine step seconds spent on prompt tokens (each step's share: its prompt tokens / "
         "all its tokens); over prompt_tokens_computed: the measured prefill cost per token"
     ),
+    "hybridkv:inflight_prefix_waits": _c(
+        "requests that waited for a running prefill computing their next blocks (sched/inflight.py)"
+    ),
+    "hybridkv:inflight_prefix_wait_steps": _c("schedule passes requests spent waiting for one"),
+    "hybridkv:inflight_prefix_waits_expired": _c("such waits ended by their bound, not the source"),
+    "hybridkv:inflight_prefix_hit_tokens": _c("prompt tokens hit that a wait for a prefill gained"),
     "hybridkv:group_prefix_cache_queries": _c(
         "prompt tokens looked up, per group", "group", "kind"
     ),

@@ -6,7 +6,8 @@ There are no prefill and decode phases: each step every scheduled request comput
 checkpoint. ``schedule()`` reads as its named steps::
 
     schedule_running   decode / continue prefills; preempt the newest request if blocks run out
-    schedule_waiting   admit new and preempted requests (prefix hit first), FCFS
+    schedule_waiting   admit new and preempted requests (prefix hit first), FCFS; one whose
+                       next blocks a running prefill computes waits for them (inflight.py)
     build_output       plain data for the runner: tokens, tables, slots, state copies
 
 The step's plan is ``step_plan.StepPlan``; the output is built in ``output.py``.
@@ -19,6 +20,7 @@ from collections import deque
 from hybridkv.config import SchedulerConfig
 from hybridkv.kv.coordinator import CacheHit, KVCacheCoordinator
 from hybridkv.request import Request, RequestStatus
+from hybridkv.sched.inflight import InflightPrefixes
 from hybridkv.sched.kv_transfer import KVTransfer
 from hybridkv.sched.output import SchedulerStats, build_scheduler_output
 from hybridkv.sched.recovery import Action, Recovery, RecoveryPlan
@@ -45,6 +47,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.finished_ids: list[str] = []  # since the last step; the runner drops their state
         self.num_preemptions = 0
+        self.inflight = InflightPrefixes(kv.block_size)  # the in-flight prefix rule
 
     # -- requests in and out -------------------------------------------------------------
 
@@ -69,6 +72,7 @@ class Scheduler:
             if req in queue:
                 queue.remove(req)
         req.status = status
+        self.inflight.forget(request_id)
         self.finished_ids.append(request_id)
         if self.transfer is None or self.transfer.release(req):
             self.kv.free(req)
@@ -177,10 +181,13 @@ class Scheduler:
     def _admit(self, req: Request, plan: StepPlan) -> bool | None:
         """Local hit, then the connector's external tokens, then allocation.
 
-        Returns False if the request does not fit, None if the connector is not ready."""
+        Returns False if the request does not fit, None if it is to be asked again next step
+        (the connector is not ready, or a running prefill computes its next blocks)."""
         # prompt logprobs need the logits of every prompt position: no prefix hit (as vLLM)
         skip = req.skip_reading_prefix_cache
         hit = self.kv.no_cache_hit() if skip else self.kv.find_cache_hit(req)
+        if not skip and self.inflight.should_wait(req, hit.num_tokens, self.running):
+            return None  # a running prefill computes its next blocks: hit them once landed
         num_external, is_async = 0, False
         if self.transfer is not None:
             found = self.transfer.lookup(req, hit.num_tokens)

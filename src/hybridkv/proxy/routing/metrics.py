@@ -37,6 +37,11 @@ def _settle_families(kv: KVRouting) -> Iterator[Metric]:
             s.num_prefill_waits,
         ),
         ("settle_prefill_wait_seconds", "seconds they waited", s.prefill_wait_seconds),
+        (
+            "settle_prefill_wait_timeouts",
+            "prefill waits that ran out (MAX_PREFILL_WAIT_SECONDS)",
+            s.num_prefill_wait_timeouts,
+        ),
     ):
         family = CounterMetricFamily(P + name, help_)
         family.add_metric([], value)

@@ -18,8 +18,13 @@ once it is found down, seqs of its earlier life are forgotten.
 
 ``await_prefill``: a request whose prefix the chosen engine is prefilling right now for
 another request waits for that prefill to land (a first streamed chunk carries its
-``kv_events_seq`` too) and is predicted on the index then: the engine would have queued it
-behind that prefill anyway, and admitted now it might recompute the prefix beside it.
+``kv_events_seq`` too) and is predicted on the index then. The engine would hold it behind
+that prefill anyway (its in-flight prefix rule, ``sched/inflight.py``: a waiting request
+whose next blocks a running prefill computes waits for them), so the wait is not capped by
+what recomputing would cost: it lasts while the source holds its reservation (until its
+first answer bytes, or its end) and its events are on the way, at most
+``MAX_PREFILL_WAIT_SECONDS`` -- a prediction made on the landed prefix is exact by
+construction, one made while it computes is a guess about timing (B7's last misses).
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from hybridkv.kv.hashing import BlockHash
 from hybridkv.proxy.routing.engines import EngineState
 
 MAX_SETTLE_SECONDS = 2.0
+# a safety bound: the source's own prefill (its first answer bytes) ends the wait before it
+MAX_PREFILL_WAIT_SECONDS = 60.0
 FORGED_MARGIN = 1024  # batches an answer may be ahead of the stream the proxy received
 POLL_SECONDS = 0.002
 
@@ -45,6 +52,7 @@ class SettleStats:
     num_forged: int = 0  # answers whose seq no engine could have published
     num_prefill_waits: int = 0  # decisions that waited for a prefill of their prefix
     prefill_wait_seconds: float = 0.0
+    num_prefill_wait_timeouts: int = 0  # ... that ran out of MAX_PREFILL_WAIT_SECONDS
 
 
 def received_seq(engine: EngineState) -> int:
@@ -111,15 +119,14 @@ async def await_prefill(
     """The chosen engine is computing this prompt's prefix for a request the proxy sent
     there: wait until that prefill is done (its first answer bytes) and its events are in
     the index, so the prediction counts the prefix it will reuse once landed -- within
-    ``MAX_SETTLE_SECONDS`` and the time computing the prefix again would take."""
-    held = engine.pending_hit_tokens(hashes, num_tokens)
-    if held == 0:
+    ``MAX_PREFILL_WAIT_SECONDS`` (the engine holds the request behind that prefill too)."""
+    if engine.pending_hit_tokens(hashes, num_tokens) == 0:
         return
-    budget = min(MAX_SETTLE_SECONDS, engine.token_seconds * held)
     stats.num_prefill_waits += 1
     start = time.monotonic()
-    while time.monotonic() - start < budget and (
-        engine.pending_hit_tokens(hashes, num_tokens) > 0 or lagging(engine)
-    ):
+    while engine.pending_hit_tokens(hashes, num_tokens) > 0 or lagging(engine):
+        if time.monotonic() - start >= MAX_PREFILL_WAIT_SECONDS:
+            stats.num_prefill_wait_timeouts += 1
+            break
         await asyncio.sleep(POLL_SECONDS)
     stats.prefill_wait_seconds += time.monotonic() - start
