@@ -214,8 +214,8 @@ def test_bfloat16_model_keeps_blocks(files: dict, bf16_matmul: str) -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_int8_decode_gate(arch: str, fmt: QuantFormat, files: dict) -> None:
     """Int8 activations (the default for ``INT8_FORMATS``; forced here for every format; the
-    49-row prefill too) against the same weights dequantized: x's rounding alone, scored on
-    the 40 decode positions."""
+    49-row prefill too, but Q8_0's: past its 48-row bound) against the same weights
+    dequantized: x's rounding alone, scored on the 40 decode positions."""
     view = resolve_model_dir(str(files[arch, fmt.name][0]))
     ids = torch.randint(3, 1000, (89,), generator=torch.Generator().manual_seed(7)).tolist()
     with pytest.MonkeyPatch.context() as patch:

@@ -55,7 +55,7 @@ static inline float fmadd1(float a, float b, float c) { /* c + a b, one rounding
  * block holding NaN or inf gets dx = NaN (its outputs are NaN, as the float path's would be)
  * and xq = 0. The AVX2 build does the same arithmetic 8 values at a time (max is exact; one
  * multiply and one round-to-nearest-even per value): the same bytes. */
-static void quantize_block(const float *v, int64_t qb, int8_t *q, float *dx) {
+static inline void quantize_block(const float *v, int64_t qb, int8_t *q, float *dx) {
     float amax = 0.0f;
     int finite = 1;
     for (int64_t l = 0; l < qb; l++) {
