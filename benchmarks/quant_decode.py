@@ -19,23 +19,28 @@ quiet machine: the load average is printed). Best of ``--repeats``.
     PYTHONPATH=src .venv/bin/python benchmarks/quant_decode.py --rows 1 --threads 1
     PYTHONPATH=src .venv/bin/python benchmarks/quant_decode.py --quick        # seconds
     PYTHONPATH=src .venv/bin/python benchmarks/quant_decode.py --rows 64 128 --threads 1  # prefill
+    PYTHONPATH=src .venv/bin/python benchmarks/quant_decode.py --rows 1 --threads 1 \\
+        --baseline-src /work/main/src --only "Q8_0 int8" "Q8_0 int8 base"   # before / after
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from bench_common import cpu_flags, machine_info
 from hybridkv.model.layers.quant_linear import QUANT_MAX_ROWS, linear_by_panels
+from hybridkv.native import load_library
 from hybridkv.native.gemm import load_gemm
-from hybridkv.native.quant import load_quant
+from hybridkv.native.quant import QuantGemm, load_quant
 from hybridkv.native.quant_blocks import QuantFormat, pack
 
 # (N, K) of granitemoehybrid-small (hidden 768, 12 layers: mamba x3 : attention x1)
@@ -98,6 +103,19 @@ def read_bandwidth(threads: int, repeats: int, mib: int) -> float:
     return data.numel() * 4 / best
 
 
+Run = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def quant_runs(quant: QuantGemm, suffix: str = "") -> dict[str, Run]:
+    """The kernel's columns: each format with float32 and with int8 activations."""
+    out: dict[str, Run] = {}
+    for fmt in QuantFormat:
+        for int8 in (False, True):
+            name = f"{fmt.name}{' int8' if int8 else ''}{suffix}"
+            out[name] = functools.partial(quant.linear, fmt=fmt, int8_activations=int8)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16])
@@ -106,6 +124,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--quick", action="store_true", help="2 layers, 1 row, 1 repeat")
     parser.add_argument("--only", nargs="+", help="these columns only (e.g. 'Q4_K int8')")
+    parser.add_argument("--baseline-src", type=Path, default=None,
+                        help="also the kernels of another src tree (columns '... base')")  # fmt: skip
     args = parser.parse_args()
     if args.quick:
         args.rows, args.threads, args.repeats, args.layers = [1], [1], 1, 2
@@ -115,16 +135,14 @@ def main() -> None:
     shapes = step_shapes(args.layers)
     ks = [k for _, k in shapes]
     weights = make_weights(shapes)
-    runs: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-        "float32": gemm.linear,
-        "Q8_0": lambda x, w: quant.linear(x, w, QuantFormat.Q8_0),
-        "Q4_K": lambda x, w: quant.linear(x, w, QuantFormat.Q4_K),
-        "Q6_K": lambda x, w: quant.linear(x, w, QuantFormat.Q6_K),
-        "Q8_0 int8": lambda x, w: quant.linear(x, w, QuantFormat.Q8_0, int8_activations=True),
-        "Q4_K int8": lambda x, w: quant.linear(x, w, QuantFormat.Q4_K, int8_activations=True),
-        "Q6_K int8": lambda x, w: quant.linear(x, w, QuantFormat.Q6_K, int8_activations=True),
-        "Q4_K panels": lambda x, w: linear_by_panels(x, w, QuantFormat.Q4_K, None, quant),
-    }
+    runs: dict[str, Run] = {"float32": gemm.linear, **quant_runs(quant)}
+    runs["Q4_K panels"] = lambda x, w: linear_by_panels(x, w, QuantFormat.Q4_K, None, quant)
+    if args.baseline_src is not None:
+        source = args.baseline_src / "hybridkv" / "native" / "quant.c"
+        base = load_library(source, "baseline quantized GEMM", "no baseline")
+        if base is None:
+            raise SystemExit(f"cannot build {source}")
+        runs.update(quant_runs(QuantGemm(base), " base"))
     step_bytes = {
         name: sum(w.numel() * w.element_size() for w in ws) for name, ws in weights.items()
     }

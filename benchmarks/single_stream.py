@@ -17,7 +17,8 @@ printed with every round: the machine is shared.
     .venv/bin/python benchmarks/single_stream.py --quick     # seconds: LLM only, tiny model
 
 ``--clock cpu --threads 1``: the LLM engines' decode tokens per second of their process's CPU
-time (what another job on the shared machine barely changes); llama-bench stays wall clock.
+time (what another job on the shared machine barely changes), llama-bench's likewise (its
+process's CPU time: ``quant_gguf_decode.llama_bench_seconds``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 
 from bench_common import cpu_flags, machine_info
 from llamacpp_servers import Server, hybridkv_server, llama_server
+from quant_gguf_decode import llama_bench_seconds
 
 LLAMA_BIN = Path("/work/llamacpp/build/bin")
 PROMPT = [(7 * i + 11) % 997 + 3 for i in range(16)]
@@ -104,7 +106,12 @@ def server_rate(server: Server) -> Rate:
     return lambda n: decode_rate(lambda k: server.complete(PROMPT, k), n)
 
 
-def llama_bench(bin_dir: Path, path: Path, n: int, threads: int) -> float:
+def llama_bench(bin_dir: Path, path: Path, n: int, threads: int, cpu: bool = False) -> float:
+    """``llama-bench -p 0 -n n``'s decode tokens/s; ``cpu`` (one thread): tokens per second of
+    its CPU time, (user + sys of ``-n 16 + n``) - (of ``-n 16``) over n tokens, start-up and
+    load cancelling out, the clock the LLM engines are timed on (``--clock cpu``)."""
+    if cpu:
+        return 1.0 / llama_bench_seconds(str(bin_dir / "llama-bench"), path, threads, n)
     cmd = [str(bin_dir / "llama-bench"), "-m", str(path), "-p", "0", "-n", str(n),
            "-t", str(threads), "-r", "1", "-o", "json"]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
@@ -157,7 +164,8 @@ def bench_file(path: Path, args: argparse.Namespace) -> dict[str, Any]:
             for name, rate in rates.items():
                 runs[name].append(rate(args.decode_tokens))
             if args.llama:
-                bench = llama_bench(args.llama_bin, path, args.decode_tokens, args.threads)
+                cpu = args.clock == "cpu"
+                bench = llama_bench(args.llama_bin, path, args.decode_tokens, args.threads, cpu)
                 runs.setdefault("llama-bench", []).append(bench)
             loads.append(os.getloadavg()[0])
             print(f"  {path.name}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in runs.items())

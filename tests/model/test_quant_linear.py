@@ -35,7 +35,7 @@ def assert_matches_float(layer: Linear, x: torch.Tensor) -> None:
     with torch.inference_mode():
         got = layer(x)
     assert layer.quant is not None
-    if layer.quant in ql.INT8_FORMATS and x.shape[0] <= ql.INT8_MAX_ROWS:
+    if layer.quant in ql.INT8_FORMATS and x.shape[0] <= ql.int8_max_rows(layer.quant):
         x = torch.from_numpy(quantize_activations(x.numpy(), layer.quant))
     ref = F.linear(
         x.double(),
@@ -59,10 +59,11 @@ def test_matches_dequantized_float(fmt: QuantFormat, rows: int) -> None:
 def test_without_native_library(monkeypatch: pytest.MonkeyPatch) -> None:
     layer = quantized_linear(40, 256, QuantFormat.Q8_0)
     x = torch.randn(3, 256)
+    xq = torch.from_numpy(quantize_activations(x.numpy(), QuantFormat.Q8_0))  # what int8 reads
     with torch.inference_mode():
         native = layer(x)
         monkeypatch.setattr(ql, "load_quant", lambda: None)
-        fallback = layer(x)
+        fallback = layer(xq)
     torch.testing.assert_close(fallback, native, rtol=1e-5, atol=1e-6)
     with torch.inference_mode():
         panels = ql.quant_linear(torch.randn(30, 256), layer.weight, QuantFormat.Q8_0)
@@ -118,14 +119,17 @@ def test_quantized_embedding_dequantizes_the_rows_looked_up() -> None:
 
 def test_choose_path_thresholds() -> None:
     """The K-quants take int8 activations up to ``INT8_MAX_ROWS`` rows (the tiled kernel from
-    16 on AVX2), Q8_0 float32 activations up to ``QUANT_MAX_ROWS``; past them, and without the
-    native library, the dequantized panels."""
+    16 on AVX2), Q8_0 int8 activations up to ``QUANT_MAX_ROWS`` (the float32 kernel when
+    ``INT8_FORMATS`` leaves it out); past them, and without the native library, the dequantized
+    panels."""
     path = ql.QuantPath
     for fmt in (QuantFormat.Q4_K, QuantFormat.Q6_K):
         assert ql.choose_path(fmt, 1) is path.INT8_KERNEL
         assert ql.choose_path(fmt, ql.INT8_MAX_ROWS) is path.INT8_KERNEL
         assert ql.choose_path(fmt, ql.INT8_MAX_ROWS + 1) is path.PANELS
         assert ql.choose_path(fmt, 1, native=False) is path.PANELS
-    assert ql.choose_path(QuantFormat.Q8_0, ql.QUANT_MAX_ROWS) is path.FLOAT_KERNEL
+    assert ql.choose_path(QuantFormat.Q8_0, 1) is path.INT8_KERNEL
+    assert ql.choose_path(QuantFormat.Q8_0, ql.QUANT_MAX_ROWS) is path.INT8_KERNEL
     assert ql.choose_path(QuantFormat.Q8_0, ql.QUANT_MAX_ROWS + 1) is path.PANELS
+    assert ql.choose_path(QuantFormat.Q8_0, 1, native=False) is path.PANELS
     assert ql.INT8_MAX_ROWS == 256

@@ -3,12 +3,12 @@
  * Each x row is cut in blocks of QB values (Q8_0 weights: 32, Q4_K / Q6_K: 256, as llama.cpp's
  * Q8_0 / Q8_K activations), each block quantized on its own: dx = max|x| / 127,
  * xq = rint(x * (127 / max|x|)) in [-127, 127], and the sum of every 16 xq kept. A weight
- * block's product with xq is then an exact int32, the same integer on every ISA variant:
+ * block's product with xq is then exact int32s, the same integers on every ISA variant:
  *   AVX2:           vpmaddubsw (u8 x s8 -> s16 pairs) + vpmaddwd (x the sub-block scale);
  *   AVX-VNNI / AVX-512 VNNI: vpmaddubsw + vpdpwssd (K-quants), vpdpbusd (Q8_0);
  *   scalar:         plain C loops.
  * and becomes float once per weight block, with one rounding per multiply-add:
- *   Q8_0:  y += (d dx) * sum q xq
+ *   Q8_0:  y += (d dx) * sum q xq            (as 8 lane sums of 4 values: quant_q8_0.h)
  *   Q4_K:  y += [(d dx) * sum_s sc[s] sum q xq  -  (dmin dx) * sum_s m[s] sum xq]  (s: 8 x 32)
  *   Q6_K:  y += (d dx) * sum_t sc[t] (sum q xq - 32 sum xq)                      (t: 16 x 16)
  * in block order: a row's result does not depend on the other rows or on the thread count.
@@ -51,25 +51,66 @@ static inline float fmadd1(float a, float b, float c) { /* c + a b, one rounding
 #endif
 }
 
-/* x rows [M][K] (row stride ldx) into xq / dx / xs; a block holding NaN or inf gets dx = NaN
- * (its outputs are NaN, as the float path's would be) and xq = 0. */
+/* x rows [M][K] (row stride ldx) into xq / dx / xs (xs: only for qb 256, the K-quants); a
+ * block holding NaN or inf gets dx = NaN (its outputs are NaN, as the float path's would be)
+ * and xq = 0. The AVX2 build does the same arithmetic 8 values at a time (max is exact; one
+ * multiply and one round-to-nearest-even per value): the same bytes. */
+static inline void quantize_block(const float *v, int64_t qb, int8_t *q, float *dx) {
+    float amax = 0.0f;
+    int finite = 1;
+    for (int64_t l = 0; l < qb; l++) {
+        const float a = fabsf(v[l]);
+        amax = a > amax ? a : amax;
+        finite &= a <= FLT_MAX;
+    }
+    const float inv = finite && amax >= 1e-30f ? 127.0f / amax : 0.0f;
+    *dx = finite ? amax / 127.0f : NAN;
+    for (int64_t l = 0; l < qb; l++) q[l] = finite ? (int8_t)rintf(v[l] * inv) : 0;
+}
+
+#if I8_SIMD
+static void quantize_block_simd(const float *v, int64_t qb, int8_t *q, float *dx) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
+    __m256 amax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (int64_t l = 0; l < qb; l += 8) {
+        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(v + l));
+        amax = _mm256_max_ps(amax, a); /* a NaN lane is caught by bad */
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, big, _CMP_NLE_UQ));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    const float top = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    if (_mm256_movemask_ps(bad)) {
+        *dx = NAN;
+        memset(q, 0, (size_t)qb);
+        return;
+    }
+    const __m256 inv = _mm256_set1_ps(top >= 1e-30f ? 127.0f / top : 0.0f);
+    *dx = top / 127.0f;
+    for (int64_t l = 0; l < qb; l += 32) {
+        __m256i r[4];
+        for (int u = 0; u < 4; u++) {
+            const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(v + l + 8 * u), inv);
+            r[u] = _mm256_cvtps_epi32(_mm256_round_ps(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        }
+        const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undo the lane interleave */
+        _mm256_storeu_si256((__m256i *)(q + l), _mm256_permutevar8x32_epi32(w, order));
+    }
+}
+#endif
+
 static void quantize_rows(const float *x, int64_t M, int64_t ldx, int64_t K, int64_t qb,
                           int8_t *xq, float *dx, int16_t *xs) {
     for (int64_t i = 0; i < M; i++)
         for (int64_t k = 0; k < K; k += qb) {
-            const float *v = x + i * ldx + k;
-            float amax = 0.0f;
-            int finite = 1;
-            for (int64_t l = 0; l < qb; l++) {
-                const float a = fabsf(v[l]);
-                amax = a > amax ? a : amax;
-                finite &= a <= FLT_MAX;
-            }
-            const float inv = finite && amax >= 1e-30f ? 127.0f / amax : 0.0f;
-            dx[i * (K / qb) + k / qb] = finite ? amax / 127.0f : NAN;
             int8_t *q = xq + i * K + k;
-            for (int64_t l = 0; l < qb; l++) q[l] = (int8_t)rintf(v[l] * inv);
-            for (int64_t l = 0; l < qb; l += 16) {
+#if I8_SIMD
+            quantize_block_simd(x + i * ldx + k, qb, q, dx + i * (K / qb) + k / qb);
+#else
+            quantize_block(x + i * ldx + k, qb, q, dx + i * (K / qb) + k / qb);
+#endif
+            for (int64_t l = 0; qb == 256 && l < qb; l += 16) {
                 int s = 0;
                 for (int u = 0; u < 16; u++) s += q[l + u];
                 xs[i * (K / 16) + (k + l) / 16] = (int16_t)s;
@@ -94,13 +135,6 @@ static inline int byte_of(uint64_t v, int s) { return (int)(v >> 8 * s & 0xff); 
 
 #if I8_SIMD
 static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
-
-static inline int32_t hsum_i32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
 
 /* int16 lanes of the low 128 bits = word a of v's 128-bit lanes, of the high = word b (v: the
  * same 8 words in both halves): one vpshufb, where _mm256_set1_epi16 of a scalar costs a
@@ -181,30 +215,6 @@ static inline float i8f_sum(I8F a) { return sum8(a); }
 #else
 typedef int32_t I8A;
 #endif
-
-/* tot[i] = sum q xq of a Q8_0 block b with x row i (i < mi) */
-static inline __attribute__((always_inline)) void i8_q8_0(const uint8_t *blk, const XRows *xr,
-                                                          int64_t b, const int mi,
-                                                          int32_t *tot) {
-#if I8_SIMD
-    const __m256i q = load32(blk + 2), aq = _mm256_abs_epi8(q);
-    for (int i = 0; i < mi; i++) {
-        const __m256i sx = _mm256_sign_epi8(load32(xr->q + i * xr->K + 32 * b), q);
-#if defined(I8_VNNI)
-        tot[i] = hsum_i32(DPBUSD(_mm256_setzero_si256(), aq, sx));
-#else
-        tot[i] = hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(aq, sx), _mm256_set1_epi16(1)));
-#endif
-    }
-#else
-    for (int i = 0; i < mi; i++) {
-        const int8_t *x = xr->q + i * xr->K + 32 * b, *q = (const int8_t *)(blk + 2);
-        int32_t t = 0;
-        for (int l = 0; l < 32; l++) t += q[l] * x[l];
-        tot[i] = t;
-    }
-#endif
-}
 
 /* tot[i] / mins[i] = sum_s sc[s] sum q xq / sum_s m[s] sum xq of a Q4_K block b, x row i */
 static inline __attribute__((always_inline)) void i8_q4_k(const uint8_t *blk, const XRows *xr,
@@ -383,25 +393,11 @@ static inline __attribute__((always_inline)) void i8_row_k(int fmt, const uint8_
     for (int t = 0; t < nj * mi; t++) acc[t] = KQ_SUM(t);
 }
 
-/* acc[i] = row w (K values of Q8_0) . x row i, for i < mi: one multiply-add per block */
-static inline __attribute__((always_inline)) void i8_row_q8_0(const uint8_t *w, const XRows *xr,
-                                                              const int mi, float *acc) {
-    int32_t tot[I8_MR];
-    float a[I8_MR];
-    for (int i = 0; i < mi; i++) a[i] = 0.0f;
-    for (int64_t b = 0; b < xr->nd; b++) {
-        const uint8_t *blk = w + 34 * b;
-        __builtin_prefetch(blk + I8_PF_BYTES, 0, 2);
-        const float d = half_to_float(blk);
-        i8_q8_0(blk, xr, b, mi, tot);
-        for (int i = 0; i < mi; i++) a[i] = fmadd1(d * xr->d[i * xr->nd + b], (float)tot[i], a[i]);
-    }
-    for (int i = 0; i < mi; i++) acc[i] = a[i];
-}
+#include "quant_q8_0.h"
 
 #define I8_ROWS(MI)                                                                             \
     case MI:                                                                                    \
-        if (fmt == Q8_0) i8_row_q8_0(w, xr, MI, acc);                                          \
+        if (fmt == Q8_0) q8_row(w, xr, MI, acc);                                               \
         else if (MI <= I8_NJ && nj == I8_NJ) i8_row_k(fmt, w, row_bytes, xr, MI, I8_NJ, acc);  \
         else i8_row_k(fmt, w, row_bytes, xr, MI, 1, acc);                                       \
         break;

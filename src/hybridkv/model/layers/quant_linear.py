@@ -5,9 +5,10 @@ A quantized ``Linear`` (``layers/linear.py``) holds its weight as the file has i
 ``Linear.quant``; nothing is dequantized to float32 in memory for good. Products are float32:
 
 - up to ``QUANT_MAX_ROWS`` rows (decode steps): the native kernel (``native/quant.c``); for
-  the formats in ``INT8_FORMATS`` up to ``INT8_MAX_ROWS`` rows, with each x row quantized to
-  int8 per block and integer dot products (``native/quant_int8.h``; from 16 rows, on AVX2
-  builds, its tiled kernel ``native/quant_tiled.h``, bitwise the same), else with float32
+  the formats in ``INT8_FORMATS`` up to ``int8_max_rows`` rows (the K-quants: ``INT8_MAX_ROWS``),
+  with each x row quantized to int8 per block and integer dot products
+  (``native/quant_int8.h``, Q8_0's ``native/quant_q8_0.h``; K-quants from 16 rows, on AVX2
+  builds, the tiled kernel ``native/quant_tiled.h``, bitwise the same), else with float32
   activations (weights dequantized in registers or L2 panels);
 - more rows (prefill, mixed steps): ``PANEL_ROWS`` weight rows at a time dequantized to a
   float32 scratch (by the kernel's own code, so the same values) and multiplied by
@@ -36,15 +37,21 @@ from hybridkv.native.quant_blocks import QuantFormat, dequantize
 # 128 rows 108 vs 81 ms)
 QUANT_MAX_ROWS = 48
 PANEL_ROWS = 256  # weight rows per dequantized panel: 2 MB of float32 at K = 2048
-# steps of up to INT8_MAX_ROWS rows of these formats take int8 activations (llama.cpp's Q8_K):
-# decode 1.35-2.2x (Q4_K) and 1.7x (Q6_K) faster than float32 activations (docs/benchmarks.md),
-# within the quality gate (docs/quantization.md). Prefill-sized steps: the tiled int8 kernel
-# against the panels, one thread, CPU time, four Granite-small layers (AMD EPYC Zen 3, AVX2;
-# benchmarks/quant_prefill.py): Q4_K 1.40x at 64 rows, 1.11x at 128, 1.02x at 256, 0.91x at
-# 512; Q6_K 1.85x, 1.37x, 1.21x, 1.08x. Q8_0 keeps float32 activations: faster at one row, and
-# int8 adds 20-40 % to its rounding loss
-INT8_FORMATS = frozenset({QuantFormat.Q4_K, QuantFormat.Q6_K})
+# steps of up to int8_max_rows(fmt) rows of these formats take int8 activations (llama.cpp's
+# Q8_K for the K-quants, Q8_0 for Q8_0): decode 1.35-2.2x (Q4_K) and 1.7x (Q6_K) faster than
+# float32 activations (docs/benchmarks.md), within the quality gate (docs/quantization.md).
+# Prefill-sized steps: the tiled int8 kernel against the panels, one thread, CPU time, four
+# Granite-small layers (AMD EPYC Zen 3, AVX2; benchmarks/quant_prefill.py): Q4_K 1.40x at 64
+# rows, 1.11x at 128, 1.02x at 256, 0.91x at 512; Q6_K 1.85x, 1.37x, 1.21x, 1.08x. Q8_0 has no
+# tiled kernel: int8 up to QUANT_MAX_ROWS rows (its per-row kernel, native/quant_q8_0.h, is as
+# fast as the float32 one or faster from 1 to 48 rows), then the panels
+INT8_FORMATS = frozenset({QuantFormat.Q4_K, QuantFormat.Q6_K, QuantFormat.Q8_0})
 INT8_MAX_ROWS = 256
+
+
+def int8_max_rows(fmt: QuantFormat) -> int:
+    """The rows up to which ``fmt`` (one of ``INT8_FORMATS``) takes int8 activations."""
+    return QUANT_MAX_ROWS if fmt is QuantFormat.Q8_0 else INT8_MAX_ROWS
 
 
 class QuantPath(Enum):
@@ -60,8 +67,8 @@ def choose_path(fmt: QuantFormat, rows: int, native: bool = True) -> QuantPath:
     native library is there)."""
     if not native:
         return QuantPath.PANELS
-    if fmt in INT8_FORMATS:
-        return QuantPath.INT8_KERNEL if rows <= INT8_MAX_ROWS else QuantPath.PANELS
+    if fmt in INT8_FORMATS and rows <= int8_max_rows(fmt):
+        return QuantPath.INT8_KERNEL
     return QuantPath.FLOAT_KERNEL if rows <= QUANT_MAX_ROWS else QuantPath.PANELS
 
 
