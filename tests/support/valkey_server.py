@@ -38,9 +38,12 @@ class ValkeyProcess:
     def url(self) -> str:
         return f"valkey://127.0.0.1:{self.port}/0"
 
-    def client(self) -> valkey.Valkey:
+    def client(self, timeout_seconds: float = 5) -> valkey.Valkey:
         return valkey.Valkey(
-            host="127.0.0.1", port=self.port, socket_timeout=5, password=self.password
+            host="127.0.0.1",
+            port=self.port,
+            socket_timeout=timeout_seconds,
+            password=self.password,
         )
 
     def start(self) -> None:

@@ -106,7 +106,8 @@ def test_a_huge_value_is_refused_before_allocation(server: ValkeyProcess, value:
     b = OffloadEngine(config, make_layout("hybrid"), seed=2)
     req = store(a)
     name = remote(b).part_keys(req.block_hashes[3], 0, 16)[value]
-    server.client().setrange(name, BIG - 1, b"\0")  # a 500 MiB value on the server
+    # a 500 MiB value on the server (allocating it takes seconds on a loaded host)
+    server.client(timeout_seconds=60).setrange(name, BIG - 1, b"\0")
     assert settle(b, req) == (16, True)
     tracemalloc.start()
     try:
