@@ -36,7 +36,11 @@ from hybridkv.native.quant_blocks import QuantFormat, dequantize
 # Granite-small layers' projections: 32 rows 29 vs 38 ms, 48 rows 39 vs 39, 64 rows 54 vs 54,
 # 128 rows 108 vs 81 ms)
 QUANT_MAX_ROWS = 48
-PANEL_ROWS = 256  # weight rows per dequantized panel: 2 MB of float32 at K = 2048
+# weight rows per dequantized panel (8 MB of float32 at K = 2048): F.linear (MKL) packs x
+# again for every panel, so fewer, larger panels win: 1024 against 256 rows, Q8_0 / Q4_K,
+# Granite-small projections, one thread, CPU time, AVX2 EPYC (loaded): 1.06x at 64 rows,
+# 1.09x at 512, 1.06-1.25x at 2048; the whole weight at once: 0.84-1.12x
+PANEL_ROWS = 1024
 # steps of up to int8_max_rows(fmt) rows of these formats take int8 activations (llama.cpp's
 # Q8_K for the K-quants, Q8_0 for Q8_0): decode 1.35-2.2x (Q4_K) and 1.7x (Q6_K) faster than
 # float32 activations (docs/benchmarks.md), within the quality gate (docs/quantization.md).
