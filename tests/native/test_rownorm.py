@@ -183,7 +183,7 @@ HOSTILE = [float("nan"), float("inf"), -float("inf"), -0.0, 0.0, 1e-40, -1e-40, 
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
 def test_act_mul_bits_do_not_depend_on_the_position(kernels: RowKernels, act: str) -> None:
     """Every value gives the same bits wherever it sits in a row: in the vectorized body or
-    the scalar tail (the loop vectorizes, hk_act_mul's no-trapping-math), for hostile values
+    the scalar tail (the loop vectorizes: -fno-trapping-math, native/__init__.py), for hostile values
     too (NaN, infinities, signed zeros, denormals, the exp clamp, overflow)."""
     inner = 67  # 8-wide body + a 3-value tail, so each shift moves values between the two
     gate = torch.cat([torch.tensor(HOSTILE), torch.randn(inner - len(HOSTILE)) * 8])

@@ -5,9 +5,6 @@
  * A "row" is one head-sized vector: x holds [tokens][heads][dim] with token t's first element
  * at x + t * token_stride and head h's at + h * dim. */
 
-/* no-trapping-math: lets gcc if-convert (so vectorize) hk_act_mul's sigmoid; it changes no
- * result (no reassociation), only which floating-point exception flags may be raised. */
-#pragma GCC optimize("no-trapping-math")
 #include <math.h>
 #include <stdint.h>
 
