@@ -140,6 +140,8 @@ def linear_by_panels(
     ``kernel``, else numpy) and multiplied by ``F.linear``: the prefill path."""
     n, k = data.shape[0], x.shape[-1]
     fmt.row_bytes(k)  # checks K before any slicing
+    if n <= PANEL_ROWS:  # one panel: F.linear's result is the output (no copy into one)
+        return F.linear(x, dequantize_weight(data, fmt, k, kernel), bias)
     out = torch.empty(*x.shape[:-1], n, dtype=torch.float32)  # [..., N]
     for start in range(0, n, PANEL_ROWS):
         stop = min(start + PANEL_ROWS, n)
