@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from hybridkv.model.layers import quant_linear as ql
 from hybridkv.model.layers.fused import FusedLinear
 from hybridkv.model.layers.linear import Linear
+from hybridkv.native.quant import load_quant
 from hybridkv.native.quant_blocks import QuantFormat, dequantize, pack, quantize_activations
 
 
@@ -46,7 +47,9 @@ def assert_matches_float(layer: Linear, x: torch.Tensor) -> None:
     assert got.dtype == x.dtype and ((got.double() - ref).abs() <= bound).all()
 
 
-@pytest.mark.parametrize("fmt", [QuantFormat.Q8_0, QuantFormat.Q4_K], ids=["Q8_0", "Q4_K"])
+@pytest.mark.parametrize(
+    "fmt", [QuantFormat.Q8_0, QuantFormat.Q4_K, QuantFormat.Q6_K], ids=["Q8_0", "Q4_K", "Q6_K"]
+)
 @pytest.mark.parametrize("rows", [1, 5, ql.QUANT_MAX_ROWS + 1, 70, ql.INT8_MAX_ROWS + 1])
 def test_matches_dequantized_float(fmt: QuantFormat, rows: int) -> None:
     layer = quantized_linear(ql.PANEL_ROWS + 44, 512, fmt, bias=True)  # two panels
@@ -118,18 +121,30 @@ def test_quantized_embedding_dequantizes_the_rows_looked_up() -> None:
 
 
 def test_choose_path_thresholds() -> None:
-    """The K-quants take int8 activations up to ``INT8_MAX_ROWS`` rows (the tiled kernel from
-    16 on AVX2), Q8_0 int8 activations up to ``QUANT_MAX_ROWS`` (the float32 kernel when
-    ``INT8_FORMATS`` leaves it out); past them, and without the native library, the dequantized
-    panels."""
+    """The K-quants take int8 activations up to ``INT8_MAX_ROWS`` rows, and Q6_K at any row
+    count where the build has the tiled kernel (AVX2: it beats the panels there, measured);
+    Q8_0 int8 activations up to ``QUANT_MAX_ROWS`` (the float32 kernel when ``INT8_FORMATS``
+    leaves it out); past them, and without the native library, the dequantized panels."""
     path = ql.QuantPath
     for fmt in (QuantFormat.Q4_K, QuantFormat.Q6_K):
-        assert ql.choose_path(fmt, 1) is path.INT8_KERNEL
-        assert ql.choose_path(fmt, ql.INT8_MAX_ROWS) is path.INT8_KERNEL
-        assert ql.choose_path(fmt, ql.INT8_MAX_ROWS + 1) is path.PANELS
+        for tiled in (True, False):
+            assert ql.choose_path(fmt, 1, tiled=tiled) is path.INT8_KERNEL
+            assert ql.choose_path(fmt, ql.INT8_MAX_ROWS, tiled=tiled) is path.INT8_KERNEL
+        assert ql.choose_path(fmt, ql.INT8_MAX_ROWS + 1, tiled=False) is path.PANELS
         assert ql.choose_path(fmt, 1, native=False) is path.PANELS
-    assert ql.choose_path(QuantFormat.Q8_0, 1) is path.INT8_KERNEL
-    assert ql.choose_path(QuantFormat.Q8_0, ql.QUANT_MAX_ROWS) is path.INT8_KERNEL
-    assert ql.choose_path(QuantFormat.Q8_0, ql.QUANT_MAX_ROWS + 1) is path.PANELS
+    assert ql.choose_path(QuantFormat.Q4_K, ql.INT8_MAX_ROWS + 1, tiled=True) is path.PANELS
+    assert ql.choose_path(QuantFormat.Q6_K, 8192, tiled=True) is path.INT8_KERNEL
+    for tiled in (True, False):
+        assert ql.choose_path(QuantFormat.Q8_0, 1, tiled=tiled) is path.INT8_KERNEL
+        assert ql.choose_path(QuantFormat.Q8_0, ql.QUANT_MAX_ROWS, tiled=tiled) is path.INT8_KERNEL
+        assert ql.choose_path(QuantFormat.Q8_0, ql.QUANT_MAX_ROWS + 1, tiled=tiled) is path.PANELS
     assert ql.choose_path(QuantFormat.Q8_0, 1, native=False) is path.PANELS
     assert ql.INT8_MAX_ROWS == 256
+
+
+def test_int8_rows_table_follows_the_build() -> None:
+    """``int8_max_rows`` without ``tiled`` asks this process's kernel build."""
+    kernel = load_quant()
+    tiled = kernel is not None and kernel.tile_rows > 0
+    for fmt in ql.INT8_FORMATS:
+        assert ql.int8_max_rows(fmt) == ql.INT8_ROWS_TABLE[fmt, tiled]

@@ -174,3 +174,25 @@ def test_act_mul_matches_torch(kernels: RowKernels, act: str, tokens: int) -> No
     torch.testing.assert_close(got, want, rtol=TOL, atol=TOL)
     with pytest.raises(ValueError, match="activation"):
         kernels.act_mul(gate_up, "relu2")
+
+
+HOSTILE = [float("nan"), float("inf"), -float("inf"), -0.0, 0.0, 1e-40, -1e-40, 100.0, -100.0,
+           -87.5, 88.9, 3.4e38, -3.4e38]  # fmt: skip
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_act_mul_bits_do_not_depend_on_the_position(kernels: RowKernels, act: str) -> None:
+    """Every value gives the same bits wherever it sits in a row: in the vectorized body or
+    the scalar tail (the loop vectorizes: -fno-trapping-math, native/__init__.py), for hostile values
+    too (NaN, infinities, signed zeros, denormals, the exp clamp, overflow)."""
+    inner = 67  # 8-wide body + a 3-value tail, so each shift moves values between the two
+    gate = torch.cat([torch.tensor(HOSTILE), torch.randn(inner - len(HOSTILE)) * 8])
+    up = torch.randn(inner) * 3
+    want = kernels.act_mul(torch.cat([gate, up])[None], act)[0]
+    for shift in range(1, 12):
+        rolled = torch.cat([gate.roll(shift), up.roll(shift)])[None]
+        got = kernels.act_mul(rolled, act)[0].roll(-shift)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), shift
+    finite = gate.isfinite() & (gate.abs() < 50)
+    fn = F.silu if act == "silu" else (lambda x: F.gelu(x, approximate="tanh"))
+    torch.testing.assert_close(want[finite], (fn(gate) * up)[finite], rtol=TOL, atol=TOL)

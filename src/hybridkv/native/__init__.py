@@ -42,6 +42,9 @@ FLAGS = [  # and the variant's (``isa.VARIANTS``)
     "-std=c11",
     "-fno-strict-aliasing",
     "-ffp-contract=fast",  # fused multiply-adds (``-std=c11`` alone turns them off)
+    # gcc may if-convert (so vectorize) loops with selects and divisions (sigmoid, softplus,
+    # exp's clamp): no result changes (no reassociation), only which exception flags rise
+    "-fno-trapping-math",
 ]
 BUILD_TIMEOUT_S = 120.0
 STRIPE = 32  # the kernels copy pages in 32-byte stripes: a page is a multiple of it

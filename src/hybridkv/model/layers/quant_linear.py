@@ -36,22 +36,43 @@ from hybridkv.native.quant_blocks import QuantFormat, dequantize
 # Granite-small layers' projections: 32 rows 29 vs 38 ms, 48 rows 39 vs 39, 64 rows 54 vs 54,
 # 128 rows 108 vs 81 ms)
 QUANT_MAX_ROWS = 48
-PANEL_ROWS = 256  # weight rows per dequantized panel: 2 MB of float32 at K = 2048
+# weight rows per dequantized panel (8 MB of float32 at K = 2048): F.linear (MKL) packs x
+# again for every panel, so fewer, larger panels win: 1024 against 256 rows, Q8_0 / Q4_K,
+# Granite-small projections, one thread, CPU time, AVX2 EPYC (loaded): 1.06x at 64 rows,
+# 1.09x at 512, 1.06-1.25x at 2048; the whole weight at once: 0.84-1.12x
+PANEL_ROWS = 1024
 # steps of up to int8_max_rows(fmt) rows of these formats take int8 activations (llama.cpp's
 # Q8_K for the K-quants, Q8_0 for Q8_0): decode 1.35-2.2x (Q4_K) and 1.7x (Q6_K) faster than
 # float32 activations (docs/benchmarks.md), within the quality gate (docs/quantization.md).
-# Prefill-sized steps: the tiled int8 kernel against the panels, one thread, CPU time, four
-# Granite-small layers (AMD EPYC Zen 3, AVX2; benchmarks/quant_prefill.py): Q4_K 1.40x at 64
-# rows, 1.11x at 128, 1.02x at 256, 0.91x at 512; Q6_K 1.85x, 1.37x, 1.21x, 1.08x. Q8_0 has no
-# tiled kernel: int8 up to QUANT_MAX_ROWS rows (its per-row kernel, native/quant_q8_0.h, is as
-# fast as the float32 one or faster from 1 to 48 rows), then the panels
+# Prefill-sized steps, measured per format and per kernel build (one thread, CPU time, Granite-
+# small projections, AMD EPYC Zen 3 AVX2, benchmarks/quant_prefill.py; docs/benchmarks.md):
+# - tiled builds (AVX2, QuantGemm.tile_rows > 0): Q6_K tiled beats the panels at every row
+#   count (1.77x at 128 rows .. 1.08-1.18x at 512-2048), so no cap; Q4_K ties them past 256
+#   rows (0.9-1.25x over three loaded runs), so INT8_MAX_ROWS;
+# - per-row builds (scalar, AVX-512): INT8_MAX_ROWS for both K-quants (measured on the Xeon);
+# - Q8_0 has no tiled kernel: int8 up to QUANT_MAX_ROWS rows (its per-row kernel,
+#   native/quant_q8_0.h, is as fast as the float32 one or faster from 1 to 48 rows), then panels
 INT8_FORMATS = frozenset({QuantFormat.Q4_K, QuantFormat.Q6_K, QuantFormat.Q8_0})
 INT8_MAX_ROWS = 256
+UNCAPPED = 1 << 62
+# (format, tiled build) -> the rows up to which int8 activations win
+INT8_ROWS_TABLE: dict[tuple[QuantFormat, bool], int] = {
+    (QuantFormat.Q4_K, True): INT8_MAX_ROWS,
+    (QuantFormat.Q6_K, True): UNCAPPED,
+    (QuantFormat.Q4_K, False): INT8_MAX_ROWS,
+    (QuantFormat.Q6_K, False): INT8_MAX_ROWS,
+    (QuantFormat.Q8_0, True): QUANT_MAX_ROWS,
+    (QuantFormat.Q8_0, False): QUANT_MAX_ROWS,
+}
 
 
-def int8_max_rows(fmt: QuantFormat) -> int:
-    """The rows up to which ``fmt`` (one of ``INT8_FORMATS``) takes int8 activations."""
-    return QUANT_MAX_ROWS if fmt is QuantFormat.Q8_0 else INT8_MAX_ROWS
+def int8_max_rows(fmt: QuantFormat, tiled: bool | None = None) -> int:
+    """The rows up to which ``fmt`` (one of ``INT8_FORMATS``) takes int8 activations;
+    ``tiled``: whether the kernel build has the tiled int8 GEMM (None: this process's)."""
+    if tiled is None:
+        kernel = load_quant()
+        tiled = kernel is not None and kernel.tile_rows > 0
+    return INT8_ROWS_TABLE[fmt, tiled]
 
 
 class QuantPath(Enum):
@@ -62,12 +83,15 @@ class QuantPath(Enum):
     PANELS = "dequantized panels + F.linear"
 
 
-def choose_path(fmt: QuantFormat, rows: int, native: bool = True) -> QuantPath:
+def choose_path(
+    fmt: QuantFormat, rows: int, native: bool = True, tiled: bool | None = None
+) -> QuantPath:
     """The path for ``rows`` activation rows against a ``fmt`` weight (``native``: whether the
-    native library is there)."""
+    native library is there; ``tiled``: whether it has the tiled int8 GEMM, None: this
+    process's library)."""
     if not native:
         return QuantPath.PANELS
-    if fmt in INT8_FORMATS and rows <= int8_max_rows(fmt):
+    if fmt in INT8_FORMATS and rows <= int8_max_rows(fmt, tiled):
         return QuantPath.INT8_KERNEL
     return QuantPath.FLOAT_KERNEL if rows <= QUANT_MAX_ROWS else QuantPath.PANELS
 
@@ -86,7 +110,8 @@ def quant_linear(
     xf = x if x.dtype == torch.float32 else x.to(torch.float32)
     bias = None if bias is None else bias.to(torch.float32)
     rows = xf.numel() // max(xf.shape[-1], 1)
-    path = choose_path(fmt, rows, kernel is not None)
+    tiled = kernel is not None and kernel.tile_rows > 0
+    path = choose_path(fmt, rows, kernel is not None, tiled)
     if kernel is not None and path is not QuantPath.PANELS:
         int8 = path is QuantPath.INT8_KERNEL
         out = kernel.linear(xf, data, fmt, bias, int8_activations=int8)
@@ -115,6 +140,8 @@ def linear_by_panels(
     ``kernel``, else numpy) and multiplied by ``F.linear``: the prefill path."""
     n, k = data.shape[0], x.shape[-1]
     fmt.row_bytes(k)  # checks K before any slicing
+    if n <= PANEL_ROWS:  # one panel: F.linear's result is the output (no copy into one)
+        return F.linear(x, dequantize_weight(data, fmt, k, kernel), bias)
     out = torch.empty(*x.shape[:-1], n, dtype=torch.float32)  # [..., N]
     for start in range(0, n, PANEL_ROWS):
         stop = min(start + PANEL_ROWS, n)
