@@ -25,7 +25,9 @@ lint: setup
 # --durations: the slowest tests in every log, so a test that eats the budget shows.
 # -n 2: two pytest workers (pytest-xdist); the suite waits on engines and subprocesses far more
 # than it computes, so two workers on two cores halve its time (docs/status.md, issue 27).
-# tests/conftest.py sets OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep, not spin.
+# tests/conftest.py sets OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep, not spin, and
+# schedules the workers (tests/support/scheduling.py): a module whose tests share a module-scoped
+# server or fleet runs whole on one worker (built once), the longest units first.
 test: lint
 	$(PY) -m pytest -n 2 --durations=20
 

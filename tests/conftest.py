@@ -26,7 +26,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest  # noqa: E402
 
 from hybridkv.native import PageCopy, load_pagecopy  # noqa: E402
-from tests.support import lifetimes  # noqa: E402
+from tests.support import lifetimes, scheduling  # noqa: E402
 from tests.support.checkpoints import SharedCheckpoints  # noqa: E402
 from tests.support.families import FamilyCheckpoints  # noqa: E402
 
@@ -83,11 +83,18 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return True
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         tier = tier_of(item)
         if tier is not None:
             item.add_marker(tier)
+    scheduling.order_worker_items(config, items)  # a pytest-xdist worker's units, longest first
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With pytest-xdist on: its controller's hooks (tests/support/scheduling.py)."""
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(scheduling.XdistHooks(), "hybridkv-scheduling")
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from hybridkv.engine import weights_id
 from hybridkv.engine.weights_id import DIGEST_CACHE, weights_identity
 from tests.engine.helpers import assert_no_leaks, copy_checkpoint, greedy, make_llm, random_ids
+from tests.support.cache_dirs import private_cache
 
 HEAD = 1 << 16  # what the old identity read of each file
 
@@ -143,7 +144,8 @@ def external_hits(outs: list[Any]) -> int:
 def test_fine_tune_gets_no_hits_from_the_base_models_disk_cache(
     base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("HYBRIDKV_CACHE_DIR", str(tmp_path / "hybridkv-cache"))
+    # a fresh cache (no weights identity remembered) with the shared kernels: not compiled again
+    monkeypatch.setenv("HYBRIDKV_CACHE_DIR", str(private_cache(tmp_path / "hybridkv-cache")))
     tuned = fine_tune(base, tmp_path / "tuned")
     prompts = [random_ids(40, 60), random_ids(70, 61)]
     kv = {"kv_connector": "FileConnector", "kv_connector_extra_config": {"path": str(tmp_path / "kv")}}  # fmt: skip
