@@ -67,6 +67,13 @@ class Decision:
     settle: SettleStats | None = None  # answers' usage.kv_events_seq are noted (settle.py)
     log: deque[dict[str, object]] | None = None  # answered predictions (GET predictions)
     settled: bool = True  # no index lagged its engine's answers when predicted (settle.py)
+    number: int = 0  # the decision's number in this proxy (its log's ``id``)
+    # the chosen engine was computing this prompt's prefix for another decision: that
+    # decision's number, and what routing did about it: "landed" (waited until it landed),
+    # "timeout" (the wait ran out), "dispatched" (sent at once, predicted the landed hit)
+    source: int | None = None
+    prefill_wait: str = ""
+    prefill_wait_seconds: float = 0.0
     _held: str | None = None  # the engine whose ``pending`` holds this prompt's blocks
     _sent_to: str | None = None
     _actual: int | None = None
@@ -112,7 +119,7 @@ class Decision:
         self._unhold()
         engine = self.engines.get(url)
         if engine is not None:
-            engine.hold_pending(self.hashes.get(url, []))
+            engine.hold_pending(self.hashes.get(url, []), self.number)
             self._held = url
 
     def unreserve(self) -> None:
@@ -172,7 +179,9 @@ class Decision:
                 "num_prompt_tokens": self.num_prompt_tokens, "predicted_cached_tokens": predicted,
                 "expected_cached_tokens": self.expected.get(engine.url, 0),
                 "actual_cached_tokens": actual, "chosen": engine.url == self.chosen,
-                "settled": self.settled,
+                "settled": self.settled, "id": self.number, "source": self.source,
+                "prefill_wait": self.prefill_wait,
+                "prefill_wait_seconds": round(self.prefill_wait_seconds, 3),
             })  # fmt: skip
 
     def _prefilled(self) -> None:

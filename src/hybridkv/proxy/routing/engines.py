@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hybridkv.kv.hashing import BlockHash, BlockHasher
+from hybridkv.kv_events.schema import MEDIUM_DEVICE
 from hybridkv.proxy.routing.engine_info import EngineInfo
 from hybridkv.proxy.routing.index import EngineIndex
 from hybridkv.proxy.routing.scoring import predict_hit_tokens
@@ -42,6 +43,9 @@ class EngineState:
     # the block hashes of prompts sent here and not answered yet, with their counts: what
     # the engine is computing now (routing only: never in the reported prediction)
     pending: dict[BlockHash, int] = field(default_factory=dict)
+    # block hash -> the decision (its number) that first held it in ``pending``: the source
+    # a later request sharing that block waits for (logged with each prediction)
+    pending_owner: dict[BlockHash, int] = field(default_factory=dict)
     # the largest usage.kv_events_seq its answers carried, in the stream's life of that
     # many restarts (``settle.py``)
     answered_seq: int = -1
@@ -73,15 +77,49 @@ class EngineState:
             k += 1
         return k * self.info.block_size
 
-    def hold_pending(self, hashes: list[BlockHash]) -> None:
+    @property
+    def attention_only(self) -> bool:
+        """Every group is full attention: a landed prefill's blocks are all hit again (no
+        checkpoint schedule or window decides which boundaries resume)."""
+        groups = self.info.groups if self.info is not None else ()
+        return bool(groups) and all(g.kind == "full_attention" for g in groups)
+
+    def landed_hit_tokens(
+        self, token_ids: tuple[int, ...], hashes: list[BlockHash], peers: list[EngineIndex]
+    ) -> int:
+        """An attention-only engine's hit once the prefills in flight here have landed:
+        the leading blocks its index holds or requests sent here are computing (the
+        engine's in-flight prefix rule holds the request until then, ``sched/inflight.py``)."""
+        indexed = self.predict(token_ids, hashes, peers)
+        if not self.attention_only or self.info is None:
+            return indexed
+        max_blocks = min((len(token_ids) - 1) // self.info.block_size, len(hashes))
+        num_groups = len(self.info.groups)
+        k = 0
+        while k < max_blocks and (
+            hashes[k] in self.pending
+            or all(self.index.holds(MEDIUM_DEVICE, g, hashes[k]) for g in range(num_groups))
+        ):
+            k += 1
+        return max(indexed, k * self.info.block_size)
+
+    def pending_source(self, hashes: list[BlockHash], hit_tokens: int) -> int | None:
+        """The decision that holds the first block past ``hit_tokens`` (None: none does)."""
+        k = hit_tokens // self.info.block_size if self.info is not None else 0
+        return self.pending_owner.get(hashes[k]) if k < len(hashes) else None
+
+    def hold_pending(self, hashes: list[BlockHash], owner: int = 0) -> None:
         for h in hashes:
             self.pending[h] = self.pending.get(h, 0) + 1
+            self.pending_owner.setdefault(h, owner)
 
     def drop_pending(self, hashes: list[BlockHash]) -> None:
         for h in hashes:
             n = self.pending.pop(h, 0) - 1
             if n > 0:
                 self.pending[h] = n
+            else:
+                self.pending_owner.pop(h, None)
 
     def expected_seconds(
         self, uncached: int, fleet_token_seconds: float | None = None, extra_tokens: float = 0.0
