@@ -10,6 +10,8 @@ import asyncio
 import json
 from collections import deque
 
+import pytest
+
 from hybridkv.kv_events.info import describe_engine
 from hybridkv.proxy.routing.decision import Decision, Reason
 from hybridkv.proxy.routing.engine_info import parse_engine_info
@@ -53,8 +55,9 @@ async def _second_after_first(kv: KVRouting, source_len: int, n: int) -> Decisio
     return second
 
 
-def test_attention_only_is_sent_at_once_with_the_hit_the_prefill_leaves() -> None:
-    kv = _routing("full")
+@pytest.mark.parametrize("layout", ["full", "gptoss"])  # gptoss: sliding windows too
+def test_attention_only_is_sent_at_once_with_the_hit_the_prefill_leaves(layout: str) -> None:
+    kv = _routing(layout)
     assert kv.engines[URL].info is not None
     b = kv.engines[URL].info.block_size
     second = asyncio.run(_second_after_first(kv, 3 * b + 1, 4 * b + 1))

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hybridkv.kv.hashing import BlockHash, BlockHasher
-from hybridkv.kv_events.schema import MEDIUM_DEVICE
 from hybridkv.proxy.routing.engine_info import EngineInfo
 from hybridkv.proxy.routing.index import EngineIndex
 from hybridkv.proxy.routing.scoring import predict_hit_tokens
@@ -79,29 +78,26 @@ class EngineState:
 
     @property
     def attention_only(self) -> bool:
-        """Every group is full attention: a landed prefill's blocks are all hit again (no
-        checkpoint schedule or window decides which boundaries resume)."""
+        """No state group: once a prefill in flight here landed, every block it computed is
+        held in every group (full attention, and sliding windows: blocks leave a window
+        cached), so the hit on it is known beforehand -- a state group resumes only where a
+        checkpoint is written."""
         groups = self.info.groups if self.info is not None else ()
-        return bool(groups) and all(g.kind == "full_attention" for g in groups)
+        return bool(groups) and all(g.kind != "mamba" for g in groups)
 
     def landed_hit_tokens(
         self, token_ids: tuple[int, ...], hashes: list[BlockHash], peers: list[EngineIndex]
     ) -> int:
-        """An attention-only engine's hit once the prefills in flight here have landed:
-        the leading blocks its index holds or requests sent here are computing (the
-        engine's in-flight prefix rule holds the request until then, ``sched/inflight.py``)."""
-        indexed = self.predict(token_ids, hashes, peers)
-        if not self.attention_only or self.info is None:
-            return indexed
-        max_blocks = min((len(token_ids) - 1) // self.info.block_size, len(hashes))
-        num_groups = len(self.info.groups)
-        k = 0
-        while k < max_blocks and (
-            hashes[k] in self.pending
-            or all(self.index.holds(MEDIUM_DEVICE, g, hashes[k]) for g in range(num_groups))
-        ):
-            k += 1
-        return max(indexed, k * self.info.block_size)
+        """An attention-only engine's hit once the prefills in flight here have landed: the
+        engine's rule on its index plus the blocks requests sent here are computing (its
+        in-flight prefix rule holds the request until then, ``sched/inflight.py``)."""
+        if not self.attention_only or not self.indexed or self.info is None:
+            return self.predict(token_ids, hashes, peers)
+        info = self.info
+        n = len(token_ids)
+        return predict_hit_tokens(
+            self.index, info.groups, hashes, n, info.block_size, peers, landing=self.pending
+        )
 
     def pending_source(self, hashes: list[BlockHash], hit_tokens: int) -> int | None:
         """The decision that holds the first block past ``hit_tokens`` (None: none does)."""
