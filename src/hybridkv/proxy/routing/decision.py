@@ -135,10 +135,12 @@ class Decision:
 
     def saw(self, data: bytes) -> None:
         """An answer's bytes (a whole body, or stream events): its prefill is done (the
-        first token came), so its work leaves the queue; keep its cached tokens."""
-        self._prefilled()
-        if b'"kv_events_seq"' in data and b'"usage"' not in data:  # a first chunk's
+        first token came), so its work leaves the queue; keep its cached tokens. The seq its
+        first chunk names is noted before its reservation goes: a decision waiting for this
+        prefill to land then waits for those events too (``settle.await_prefill``)."""
+        if b'"kv_events_seq"' in data:  # a first chunk's (also when the usage came with it)
             self._note_seq(_first_chunk_seq(data[:MAX_USAGE_SCAN_BYTES]))
+        self._prefilled()
         if b'"usage"' not in data:
             return
         for line in reversed(data[-MAX_USAGE_SCAN_BYTES:].split(b"\n")):
@@ -196,7 +198,7 @@ def _first_chunk_seq(data: bytes) -> int | None:
     """A streamed answer's first chunk's ``kv_events_seq`` (its prefill's events)."""
     for line in data.split(b"\n"):
         raw = line.removeprefix(b"data: ").strip()
-        if raw.startswith(b"{") and b'"kv_events_seq"' in raw:
+        if raw.startswith(b"{") and b'"kv_events_seq"' in raw and b'"usage"' not in raw:
             try:
                 seq = json.loads(raw).get("kv_events_seq")
             except (ValueError, AttributeError):
