@@ -166,7 +166,9 @@ def run_policy(
     for e in engines:
         assert httpx.post(e.url + "/reset_prefix_cache", timeout=60).status_code == 200
     proxy = ProxyProcess([], [e.url for e in engines], tmp / f"proxy-{policy}.log")
-    proxy.cmd += ["--routing", "cost" if policy == "single" else policy]
+    name, _, wait = policy.partition(":")  # e.g. cost:landed (--prefill-wait landed)
+    proxy.cmd += ["--routing", "cost" if name == "single" else name]
+    proxy.cmd += ["--prefill-wait", wait or "auto"]
     # a loaded machine's engines answer /health slowly; one judged down loses its index
     proxy.cmd += ["--health-timeout", "60", "--first-byte-timeout", "3600"]
     with proxy:
@@ -203,7 +205,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="a checkpoint directory or a make-model name such as "
                         "granitemoehybrid-small (default: the embedded tiny hybrid)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=1, help="policies alternate, round by round")
-    p.add_argument("--policies", nargs="+", default=[*POLICIES, "single"])
+    p.add_argument("--policies", nargs="+", default=[*POLICIES, "single"],
+                   help="policy[:prefill-wait], e.g. cost:landed for --prefill-wait landed")  # fmt: skip
     p.add_argument("--log-dir", type=Path, default=None, help="keep the engines' logs here")
     args = p.parse_args(argv)
     if args.quick:

@@ -2,13 +2,19 @@
 ``cost`` by default) and classifies every answered request whose predicted cached tokens were
 not the engine's, from the proxy's ``GET /v1/routing/predictions``::
 
-    over             predicted more than the engine hit: blocks evicted after the decision
-    in_flight        under, and a request the proxy had sent there was computing this prefix
-                     (expected > predicted): the engine reused blocks that landed after the
-                     decision (an engine admission signal would make it exact)
+    over             predicted more than the engine hit: blocks evicted after the decision,
+                     or (dispatched) a landed hit the engine did not wait for
+    wait_timeout     under, the prefill wait ran out (the first-byte timeout) before the
+                     source landed
+    waited           under after a prefill wait that saw the source land
+    dispatched       under, sent at once with the landed hit predicted (attention-only)
     settle_timeout   under, and an index still lagged its engine's answers when predicted
     unannounced      under otherwise: blocks stored by a request not answered yet, whose
                      events had not reached the index
+
+Each miss's record names the decision it followed (``source``: the one that was computing
+its prefix on that engine) and how long it waited; the report's ``missed`` lists every
+miss with its cause and its source's record.
 
     PYTHONPATH=src:benchmarks .venv/bin/python benchmarks/routing_misses.py --model granitemoehybrid-tiny
 """
@@ -22,7 +28,8 @@ from typing import Any
 
 import routing
 
-CAUSES = ("over", "in_flight", "settle_timeout", "unannounced")
+CAUSES = ("over", "wait_timeout", "waited", "dispatched", "settle_timeout", "unannounced")
+WAIT_CAUSES = {"timeout": "wait_timeout", "landed": "waited", "dispatched": "dispatched"}
 
 
 def cause(record: dict[str, Any]) -> str | None:
@@ -31,8 +38,9 @@ def cause(record: dict[str, Any]) -> str | None:
         return None
     if record["result"] == "over":
         return "over"
-    if record["expected_cached_tokens"] > record["predicted_cached_tokens"]:
-        return "in_flight"
+    wait = WAIT_CAUSES.get(record.get("prefill_wait", ""))
+    if wait is not None:
+        return wait
     return "unannounced" if record.get("settled", True) else "settle_timeout"
 
 
@@ -43,12 +51,25 @@ def classify(records: list[dict[str, Any]]) -> dict[str, Any]:
         c = cause(r)
         if c is not None:
             missed_tokens[c] += abs(r["actual_cached_tokens"] - r["predicted_cached_tokens"])
+    by_id = {r.get("id"): r for r in records}
     return {
         "observed": len(records),
+        "missed": [_missed(r, by_id) for r in records if cause(r) is not None],
         "exact": sum(r["result"] == "exact" for r in records),
         "misses": {c: counts.get(c, 0) for c in CAUSES},
         "missed_tokens": {c: missed_tokens.get(c, 0) for c in CAUSES},
     }
+
+
+def _missed(record: dict[str, Any], by_id: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    """A miss with its cause and the record of the decision it followed (if answered)."""
+    out = {"cause": cause(record), **record}
+    source = by_id.get(record.get("source")) if record.get("source") is not None else None
+    if source is not None:
+        out["source_record"] = {
+            k: source.get(k) for k in ("id", "engine", "result", "prefill_wait")
+        }
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

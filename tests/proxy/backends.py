@@ -96,6 +96,14 @@ async def hang(body: bytes, writer: asyncio.StreamWriter) -> None:
     await asyncio.sleep(3600)
 
 
+async def first_chunk_then_hang(body: bytes, writer: asyncio.StreamWriter) -> None:
+    """A stream's first chunk naming the KV event batch 5 (its prefill's), then quiet."""
+    writer.write(SSE_HEAD)
+    writer.write(chunk(b'data: {"choices": [{"index": 0, "text": "a"}], "kv_events_seq": 5}\n\n'))
+    await writer.drain()
+    await asyncio.sleep(3600)
+
+
 def dies_after_events(num_events: int, then_hang: bool = False) -> Answer:
     """A stream of ``num_events`` events, then the process dies (the connection is reset)
     or, with ``then_hang``, goes quiet."""

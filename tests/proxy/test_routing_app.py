@@ -1,6 +1,8 @@
 """The proxy app's book of work per engine: a streamed answer the client abandons gives its
 engine's request back (no phantom queue for the cost policy); a stream that dies before its
-first token is retried on the next engine (the request is idempotent until then)."""
+first token is retried on the next engine (the request is idempotent until then); a stream's
+first chunk's ``kv_events_seq`` is noted before its reservation goes (a decision waiting for
+that prefill to land then waits for its events too)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,19 @@ import time
 
 import httpx
 
+from hybridkv.kv_events.info import describe_engine
 from hybridkv.proxy.app import create_proxy_app
 from hybridkv.proxy.router import Router
-from tests.proxy.backends import RawBackend, dies_after_events, dies_before_events
+from hybridkv.proxy.routing.engine_info import parse_engine_info
+from hybridkv.proxy.routing.engines import EngineState
+from hybridkv.proxy.routing.subscriber import EventSubscriber
+from tests.kv.builders import make_layout
+from tests.proxy.backends import (
+    RawBackend,
+    dies_after_events,
+    dies_before_events,
+    first_chunk_then_hang,
+)
 from tests.server.fake_engine import expected_text
 from tests.server.harness import ThreadedServer
 from tests.server.test_fake_server import MODEL, make_app
@@ -51,3 +63,29 @@ def test_a_stream_that_dies_before_its_first_token_is_retried_on_the_next_engine
                 assert "".join(texts) == expected_text("abc", 4) and "error" not in r.text
             failures = router.stats.decode_failures
             assert failures == {dying.url: 1}
+
+
+def test_a_first_chunks_seq_is_noted_before_its_reservation_goes() -> None:
+    with RawBackend(first_chunk_then_hang) as engine:
+        app = create_proxy_app(Router([], [engine.url]))
+        state: EngineState = app.state.kv_routing.engines[engine.url]
+        raw = describe_engine(None, make_layout("granite"), "sha256", True)
+        state.info = parse_engine_info(raw, engine.url)  # indexed: its prompt is reserved
+        state.subscriber = EventSubscriber(state.index, "ipc:///nowhere", "kv")
+        state.subscriber.stats.last_seq = 0
+        seen_when_released: list[int] = []
+
+        class Pending(dict[bytes, int]):  # notes the seq known when the last block goes
+            def pop(self, key: bytes, default: int = 0) -> int:  # type: ignore[override]
+                value = super().pop(key, default)
+                if not self:
+                    seen_when_released.append(state.answered_seq)
+                return value
+
+        state.pending = Pending()
+        with ThreadedServer(app) as px:
+            body = {"model": "m", "prompt": list(range(100)), "max_tokens": 4, "stream": True}
+            with httpx.stream("POST", px.url + "/v1/completions", json=body, timeout=10) as r:
+                assert r.status_code == 200
+                next(r.iter_bytes())
+        assert seen_when_released[-1] == 5  # (the first: dispatched, before any bytes)

@@ -173,7 +173,8 @@ def test_answered_decisions_are_logged_and_the_settle_counters_exported() -> Non
     assert list(log) == [{
         "engine": "http://a", "reason": "cache_hit", "result": "under", "num_prompt_tokens": 100,
         "predicted_cached_tokens": 32, "expected_cached_tokens": 64, "actual_cached_tokens": 64,
-        "chosen": True, "settled": True,
+        "chosen": True, "settled": True, "id": 0, "source": None, "prefill_wait": "",
+        "prefill_wait_seconds": 0.0,
     }]  # fmt: skip
     values = {
         m.name: [s.value for s in m.samples if s.name.endswith("_total")]
@@ -206,7 +207,7 @@ def test_a_first_chunk_seq_is_noted_and_a_landing_prefill_is_waited_for() -> Non
         a.token_seconds = 1.0  # recomputing the prefix would take long: worth waiting
         task = asyncio.create_task(lands())
         start = time.monotonic()
-        await await_prefill(a, hashes, n, stats)
+        await await_prefill(a, hashes, n, stats, 60.0)
         waited = time.monotonic() - start
         await task
         return a, stats, waited

@@ -55,6 +55,10 @@ def _add_routing_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--settle-max-seconds", type=float, default=0.25, help="a decision waits "
                    "at most this long (<= 2) for an engine's events its answers say were "
                    "published (default: 0.25)")  # fmt: skip
+    g.add_argument("--prefill-wait", choices=["auto", "landed"], default="auto",
+                   help="a request whose prefix the chosen engine computes for another: "
+                   "auto (default): sent at once, its landed hit predicted, on attention-only "
+                   "engines, else waits until that prefill landed; landed: always waits")  # fmt: skip
 
 
 def _add_limit_flags(p: argparse.ArgumentParser) -> None:
@@ -122,6 +126,8 @@ def routing_options(args: argparse.Namespace) -> Any:
         prefill_skip_tokens=args.prefill_skip_tokens,
         settle_max_seconds=args.settle_max_seconds,
         cost_interval_seconds=args.health_interval,
+        prefill_wait=args.prefill_wait,
+        prefill_wait_max_seconds=args.first_byte_timeout,
     )
 
 

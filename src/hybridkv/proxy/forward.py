@@ -163,6 +163,8 @@ async def _stream_answer(
         return None
     call.router.count(outcome)
     decision = call.decision
+    if decision is not None:  # before the handler returns and its reservation goes: its seq
+        decision.saw(head)
     on_failure = _failure_counter(call.router, url)
     chained = _chain(head, chunks, lambda: call.router.touch(url))
     events = relay_events(upstream, call.timeouts, on_failure, decision, chained)

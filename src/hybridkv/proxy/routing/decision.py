@@ -67,6 +67,13 @@ class Decision:
     settle: SettleStats | None = None  # answers' usage.kv_events_seq are noted (settle.py)
     log: deque[dict[str, object]] | None = None  # answered predictions (GET predictions)
     settled: bool = True  # no index lagged its engine's answers when predicted (settle.py)
+    number: int = 0  # the decision's number in this proxy (its log's ``id``)
+    # the chosen engine was computing this prompt's prefix for another decision: that
+    # decision's number, and what routing did about it: "landed" (waited until it landed),
+    # "timeout" (the wait ran out), "dispatched" (sent at once, predicted the landed hit)
+    source: int | None = None
+    prefill_wait: str = ""
+    prefill_wait_seconds: float = 0.0
     _held: str | None = None  # the engine whose ``pending`` holds this prompt's blocks
     _sent_to: str | None = None
     _actual: int | None = None
@@ -112,7 +119,7 @@ class Decision:
         self._unhold()
         engine = self.engines.get(url)
         if engine is not None:
-            engine.hold_pending(self.hashes.get(url, []))
+            engine.hold_pending(self.hashes.get(url, []), self.number)
             self._held = url
 
     def unreserve(self) -> None:
@@ -128,10 +135,12 @@ class Decision:
 
     def saw(self, data: bytes) -> None:
         """An answer's bytes (a whole body, or stream events): its prefill is done (the
-        first token came), so its work leaves the queue; keep its cached tokens."""
-        self._prefilled()
-        if b'"kv_events_seq"' in data and b'"usage"' not in data:  # a first chunk's
+        first token came), so its work leaves the queue; keep its cached tokens. The seq its
+        first chunk names is noted before its reservation goes: a decision waiting for this
+        prefill to land then waits for those events too (``settle.await_prefill``)."""
+        if b'"kv_events_seq"' in data:  # a first chunk's (also when the usage came with it)
             self._note_seq(_first_chunk_seq(data[:MAX_USAGE_SCAN_BYTES]))
+        self._prefilled()
         if b'"usage"' not in data:
             return
         for line in reversed(data[-MAX_USAGE_SCAN_BYTES:].split(b"\n")):
@@ -172,7 +181,9 @@ class Decision:
                 "num_prompt_tokens": self.num_prompt_tokens, "predicted_cached_tokens": predicted,
                 "expected_cached_tokens": self.expected.get(engine.url, 0),
                 "actual_cached_tokens": actual, "chosen": engine.url == self.chosen,
-                "settled": self.settled,
+                "settled": self.settled, "id": self.number, "source": self.source,
+                "prefill_wait": self.prefill_wait,
+                "prefill_wait_seconds": round(self.prefill_wait_seconds, 3),
             })  # fmt: skip
 
     def _prefilled(self) -> None:
@@ -187,7 +198,7 @@ def _first_chunk_seq(data: bytes) -> int | None:
     """A streamed answer's first chunk's ``kv_events_seq`` (its prefill's events)."""
     for line in data.split(b"\n"):
         raw = line.removeprefix(b"data: ").strip()
-        if raw.startswith(b"{") and b'"kv_events_seq"' in raw:
+        if raw.startswith(b"{") and b'"kv_events_seq"' in raw and b'"usage"' not in raw:
             try:
                 seq = json.loads(raw).get("kv_events_seq")
             except (ValueError, AttributeError):

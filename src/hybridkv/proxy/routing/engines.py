@@ -42,6 +42,9 @@ class EngineState:
     # the block hashes of prompts sent here and not answered yet, with their counts: what
     # the engine is computing now (routing only: never in the reported prediction)
     pending: dict[BlockHash, int] = field(default_factory=dict)
+    # block hash -> the decision (its number) that first held it in ``pending``: the source
+    # a later request sharing that block waits for (logged with each prediction)
+    pending_owner: dict[BlockHash, int] = field(default_factory=dict)
     # the largest usage.kv_events_seq its answers carried, in the stream's life of that
     # many restarts (``settle.py``)
     answered_seq: int = -1
@@ -73,15 +76,46 @@ class EngineState:
             k += 1
         return k * self.info.block_size
 
-    def hold_pending(self, hashes: list[BlockHash]) -> None:
+    @property
+    def attention_only(self) -> bool:
+        """No state group: once a prefill in flight here landed, every block it computed is
+        held in every group (full attention, and sliding windows: blocks leave a window
+        cached), so the hit on it is known beforehand -- a state group resumes only where a
+        checkpoint is written."""
+        groups = self.info.groups if self.info is not None else ()
+        return bool(groups) and all(g.kind != "mamba" for g in groups)
+
+    def landed_hit_tokens(
+        self, token_ids: tuple[int, ...], hashes: list[BlockHash], peers: list[EngineIndex]
+    ) -> int:
+        """An attention-only engine's hit once the prefills in flight here have landed: the
+        engine's rule on its index plus the blocks requests sent here are computing (its
+        in-flight prefix rule holds the request until then, ``sched/inflight.py``)."""
+        if not self.attention_only or not self.indexed or self.info is None:
+            return self.predict(token_ids, hashes, peers)
+        info = self.info
+        n = len(token_ids)
+        return predict_hit_tokens(
+            self.index, info.groups, hashes, n, info.block_size, peers, landing=self.pending
+        )
+
+    def pending_source(self, hashes: list[BlockHash], hit_tokens: int) -> int | None:
+        """The decision that holds the first block past ``hit_tokens`` (None: none does)."""
+        k = hit_tokens // self.info.block_size if self.info is not None else 0
+        return self.pending_owner.get(hashes[k]) if k < len(hashes) else None
+
+    def hold_pending(self, hashes: list[BlockHash], owner: int = 0) -> None:
         for h in hashes:
             self.pending[h] = self.pending.get(h, 0) + 1
+            self.pending_owner.setdefault(h, owner)
 
     def drop_pending(self, hashes: list[BlockHash]) -> None:
         for h in hashes:
             n = self.pending.pop(h, 0) - 1
             if n > 0:
                 self.pending[h] = n
+            else:
+                self.pending_owner.pop(h, None)
 
     def expected_seconds(
         self, uncached: int, fleet_token_seconds: float | None = None, extra_tokens: float = 0.0

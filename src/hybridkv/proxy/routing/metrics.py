@@ -39,8 +39,13 @@ def _settle_families(kv: KVRouting) -> Iterator[Metric]:
         ("settle_prefill_wait_seconds", "seconds they waited", s.prefill_wait_seconds),
         (
             "settle_prefill_wait_timeouts",
-            "prefill waits that ran out (MAX_PREFILL_WAIT_SECONDS)",
+            "prefill waits that ran out (the first-byte timeout)",
             s.num_prefill_wait_timeouts,
+        ),
+        (
+            "settle_prefill_dispatched",
+            "decisions sent at once with the landed prefill's hit predicted (attention-only)",
+            s.num_prefill_dispatched,
         ),
     ):
         family = CounterMetricFamily(P + name, help_)

@@ -18,7 +18,7 @@ engine that has announced units there itself (how the proxy knows it has the tie
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from hybridkv.kv_events.schema import MEDIUM_DEVICE
 from hybridkv.proxy.routing.index import EngineIndex, GroupInfo
@@ -33,19 +33,34 @@ def predict_hit_tokens(
     num_tokens: int,
     block_size: int,
     peers: Sequence[EngineIndex] = (),
+    landing: Container[bytes] = frozenset(),
 ) -> int:
     """The tokens this engine would not compute (0 when nothing is held); ``peers`` are the
-    other engines' indexes, read for shared media only."""
+    other engines' indexes, read for shared media only; ``landing``: block hashes held in
+    every attention group once the prefills computing them landed (``--prefill-wait auto``)."""
     max_blocks = min((num_tokens - 1) // block_size, len(hashes))
-    if max_blocks <= 0 or not len(index):
+    if max_blocks <= 0 or not (len(index) or landing):
         return 0
-    device = _device_hit(index, groups, hashes, max_blocks, block_size)
+    held = _Held(index, landing)
+    device = _device_hit(held, groups, hashes, max_blocks, block_size)
     tier = _tier_hit(index, hashes, max_blocks, peers)
     return max(device, tier) * block_size
 
 
+class _Held:
+    """The index's device keys, plus blocks landing in every attention group."""
+
+    __slots__ = ("index", "landing")
+
+    def __init__(self, index: EngineIndex, landing: Container[bytes]) -> None:
+        self.index, self.landing = index, landing
+
+    def holds(self, g: int, h: bytes) -> bool:
+        return h in self.landing or self.index.holds(MEDIUM_DEVICE, g, h)
+
+
 def _device_hit(
-    index: EngineIndex,
+    index: _Held,
     groups: Sequence[GroupInfo],
     hashes: Sequence[bytes],
     max_blocks: int,
@@ -68,7 +83,7 @@ def _device_hit(
 
 
 def _group_hit(
-    index: EngineIndex,
+    index: _Held,
     g: int,
     info: GroupInfo,
     hashes: Sequence[bytes],
@@ -82,15 +97,15 @@ def _group_hit(
     return _sliding_hit(index, g, hashes, max_blocks, needed)
 
 
-def _full_hit(index: EngineIndex, g: int, hashes: Sequence[bytes], max_blocks: int) -> int:
+def _full_hit(index: _Held, g: int, hashes: Sequence[bytes], max_blocks: int) -> int:
     for k in range(max_blocks):
-        if not index.holds(MEDIUM_DEVICE, g, hashes[k]):
+        if not index.holds(g, hashes[k]):
             return k
     return max_blocks
 
 
 def _sliding_hit(
-    index: EngineIndex, g: int, hashes: Sequence[bytes], max_blocks: int, needed: int
+    index: _Held, g: int, hashes: Sequence[bytes], max_blocks: int, needed: int
 ) -> int:
     """Right to left: the first run of ``needed`` held blocks ends the hit; a shorter run
     from block 0 is a hit too."""
@@ -98,7 +113,7 @@ def _sliding_hit(
         return max_blocks
     run, run_end = 0, max_blocks
     for k in range(max_blocks - 1, -1, -1):
-        if index.holds(MEDIUM_DEVICE, g, hashes[k]):
+        if index.holds(g, hashes[k]):
             run += 1
             if run == needed:
                 return run_end
@@ -107,9 +122,9 @@ def _sliding_hit(
     return run_end
 
 
-def _state_hit(index: EngineIndex, g: int, hashes: Sequence[bytes], max_blocks: int) -> int:
+def _state_hit(index: _Held, g: int, hashes: Sequence[bytes], max_blocks: int) -> int:
     for k in range(max_blocks, 0, -1):
-        if index.holds(MEDIUM_DEVICE, g, hashes[k - 1]):
+        if index.index.holds(MEDIUM_DEVICE, g, hashes[k - 1]):  # checkpoints never land
             return k
     return 0
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from typing import Any
 from urllib.parse import urlsplit
@@ -54,6 +55,7 @@ class KVRouting:
                 self.engines[url].events_url = reachable_endpoint(events, host)
         self.decisions: dict[Reason, int] = dict.fromkeys(Reason, 0)
         self.settle_stats = SettleStats()
+        self.num_decisions = 0
         self.recent: deque[dict[str, object]] = deque(maxlen=RECENT_PREDICTIONS)
 
     # -- background ---------------------------------------------------------------------
@@ -134,6 +136,8 @@ class KVRouting:
             timeout = self.options.tokenize_timeout_seconds
             prompt = await read_prompt(client, tokenizer, path, body, headers, timeout)
         decision = Decision(turn, Reason.NO_PROMPT, 0, {}, self.engines)
+        self.num_decisions += 1
+        decision.number = self.num_decisions
         decision.settle = self.settle_stats
         if prompt is not None:
             decision.num_prompt_tokens = n = len(prompt.token_ids)
@@ -174,7 +178,9 @@ class KVRouting:
                 by_kind[key] = block_hashes(info, token_ids, salt)
             hashes = by_kind[key]
             url = engine.url
-            decision.hashes[url] = hashes[: max(0, (n - 1) // info.block_size)]
+            # the full blocks its prefill leaves cached (the last too, when the prompt ends
+            # on a block boundary): what a later request here may hit once it landed
+            decision.hashes[url] = hashes[: n // info.block_size]
             decision.predicted[url] = engine.predict(token_ids, hashes, peers)
             decision.expected[url] = max(
                 decision.predicted[url], engine.pending_hit_tokens(hashes, n)
@@ -184,7 +190,9 @@ class KVRouting:
         self, decision: Decision, token_ids: tuple[int, ...], salt: str | None
     ) -> None:
         """The chosen engine is expected to hold more than its index says (a request sent
-        there computes this prefix): wait for it to land, then predict again."""
+        there computes this prefix): predict the hit it will find once that landed -- at
+        once where that is exact (attention-only, ``--prefill-wait auto``: the engine holds
+        the request until then), else after waiting for it to land."""
         url = decision.chosen
         engine = self.engines.get(url)
         if engine is None or engine.info is None:
@@ -192,8 +200,18 @@ class KVRouting:
         if decision.expected.get(url, 0) <= decision.predicted.get(url, 0):
             return
         hashes = block_hashes(engine.info, token_ids, salt)
-        await await_prefill(engine, hashes, len(token_ids), self.settle_stats)
         peers = [e.index for e in self._all() if e.indexed]
+        decision.source = engine.pending_source(hashes, decision.predicted.get(url, 0))
+        if self.options.prefill_wait == "auto" and engine.attention_only:
+            self.settle_stats.num_prefill_dispatched += 1
+            decision.prefill_wait = "dispatched"
+            decision.predicted[url] = engine.landed_hit_tokens(token_ids, hashes, peers)
+            return
+        start = time.monotonic()
+        limit = self.options.prefill_wait_max_seconds
+        landed = await await_prefill(engine, hashes, len(token_ids), self.settle_stats, limit)
+        decision.prefill_wait = "landed" if landed else "timeout"
+        decision.prefill_wait_seconds = time.monotonic() - start
         decision.predicted[url] = engine.predict(token_ids, hashes, peers)
 
     @staticmethod

@@ -22,9 +22,12 @@ another request waits for that prefill to land (a first streamed chunk carries i
 that prefill anyway (its in-flight prefix rule, ``sched/inflight.py``: a waiting request
 whose next blocks a running prefill computes waits for them), so the wait is not capped by
 what recomputing would cost: it lasts while the source holds its reservation (until its
-first answer bytes, or its end) and its events are on the way, at most
-``MAX_PREFILL_WAIT_SECONDS`` -- a prediction made on the landed prefix is exact by
-construction, one made while it computes is a guess about timing (B7's last misses).
+first answer bytes, or its end) and its events are on the way, at most the proxy's
+first-byte timeout (the source's own first byte is bounded by it) -- a prediction made on
+the landed prefix is exact by construction, one made while it computes is a guess about
+timing. On an attention-only engine the landed hit is known beforehand (every block the
+source computes is hit: ``EngineState.landed_hit_tokens``), so with ``--prefill-wait auto``
+the request is sent at once and queues in the engine instead (``service.py``).
 """
 
 from __future__ import annotations
@@ -38,8 +41,6 @@ from hybridkv.kv.hashing import BlockHash
 from hybridkv.proxy.routing.engines import EngineState
 
 MAX_SETTLE_SECONDS = 2.0
-# a safety bound: the source's own prefill (its first answer bytes) ends the wait before it
-MAX_PREFILL_WAIT_SECONDS = 60.0
 FORGED_MARGIN = 1024  # batches an answer may be ahead of the stream the proxy received
 POLL_SECONDS = 0.002
 
@@ -52,7 +53,8 @@ class SettleStats:
     num_forged: int = 0  # answers whose seq no engine could have published
     num_prefill_waits: int = 0  # decisions that waited for a prefill of their prefix
     prefill_wait_seconds: float = 0.0
-    num_prefill_wait_timeouts: int = 0  # ... that ran out of MAX_PREFILL_WAIT_SECONDS
+    num_prefill_wait_timeouts: int = 0  # ... that ran out (the first-byte timeout)
+    num_prefill_dispatched: int = 0  # ... sent at once with the landed hit predicted
 
 
 def received_seq(engine: EngineState) -> int:
@@ -114,19 +116,27 @@ async def settle(
 
 
 async def await_prefill(
-    engine: EngineState, hashes: list[BlockHash], num_tokens: int, stats: SettleStats
-) -> None:
+    engine: EngineState,
+    hashes: list[BlockHash],
+    num_tokens: int,
+    stats: SettleStats,
+    max_seconds: float,
+) -> bool:
     """The chosen engine is computing this prompt's prefix for a request the proxy sent
     there: wait until that prefill is done (its first answer bytes) and its events are in
     the index, so the prediction counts the prefix it will reuse once landed -- within
-    ``MAX_PREFILL_WAIT_SECONDS`` (the engine holds the request behind that prefill too)."""
+    ``max_seconds`` (the proxy's first-byte timeout: the source's own first byte is bounded
+    by it). False: the wait ran out (counted)."""
     if engine.pending_hit_tokens(hashes, num_tokens) == 0:
-        return
+        return True
     stats.num_prefill_waits += 1
     start = time.monotonic()
+    landed = True
     while engine.pending_hit_tokens(hashes, num_tokens) > 0 or lagging(engine):
-        if time.monotonic() - start >= MAX_PREFILL_WAIT_SECONDS:
+        if time.monotonic() - start >= max_seconds:
             stats.num_prefill_wait_timeouts += 1
+            landed = False
             break
         await asyncio.sleep(POLL_SECONDS)
     stats.prefill_wait_seconds += time.monotonic() - start
+    return landed
