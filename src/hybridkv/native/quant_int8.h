@@ -347,17 +347,52 @@ static inline __attribute__((always_inline)) void i8_q6_k(const uint8_t *blk, co
 }
 
 #define I8_NJ 2 /* weight rows interleaved when x has at most I8_NJ rows: independent chains */
-#if I8_SIMD
+#if I8_SIMD && !defined(__AVX512BW__)
+/* AVX2's float step of a K-quant block (the per-row kernel's and quant_tiled.h's: one order,
+ * so a row's bits do not depend on the batch), into 8 float lanes summed once at the row's end:
+ *   Q6_K: av += (d dx) * (tot - 32 aux)              (the offset folded in the integers: exact)
+ *   Q4_K: av += (d dx) * tot;  av += fx * fm         (fm lane s = -dmin m[s], exact in float;
+ *         fx lane s = dx * the sum of x's 32 quantized values of sub-block s: x_fsums) */
+static inline __m256 q4_k_fmins(const uint8_t *blk) {
+    uint64_t sc8, mn8;
+    q4_k_scale_bytes(blk + 4, &sc8, &mn8);
+    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn8)));
+    return _mm256_mul_ps(m, _mm256_set1_ps(-half_to_float(blk + 2)));
+}
+
+static inline __m256 x_fsums(const int16_t *xs, __m256 dx) { /* xs: a block's 16 sums of 16 */
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(load32(xs), _mm256_set1_epi16(1))), dx);
+}
+
+static inline __attribute__((always_inline)) __m256 kq_tail(const int fmt, __m256i tot, __m256i aux,
+                                                            __m256 ddx, __m256 fx, __m256 fm,
+                                                            __m256 av) {
+    if (fmt == Q6_K)
+        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(tot, _mm256_slli_epi32(aux, 5))), ddx, av);
+    av = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), ddx, av);
+    return _mm256_fmadd_ps(fx, fm, av);
+}
+#define KQ_ACC I8F av[I8_NJ * I8_MR]
+#define KQ_ZERO(t) (av[t] = I8F_ZERO)
+#define KQ_BLOCK const __m256 fm = fmt == Q4_K ? q4_k_fmins(blk) : _mm256_setzero_ps()
+#define KQ_ADD(t, i, st, sa)                                                                     \
+    (av[t] = kq_tail(fmt, tot[i], aux[i], _mm256_set1_ps(st),                                   \
+                     fmt == Q4_K ? x_fsums(xr->s + i * xr->ns + 16 * b, _mm256_set1_ps(dx)) : fm, \
+                     fm, av[t]))
+#define KQ_SUM(t) sum8(av[t])
+#elif I8_SIMD
 #define KQ_ACC I8F av[I8_NJ * I8_MR]; __m256 am[I8_NJ * I8_MR]
 #define KQ_ZERO(t) (av[t] = I8F_ZERO, am[t] = _mm256_setzero_ps())
 #define KQ_ADD(t, i, st, sa) \
     (av[t] = i8f_madd(tot[i], st, av[t]), am[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(aux[i]), _mm256_set1_ps(sa), am[t]))
 #define KQ_SUM(t) (i8f_sum(av[t]) + sum8(am[t]))
+#define KQ_BLOCK
 #else
 #define KQ_ACC float av[I8_NJ * I8_MR]
 #define KQ_ZERO(t) (av[t] = 0.0f)
 #define KQ_ADD(t, i, st, sa) (av[t] += fmadd1(st, (float)tot[i], (sa) * (float)aux[i]))
 #define KQ_SUM(t) av[t]
+#define KQ_BLOCK
 #endif
 
 /* acc[j * mi + i] = weight row j (at w + j * row_bytes; K values of Q4_K / Q6_K) . x row i,
@@ -385,6 +420,7 @@ static inline __attribute__((always_inline)) void i8_row_k(int fmt, const uint8_
                 d = half_to_float(blk + 208), c = -32.0f * d;
                 i8_q6_k(blk, xr, b, mi, tot, aux);
             }
+            KQ_BLOCK;
             for (int i = 0; i < mi; i++) {
                 const float dx = xr->d[i * xr->nd + b];
                 KQ_ADD(j * mi + i, i, d * dx, c * dx);

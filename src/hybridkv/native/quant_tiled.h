@@ -19,19 +19,22 @@
 #if I8_SIMD && !defined(__AVX512BW__)
 #define I8_TILED 1
 #ifndef TM
-#define TM 1 /* x rows per register tile (1 x 2: 1.10-1.15x the 2 x 2 tile, fewer spills) */
-#define TN 2 /* weight rows per register tile and per unpacked panel */
+#define TM 2 /* x rows per register tile */
+#define TN 4 /* weight rows per register tile and per unpacked panel */
 #endif
 #ifndef I8_TILE_ROWS
 #define I8_TILE_ROWS 16 /* x rows from which hk_quant_gemm_i8 takes this kernel */
 #endif
 #define TC_BYTES 196608 /* quantized x bytes per chunk (TC rows x K): in L2 with the panel */
 
+#define I8_PRAGMA_(x) _Pragma(#x)
+#define I8_PRAGMA(x) I8_PRAGMA_(x)
+
 typedef struct { /* one K-quant weight block, unpacked for x's values 32 t .. 32 t + 31 */
     __m256i u[8]; /* unsigned values */
     __m256i s[8]; /* int16 scale of each vpmaddubsw pair */
-    __m256i a;    /* int16 weights of x's 16-value sums (lanes as i8_q4_k's mins / Q6_K's) */
-    float d, c;   /* y += (d dx) sum tot + (c dx) sum aux */
+    __m256i a;    /* Q6_K: int16 scales of x's 16-value sums (lanes as i8_q6_k's offs) */
+    __m256 d, m;  /* d splatted; Q4_K: -dmin m[s] in lane s (q4_k_fmins) */
 } UBlock;
 
 static void unpack_q4_k(const uint8_t *blk, UBlock *o) {
@@ -46,9 +49,8 @@ static void unpack_q4_k(const uint8_t *blk, UBlock *o) {
         o->s[2 * j] = word_splat(sc16, 2 * j, 2 * j);
         o->s[2 * j + 1] = word_splat(sc16, 2 * j + 1, 2 * j + 1);
     }
-    const __m128i m8 = _mm_cvtsi64_si128((long long)mn8);
-    o->a = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* m[s] twice: per 16 */
-    o->d = half_to_float(blk), o->c = -half_to_float(blk + 2);
+    o->a = _mm256_setzero_si256();
+    o->d = _mm256_set1_ps(half_to_float(blk)), o->m = q4_k_fmins(blk);
 }
 
 static void unpack_q6_k(const uint8_t *blk, UBlock *o) {
@@ -71,50 +73,58 @@ static void unpack_q6_k(const uint8_t *blk, UBlock *o) {
         }
     }
     o->a = _mm256_cvtepi8_epi16(sc8x16);
-    o->d = half_to_float(blk + 208), o->c = -32.0f * o->d;
+    o->d = _mm256_set1_ps(half_to_float(blk + 208)), o->m = _mm256_setzero_ps();
 }
 
-/* acc[j * mi + i] = weight row j (ub + j * nb: nb unpacked blocks) . x row i, for i < mi,
- * j < nj: per block the integer lanes, then i8_row_k's two float multiply-adds */
-static inline __attribute__((always_inline)) void tiled_tile(const UBlock *ub, int64_t nb,
-                                                             const XRows *xr, const int mi,
-                                                             const int nj, float *acc) {
-    __m256 av[TM * TN], am[TM * TN];
-    for (int t = 0; t < mi * nj; t++) av[t] = _mm256_setzero_ps(), am[t] = _mm256_setzero_ps();
+/* acc[j * mi + i] = weight row j . x row i, for i < mi, j < nj (ub: the panel's blocks,
+ * ub[b * TN + j] block b of weight row j): per block the integer lanes, then kq_tail */
+static inline __attribute__((always_inline)) void tiled_tile(const int fmt, const UBlock *ub,
+                                                             int64_t nb, const XRows *xr,
+                                                             const int mi, const int nj,
+                                                             float *acc) {
+    __m256 av[TM * TN];
+    for (int t = 0; t < mi * nj; t++) av[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        const UBlock *u = ub + b * TN;
         __m256i s[TM * TN];
         for (int t = 0; t < mi * nj; t++) s[t] = _mm256_setzero_si256();
+#ifdef I8_UNROLL
+        I8_PRAGMA(GCC unroll I8_UNROLL)
+#endif
         for (int c = 0; c < 8; c++) {
             __m256i xv[TM];
             for (int i = 0; i < mi; i++) xv[i] = load32(xr->q + i * xr->K + 256 * b + 32 * c);
-            for (int j = 0; j < nj; j++) {
-                const UBlock *u = ub + j * nb + b;
+            for (int j = 0; j < nj; j++)
                 for (int i = 0; i < mi; i++)
-                    s[j * mi + i] = dot_scaled(s[j * mi + i], u->u[c], xv[i], u->s[c]);
-            }
+                    s[j * mi + i] = dot_scaled(s[j * mi + i], u[j].u[c], xv[i], u[j].s[c]);
+            /* NOTE: keeps each sum in its register: without it gcc reassociates the unrolled
+             * integer adds into trees and spills the products (1.3x slower) */
+            for (int t = 0; t < mi * nj; t++) __asm__("" : "+x"(s[t]));
         }
         for (int i = 0; i < mi; i++) {
-            const __m256 dx = _mm256_set1_ps(xr->d[i * xr->nd + b]);
-            const __m256i xs = load32(xr->s + i * xr->ns + 16 * b);
+            const __m256 dx = _mm256_broadcast_ss(xr->d + i * xr->nd + b);
+            const int16_t *xs = xr->s + i * xr->ns + 16 * b;
+            const __m256 fx = fmt == Q4_K ? x_fsums(xs, dx) : dx;
             for (int j = 0; j < nj; j++) {
-                const UBlock *u = ub + j * nb + b;
-                const __m256i aux = _mm256_madd_epi16(u->a, xs);
-                const int t = j * mi + i;
-                av[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), _mm256_mul_ps(_mm256_set1_ps(u->d), dx), av[t]);
-                am[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(aux), _mm256_mul_ps(_mm256_set1_ps(u->c), dx), am[t]);
+                const __m256i aux = fmt == Q6_K ? _mm256_madd_epi16(u[j].a, load32(xs)) : s[j * mi + i];
+                av[j * mi + i] = kq_tail(fmt, s[j * mi + i], aux, _mm256_mul_ps(u[j].d, dx), fx,
+                                         u[j].m, av[j * mi + i]);
             }
         }
     }
-    for (int t = 0; t < mi * nj; t++) acc[t] = sum8(av[t]) + sum8(am[t]);
+    for (int t = 0; t < mi * nj; t++) acc[t] = sum8(av[t]);
 }
 
 #define TILED_CASE(MI, NJ)                                                                      \
     case (MI) * 8 + (NJ):                                                                       \
-        if ((MI) <= TM && (NJ) <= TN) tiled_tile(ub, nb, xr, MI, NJ, acc);                      \
+        if ((MI) <= TM && (NJ) <= TN) {                                                         \
+            if (fmt == Q4_K) tiled_tile(Q4_K, ub, nb, xr, MI, NJ, acc);                         \
+            else tiled_tile(Q6_K, ub, nb, xr, MI, NJ, acc);                                     \
+        }                                                                                       \
         break;
 #define TILED_CASES(MI) TILED_CASE(MI, 1) TILED_CASE(MI, 2) TILED_CASE(MI, 3) TILED_CASE(MI, 4)
 
-static void tiled_dispatch(const UBlock *ub, int64_t nb, const XRows *xr, int64_t mi,
+static void tiled_dispatch(int fmt, const UBlock *ub, int64_t nb, const XRows *xr, int64_t mi,
                            int64_t nj, float *acc) {
     _Static_assert(TM <= 4 && TN <= 4, "the cases below cover TM x TN");
     switch (mi * 8 + nj) {
@@ -127,14 +137,14 @@ static void tiled_dispatch(const UBlock *ub, int64_t nb, const XRows *xr, int64_
 }
 
 /* Weight rows [n, n + nj) against x rows [m0, m1) (xq / dx / xs: all rows), into y. */
-static void tiled_panel(const UBlock *ub, int64_t nb, const int8_t *xq, const float *dx,
+static void tiled_panel(int fmt, const UBlock *ub, int64_t nb, const int8_t *xq, const float *dx,
                         const int16_t *xs, int64_t K, int64_t m0, int64_t m1, int64_t n,
                         int64_t nj, const float *bias, float *y, int64_t N) {
     for (int64_t m = m0; m < m1; m += TM) {
         const int64_t mi = m1 - m < TM ? m1 - m : TM;
         const XRows xr = {xq + m * K, dx + m * nb, xs + m * (K / 16), K, nb, K / 16};
         float acc[TM * TN];
-        tiled_dispatch(ub, nb, &xr, mi, nj, acc);
+        tiled_dispatch(fmt, ub, nb, &xr, mi, nj, acc);
         for (int64_t j = 0; j < nj; j++)
             for (int64_t i = 0; i < mi; i++) {
                 const float v = acc[j * mi + i];
@@ -166,10 +176,10 @@ static int i8_tiled(int fmt, const int8_t *xq, const float *dx, const int16_t *x
                 for (int64_t j = 0; j < nj; j++)
                     for (int64_t b = 0; b < nb; b++) {
                         const uint8_t *blk = W + (n + j) * row_bytes + b * bytes;
-                        if (fmt == Q4_K) unpack_q4_k(blk, ub + j * nb + b);
-                        else unpack_q6_k(blk, ub + j * nb + b);
+                        if (fmt == Q4_K) unpack_q4_k(blk, ub + b * TN + j);
+                        else unpack_q6_k(blk, ub + b * TN + j);
                     }
-                tiled_panel(ub, nb, xq, dx, xs, K, m0, M - m0 < tc ? M : m0 + tc, n, nj, bias, y, N);
+                tiled_panel(fmt, ub, nb, xq, dx, xs, K, m0, M - m0 < tc ? M : m0 + tc, n, nj, bias, y, N);
             }
         }
         free(ub);
