@@ -27,9 +27,6 @@
 #endif
 #define TC_BYTES 196608 /* quantized x bytes per chunk (TC rows x K): in L2 with the panel */
 
-#define I8_PRAGMA_(x) _Pragma(#x)
-#define I8_PRAGMA(x) I8_PRAGMA_(x)
-
 typedef struct { /* one K-quant weight block, unpacked for x's values 32 t .. 32 t + 31 */
     __m256i u[8]; /* unsigned values */
     __m256i s[8]; /* int16 scale of each vpmaddubsw pair */
@@ -88,15 +85,17 @@ static inline __attribute__((always_inline)) void tiled_tile(const int fmt, cons
         const UBlock *u = ub + b * TN;
         __m256i s[TM * TN];
         for (int t = 0; t < mi * nj; t++) s[t] = _mm256_setzero_si256();
-#ifdef I8_UNROLL
-        I8_PRAGMA(GCC unroll I8_UNROLL)
-#endif
         for (int c = 0; c < 8; c++) {
             __m256i xv[TM];
-            for (int i = 0; i < mi; i++) xv[i] = load32(xr->q + i * xr->K + 256 * b + 32 * c);
-            for (int j = 0; j < nj; j++)
-                for (int i = 0; i < mi; i++)
-                    s[j * mi + i] = dot_scaled(s[j * mi + i], u[j].u[c], xv[i], u[j].s[c]);
+            for (int i = 0; i < mi; i++) {
+                xv[i] = load32(xr->q + i * xr->K + 256 * b + 32 * c);
+                __asm__("" : "+x"(xv[i])); /* in a register, not a memory operand per use */
+            }
+            for (int j = 0; j < nj; j++) {
+                __m256i uj = u[j].u[c], sj = u[j].s[c];
+                __asm__("" : "+x"(uj), "+x"(sj)); /* loaded once for the mi x rows */
+                for (int i = 0; i < mi; i++) s[j * mi + i] = dot_scaled(s[j * mi + i], uj, xv[i], sj);
+            }
             /* NOTE: keeps each sum in its register: without it gcc reassociates the unrolled
              * integer adds into trees and spills the products (1.3x slower) */
             for (int t = 0; t < mi * nj; t++) __asm__("" : "+x"(s[t]));
