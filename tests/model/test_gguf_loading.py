@@ -279,14 +279,16 @@ def test_generate_decodes_k_quants_with_int8_activations(
 @pytest.mark.slow
 # gemma3 left out: the gate's runner (tests/support/quant_gate.py, 64 pages) refuses a
 # 272-token request of it (block id out of range), qwen3 and Granite fit
+@pytest.mark.parametrize("fmt", [QuantFormat.Q4_K, QuantFormat.Q6_K], ids=["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("arch", ["qwen3", "granitemoehybrid"])
-def test_long_q6_k_int8_prefill_gate(arch: str, files: dict) -> None:
-    """Past ``INT8_MAX_ROWS`` Q6_K still takes int8 activations where the build has the
-    tiled kernel (``quant_linear.INT8_ROWS_TABLE``): a 264-row prefill within the int8 gate."""
-    tiled = quant_linear.choose_path(QuantFormat.Q6_K, 264) is quant_linear.QuantPath.INT8_KERNEL
+def test_long_int8_prefill_gate(arch: str, fmt: QuantFormat, files: dict) -> None:
+    """Past ``INT8_MAX_ROWS`` the K-quants still take int8 activations where the build has
+    the tiled kernel (``quant_linear.INT8_ROWS_TABLE``): a 264-row prefill within the int8
+    gate."""
+    tiled = quant_linear.choose_path(fmt, 264) is quant_linear.QuantPath.INT8_KERNEL
     if not tiled:
-        pytest.skip("this build has no tiled int8 kernel: Q6_K takes the panels past 256 rows")
-    view = resolve_model_dir(str(files[arch, "Q6_K"][0]))
+        pytest.skip("this build has no tiled int8 kernel: the panels past 256 rows")
+    view = resolve_model_dir(str(files[arch, fmt.name][0]))
     ids = torch.randint(3, 1000, (272,), generator=torch.Generator().manual_seed(9)).tolist()
     assert_within_int8_gate(quality_gate(view, ids, decode_steps=8))
 

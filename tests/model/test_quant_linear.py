@@ -121,8 +121,8 @@ def test_quantized_embedding_dequantizes_the_rows_looked_up() -> None:
 
 
 def test_choose_path_thresholds() -> None:
-    """The K-quants take int8 activations up to ``INT8_MAX_ROWS`` rows, and Q6_K at any row
-    count where the build has the tiled kernel (AVX2: it beats the panels there, measured);
+    """The K-quants take int8 activations up to ``INT8_MAX_ROWS`` rows, and at any row count
+    where the build has the tiled kernel (AVX2: it beats the panels there, measured);
     Q8_0 int8 activations up to ``QUANT_MAX_ROWS`` (the float32 kernel when ``INT8_FORMATS``
     leaves it out); past them, and without the native library, the dequantized panels."""
     path = ql.QuantPath
@@ -132,8 +132,7 @@ def test_choose_path_thresholds() -> None:
             assert ql.choose_path(fmt, ql.INT8_MAX_ROWS, tiled=tiled) is path.INT8_KERNEL
         assert ql.choose_path(fmt, ql.INT8_MAX_ROWS + 1, tiled=False) is path.PANELS
         assert ql.choose_path(fmt, 1, native=False) is path.PANELS
-    assert ql.choose_path(QuantFormat.Q4_K, ql.INT8_MAX_ROWS + 1, tiled=True) is path.PANELS
-    assert ql.choose_path(QuantFormat.Q6_K, 8192, tiled=True) is path.INT8_KERNEL
+        assert ql.choose_path(fmt, 8192, tiled=True) is path.INT8_KERNEL
     for tiled in (True, False):
         assert ql.choose_path(QuantFormat.Q8_0, 1, tiled=tiled) is path.INT8_KERNEL
         assert ql.choose_path(QuantFormat.Q8_0, ql.QUANT_MAX_ROWS, tiled=tiled) is path.INT8_KERNEL

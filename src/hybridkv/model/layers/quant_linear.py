@@ -46,9 +46,9 @@ PANEL_ROWS = 1024
 # float32 activations (docs/benchmarks.md), within the quality gate (docs/quantization.md).
 # Prefill-sized steps, measured per format and per kernel build (one thread, CPU time, Granite-
 # small projections, AMD EPYC Zen 3 AVX2, benchmarks/quant_prefill.py; docs/benchmarks.md):
-# - tiled builds (AVX2, QuantGemm.tile_rows > 0): Q6_K tiled beats the panels at every row
-#   count (1.77x at 128 rows .. 1.08-1.18x at 512-2048), so no cap; Q4_K ties them past 256
-#   rows (0.9-1.25x over three loaded runs), so INT8_MAX_ROWS;
+# - tiled builds (AVX2, QuantGemm.tile_rows > 0): since the 2 x 4 register tile (branch
+#   int8pf) both K-quants' tiles beat the panels at every row count measured (Q4_K 1.3-1.9x,
+#   Q6_K 1.3-2.0x from 256 to 2,048 rows; loaded machine), so no cap;
 # - per-row builds (scalar, AVX-512): INT8_MAX_ROWS for both K-quants (measured on the Xeon);
 # - Q8_0 has no tiled kernel: int8 up to QUANT_MAX_ROWS rows (its per-row kernel,
 #   native/quant_q8_0.h, is as fast as the float32 one or faster from 1 to 48 rows), then panels
@@ -57,7 +57,7 @@ INT8_MAX_ROWS = 256
 UNCAPPED = 1 << 62
 # (format, tiled build) -> the rows up to which int8 activations win
 INT8_ROWS_TABLE: dict[tuple[QuantFormat, bool], int] = {
-    (QuantFormat.Q4_K, True): INT8_MAX_ROWS,
+    (QuantFormat.Q4_K, True): UNCAPPED,
     (QuantFormat.Q6_K, True): UNCAPPED,
     (QuantFormat.Q4_K, False): INT8_MAX_ROWS,
     (QuantFormat.Q6_K, False): INT8_MAX_ROWS,
