@@ -31,7 +31,7 @@ from hybridkv.native.quant import QuantGemm, load_quant
 from hybridkv.native.quant_blocks import QuantFormat, pack
 from skinny_gemm import LAYER_SHAPES
 
-PER_ROW = 4  # rows per call of the per-row variant (below I8_TILE_ROWS)
+PER_ROW = 3  # rows per call of the per-row variant (below I8_TILE_ROWS, 4)
 Gemm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 

@@ -143,19 +143,19 @@ def test_int8_path_bias_strides_and_hostile_rows(kernel: QuantGemm, fmt: QuantFo
 def test_tiled_int8_is_bitwise_the_per_row_kernel(
     kernel: QuantGemm, fmt: QuantFormat, isa: str
 ) -> None:
-    """From ``I8_TILE_ROWS`` (16) rows the K-quants take the tiled kernel (``quant_tiled.h``;
+    """From ``I8_TILE_ROWS`` (4) rows the K-quants take the tiled kernel (``quant_tiled.h``;
     AVX2 builds): bitwise the per-row kernel's result for each row -- the same rows in calls of
-    at most 7 rows take the per-row kernel. K = 4096: the x rows come in chunks of 48 (a second,
+    at most 3 rows take the per-row kernel. K = 4096: the x rows come in chunks of 48 (a second,
     short chunk at 50 rows); 9 weight rows: a short panel; a bias; a strided view."""
     avx2_only = isa == "avx2" or (isa == "native" and "avx512bw" not in cpu_flags())
-    assert kernel.tile_rows == (16 if avx2_only else 0)
+    assert kernel.tile_rows == (4 if avx2_only else 0)
     k, n = 4096, 9
     data = random_packed(fmt, n, k, seed=7)
     fused = torch.randn(50, 2 * k, generator=torch.Generator().manual_seed(8))
     x, bias = fused[:, k:], torch.randn(n, generator=torch.Generator().manual_seed(9))
     tiled = kernel.linear(x, data, fmt, bias, int8_activations=True)
     per_row = torch.cat(
-        [kernel.linear(x[r : r + 7], data, fmt, bias, True) for r in range(0, 50, 7)]
+        [kernel.linear(x[r : r + 3], data, fmt, bias, True) for r in range(0, 50, 3)]
     )
     assert torch.equal(tiled, per_row)
     assert_close(tiled - bias, int8_values(x, fmt), data, fmt)
