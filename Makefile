@@ -28,11 +28,16 @@ lint: setup
 # tests/conftest.py sets OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep, not spin, and
 # schedules the workers (tests/support/scheduling.py): a module whose tests share a module-scoped
 # server or fleet runs whole on one worker (built once), the longest units first.
+# PYTHONDONTWRITEBYTECODE= (empty: off): where the environment turns bytecode caching off, each
+# of the suite's ~175 Python processes (workers, `hybridkv serve`, benchmark scripts) compiled
+# hybridkv again, and each worker re-rewrote every test module's asserts (~6 s of CPU a worker);
+# the caches go to the git-ignored __pycache__ dirs (docs/benchmarks.md, "Test suite CPU").
+# test-fast runs -n 2 too: 83 s vs 95 s in one process, quiet (issue 27).
 test: lint
-	$(PY) -m pytest -n 2 --durations=20
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n 2 --durations=20
 
 test-fast: setup
-	$(PY) -m pytest -m "not slow and not model and not e2e and not bench" --durations=10
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n 2 -m "not slow and not model and not e2e and not bench" --durations=10
 
 # Serves the embedded default model at http://127.0.0.1:8000 with the CPU and disk offload
 # tiers on (disk tier in ./kv-cache, kept across restarts), and prints a curl example.

@@ -16,6 +16,7 @@ import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # Before torch loads OpenMP: its idle threads sleep instead of spinning. Two pytest workers and
 # the engines they start share two cores, so a spinning thread takes the core another process
@@ -25,10 +26,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 
-from hybridkv.native import PageCopy, load_pagecopy  # noqa: E402
 from tests.support import lifetimes, scheduling  # noqa: E402
-from tests.support.checkpoints import SharedCheckpoints  # noqa: E402
-from tests.support.families import FamilyCheckpoints  # noqa: E402
+
+if TYPE_CHECKING:
+    # Imported where used: they load torch, and the pytest-xdist controller, which loads this
+    # file but runs no test, would spend ~5 s of CPU on them before it starts the workers.
+    from hybridkv.native import PageCopy
+    from tests.support.checkpoints import SharedCheckpoints
+    from tests.support.families import FamilyCheckpoints
 
 TESTS = Path(__file__).resolve().parent
 TIER_OF_FOLDER = {"benchmarks": "bench", "model": "model", "engine": "model", "cli": "e2e"}
@@ -101,6 +106,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def native() -> PageCopy:
     """The native page-copy kernels. Skipped only where they cannot exist (no C compiler, or
     ``HYBRIDKV_NATIVE=0``); with a compiler present, a failed build fails the test."""
+    from hybridkv.native import load_pagecopy
+
     kernel = load_pagecopy()
     if kernel is not None:
         return kernel
@@ -114,6 +121,8 @@ def native() -> PageCopy:
 @pytest.fixture(scope="session")
 def shared_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> SharedCheckpoints:
     """Tiny transformers-built checkpoints, each built once per session for every folder."""
+    from tests.support.checkpoints import SharedCheckpoints
+
     return SharedCheckpoints(tmp_path_factory.mktemp("checkpoints"))
 
 
@@ -121,6 +130,8 @@ def shared_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> SharedCheckp
 def family_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> FamilyCheckpoints:
     """Every registered family's tiny checkpoint, built on first use, once per session (so
     the transformers references memoised per checkpoint are shared by every folder too)."""
+    from tests.support.families import FamilyCheckpoints
+
     return FamilyCheckpoints(tmp_path_factory.mktemp("families"))
 
 
