@@ -112,6 +112,26 @@ static inline v16 load16(const float *p) {
     return x;
 }
 
+/* The build's float vector for sums whose lanes never mix (tile scores and values): one
+ * register, 16 lanes with AVX-512, 8 with AVX, 4 without. GCC 12 lowers arrays of the 64-byte
+ * v16 on AVX2 through general registers and the stack (~5x slower), so the tile kernels keep
+ * their accumulators in register-sized vectors; a lane's sum is the same sequence of fused
+ * multiply-adds whatever the width, so the results are bitwise those of v16 code. */
+#if defined(__AVX512F__)
+#define VL 16
+#elif defined(__AVX__)
+#define VL 8
+#else
+#define VL 4
+#endif
+typedef float vf __attribute__((vector_size(VL * sizeof(float))));
+
+static inline vf loadv(const float *p) {
+    vf x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
 static inline float hsum16(v16 v) {
     typedef float v8 __attribute__((vector_size(32)));
     typedef float v4 __attribute__((vector_size(16)));

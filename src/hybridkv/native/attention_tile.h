@@ -12,6 +12,12 @@
 #include "attention_common.h"
 
 #define CHUNK_QUERIES 6 /* query vectors per tile from which transposing keys pays */
+/* Query vectors scored together against 16 transposed keys: their 16 / VL accumulators each,
+ * the keys' vectors and a broadcast fit the 32 (AVX-512) or 16 registers. */
+#define QUERY_BLOCK (VL == 16 ? 8 : VL == 8 ? 6 : 2)
+/* Vectors of one V row summed per pass (head_values): up to 4 heads x VALUE_WIDTH sums
+ * (AVX2, d = 64, 12 heads over 4: widths 2, 3, 4 within 5 % of one another, 1 is 20 % slower). */
+#define VALUE_WIDTH 4
 
 /* Whether query position p sees key position `key`. */
 static inline int sees(int64_t p, int64_t key, int64_t win) {
@@ -60,27 +66,34 @@ static void dots_by_key(const hk_attn_shape *s, const float *q, const void *page
     }
 }
 
-/* The first m of 16 scores to dst (a whole vector store when m == 16). */
-static inline void store_scores(float *dst, v16 x, int64_t m) {
-    if (m == 16)
-        memcpy(dst, &x, sizeof x);
-    else
-        for (int64_t i = 0; i < m; i++) dst[i] = x[i];
+/* The first m of 16 scores, in 16 / VL vectors, to dst (whole vector stores when m == 16). */
+static inline void store_scores(float *dst, const vf *x, int64_t m) {
+    if (m == 16) {
+        memcpy(dst, x, 16 * sizeof(float));
+        return;
+    }
+    float all[16];
+    memcpy(all, x, sizeof all);
+    for (int64_t i = 0; i < m; i++) dst[i] = all[i];
 }
 
-/* Scores of query vectors [qi, qi + count) (count 4 or 8; vector i: query i / group, head
- * i % group) against 16 keys transposed in kt[d][16]: dst[i * n + jj] for jj < m. */
+/* Scores of query vectors [qi, qi + count) (count <= QUERY_BLOCK; vector i: query i / group,
+ * head i % group) against 16 keys transposed in kt[d][16]: dst[i * n + jj] for jj < m. */
 static inline __attribute__((always_inline)) void dots_of_keys(const float *q, const float *kt,
                                                                float *dst, int64_t n, int64_t m,
                                                                int64_t qi, const int count,
                                                                int64_t group, int64_t hd,
                                                                int64_t d) {
-    const float *qv[8];
+    enum { NV = 16 / VL };
+    const float *qv[QUERY_BLOCK];
     for (int u = 0; u < count; u++) qv[u] = q + ((qi + u) / group) * hd + ((qi + u) % group) * d;
-    v16 acc[8] = {{0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}};
+    vf acc[QUERY_BLOCK][NV];
+    memset(acc, 0, sizeof acc);
     for (int64_t x = 0; x < d; x++) {
-        v16 kx = load16(kt + x * 16);
-        for (int u = 0; u < count; u++) acc[u] += qv[u][x] * kx;
+        vf kx[NV];
+        for (int c = 0; c < NV; c++) kx[c] = loadv(kt + x * 16 + c * VL);
+        for (int u = 0; u < count; u++)
+            for (int c = 0; c < NV; c++) acc[u][c] += qv[u][x] * kx[c];
     }
     for (int u = 0; u < count; u++) store_scores(dst + u * n, acc[u], m);
 }
@@ -104,16 +117,12 @@ static void dots_by_chunk(const hk_attn_shape *s, const float *q, const void *pa
             }
         }
         int64_t qi = 0;
-        for (; qi + 8 <= nq * group; qi += 8) /* eight independent sums share each load */
-            dots_of_keys(q, kt, w->scores + qi * n + j0, n, m, qi, 8, group, hd, d);
-        for (; qi + 4 <= nq * group; qi += 4)
-            dots_of_keys(q, kt, w->scores + qi * n + j0, n, m, qi, 4, group, hd, d);
-        for (; qi < nq * group; qi++) {
-            const float *qv = q + (qi / group) * hd + (qi % group) * d;
-            v16 acc = {0};
-            for (int64_t x = 0; x < d; x++) acc += qv[x] * load16(kt + x * 16);
-            store_scores(w->scores + qi * n + j0, acc, m);
-        }
+        for (; qi + QUERY_BLOCK <= nq * group; qi += QUERY_BLOCK) /* sums sharing each load */
+            dots_of_keys(q, kt, w->scores + qi * n + j0, n, m, qi, QUERY_BLOCK, group, hd, d);
+        for (; qi + 2 <= nq * group; qi += 2)
+            dots_of_keys(q, kt, w->scores + qi * n + j0, n, m, qi, 2, group, hd, d);
+        for (; qi < nq * group; qi++)
+            dots_of_keys(q, kt, w->scores + qi * n + j0, n, m, qi, 1, group, hd, d);
     }
 }
 
@@ -133,7 +142,7 @@ static void values_by_key(const hk_attn_shape *s, float *out, const void *pages,
     }
 }
 
-/* o[u][x0, x0 + 16 * width) = sum_{j in [a, b)} pr[u][j] rows[j][x0, ...) for `count` heads
+/* o[u][x0, x0 + VL * width) = sum_{j in [a, b)} pr[u][j] rows[j][x0, ...) for `count` heads
  * of one query (they see the same keys): each V load shared by the heads, count * width
  * independent sums in registers. */
 static inline __attribute__((always_inline)) void head_values(const float *const *rows,
@@ -141,26 +150,27 @@ static inline __attribute__((always_inline)) void head_values(const float *const
                                                               float *const *o, int64_t a,
                                                               int64_t b, int64_t x0,
                                                               const int count, const int width) {
-    v16 acc[4][4] = {{{0}}};
+    vf acc[4][4];
+    memset(acc, 0, sizeof acc);
     for (int64_t j = a; j < b; j++) {
         const float *vr = rows[j] + x0;
-        v16 vx[4];
-        for (int c = 0; c < width; c++) vx[c] = load16(vr + 16 * c);
+        vf vx[4];
+        for (int c = 0; c < width; c++) vx[c] = loadv(vr + VL * c);
         for (int u = 0; u < count; u++)
             for (int c = 0; c < width; c++) acc[u][c] += pr[u][j] * vx[c];
     }
     for (int u = 0; u < count; u++)
-        for (int c = 0; c < width; c++) memcpy(o[u] + x0 + 16 * c, &acc[u][c], sizeof(v16));
+        for (int c = 0; c < width; c++) memcpy(o[u] + x0 + VL * c, &acc[u][c], sizeof(vf));
 }
 
-/* head_values with count and width as constants (count <= 4, width 4 or 1). */
+/* head_values with count and width as constants (count <= 4, width VALUE_WIDTH or 1). */
 static void head_values_of(const float *const *rows, const float *const *pr, float *const *o,
                            int64_t a, int64_t b, int64_t x0, int count, int width) {
-    if (width == 4) {
-        if (count == 4) head_values(rows, pr, o, a, b, x0, 4, 4);
-        else if (count == 3) head_values(rows, pr, o, a, b, x0, 3, 4);
-        else if (count == 2) head_values(rows, pr, o, a, b, x0, 2, 4);
-        else head_values(rows, pr, o, a, b, x0, 1, 4);
+    if (width == VALUE_WIDTH) {
+        if (count == 4) head_values(rows, pr, o, a, b, x0, 4, VALUE_WIDTH);
+        else if (count == 3) head_values(rows, pr, o, a, b, x0, 3, VALUE_WIDTH);
+        else if (count == 2) head_values(rows, pr, o, a, b, x0, 2, VALUE_WIDTH);
+        else head_values(rows, pr, o, a, b, x0, 1, VALUE_WIDTH);
     } else {
         if (count == 4) head_values(rows, pr, o, a, b, x0, 4, 1);
         else if (count == 3) head_values(rows, pr, o, a, b, x0, 3, 1);
@@ -191,8 +201,9 @@ static void values_by_query(const hk_attn_shape *s, float *out, const void *page
                 o[u] = out + i * hd + (h0 + u) * d;
             }
             int64_t x0 = 0;
-            for (; x0 + 64 <= d; x0 += 64) head_values_of(rows, pr, o, a, b, x0, count, 4);
-            for (; x0 < d; x0 += 16) head_values_of(rows, pr, o, a, b, x0, count, 1);
+            for (; x0 + VL * VALUE_WIDTH <= d; x0 += VL * VALUE_WIDTH)
+                head_values_of(rows, pr, o, a, b, x0, count, VALUE_WIDTH);
+            for (; x0 < d; x0 += VL) head_values_of(rows, pr, o, a, b, x0, count, 1);
         }
     }
 }
