@@ -145,6 +145,7 @@ class KVRouting:
             decision.settled = await settle(self._all(), n, wait, self.settle_stats)
             self._predict(decision, prompt.token_ids, prompt.cache_salt)
         n, expected = decision.num_prompt_tokens, decision.expected
+        decision.queued = {e.url: e.queued_tokens for e in self._all()}
         decision.order = order_engines(policy, turn, healthy, self.engines, expected, n)
         if record and prompt is not None:
             await self._await_prefill(decision, prompt.token_ids, prompt.cache_salt)
