@@ -67,7 +67,7 @@ class Decision:
     settle: SettleStats | None = None  # answers' usage.kv_events_seq are noted (settle.py)
     log: deque[dict[str, object]] | None = None  # answered predictions (GET predictions)
     settled: bool = True  # no index lagged its engine's answers when predicted (settle.py)
-    number: int = 0  # the decision's number in this proxy (its log's ``id``)
+    number: int = 0  # the decision's number in this proxy (its log's ``id``), never changed
     queued: dict[str, int] = field(default_factory=dict)  # url -> its queued tokens, decided
     # the chosen engine was computing this prompt's prefix for another decision: that
     # decision's number, and what routing did about it: "landed" (waited until it landed),
