@@ -187,6 +187,8 @@ def run_policy(
 
             records = httpx.get(proxy.url + "/v1/routing/predictions", timeout=10).json()
             result["misses"] = classify(records["predictions"])
+            if args.log_dir is not None:  # every record, for a closer look (routing_misses.py)
+                (args.log_dir / f"predictions-{policy}.json").write_text(json.dumps(records))
             result["settle"] = {k.removeprefix("hybridkv_proxy_settle_"): v
                                 for k, v in proxy_values(text, "hybridkv_proxy_settle_").items()}  # fmt: skip
     return result

@@ -1,7 +1,8 @@
 """The in-flight prefix rule through a real engine (``sched/inflight.py``): two prompts sent
 together that share a long prefix -- the second waits for the first's prefill and hits the
 prefix (at the caller's boundary on a hybrid), its greedy output the same as with prefix
-caching off; the engine's metrics count the wait; nothing leaks."""
+caching off; the engine's metrics count the wait; nothing leaks. On a hybrid with no
+checkpoint due in the shared prefix the second has nothing to wait for: admitted at once."""
 
 from __future__ import annotations
 
@@ -43,3 +44,19 @@ def test_with_the_rule_off_the_second_computes_the_prefix_too(
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
     assert [o.num_cached_tokens for o in outs] == [0, 0]
     assert llm.engine.stats().inflight.num_waits == 0
+
+
+def test_a_hybrid_with_no_due_checkpoint_in_the_prefix_does_not_wait(
+    checkpoints: dict[str, Path],
+) -> None:
+    shared = random_ids(SHARED, 5)
+    prompts = [shared + random_ids(21, 6), shared + random_ids(13, 7)]
+    params = greedy(6)  # no caller boundary: the first's due ones are its prompt ends
+    cached = make_llm(checkpoints["granitemoehybrid"], block_size=16)
+    plain = make_llm(checkpoints["granitemoehybrid"], block_size=16, enable_prefix_caching=False)
+    outs = cached.generate(prompts, params, use_tqdm=False)
+    refs = plain.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [r.token_ids for r in refs]
+    assert [o.num_cached_tokens for o in outs] == [0, 0]
+    assert cached.engine.stats().inflight.num_waits == 0
+    assert_no_leaks(cached.engine)

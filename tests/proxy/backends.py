@@ -104,6 +104,17 @@ async def first_chunk_then_hang(body: bytes, writer: asyncio.StreamWriter) -> No
     await asyncio.sleep(3600)
 
 
+async def forged_first_chunk(body: bytes, writer: asyncio.StreamWriter) -> None:
+    """A whole stream whose first chunk names a KV event batch its engine never published."""
+    writer.write(SSE_HEAD)
+    event = b'data: {"choices": [{"index": 0, "text": "a"}], "kv_events_seq": 1000000}\n\n'
+    writer.write(chunk(event))
+    await writer.drain()
+    await asyncio.sleep(0.2)  # the proxy reads the first chunk apart
+    writer.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    await writer.drain()
+
+
 def dies_after_events(num_events: int, then_hang: bool = False) -> Answer:
     """A stream of ``num_events`` events, then the process dies (the connection is reset)
     or, with ``then_hang``, goes quiet."""

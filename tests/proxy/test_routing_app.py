@@ -2,7 +2,7 @@
 engine's request back (no phantom queue for the cost policy); a stream that dies before its
 first token is retried on the next engine (the request is idempotent until then); a stream's
 first chunk's ``kv_events_seq`` is noted before its reservation goes (a decision waiting for
-that prefill to land then waits for its events too)."""
+that prefill to land then waits for its events too), and seen once."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from tests.proxy.backends import (
     dies_after_events,
     dies_before_events,
     first_chunk_then_hang,
+    forged_first_chunk,
 )
 from tests.server.fake_engine import expected_text
 from tests.server.harness import ThreadedServer
@@ -89,3 +90,17 @@ def test_a_first_chunks_seq_is_noted_before_its_reservation_goes() -> None:
                 assert r.status_code == 200
                 next(r.iter_bytes())
         assert seen_when_released[-1] == 5  # (the first: dispatched, before any bytes)
+
+
+def test_a_streamed_first_chunk_is_seen_once() -> None:
+    """Its forged ``kv_events_seq`` is counted once, not again by the relay."""
+    with RawBackend(forged_first_chunk) as engine:
+        app = create_proxy_app(Router([], [engine.url]))
+        kv = app.state.kv_routing
+        state: EngineState = kv.engines[engine.url]
+        state.subscriber = EventSubscriber(state.index, "ipc:///nowhere", "kv")
+        with ThreadedServer(app) as px:
+            body = {"model": "m", "prompt": "abc", "max_tokens": 4, "stream": True}
+            r = httpx.post(px.url + "/v1/completions", json=body, timeout=10)
+            assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
+        assert kv.settle_stats.num_forged == 1

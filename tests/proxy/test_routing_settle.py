@@ -173,6 +173,7 @@ def test_answered_decisions_are_logged_and_the_settle_counters_exported() -> Non
     assert list(log) == [{
         "engine": "http://a", "reason": "cache_hit", "result": "under", "num_prompt_tokens": 100,
         "predicted_cached_tokens": 32, "expected_cached_tokens": 64, "actual_cached_tokens": 64,
+        "expected_by_engine": {"http://a": 64}, "queued_by_engine": {},
         "chosen": True, "settled": True, "id": 0, "source": None, "prefill_wait": "",
         "prefill_wait_seconds": 0.0,
     }]  # fmt: skip

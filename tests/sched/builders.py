@@ -35,9 +35,14 @@ class Harness:
         prompt: list[int],
         max_tokens: int = 8,
         kv_transfer_params: dict[str, object] | None = None,
+        cache_boundaries: tuple[int, ...] = (),
     ) -> Request:
         hasher = BlockHasher(self.kv.block_size, get_hash_fn("sha256"))
-        extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
+        extra: dict[str, object] | None = None
+        if kv_transfer_params or cache_boundaries:
+            extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else {}
+            if cache_boundaries:
+                extra["cache_boundaries"] = list(cache_boundaries)
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, extra_args=extra)
         req = Request(req_id, prompt, params, hasher)
         self.scheduler.add_request(req)

@@ -15,10 +15,14 @@ LAYOUTS = ["full", "sliding", "gemma3", "granite", "qwen35", "state_only"]
 SHARED = 40  # tokens: 10 blocks of 4
 
 
-def _pair(h: Harness, n: int = 6) -> tuple[Request, Request, dict[str, list[int]]]:
+def _pair(
+    h: Harness, n: int = 6, boundaries: tuple[int, ...] = ()
+) -> tuple[Request, Request, dict[str, list[int]]]:
+    """``a`` and ``b`` share SHARED tokens (``boundaries``: ``a``'s cache boundaries)."""
     shared = random_prompt(7, SHARED)
     prompts = {"a": random_prompt(1, SHARED + 9, shared), "b": random_prompt(2, SHARED + 5, shared)}
-    a, b = (h.add(rid, p, max_tokens=n) for rid, p in prompts.items())
+    a = h.add("a", prompts["a"], max_tokens=n, cache_boundaries=boundaries)
+    b = h.add("b", prompts["b"], max_tokens=n)
     return a, b, prompts
 
 
@@ -42,6 +46,24 @@ def test_second_request_waits_then_hits_the_landed_prefix(layout: str) -> None:
     assert stats.hit_tokens_gained == b.cached_tokens["local"]
     if layout == "full":
         assert b.cached_tokens["local"] == SHARED
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_hybrid_waits_only_for_a_checkpoint_due_in_the_shared_prefix(layout: str) -> None:
+    """No periodic checkpoints, no caller boundary in the shared prefix: the source's only
+    due boundaries are its prompt ends (past it), so on a layout with state groups nothing
+    lands that ``b`` could hit and it is admitted at once; attention-only layouts wait for
+    the blocks. With the caller's boundary at the shared prefix's end, every layout waits."""
+    stateful = layout in ("granite", "qwen35", "state_only")
+    for boundaries, waits in (((), not stateful), ((SHARED,), True)):
+        h = make_harness(layout, num_blocks=128, budget=64, interval=0)
+        _, b, prompts = _pair(h, boundaries=boundaries)
+        h.step()
+        assert (b.status is RequestStatus.WAITING) == waits, boundaries
+        h.run()
+        _check_outputs(h, prompts, layout)
+        assert h.scheduler.inflight.stats.num_waits == int(waits), boundaries
+        assert b.cached_tokens["local"] == (SHARED if waits else 0), boundaries
 
 
 @pytest.mark.parametrize("layout", ["full", "granite"])

@@ -73,6 +73,19 @@ class CoordinatorSaves:
             if copy is not None:
                 self._restores.append(copy)
 
+    def has_due_checkpoint(self, req_id: str, lo: int, hi: int) -> bool:
+        """Whether computing tokens (lo, hi] of the admitted request ``req_id`` leaves a longer
+        prefix hit for a request that shares them: on layouts with state groups, whether a
+        state checkpoint is due at a boundary there (periodic, a prompt end, the junction, the
+        caller's); without state groups every full block is cached (True). A request not
+        admitted is not known: True."""
+        if not self.state:
+            return True
+        extra = self._extra_due.get(req_id)
+        if extra is None:
+            return True
+        return self.caching and bool(self.policy.due_inside(lo, hi + 1, extra))
+
     @property
     def splits_steps(self) -> bool:
         """Whether ``next_step_end`` can end a step before its tokens or budget run out

@@ -163,11 +163,13 @@ async def _stream_answer(
         return None
     call.router.count(outcome)
     decision = call.decision
-    if decision is not None:  # before the handler returns and its reservation goes: its seq
-        decision.saw(head)
+    cut = head.rfind(b"\n\n")
+    seen = head[: cut + 2] if cut >= 0 else b""  # its whole events (the relay sees the rest)
+    if decision is not None and seen:  # before the handler returns and its reservation
+        decision.saw(seen)  # goes: its first chunk's seq
     on_failure = _failure_counter(call.router, url)
     chained = _chain(head, chunks, lambda: call.router.touch(url))
-    events = relay_events(upstream, call.timeouts, on_failure, decision, chained)
+    events = relay_events(upstream, call.timeouts, on_failure, decision, chained, len(seen))
     # released after the stream, also when the client left before it began
     done = BackgroundTask(decision.release) if decision is not None else None
     return StreamingResponse(
@@ -190,10 +192,12 @@ async def relay_events(
     on_failure: Callable[[str], None],
     decision: Decision | None = None,
     chunks: AsyncIterator[bytes] | None = None,
+    seen: int = 0,
 ) -> AsyncIterator[bytes]:
     """The engine's events, each sent whole. A stream that fails (the engine died, a chunk
     came too late, or it ended without ``[DONE]``) ends with an error event and ``[DONE]``,
-    as the engine's own server ends a failed stream, never cut short."""
+    as the engine's own server ends a failed stream, never cut short. The decision sees
+    every event once: not the first ``seen`` bytes (whole events it saw already)."""
     buf, done, failure = bytearray(), False, "the stream ended without [DONE]"
     chunks = upstream.aiter_bytes() if chunks is None else chunks
     wait = timeouts.first_byte_seconds
@@ -209,8 +213,9 @@ async def relay_events(
                 events = bytes(buf[: cut + 2])
                 del buf[: cut + 2]
                 done = events.endswith(DONE_EVENT)
-                if decision is not None:
-                    decision.saw(events)
+                if decision is not None and len(events) > seen:
+                    decision.saw(events[seen:])
+                seen = max(0, seen - len(events))
                 yield events
             if len(buf) > MAX_ANSWER_BYTES:
                 failure = f"an event larger than {MAX_ANSWER_BYTES} bytes"

@@ -12,7 +12,10 @@ Without it both requests compute the shared blocks side by side (twice the work,
 second's hit depends on how far the first got when it was admitted: a router that predicted
 the hit from the KV events could not know). With it the waiting request's hit is what the
 running one leaves in the cache once its prefill is done: for a hybrid's state groups, the
-checkpoints due there (``kv/coordinator_saves.py``).
+checkpoints due there (``kv/coordinator_saves.py``). So on a hybrid it waits only if the
+source has a checkpoint due inside the prefix it could hit (``has_due_checkpoint``: periodic,
+a prompt end, the junction, the caller's boundaries); else nothing lands for it to hit, and
+it is admitted at once.
 
 Never a deadlock: a running request never waits for a waiting one, and the wait ends when
 the source computed the shared chain, left the running list (finished, aborted, preempted)
@@ -21,12 +24,19 @@ or after ``MAX_WAIT_STEPS`` steps of waiting (then the request is admitted as it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hybridkv.request import Request
 
 MAX_WAIT_STEPS = 256  # a safety bound: the source's own prefill bounds the wait before it
+# (request id, lo, hi): whether its computing tokens (lo, hi] leaves a longer hit there
+Lands = Callable[[str, int, int], bool]
+
+
+def every_block(req_id: str, lo: int, hi: int) -> bool:
+    """Attention only: every full block a prefill computes is cached."""
+    return True
 
 
 @dataclass(slots=True)
@@ -47,12 +57,16 @@ class _Wait:
 class InflightPrefixes:
     block_size: int
     enabled: bool = True
+    lands: Lands = every_block  # the KV coordinator's ``has_due_checkpoint``
     stats: InflightStats = field(default_factory=InflightStats)
     _waits: dict[str, _Wait] = field(default_factory=dict)
 
     def should_wait(self, req: Request, hit_tokens: int, running: Sequence[Request]) -> bool:
         """Whether ``req`` (its hit ``hit_tokens``) waits this step for a running prefill."""
-        if not self.enabled or source(req, hit_tokens, running, self.block_size) is None:
+        if (
+            not self.enabled
+            or source(req, hit_tokens, running, self.block_size, self.lands) is None
+        ):
             return self._admitted(req, hit_tokens)
         wait = self._waits.get(req.request_id)
         if wait is None:
@@ -91,10 +105,15 @@ def shared_blocks(a: Request, b: Request, start: int) -> int:
 
 
 def source(
-    req: Request, hit_tokens: int, running: Sequence[Request], block_size: int
+    req: Request,
+    hit_tokens: int,
+    running: Sequence[Request],
+    block_size: int,
+    lands: Lands = every_block,
 ) -> Request | None:
     """The first running request still computing prompt blocks that ``req`` shares past its
-    hit (within the tokens ``req`` may hit: all but its last)."""
+    hit (within the tokens ``req`` may hit: all but its last), whose computing them leaves
+    ``req`` a longer hit (``lands``: on a hybrid, a state checkpoint due there)."""
     first = hit_tokens // block_size
     max_blocks = (req.num_tokens - 1) // block_size
     if first >= max_blocks or first >= len(req.block_hashes):
@@ -105,6 +124,7 @@ def source(
         if other is req or len(hashes) <= first or hashes[first] != key:
             continue
         common = min(shared_blocks(req, other, first + 1), max_blocks)
-        if other.num_computed_tokens < min(common * block_size, other.num_prompt_tokens):
+        target = min(common * block_size, other.num_prompt_tokens)
+        if other.num_computed_tokens < target and lands(other.request_id, hit_tokens, target):
             return other
     return None

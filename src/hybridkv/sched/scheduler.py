@@ -47,7 +47,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.finished_ids: list[str] = []  # since the last step; the runner drops their state
         self.num_preemptions = 0
-        self.inflight = InflightPrefixes(kv.block_size)  # the in-flight prefix rule
+        self.inflight = InflightPrefixes(kv.block_size, lands=kv.has_due_checkpoint)
 
     # -- requests in and out -------------------------------------------------------------
 

@@ -67,7 +67,8 @@ class Decision:
     settle: SettleStats | None = None  # answers' usage.kv_events_seq are noted (settle.py)
     log: deque[dict[str, object]] | None = None  # answered predictions (GET predictions)
     settled: bool = True  # no index lagged its engine's answers when predicted (settle.py)
-    number: int = 0  # the decision's number in this proxy (its log's ``id``)
+    number: int = 0  # the decision's number in this proxy (its log's ``id``), never changed
+    queued: dict[str, int] = field(default_factory=dict)  # url -> its queued tokens, decided
     # the chosen engine was computing this prompt's prefix for another decision: that
     # decision's number, and what routing did about it: "landed" (waited until it landed),
     # "timeout" (the wait ran out), "dispatched" (sent at once, predicted the landed hit)
@@ -180,6 +181,9 @@ class Decision:
                 "engine": engine.url, "reason": self.reason.value, "result": result,
                 "num_prompt_tokens": self.num_prompt_tokens, "predicted_cached_tokens": predicted,
                 "expected_cached_tokens": self.expected.get(engine.url, 0),
+                # every engine's expected hit and queued uncached tokens when decided: why
+                # this engine (the cost model's terms), for benchmarks/routing_misses.py
+                "expected_by_engine": dict(self.expected), "queued_by_engine": self.queued,
                 "actual_cached_tokens": actual, "chosen": engine.url == self.chosen,
                 "settled": self.settled, "id": self.number, "source": self.source,
                 "prefill_wait": self.prefill_wait,

@@ -135,16 +135,16 @@ class KVRouting:
             tokenizer = next((u for u in turn if healthy.get(u, True)), turn[0])
             timeout = self.options.tokenize_timeout_seconds
             prompt = await read_prompt(client, tokenizer, path, body, headers, timeout)
-        decision = Decision(turn, Reason.NO_PROMPT, 0, {}, self.engines)
         self.num_decisions += 1
-        decision.number = self.num_decisions
-        decision.settle = self.settle_stats
+        decision = Decision(turn, Reason.NO_PROMPT, engines=self.engines,
+                            settle=self.settle_stats, number=self.num_decisions)  # fmt: skip
         if prompt is not None:
             decision.num_prompt_tokens = n = len(prompt.token_ids)
             wait = self.options.settle_max_seconds
             decision.settled = await settle(self._all(), n, wait, self.settle_stats)
             self._predict(decision, prompt.token_ids, prompt.cache_salt)
         n, expected = decision.num_prompt_tokens, decision.expected
+        decision.queued = {e.url: e.queued_tokens for e in self._all()}
         decision.order = order_engines(policy, turn, healthy, self.engines, expected, n)
         if record and prompt is not None:
             await self._await_prefill(decision, prompt.token_ids, prompt.cache_salt)
