@@ -10,6 +10,9 @@ hybrid: a full-attention group and a Mamba state group) publishing KV events, on
   routing resumes on it;
 - P/D (the engines are ``kv_both``; a second proxy makes engine 0 the prefill engine): a
   prompt the decode engine already holds skips the prefill engine, with the same output.
+- ``/reset_prefix_cache`` on an engine: the running proxy and one started after the reset
+  (its index replayed from the engine's buffer, the blocks before the reset included)
+  predict 0 for it, and it hits 0.
 """
 
 from __future__ import annotations
@@ -194,6 +197,20 @@ def test_a_killed_and_restarted_engine_is_resynced_and_routed_to_again(fleet: Fl
     wait_until(lambda: predict(fleet, [*prompt, 5])["order"][0] == url)
     answer = complete(fleet.proxy.url, [*prompt, 5])
     assert cached(answer) >= 3 * B
+
+
+def test_a_reset_engine_is_predicted_empty_by_a_running_and_a_late_proxy(fleet: Fleet) -> None:
+    prompt = prompt_of(41, 4 * B + 3)
+    complete(fleet.proxy.url, prompt)
+    url = holder(fleet, prompt, 4 * B)
+    assert httpx.post(url + "/reset_prefix_cache", timeout=60).status_code == 200
+    wait_until(lambda: predict(fleet, prompt)["predicted_cached_tokens"][url] == 0)
+    late = ProxyProcess([], [e.url for e in fleet.engines], fleet.tmp / "late-proxy.log")
+    late.cmd += ["--routing", "cost"]
+    with late:  # B7's fresh proxy per policy (issue 28)
+        wait_until(lambda: all(predict(fleet, [1] * 40, late.url)["order_indexed"]))
+        assert predict(fleet, prompt, late.url)["predicted_cached_tokens"][url] == 0
+    assert cached(complete(url, prompt)) == 0
 
 
 def test_pd_skips_the_prefill_engine_when_the_decode_engine_holds_the_prompt(

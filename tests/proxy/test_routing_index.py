@@ -10,6 +10,7 @@ import random
 import msgspec
 import pytest
 
+from hybridkv.connectors.tier_events import TierEvent
 from hybridkv.kv.coordinator import KVCacheConfig, KVCacheCoordinator
 from hybridkv.kv_events.collector import KVEventCollector
 from hybridkv.kv_events.info import describe_engine
@@ -118,6 +119,27 @@ def test_a_salt_keys_other_blocks() -> None:
     assert predict(index, info, tokens, "tenant-a") == 3 * B
     assert predict(index, info, tokens, "tenant-b") == 0
     assert predict(index, info, tokens) == 0
+
+
+def test_a_reset_clears_every_group_and_keeps_the_tier_units_still_held() -> None:
+    """``reset_prefix_cache``'s batch (``AllBlocksCleared``, then what the tiers hold): no
+    device key is left in any group, state checkpoints included, and of two CPU units the
+    one the tiers still hold stays (the engine dropped the other)."""
+    coord, collector, index, info = engine("granite", blocks_per_group=100)
+    tokens = list(range(4 * B + 2))
+    serve(coord, collector, FakeRequest("a", tokens))
+    hashes = block_hashes(info, tuple(tokens), None)
+    units = [TierEvent(True, "cpu", h, (i + 1) * B, None, B) for i, h in enumerate(hashes[:2])]
+    for unit in units:
+        collector.on_tier_event(unit)
+    collector.publish_step([])
+    assert predict(index, info, tokens) == 4 * B and index.count("CPU") == 2
+    assert coord.reset_prefix_cache()
+    coord.take_events()  # the pools' CLEARED: said once by publish_reset (engine/cache_reset.py)
+    collector.publish_reset(lambda: units[:1])
+    assert index.media() == {"CPU"} and index.count("GPU") == 0
+    assert index.holds("CPU", None, hashes[0]) and not index.holds("CPU", None, hashes[1])
+    assert coord.find_cache_hit(FakeRequest("b", tokens)).num_tokens == 0 == index.count("GPU")
 
 
 def test_the_index_is_bounded_and_counts_what_it_forgets() -> None:

@@ -6,6 +6,8 @@ vLLM's framing, so its subscribers read ours::
     replay  request  [identity, b"", start seq (8 bytes big-endian)]   (a DEALER sends b"", seq)
             replies  [identity, b"", topic, seq, payload] per buffered batch with seq >= start,
                      then [identity, b"", b"", END_SEQ (-1, 8 bytes signed), b""]
+                     (the socket's send high-water mark holds all of them: a ROUTER drops
+                     what is past it, and a reply lost is a subscriber's stale index)
 
 An idle publisher sends an empty batch every ``heartbeat_seconds`` (1 s; 0: never), with
 its own sequence number, so a subscriber tells a quiet engine from a dead stream.
@@ -125,6 +127,9 @@ class ZmqEventPublisher:
         if config.replay_endpoint is not None:
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.setsockopt(zmq.MAXMSGSIZE, _MAX_REPLAY_REQUEST)
+            # a ROUTER past its high-water mark drops replies silently: room for a whole
+            # answer (the buffer and END_SEQ) per peer, or a long replay loses its tail
+            self._replay.setsockopt(zmq.SNDHWM, config.buffer_steps + 1)
             self._replay.bind(config.replay_endpoint)
             history = f"the last {config.buffer_steps} batches"
             _warn_if_reachable(config.replay_endpoint, "the replay socket", history)

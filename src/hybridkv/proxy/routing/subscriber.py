@@ -12,8 +12,10 @@
                                                      one: the engine is scored cold
 
 A replay asks the engine's ROUTER socket (``[b"", start]``, answers until ``END_SEQ``) when
-the engine has one; without, the gap is only counted (the index may then be stale until the
-keys are stored or removed again). Everything from outside is checked before use: a frame
+the engine has one. The index never keeps a block the engine may have dropped: a gap that
+cannot be filled (no replay socket, no ``END_SEQ`` in time, a hole or a lost tail in the
+answer) clears it, and so does an answer that starts after ``start`` (the engine's buffer no
+longer reaches back), before the batches it has are applied. Everything from outside is checked before use: a frame
 count, topic, sequence or payload that is not what the publisher sends is counted as
 malformed (or, for another topic or data-parallel rank, as an unknown publisher) and
 skipped, never fatal. A message is at most ``MAX_MESSAGE_BYTES`` (ZMQ drops the peer).
@@ -144,34 +146,61 @@ class EventSubscriber:
         self.stats.last_batch_at = time.monotonic()
 
     async def _replay(self, start: int, stop: int) -> None:
-        """Apply the engine's buffered batches ``start <= seq < stop``, in order."""
-        if self.replay_endpoint is None:
-            self.stats.num_replay_failures += 1  # nothing to ask: the gap stays
+        """Apply the engine's buffered batches ``start <= seq < stop``, in order, if they
+        reach ``stop - 1`` without a hole; otherwise (or from a buffer that no longer reaches
+        back to ``start``) the index is cleared first: a missing batch may have removed a
+        block it holds, and a stale block is over-predicted (issue 28)."""
+        got = await self._ask_replay(start, stop) if self.replay_endpoint is not None else None
+        if got is None or not _reaches(got, stop):
+            self.stats.num_replay_failures += 1  # no socket, no answer, or batches lost
+            self._forget()
             return
+        self.stats.num_replays += 1
+        if got[0][0] != start:
+            self._forget()
+        for seq, batch in got:
+            self._apply(seq, batch)
+
+    def _forget(self) -> None:
+        """What the index holds may be stale: clear it (the router under-predicts until the
+        engine's next events, never over-predicts)."""
+        if len(self.index):
+            self.index.clear()
+
+    async def _ask_replay(self, start: int, stop: int) -> list[tuple[int, KVEventBatch]] | None:
+        assert self.replay_endpoint is not None
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         dealer.connect(self.replay_endpoint)
         try:
             await dealer.send_multipart((b"", start.to_bytes(8, "big")))
-            if await self._take_replay(dealer, start, stop):
-                self.stats.num_replays += 1
-            else:
-                self.stats.num_replay_failures += 1
+            return await self._take_replay(dealer, start, stop)
         finally:
             with contextlib.suppress(zmq.ZMQError):
                 dealer.close(linger=0)
 
-    async def _take_replay(self, dealer: zmq.asyncio.Socket, start: int, stop: int) -> bool:
-        """Read replies until END_SEQ; False if none came in time."""
+    async def _take_replay(
+        self, dealer: zmq.asyncio.Socket, start: int, stop: int
+    ) -> list[tuple[int, KVEventBatch]] | None:
+        """The replies ``start <= seq < stop`` read until END_SEQ, in arrival order; None if
+        END_SEQ did not come in time."""
+        got: list[tuple[int, KVEventBatch]] = []
         for _ in range(MAX_REPLAY_BATCHES + 1):
             if not await dealer.poll(int(REPLAY_TIMEOUT_SECONDS * 1000)):
-                return False
+                return None
             frames = await dealer.recv_multipart()
             if len(frames) == 4 and frames[2] == END_SEQ:
-                return True
+                return got
             parsed = self._parse(frames[1:]) if len(frames) == 4 else None
             if parsed is not None and start <= parsed[0] < stop:
-                self._apply(parsed[0], parsed[1])
+                got.append(parsed)
             elif parsed is None and len(frames) != 4:
                 self.stats.num_malformed += 1
-        return False
+        return None
+
+
+def _reaches(got: list[tuple[int, KVEventBatch]], stop: int) -> bool:
+    """The replayed sequence numbers are consecutive and end at ``stop - 1``
+    (a ROUTER socket past its high-water mark drops replies silently: holes, or the tail)."""
+    seqs = [seq for seq, _ in got]
+    return bool(seqs) and seqs == list(range(seqs[0], stop))
