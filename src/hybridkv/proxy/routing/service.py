@@ -136,8 +136,13 @@ class KVRouting:
             timeout = self.options.tokenize_timeout_seconds
             prompt = await read_prompt(client, tokenizer, path, body, headers, timeout)
         self.num_decisions += 1
-        decision = Decision(turn, Reason.NO_PROMPT, engines=self.engines,
-                            settle=self.settle_stats, number=self.num_decisions)  # fmt: skip
+        decision = Decision(
+            turn,
+            Reason.NO_PROMPT,
+            engines=self.engines,
+            settle=self.settle_stats,
+            number=self.num_decisions,
+        )
         if prompt is not None:
             decision.num_prompt_tokens = n = len(prompt.token_ids)
             wait = self.options.settle_max_seconds
